@@ -1,0 +1,67 @@
+"""dcp: the DagBox Communication Protocol v1 for trio and asyncio programs."""
+
+from __future__ import annotations
+
+from ._codec import PROTOCOL as PROTOCOL
+from ._codec import parse as parse
+from ._codec import serialize as serialize
+from ._errors import BadProtocolFrame as BadProtocolFrame
+from ._errors import BadTypeFrame as BadTypeFrame
+from ._errors import DCPError as DCPError
+from ._errors import LocalProtocolError as LocalProtocolError
+from ._errors import MissingClientDelimiter as MissingClientDelimiter
+from ._errors import MissingEnvelopeDelimiter as MissingEnvelopeDelimiter
+from ._errors import MissingMetadataDelimiter as MissingMetadataDelimiter
+from ._errors import MissingServiceName as MissingServiceName
+from ._errors import ProtocolError as ProtocolError
+from ._errors import RemoteError as RemoteError
+from ._errors import RemoteProtocolError as RemoteProtocolError
+from ._errors import RequestTimeout as RequestTimeout
+from ._errors import TooFewFrames as TooFewFrames
+from ._errors import TooManyFrames as TooManyFrames
+from ._errors import UnexpectedFrames as UnexpectedFrames
+from ._errors import UnknownMessageType as UnknownMessageType
+from ._errors import UnsupportedVersion as UnsupportedVersion
+from ._messages import ERROR_MARKER as ERROR_MARKER
+from ._messages import Message as Message
+from ._messages import MessageType as MessageType
+from ._messages import Ping as Ping
+from ._messages import Pong as Pong
+from ._messages import Reconnect as Reconnect
+from ._messages import Register as Register
+from ._messages import Reply as Reply
+from ._messages import Request as Request
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "ERROR_MARKER",
+    "PROTOCOL",
+    "BadProtocolFrame",
+    "BadTypeFrame",
+    "DCPError",
+    "LocalProtocolError",
+    "Message",
+    "MessageType",
+    "MissingClientDelimiter",
+    "MissingEnvelopeDelimiter",
+    "MissingMetadataDelimiter",
+    "MissingServiceName",
+    "Ping",
+    "Pong",
+    "ProtocolError",
+    "Reconnect",
+    "Register",
+    "RemoteError",
+    "RemoteProtocolError",
+    "Reply",
+    "Request",
+    "RequestTimeout",
+    "TooFewFrames",
+    "TooManyFrames",
+    "UnexpectedFrames",
+    "UnknownMessageType",
+    "UnsupportedVersion",
+    "parse",
+    "serialize",
+]

@@ -1,0 +1,153 @@
+"""Parse and build DCP v1 frames. Pure: no sockets, no clocks.
+
+Frames here are the *DEALER-side* view: a message starts with the empty envelope delimiter.
+A ROUTER prepends the peer's routing id; the broker strips it before calling :func:`parse`
+and prepends it to what :func:`serialize` returns.
+
+Type-frame width: the spec says the type is one byte. The DagBox C++ reference writes it as a
+4-byte little-endian ``int``. :func:`parse` accepts both and reports which it saw, so a
+peer can be answered in the width it uses; :func:`serialize` writes either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._errors import (
+    BadProtocolFrame,
+    BadTypeFrame,
+    LocalProtocolError,
+    MissingClientDelimiter,
+    MissingEnvelopeDelimiter,
+    MissingMetadataDelimiter,
+    MissingServiceName,
+    TooFewFrames,
+    UnexpectedFrames,
+    UnknownMessageType,
+    UnsupportedVersion,
+)
+from ._messages import Message, MessageType, Ping, Pong, Reconnect, Register, Reply, Request
+
+__all__ = ["PROTOCOL", "WIDTHS", "parse", "serialize"]
+
+#: The protocol frame: ``DGBX`` and version 1.
+PROTOCOL = b"DGBX\x01"
+_MAGIC = b"DGBX"
+
+#: Type-frame widths in use: 1 (the spec) and 4 (DagBox C++, little-endian).
+WIDTHS = (1, 4)
+
+_TYPES = {t.value: t for t in MessageType}
+# Pre-built type frames, indexed [width][type], so serializing allocates no header bytes.
+_TYPE_FRAMES: dict[int, dict[MessageType, bytes]] = {
+    w: {t: t.value.to_bytes(w, "little") for t in MessageType} for w in WIDTHS
+}
+_HEADER_ONLY: dict[MessageType, Message] = {
+    MessageType.PING: Ping(),
+    MessageType.PONG: Pong(),
+    MessageType.RECONNECT: Reconnect(),
+}
+
+
+def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
+    """Parse one DCP v1 message.
+
+    :param frames: the message's frames, starting with the empty envelope delimiter
+    :returns: the message and the width (1 or 4) of its type frame
+    :raises RemoteProtocolError: a subclass naming exactly what is wrong
+    """
+    n = len(frames)
+    if n < 3:
+        raise TooFewFrames(f"{n} frame(s); the DCP header needs 3")
+    if frames[0]:
+        raise MissingEnvelopeDelimiter("first frame must be empty")
+    proto = frames[1]
+    if proto != PROTOCOL:
+        if len(proto) == 5 and proto[:4] == _MAGIC:
+            raise UnsupportedVersion(f"DCP version {proto[4]}; only 1 is supported")
+        raise BadProtocolFrame(f"protocol frame {bytes(proto[:16])!r} is not b'DGBX\\x01'")
+    tframe = frames[2]
+    width = len(tframe)
+    if width == 1:
+        code = tframe[0]
+    elif width == 4:
+        code = int.from_bytes(tframe, "little")
+    else:
+        raise BadTypeFrame(f"type frame is {width} bytes; expected 1 (or 4, DagBox C++)")
+    mtype = _TYPES.get(code)
+    if mtype is None:
+        raise UnknownMessageType(f"message type {code:#x}")
+
+    if mtype is MessageType.REQUEST:
+        if n < 4:
+            raise MissingServiceName("request without a service frame")
+        client, meta, data = _split_body(frames, 4)
+        return Request(frames[3], client, meta, data), width
+    if mtype is MessageType.REPLY:
+        client, meta, data = _split_body(frames, 3)
+        return Reply(client, meta, data), width
+    if mtype is MessageType.REGISTER:
+        if n == 3:
+            raise MissingServiceName("registration without a service frame")
+        if n > 4:
+            raise UnexpectedFrames(f"registration has {n - 4} frame(s) after the service name")
+        return Register(frames[3]), width
+    if n > 3:
+        raise UnexpectedFrames(f"{mtype.name.lower()} must be header-only; got {n - 3} more")
+    return _HEADER_ONLY[mtype], width
+
+
+def _split_body(
+    frames: Sequence[bytes], i: int
+) -> tuple[bytes | None, tuple[bytes, ...], tuple[bytes, ...]]:
+    """Split ``[client] "" metadata... "" data...`` starting at index ``i``."""
+    n = len(frames)
+    if i >= n:
+        raise MissingClientDelimiter("no client-address delimiter")
+    client: bytes | None
+    if frames[i]:
+        client = frames[i]
+        i += 1
+        if i >= n or frames[i]:
+            raise MissingClientDelimiter("client address not followed by an empty frame")
+    else:
+        client = None
+    i += 1
+    # Metadata runs to the next empty frame, which must exist.
+    j = i
+    while j < n and frames[j]:
+        j += 1
+    if j >= n:
+        raise MissingMetadataDelimiter("no empty frame after the metadata parts")
+    return client, tuple(frames[i:j]), tuple(frames[j + 1 :])
+
+
+def serialize(message: Message, *, width: int = 1) -> list[bytes]:
+    """Build the frames of ``message``, starting with the empty envelope delimiter.
+
+    :param width: type-frame width, 1 (the spec) or 4 (to answer a DagBox C++ peer)
+    :raises LocalProtocolError: for an unsupported width
+    """
+    try:
+        tframe = _TYPE_FRAMES[width][message.type]
+    except KeyError:
+        raise LocalProtocolError(f"type-frame width must be 1 or 4, not {width!r}") from None
+    frames = [b"", PROTOCOL, tframe]
+    if isinstance(message, Request):
+        frames.append(message.service)
+        if message.client is not None:
+            frames.append(message.client)
+        frames.append(b"")
+        frames += message.metadata
+        frames.append(b"")
+        frames += message.data
+    elif isinstance(message, Reply):
+        if message.client is not None:
+            frames.append(message.client)
+        frames.append(b"")
+        frames += message.metadata
+        frames.append(b"")
+        frames += message.data
+    elif isinstance(message, Register):
+        frames.append(message.service)
+    return frames

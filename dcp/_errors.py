@@ -1,0 +1,144 @@
+"""The exception hierarchy.
+
+Everything dcp raises on purpose derives from :class:`DCPError`. Protocol errors are split the
+way h11 splits them: a :class:`LocalProtocolError` is a message *we* were asked to build that
+DCP cannot express; a :class:`RemoteProtocolError` is a message a *peer* sent that does not
+parse. Each way a remote message can be malformed is its own subclass with a short, stable
+``reason`` string, which is also the key of the broker's rejection counters.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "BadProtocolFrame",
+    "BadTypeFrame",
+    "DCPError",
+    "LocalProtocolError",
+    "MissingClientDelimiter",
+    "MissingEnvelopeDelimiter",
+    "MissingMetadataDelimiter",
+    "MissingServiceName",
+    "ProtocolError",
+    "RemoteError",
+    "RemoteProtocolError",
+    "RequestTimeout",
+    "TooFewFrames",
+    "TooManyFrames",
+    "UnexpectedFrames",
+    "UnknownMessageType",
+    "UnsupportedVersion",
+]
+
+
+class DCPError(Exception):
+    """Base class of every exception dcp raises on purpose."""
+
+
+class ProtocolError(DCPError):
+    """A message that DCP v1 cannot express or that does not parse."""
+
+    #: Short, stable identifier of what is wrong; used as a counter key.
+    reason: ClassVar[str] = "protocol_error"
+
+
+class LocalProtocolError(ProtocolError, ValueError):
+    """We were asked to build a message that DCP v1 cannot express."""
+
+    reason = "local_protocol_error"
+
+
+class RemoteProtocolError(ProtocolError):
+    """A peer sent a message that is not valid DCP v1.
+
+    Subclasses name the precise defect; :attr:`reason` is stable across releases.
+    """
+
+    reason = "malformed"
+
+
+class TooFewFrames(RemoteProtocolError):
+    """The message is shorter than the DCP header (or than its message type needs)."""
+
+    reason = "too_few_frames"
+
+
+class TooManyFrames(RemoteProtocolError):
+    """The message has more frames than the receiver's configured limit."""
+
+    reason = "too_many_frames"
+
+
+class MissingEnvelopeDelimiter(RemoteProtocolError):
+    """The empty frame that starts every DCP message is missing."""
+
+    reason = "missing_envelope_delimiter"
+
+
+class BadProtocolFrame(RemoteProtocolError):
+    """The protocol frame is not ``DGBX`` followed by one version byte."""
+
+    reason = "bad_protocol_frame"
+
+
+class UnsupportedVersion(RemoteProtocolError):
+    """The protocol frame names a DCP version other than 1."""
+
+    reason = "unsupported_version"
+
+
+class BadTypeFrame(RemoteProtocolError):
+    """The message-type frame is neither 1 byte (the spec) nor 4 bytes (DagBox C++)."""
+
+    reason = "bad_type_frame"
+
+
+class UnknownMessageType(RemoteProtocolError):
+    """The message type is not one of 0x01-0x06."""
+
+    reason = "unknown_message_type"
+
+
+class UnexpectedFrames(RemoteProtocolError):
+    """A message type with a fixed shape carries extra frames (e.g. a ping with a body)."""
+
+    reason = "unexpected_frames"
+
+
+class MissingServiceName(RemoteProtocolError):
+    """A registration or request has no service-name frame."""
+
+    reason = "missing_service_name"
+
+
+class MissingClientDelimiter(RemoteProtocolError):
+    """A request or reply lacks the empty frame that ends the (optional) client address."""
+
+    reason = "missing_client_delimiter"
+
+
+class MissingMetadataDelimiter(RemoteProtocolError):
+    """A request or reply lacks the empty frame that ends the metadata parts."""
+
+    reason = "missing_metadata_delimiter"
+
+
+class RequestTimeout(DCPError, TimeoutError):
+    """A request got no reply within its timeout, after its last retry."""
+
+
+class RemoteError(DCPError):
+    """The other side answered a request with an error instead of a result.
+
+    Raised by clients for dcp error replies (see ``docs/protocol.md``), which come from a
+    worker whose handler raised, or from the broker when it refuses a request.
+
+    :ivar code: short machine-readable code, e.g. ``"handler_error"`` or ``"queue_full"``
+    :ivar message: human-readable text from the side that failed
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message

@@ -1,0 +1,127 @@
+"""The thin I/O layer between pyzmq sockets and anyio.
+
+A zmq socket's ``FD`` is *edge-triggered*: it becomes readable when the socket's event state
+changes, not while a message is waiting, and a ``send`` can consume the edge. So:
+
+- one task (the socket's *owner*) waits on the FD, and only after ``zmq.EVENTS`` says that no
+  message is ready (anyio also allows a single waiter per fd);
+- after each wake-up the owner drains with ``NOBLOCK`` until ``EAGAIN``, but at most
+  ``batch`` messages at a time, so one busy socket cannot starve the other tasks;
+- other tasks may send (sends are synchronous ``NOBLOCK`` calls); if the owner is parked on
+  the FD at that moment and a message is ready, the sender wakes it, since its send may have
+  eaten the edge the owner was waiting for;
+- before closing, ``anyio.notify_closing`` wakes the owner with ``ClosedResourceError``.
+
+We do not use the zmq-anyio package: measured here it cost 4-5x more broker CPU per request
+than this adapter and it lost messages when a receive was cancelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+import anyio
+import zmq
+
+__all__ = ["AsyncSocket", "Received"]
+
+_POLLIN = zmq.POLLIN
+_EVENTS = zmq.EVENTS
+_RCVMORE = zmq.RCVMORE
+_NOBLOCK = zmq.NOBLOCK
+_SNDMORE = zmq.SNDMORE
+
+
+class Received:
+    """One received multipart message, with how many frames were cut off beyond the limit."""
+
+    __slots__ = ("dropped_frames", "frames")
+
+    def __init__(self, frames: list[bytes], dropped_frames: int) -> None:
+        self.frames = frames
+        self.dropped_frames = dropped_frames
+
+
+class AsyncSocket:
+    """An owned zmq socket, readable from one task and writable from any task.
+
+    Receiving is not cancellation-hazardous: a message is taken off the zmq socket only by
+    the synchronous :meth:`drain`, which cannot be interrupted half-way; cancelling
+    :meth:`wait_readable` loses nothing.
+    """
+
+    def __init__(self, sock: zmq.Socket[bytes], *, max_frames: int = 0) -> None:
+        self.sock = sock
+        #: Frames beyond this many are read and discarded (0: no limit).
+        self.max_frames = max_frames
+        self._fd: int = sock.FD
+        self._wait_scope: anyio.CancelScope | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def has_input(self) -> bool:
+        """True if a message can be read right now."""
+        return bool(self.sock.getsockopt(_EVENTS) & _POLLIN)
+
+    async def wait_readable(self) -> None:
+        """Wait until a message can be read (returns at once if one can).
+
+        :raises anyio.ClosedResourceError: the socket was closed while waiting
+        """
+        while not self.sock.getsockopt(_EVENTS) & _POLLIN:
+            with anyio.CancelScope() as scope:
+                self._wait_scope = scope
+                try:
+                    await anyio.wait_readable(self._fd)
+                finally:
+                    self._wait_scope = None
+            if self._closed:
+                raise anyio.ClosedResourceError
+
+    def drain(self, batch: int) -> list[Received]:
+        """Read up to ``batch`` whole messages without blocking; may return an empty list."""
+        sock = self.sock
+        out: list[Received] = []
+        limit = self.max_frames
+        for _ in range(batch):
+            try:
+                first = sock.recv(_NOBLOCK)
+            except zmq.Again:
+                break
+            frames = [first]
+            dropped = 0
+            # The parts of a multipart message arrive together: these never block.
+            while sock.getsockopt(_RCVMORE):
+                part = sock.recv(_NOBLOCK)
+                if limit and len(frames) >= limit:
+                    dropped += 1
+                else:
+                    frames.append(part)
+            out.append(Received(frames, dropped))
+        return out
+
+    def send_nowait(self, frames: Iterable[bytes]) -> None:
+        """Send one multipart message now.
+
+        :raises zmq.Again: the peer's queue is full (high-water mark)
+        :raises zmq.ZMQError: e.g. ``EHOSTUNREACH`` from a ``ROUTER_MANDATORY`` socket
+        """
+        self.sock.send_multipart(frames, _NOBLOCK)
+        # Our send may have consumed the edge the owner task is parked on.
+        if self._wait_scope is not None and self.sock.getsockopt(_EVENTS) & _POLLIN:
+            self._wait_scope.cancel()
+
+    def close(self, linger: int | None = 0) -> None:
+        """Wake the owner with ``ClosedResourceError`` and close the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            anyio.notify_closing(self._fd)
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+        self.sock.close(linger)
