@@ -1,0 +1,186 @@
+"""The broker: a thin anyio driver around :class:`~dcp._broker_core.BrokerCore`."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+
+from types import TracebackType
+
+import anyio
+import anyio.abc
+import zmq
+
+from ._broker_core import BrokerCore, BrokerStatistics
+from ._context import get_context
+from ._zmqio import AsyncSocket
+
+__all__ = ["Broker"]
+
+logger = logging.getLogger("dcp.broker")
+
+
+class Broker:
+    """A DCP v1 broker, run as a task in any anyio task group (trio or asyncio).
+
+    ::
+
+        broker = Broker("tcp://127.0.0.1:5555", "ipc:///tmp/dcp.sock")
+        async with anyio.create_task_group() as tg:
+            endpoints = await tg.start(broker.serve)
+
+    or ``async with Broker("tcp://127.0.0.1:0") as broker: ...`` (see :attr:`endpoints`).
+
+    One ROUTER socket is bound to every endpoint; one task owns it. Routing follows the rules
+    in :mod:`dcp._broker_core`. Socket options: ``ROUTER_MANDATORY`` (so a send to a gone or
+    full peer is known, counted and, for a worker, turned into redelivery),
+    ``ROUTER_HANDOVER`` (a peer reconnecting with the same routing id keeps its address),
+    ``MAXMSGSIZE`` (zmq disconnects a peer that sends a larger frame; it may reconnect).
+
+    :param endpoints: zmq endpoints to bind (``tcp://host:0`` picks a free port)
+    :param heartbeat_interval: seconds between worker heartbeats (agreed with workers)
+    :param liveness: heartbeats a worker may miss before its requests are redelivered
+    :param allow_foreign_address: let non-workers send requests carrying another client's
+        address (off by default: a client could steer replies to another peer)
+    :param max_queue: requests queued per service before ``queue_full`` error replies
+    :param max_message_size: largest frame accepted, in bytes (zmq ``MAXMSGSIZE``; -1: none)
+    :param max_frames: frames per message; longer messages are counted and dropped
+    :param batch: messages handled per wake-up before yielding to other tasks
+    :param context: zmq context (default: one shared per process)
+    :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
+    """
+
+    def __init__(
+        self,
+        *endpoints: str,
+        heartbeat_interval: float = 1.0,
+        liveness: int = 3,
+        allow_foreign_address: bool = False,
+        max_queue: int = 100_000,
+        max_message_size: int = 256 * 1024 * 1024,
+        max_frames: int = 4096,
+        batch: int = 256,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        **core_options: int,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("a broker needs at least one endpoint to bind")
+        self._bind: tuple[str, ...] = endpoints
+        self.heartbeat_interval = heartbeat_interval
+        self._max_message_size = max_message_size
+        self._max_frames = max_frames
+        self._batch = batch
+        self._context = context
+        self._core = BrokerCore(
+            heartbeat_interval=heartbeat_interval,
+            liveness=liveness,
+            allow_foreign_address=allow_foreign_address,
+            max_queue=max_queue,
+            **core_options,
+        )
+        self._socket: AsyncSocket | None = None
+        self._exit_stack: contextlib.AsyncExitStack | None = None
+        #: The bound endpoints (ports resolved) while serving; empty before.
+        self.endpoints: list[str] = []
+
+    def statistics(self) -> BrokerStatistics:
+        """Counters (requests, replies, forwards, redeliveries, rejections by reason) and
+        gauges (workers, per-service queue depth)."""
+        return self._core.statistics()
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Bind, report the bound endpoints through ``task_status``, and route until
+        cancelled. Cancellation closes the socket (linger 0) before returning.
+
+        :raises zmq.ZMQError: an endpoint could not be bound
+        :raises RuntimeError: the broker is already serving
+        """
+        if self._socket is not None:
+            raise RuntimeError("this broker is already serving")
+        ctx = self._context if self._context is not None else get_context()
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+        asock = AsyncSocket(sock, max_frames=self._max_frames)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
+            bound = []
+            for endpoint in self._bind:
+                sock.bind(endpoint)
+                bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+            self._socket = asock
+            self.endpoints = bound
+            logger.info("broker bound to %s", ", ".join(bound))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._expire_loop)
+                task_status.started(bound)
+                await self._receive_loop(asock)
+        finally:
+            self._socket = None
+            self.endpoints = []
+            asock.close(0)
+
+    async def _receive_loop(self, asock: AsyncSocket) -> None:
+        core = self._core
+        receive = core.receive
+        batch = self._batch
+        while True:
+            await asock.wait_readable()
+            now = anyio.current_time()
+            for msg in asock.drain(batch):
+                frames = msg.frames
+                if msg.dropped_frames:
+                    core.reject_too_many_frames(frames[0], len(frames) - 1, msg.dropped_frames)
+                elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
+                    continue
+                else:
+                    receive(frames, now)
+            self._flush(asock)
+            # Let other tasks run between batches, however busy the socket is.
+            await anyio.lowlevel.checkpoint()
+
+    async def _expire_loop(self) -> None:
+        core = self._core
+        period = self.heartbeat_interval / 4
+        while True:
+            await anyio.sleep(period)
+            core.expire(anyio.current_time())
+            if core.outbox and self._socket is not None:
+                self._flush(self._socket)
+
+    def _flush(self, asock: AsyncSocket) -> None:
+        core = self._core
+        while core.outbox:
+            out, core.outbox = core.outbox, []
+            for frames in out:
+                try:
+                    asock.send_nowait(frames)
+                except zmq.Again:
+                    core.peer_unreachable(frames[0], "full")
+                except zmq.ZMQError as exc:
+                    if exc.errno != errno.EHOSTUNREACH:
+                        raise
+                    core.peer_unreachable(frames[0], "gone")
+
+    async def __aenter__(self) -> Broker:
+        async with contextlib.AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            await tg.start(self.serve)
+            stack.callback(tg.cancel_scope.cancel)
+            self._exit_stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        stack, self._exit_stack = self._exit_stack, None
+        if stack is None:
+            return None
+        return await stack.__aexit__(exc_type, exc, tb)

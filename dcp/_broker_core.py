@@ -1,0 +1,539 @@
+"""The broker's routing core: a pure state machine (sans-IO).
+
+It takes whole messages as the broker's ROUTER sees them (routing id first) together with the
+current time, and appends the messages to send to :attr:`BrokerCore.outbox`. It knows nothing
+of sockets, anyio or clocks; :class:`dcp.Broker` is the thin driver that feeds it.
+
+State rules (the whole routing policy lives here):
+
+Rule 1 - Workers. A peer becomes a *worker* by registering a service (0x01); the registration
+  is echoed as confirmation. A worker may register several services (dcp extension; each is
+  echoed). A worker is *ready* (may be given one request) after registering, pinging (0x02),
+  replying (0x05) or sending a request (0x04). Readiness is a flag, not a counter: idle
+  heartbeats do not pile up credit. Giving the worker a request clears the flag.
+Rule 2 - Queues. Each service has a FIFO queue of requests. A ready worker with nothing
+  queued for its services waits in its services' idle lists; the least recently used idle
+  worker gets the next request. A request is *held* by the worker it was given to until that
+  worker replies or forwards it (matched by client address and metadata; if nothing matches,
+  the oldest held request is released) or leaves.
+Rule 3 - Addresses. A request without a client address gets the sender's address inserted.
+  One that carries an address keeps it (a worker forwarding work), but only a registered
+  worker may name an address other than its own, unless ``allow_foreign_address``.
+  A reply is routed to its client address, answering each peer in the type-frame width (1 or
+  4 bytes) it last used. A reply for a peer that is gone is counted and dropped.
+Rule 4 - Heartbeats. Every ping from a worker is answered with a pong; a pong from a worker is
+  a keep-alive that asks for no work and is answered with a pong (dcp extension). A ping or
+  pong from a peer that is not a registered worker is answered with reconnect (0x06).
+Rule 5 - Liveness. A worker not heard from for ``liveness x heartbeat_interval`` is removed,
+  and every request it held goes back to the *front* of its service's queue (the spec allows
+  losing it; we do not), at most ``max_redeliveries`` times, after which the client gets an
+  error reply. A worker that sends reconnect (0x06) leaves the same way, at once (dcp
+  extension); so does a worker the driver cannot send to.
+Rule 6 - Bounds and bad input. A malformed message, or one that breaks a limit, is counted by
+  reason, logged once per peer, and dropped; when its sender can be told (a request), it gets
+  a dcp error reply instead. Nothing raises out of :meth:`BrokerCore.receive`.
+
+What the core does NOT do: socket options, message-size limits (zmq's MAXMSGSIZE in the
+driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+
+import attrs
+
+from ._codec import PROTOCOL, parse
+from ._errors import RemoteProtocolError, TooManyFrames
+from ._messages import ERROR_MARKER, MessageType, Register, Reply, Request
+
+__all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
+
+logger = logging.getLogger("dcp.broker")
+
+_T1 = {t: bytes([t.value]) for t in MessageType}
+_T4 = {t: t.value.to_bytes(4, "little") for t in MessageType}
+_TYPE_FRAMES = {1: _T1, 4: _T4}
+
+
+class _Pending:
+    """A request in a queue or held by a worker."""
+
+    __slots__ = ("client", "metadata", "redeliveries", "seq", "service", "tail")
+
+    def __init__(
+        self,
+        seq: int,
+        service: _Service,
+        client: bytes,
+        metadata: tuple[bytes, ...],
+        tail: list[bytes],
+    ) -> None:
+        #: Arrival order, to serve a multi-service worker the oldest request first.
+        self.seq = seq
+        self.service = service
+        self.client = client
+        self.metadata = metadata
+        #: The frames after the type frame, ready to send: service, client, "", meta, "", data.
+        self.tail = tail
+        self.redeliveries = 0
+
+
+class _Service:
+    __slots__ = ("idle", "name", "queue", "workers")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.queue: deque[_Pending] = deque()
+        #: Ready workers, least recently used first.
+        self.idle: OrderedDict[bytes, _Worker] = OrderedDict()
+        self.workers = 0
+
+
+class _Worker:
+    __slots__ = ("expiry", "held", "ident", "ready", "services", "width")
+
+    def __init__(self, ident: bytes, width: int) -> None:
+        self.ident = ident
+        self.width = width
+        self.services: list[_Service] = []
+        self.ready = False
+        self.held: list[_Pending] = []
+        self.expiry = 0.0
+
+
+@attrs.frozen
+class ServiceStatistics:
+    """Per-service figures from :meth:`BrokerCore.statistics`."""
+
+    #: Registered workers providing the service.
+    workers: int
+    #: Of those, how many are idle (ready, nothing queued for them).
+    idle: int
+    #: Requests waiting in the queue.
+    queued: int
+
+
+@attrs.frozen
+class BrokerStatistics:
+    """Counters and gauges of a broker, as returned by ``statistics()``."""
+
+    #: Requests accepted (queued or dispatched), including forwards.
+    requests: int
+    #: Replies routed to a client.
+    replies: int
+    #: Requests sent by registered workers carrying a client address (forwarding).
+    forwards: int
+    #: Requests given to a worker (first deliveries and redeliveries).
+    dispatched: int
+    #: Held requests put back at the front of a queue because their worker went away.
+    redeliveries: int
+    #: Replies dropped because their client was gone or could not take them.
+    dropped_replies: int
+    #: Workers removed because they were silent for too long.
+    expired_workers: int
+    #: Messages refused, by reason (also malformed ones, by ProtocolError reason).
+    rejections: dict[str, int]
+    #: Registered workers.
+    workers: int
+    #: Per-service workers, idle workers and queue depth.
+    services: dict[bytes, ServiceStatistics]
+
+
+class BrokerCore:
+    """The broker's routing state machine (see the module docstring for its rules).
+
+    :param heartbeat_interval: seconds between worker heartbeats (agreed with the workers)
+    :param liveness: heartbeats a worker may miss before it is considered gone
+    :param allow_foreign_address: let any peer (not only registered workers) send requests
+        carrying a client address other than its own
+    :param max_queue: requests queued per service; more get a ``queue_full`` error reply
+    :param max_services: distinct services known at once; a request or registration for one
+        more gets ``too_many_services``
+    :param max_service_name: bytes in a service name; longer ones are refused
+    :param max_redeliveries: times a request is put back after its worker died before the
+        client gets a ``redelivery_limit`` error reply instead
+    :param max_width_peers: non-worker peers whose 4-byte type width is remembered (LRU)
+    """
+
+    def __init__(
+        self,
+        *,
+        heartbeat_interval: float = 1.0,
+        liveness: int = 3,
+        allow_foreign_address: bool = False,
+        max_queue: int = 100_000,
+        max_services: int = 10_000,
+        max_service_name: int = 1024,
+        max_redeliveries: int = 5,
+        max_width_peers: int = 65_536,
+    ) -> None:
+        if heartbeat_interval <= 0 or liveness < 1:
+            raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
+        self.heartbeat_interval = heartbeat_interval
+        self.liveness = liveness
+        self.allow_foreign_address = allow_foreign_address
+        self.max_queue = max_queue
+        self.max_services = max_services
+        self.max_service_name = max_service_name
+        self.max_redeliveries = max_redeliveries
+        self.max_width_peers = max_width_peers
+        #: Messages to send, ROUTER-side (routing id first). The driver empties it.
+        self.outbox: list[list[bytes]] = []
+        self._timeout = heartbeat_interval * liveness
+        self._workers: dict[bytes, _Worker] = {}
+        # Workers ordered by last activity: the first one is the next to expire.
+        self._by_activity: OrderedDict[bytes, None] = OrderedDict()
+        self._services: dict[bytes, _Service] = {}
+        self._wide: OrderedDict[bytes, None] = OrderedDict()
+        self._logged: OrderedDict[tuple[bytes, str], None] = OrderedDict()
+        self._rejections: dict[str, int] = {}
+        self._requests = 0
+        self._replies = 0
+        self._forwards = 0
+        self._dispatched = 0
+        self._redeliveries = 0
+        self._dropped_replies = 0
+        self._expired = 0
+
+    # ------------------------------------------------------------------ input
+
+    def receive(self, frames: list[bytes], now: float) -> None:
+        """Handle one message as received by the ROUTER (routing id first)."""
+        peer = frames[0]
+        try:
+            msg, width = parse(frames[1:])
+        except RemoteProtocolError as exc:
+            self._reject(peer, exc.reason, str(exc))
+            return
+        # Remember which type width a non-worker peer speaks, to answer in kind.
+        worker = self._workers.get(peer)
+        if worker is not None:
+            worker.width = width
+            worker.expiry = now + self._timeout
+            self._by_activity.move_to_end(peer)
+        elif width == 4:
+            self._wide[peer] = None
+            self._wide.move_to_end(peer)
+            if len(self._wide) > self.max_width_peers:
+                self._wide.popitem(last=False)
+        elif peer in self._wide:
+            del self._wide[peer]
+
+        mtype = msg.type
+        if mtype is MessageType.REQUEST:
+            assert isinstance(msg, Request)
+            self._on_request(peer, worker, msg, width)
+        elif mtype is MessageType.REPLY:
+            assert isinstance(msg, Reply)
+            self._on_reply(peer, worker, msg)
+        elif mtype is MessageType.PING or mtype is MessageType.PONG:
+            if worker is None:
+                self._send(peer, width, MessageType.RECONNECT)
+                self._count("heartbeat_from_unknown_peer")
+            else:
+                self._send(peer, width, MessageType.PONG)
+                if mtype is MessageType.PING:
+                    self._make_ready(worker)
+        elif mtype is MessageType.REGISTER:
+            assert isinstance(msg, Register)
+            self._on_register(peer, worker, msg.service, width, now)
+        elif mtype is MessageType.RECONNECT:
+            if worker is None:
+                self._reject(peer, "unexpected_reconnect", "reconnect from a non-worker")
+            else:
+                self._remove_worker(worker)
+        else:  # pragma: no cover - all six types are handled above
+            self._reject(peer, "unexpected_message_type", f"{mtype.name} sent to the broker")
+
+    def reject_too_many_frames(self, peer: bytes, kept: int, dropped: int) -> None:
+        """The driver cut a message at its frame limit: count and log it."""
+        exc = TooManyFrames(f"{kept + dropped} frames; the limit is {kept}")
+        self._reject(peer, exc.reason, str(exc))
+
+    def peer_unreachable(self, peer: bytes, why: str) -> None:
+        """The driver could not send to ``peer`` (gone, or its queue is full).
+
+        A worker we cannot reach is treated as gone: what it holds is redelivered. For any
+        other peer the message (a reply, an echo, an error) is dropped and counted.
+        """
+        worker = self._workers.get(peer)
+        if worker is not None:
+            logger.warning("worker %s unreachable (%s): removing it", peer.hex(), why)
+            self._count(f"worker_unreachable_{why}")
+            self._remove_worker(worker)
+        else:
+            self._dropped_replies += 1
+            self._count(f"peer_unreachable_{why}")
+
+    def expire(self, now: float) -> None:
+        """Remove workers silent for ``liveness x heartbeat_interval``; redeliver their work."""
+        order = self._by_activity
+        workers = self._workers
+        while order:
+            ident = next(iter(order))
+            worker = workers[ident]
+            if worker.expiry > now:
+                break
+            logger.info("worker %s expired", ident.hex())
+            self._expired += 1
+            self._remove_worker(worker)
+
+    def next_expiry(self) -> float | None:
+        """When the next worker will expire if it stays silent (``None``: no workers)."""
+        if not self._by_activity:
+            return None
+        return self._workers[next(iter(self._by_activity))].expiry
+
+    # ------------------------------------------------------------ handlers
+
+    def _on_request(self, peer: bytes, worker: _Worker | None, msg: Request, width: int) -> None:
+        client = msg.client
+        if client is None:
+            client = peer
+        elif worker is not None:
+            self._forwards += 1
+            self._release(worker, client, msg.metadata)
+        elif client != peer and not self.allow_foreign_address:
+            self._refuse(
+                peer,
+                width,
+                msg.metadata,
+                "forbidden_address",
+                "only registered workers may send a request for another client's address",
+            )
+            return
+        name = msg.service
+        service = self._services.get(name)
+        if service is None:
+            service = self._new_service(peer, width, msg.metadata, name)
+            if service is None:
+                return
+        if len(service.queue) >= self.max_queue:
+            self._refuse(peer, width, msg.metadata, "queue_full", f"queue for {name!r} is full")
+            if worker is not None:
+                self._make_ready(worker)
+            return
+        self._requests += 1
+        tail = [name, client, b"", *msg.metadata, b"", *msg.data]
+        pending = _Pending(self._requests, service, client, msg.metadata, tail)
+        if service.idle:
+            _, target = service.idle.popitem(last=False)
+            self._dispatch(target, pending)
+        else:
+            service.queue.append(pending)
+        if worker is not None:
+            self._make_ready(worker)
+
+    def _on_reply(self, peer: bytes, worker: _Worker | None, msg: Reply) -> None:
+        if worker is None:
+            self._reject(peer, "reply_from_non_worker", "only registered workers may reply")
+            return
+        client = msg.client
+        if client is None:
+            self._reject(peer, "reply_without_client", "reply has no client address")
+            self._make_ready(worker)
+            return
+        self._release(worker, client, msg.metadata)
+        self._replies += 1
+        self.outbox.append(
+            [
+                client,
+                b"",
+                PROTOCOL,
+                _TYPE_FRAMES[self._width_of(client)][MessageType.REPLY],
+                client,
+                b"",
+                *msg.metadata,
+                b"",
+                *msg.data,
+            ]
+        )
+        self._make_ready(worker)
+
+    def _on_register(
+        self, peer: bytes, worker: _Worker | None, name: bytes, width: int, now: float
+    ) -> None:
+        if len(name) > self.max_service_name:
+            self._reject(peer, "service_name_too_long", f"{len(name)} bytes")
+            return
+        service = self._services.get(name)
+        if service is None:
+            service = self._new_service(peer, width, None, name)
+            if service is None:
+                return
+        if worker is None:
+            worker = _Worker(peer, width)
+            worker.expiry = now + self._timeout
+            self._workers[peer] = worker
+            self._by_activity[peer] = None
+            logger.info("worker %s registered for %r", peer.hex(), name)
+        if service not in worker.services:
+            worker.services.append(service)
+            service.workers += 1
+            if worker.ready:
+                service.idle[peer] = worker
+        self._send(peer, width, MessageType.REGISTER, name)
+        self._make_ready(worker)
+
+    # ------------------------------------------------------------- routing
+
+    def _make_ready(self, worker: _Worker) -> None:
+        """Rule 1: the worker may take one request: give it one, or park it as idle."""
+        if worker.ready:
+            return
+        # Take the oldest request across the worker's services (usually just one).
+        best: _Service | None = None
+        for service in worker.services:
+            if service.queue and (best is None or service.queue[0].seq < best.queue[0].seq):
+                best = service
+        if best is not None:
+            self._dispatch(worker, best.queue.popleft())
+            return
+        worker.ready = True
+        for service in worker.services:
+            service.idle[worker.ident] = worker
+
+    def _dispatch(self, worker: _Worker, pending: _Pending) -> None:
+        if worker.ready:
+            worker.ready = False
+            for service in worker.services:
+                service.idle.pop(worker.ident, None)
+        worker.held.append(pending)
+        self._dispatched += 1
+        self.outbox.append(
+            [worker.ident, b"", PROTOCOL, _TYPE_FRAMES[worker.width][MessageType.REQUEST]]
+            + pending.tail
+        )
+
+    def _release(self, worker: _Worker, client: bytes, metadata: tuple[bytes, ...]) -> None:
+        """Rule 2: the worker answered a request it held; forget it."""
+        held = worker.held
+        if not held:
+            return
+        for i, pending in enumerate(held):
+            if pending.client == client and pending.metadata == metadata:
+                del held[i]
+                return
+        del held[0]
+
+    def _remove_worker(self, worker: _Worker) -> None:
+        """Rule 5: forget the worker; its held requests go back to the front of the queue."""
+        ident = worker.ident
+        del self._workers[ident]
+        del self._by_activity[ident]
+        held, worker.held = worker.held, []
+        for service in worker.services:
+            service.workers -= 1
+            service.idle.pop(ident, None)
+            if not service.workers and not service.queue and not held:
+                # Nobody provides it and nothing waits for it: forget it (bounds memory).
+                del self._services[service.name]
+        worker.services = []
+        for pending in reversed(held):
+            pending.redeliveries += 1
+            service = pending.service
+            if pending.redeliveries > self.max_redeliveries:
+                self._count("redelivery_limit")
+                self._error_reply(
+                    pending.client,
+                    pending.metadata,
+                    "redelivery_limit",
+                    f"request given to {pending.redeliveries} workers that all went away",
+                )
+                continue
+            self._redeliveries += 1
+            service.queue.appendleft(pending)
+        for pending in held:
+            service = pending.service
+            if service.idle and service.queue:
+                _, target = service.idle.popitem(last=False)
+                self._dispatch(target, service.queue.popleft())
+
+    def _new_service(
+        self, peer: bytes, width: int, metadata: tuple[bytes, ...] | None, name: bytes
+    ) -> _Service | None:
+        if len(name) > self.max_service_name or len(self._services) >= self.max_services:
+            code = (
+                "service_name_too_long"
+                if len(name) > self.max_service_name
+                else "too_many_services"
+            )
+            if metadata is None:
+                self._reject(peer, code, f"service {name[:64]!r}")
+            else:
+                self._refuse(peer, width, metadata, code, f"service {name[:64]!r} refused")
+            return None
+        service = self._services[name] = _Service(name)
+        return service
+
+    # ------------------------------------------------------------- output
+
+    def _width_of(self, peer: bytes) -> int:
+        worker = self._workers.get(peer)
+        if worker is not None:
+            return worker.width
+        return 4 if peer in self._wide else 1
+
+    def _send(self, peer: bytes, width: int, mtype: MessageType, *body: bytes) -> None:
+        self.outbox.append([peer, b"", PROTOCOL, _TYPE_FRAMES[width][mtype], *body])
+
+    def _error_reply(
+        self, client: bytes, metadata: tuple[bytes, ...], code: str, message: str
+    ) -> None:
+        width = self._width_of(client)
+        self.outbox.append(
+            [
+                client,
+                b"",
+                PROTOCOL,
+                _TYPE_FRAMES[width][MessageType.REPLY],
+                client,
+                b"",
+                *metadata,
+                b"",
+                ERROR_MARKER,
+                code.encode(),
+                message.encode(),
+            ]
+        )
+
+    def _refuse(
+        self, peer: bytes, width: int, metadata: tuple[bytes, ...], code: str, message: str
+    ) -> None:
+        """Refuse a request: count, log once, and tell the sender with an error reply."""
+        self._reject(peer, code, message)
+        self._error_reply(peer, metadata, code, message)
+
+    def _count(self, reason: str) -> None:
+        self._rejections[reason] = self._rejections.get(reason, 0) + 1
+
+    def _reject(self, peer: bytes, reason: str, detail: str) -> None:
+        self._count(reason)
+        key = (peer, reason)
+        if key not in self._logged:
+            self._logged[key] = None
+            if len(self._logged) > 4096:
+                self._logged.popitem(last=False)
+            logger.warning("rejected message from peer %s: %s (%s)", peer.hex(), reason, detail)
+
+    # --------------------------------------------------------- statistics
+
+    def statistics(self) -> BrokerStatistics:
+        """A snapshot of the counters and per-service gauges."""
+        return BrokerStatistics(
+            requests=self._requests,
+            replies=self._replies,
+            forwards=self._forwards,
+            dispatched=self._dispatched,
+            redeliveries=self._redeliveries,
+            dropped_replies=self._dropped_replies,
+            expired_workers=self._expired,
+            rejections=dict(self._rejections),
+            workers=len(self._workers),
+            services={
+                name: ServiceStatistics(s.workers, len(s.idle), len(s.queue))
+                for name, s in self._services.items()
+            },
+        )

@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param("trio", id="trio"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Run every ``@pytest.mark.anyio`` test on both anyio backends."""
+    return str(request.param)
