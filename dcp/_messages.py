@@ -140,14 +140,14 @@ ERROR_MARKER = b"\xffDCP-ERROR"
 
 def error_reply_data(code: str, message: str) -> tuple[bytes, bytes, bytes]:
     """The data parts of a dcp error reply: marker, code, UTF-8 message."""
-    return (ERROR_MARKER, code.encode(), message.encode("utf-8", "replace"))
+    return (ERROR_MARKER, code.encode("utf-8", "replace"), message.encode("utf-8", "replace"))
 
 
 def parse_error_reply(data: tuple[bytes, ...] | list[bytes]) -> tuple[str, str] | None:
     """``(code, message)`` if ``data`` is a dcp error reply's data, else ``None``."""
     if len(data) == 3 and data[0] == ERROR_MARKER:
         return (
-            bytes(data[1]).decode("ascii", "replace"),
+            bytes(data[1]).decode("utf-8", "replace"),
             bytes(data[2]).decode("utf-8", "replace"),
         )
     return None

@@ -1,0 +1,9 @@
+"""``python -m dcp``: the same as the ``dcp`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())
