@@ -239,13 +239,10 @@ class BrokerCore:
         elif mtype is MessageType.REGISTER:
             assert isinstance(msg, Register)
             self._on_register(peer, worker, msg.service, width, now)
-        elif mtype is MessageType.RECONNECT:
-            if worker is None:
-                self._reject(peer, "unexpected_reconnect", "reconnect from a non-worker")
-            else:
-                self._remove_worker(worker)
-        else:  # pragma: no cover - all six types are handled above
-            self._reject(peer, "unexpected_message_type", f"{mtype.name} sent to the broker")
+        elif worker is None:  # RECONNECT
+            self._reject(peer, "unexpected_reconnect", "reconnect from a non-worker")
+        else:
+            self._remove_worker(worker)
 
     def reject_too_many_frames(self, peer: bytes, kept: int, dropped: int) -> None:
         """The driver cut a message at its frame limit: count and log it."""
@@ -403,8 +400,13 @@ class BrokerCore:
         worker.held.append(pending)
         self._dispatched += 1
         self.outbox.append(
-            [worker.ident, b"", PROTOCOL, _TYPE_FRAMES[worker.width][MessageType.REQUEST]]
-            + pending.tail
+            [
+                worker.ident,
+                b"",
+                PROTOCOL,
+                _TYPE_FRAMES[worker.width][MessageType.REQUEST],
+                *pending.tail,
+            ]
         )
 
     def _release(self, worker: _Worker, client: bytes, metadata: tuple[bytes, ...]) -> None:

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 import anyio
 
@@ -56,6 +57,90 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
+    """Import ``module:function`` (the module is looked up on ``sys.path`` and the cwd)."""
+    import importlib
+    import os
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise SystemExit(f"dcp worker: handler must be module:function, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    obj: object = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise SystemExit(f"dcp worker: {spec!r} is not callable")
+    return cast("Callable[..., Awaitable[Any]]", obj)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from ._worker import Worker
+
+    handler = _load_handler(args.handler)
+    worker = Worker(
+        args.connect,
+        args.service.encode(),
+        handler,
+        concurrency=args.concurrency,
+        heartbeat_interval=args.heartbeat_interval,
+        liveness=args.liveness,
+    )
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.serve)
+            logger.info("worker for %r connected to %s", args.service, args.connect)
+
+    anyio.run(_until_signal, run, backend=args.backend)
+    return 0
+
+
+def _cmd_call(args: argparse.Namespace) -> int:
+    from ._client import Client
+    from ._errors import DCPError
+
+    data = [d.encode() for d in args.data]
+    code = 0
+
+    async def run() -> None:
+        nonlocal code
+        async with Client(args.connect, timeout=args.timeout, retries=args.retries) as client:
+            try:
+                reply = await client.request(args.service.encode(), *data)
+            except DCPError as exc:
+                print(f"dcp call: {type(exc).__name__}: {exc}", file=sys.stderr)
+                code = 1
+                return
+        out = sys.stdout.buffer
+        for part in reply.data:
+            out.write(part + b"\n")
+        out.flush()
+
+    anyio.run(run, backend=args.backend)
+    return code
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    async def run() -> None:
+        summary = await run_demo(
+            requests=args.requests,
+            clients=args.clients,
+            window=args.window,
+            progress=not args.no_progress,
+        )
+        print(summary.render(), flush=True)
+        if summary.errors:
+            raise SystemExit(1)
+
+    anyio.run(run, backend=args.backend)
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcp", description="DagBox Communication Protocol v1 broker, worker and client."
@@ -85,6 +170,30 @@ def _build_parser() -> argparse.ArgumentParser:
         help="let non-workers send requests carrying another client's address",
     )
     p.set_defaults(func=_cmd_broker)
+
+    p = sub.add_parser("worker", help="serve a service with an async handler function")
+    p.add_argument("--connect", required=True, metavar="ENDPOINT", help="broker endpoint")
+    p.add_argument("--service", required=True, metavar="NAME", help="service to register")
+    p.add_argument("handler", metavar="module:function", help="async def handler(request)")
+    p.add_argument("--concurrency", type=int, default=1, metavar="N")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="SECONDS")
+    p.add_argument("--liveness", type=int, default=3, metavar="N")
+    p.set_defaults(func=_cmd_worker)
+
+    p = sub.add_parser("call", help="send one request and print the reply's data parts")
+    p.add_argument("--connect", required=True, metavar="ENDPOINT", help="broker endpoint")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--retries", type=int, default=2, metavar="N")
+    p.add_argument("service", metavar="SERVICE")
+    p.add_argument("data", nargs="*", metavar="DATA", help="data parts (UTF-8)")
+    p.set_defaults(func=_cmd_call)
+
+    p = sub.add_parser("demo", help="embedded broker, a DAG of workers, clients under load")
+    p.add_argument("--requests", type=int, default=4000, metavar="N")
+    p.add_argument("--clients", type=int, default=4, metavar="N")
+    p.add_argument("--window", type=int, default=32, metavar="N", help="in flight per client")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_demo)
     return parser
 
 
@@ -95,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else logging.INFO
     if args.verbose > 1:
         level = logging.DEBUG
-    if args.command == "broker" and args.verbose == 0:
+    if args.command in ("broker", "worker") and args.verbose == 0:
         level = logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     func: Callable[[argparse.Namespace], int] = args.func

@@ -19,7 +19,7 @@ than this adapter and it lost messages when a receive was cancelled.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 import anyio
 import zmq
@@ -65,14 +65,16 @@ class AsyncSocket:
 
     def has_input(self) -> bool:
         """True if a message can be read right now."""
-        return bool(self.sock.getsockopt(_EVENTS) & _POLLIN)
+        return bool(int(self.sock.getsockopt(_EVENTS)) & _POLLIN)
 
     async def wait_readable(self) -> None:
         """Wait until a message can be read (returns at once if one can).
 
-        :raises anyio.ClosedResourceError: the socket was closed while waiting
+        :raises anyio.ClosedResourceError: the socket is closed, or was closed while waiting
         """
-        while not self.sock.getsockopt(_EVENTS) & _POLLIN:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        while not int(self.sock.getsockopt(_EVENTS)) & _POLLIN:
             with anyio.CancelScope() as scope:
                 self._wait_scope = scope
                 try:
@@ -104,7 +106,7 @@ class AsyncSocket:
             out.append(Received(frames, dropped))
         return out
 
-    def send_nowait(self, frames: Iterable[bytes]) -> None:
+    def send_nowait(self, frames: Sequence[bytes]) -> None:
         """Send one multipart message now.
 
         :raises zmq.Again: the peer's queue is full (high-water mark)
@@ -112,7 +114,7 @@ class AsyncSocket:
         """
         self.sock.send_multipart(frames, _NOBLOCK)
         # Our send may have consumed the edge the owner task is parked on.
-        if self._wait_scope is not None and self.sock.getsockopt(_EVENTS) & _POLLIN:
+        if self._wait_scope is not None and int(self.sock.getsockopt(_EVENTS)) & _POLLIN:
             self._wait_scope.cancel()
 
     def close(self, linger: int | None = 0) -> None:
