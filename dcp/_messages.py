@@ -8,6 +8,7 @@ so a message object is always something :func:`dcp.serialize` can put on the wir
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import ClassVar
 
 import attrs
@@ -57,8 +58,8 @@ def _check_client(client: bytes | None) -> None:
         raise LocalProtocolError("a client address must be non-empty (or None)")
 
 
-def _tuple_of_bytes(value: object) -> tuple[bytes, ...]:
-    return tuple(value)  # type: ignore[call-overload]
+def _tuple_of_bytes(value: Iterable[bytes]) -> tuple[bytes, ...]:
+    return tuple(value)
 
 
 @attrs.frozen
