@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from ._broker import Broker as Broker
+from ._broker_core import BrokerStatistics as BrokerStatistics
+from ._broker_core import ServiceStatistics as ServiceStatistics
+from ._client import Client as Client
 from ._codec import PROTOCOL as PROTOCOL
 from ._codec import parse as parse
 from ._codec import serialize as serialize
@@ -31,6 +35,12 @@ from ._messages import Reconnect as Reconnect
 from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
+from ._sync_client import SyncClient as SyncClient
+from ._tracker import ClientStatistics as ClientStatistics
+from ._tracker import Response as Response
+from ._worker import Worker as Worker
+from ._worker_core import Forward as Forward
+from ._worker_core import WorkerStatistics as WorkerStatistics
 
 __version__ = "0.1.0.dev0"
 
@@ -39,7 +49,12 @@ __all__ = [
     "PROTOCOL",
     "BadProtocolFrame",
     "BadTypeFrame",
+    "Broker",
+    "BrokerStatistics",
+    "Client",
+    "ClientStatistics",
     "DCPError",
+    "Forward",
     "LocalProtocolError",
     "Message",
     "MessageType",
@@ -57,11 +72,16 @@ __all__ = [
     "Reply",
     "Request",
     "RequestTimeout",
+    "Response",
+    "ServiceStatistics",
+    "SyncClient",
     "TooFewFrames",
     "TooManyFrames",
     "UnexpectedFrames",
     "UnknownMessageType",
     "UnsupportedVersion",
+    "Worker",
+    "WorkerStatistics",
     "parse",
     "serialize",
 ]

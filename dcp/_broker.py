@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import sys
 from types import TracebackType
 
 import anyio
@@ -14,6 +15,9 @@ import zmq
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._context import get_context
 from ._zmqio import AsyncSocket
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["Broker"]
 
@@ -101,7 +105,8 @@ class Broker:
             raise RuntimeError("this broker is already serving")
         ctx = self._context if self._context is not None else get_context()
         sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
-        asock = AsyncSocket(sock, max_frames=self._max_frames)
+        # +1: the ROUTER adds the routing-id frame, which the limit does not count.
+        asock = AsyncSocket(sock, max_frames=self._max_frames + 1)
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -159,18 +164,21 @@ class Broker:
                 try:
                     asock.send_nowait(frames)
                 except zmq.Again:
-                    core.peer_unreachable(frames[0], "full")
+                    core.undeliverable(frames, "full")
                 except zmq.ZMQError as exc:
                     if exc.errno != errno.EHOSTUNREACH:
                         raise
-                    core.peer_unreachable(frames[0], "gone")
+                    core.undeliverable(frames, "gone")
 
     async def __aenter__(self) -> Broker:
-        async with contextlib.AsyncExitStack() as stack:
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            await tg.start(self.serve)
-            stack.callback(tg.cancel_scope.cancel)
-            self._exit_stack = stack.pop_all()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                await tg.start(self.serve)
+                stack.callback(tg.cancel_scope.cancel)
+                self._exit_stack = stack.pop_all()
+        except BaseExceptionGroup as group:
+            raise _single(group) from None
         return self
 
     async def __aexit__(
@@ -182,4 +190,18 @@ class Broker:
         stack, self._exit_stack = self._exit_stack, None
         if stack is None:
             return None
-        return await stack.__aexit__(exc_type, exc, tb)
+        # The body's exception is not given to the task group: it would come back wrapped in
+        # an ExceptionGroup. It propagates by itself once the broker has stopped.
+        try:
+            await stack.aclose()
+        except BaseExceptionGroup as group:
+            raise _single(group) from None
+        return None
+
+
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one real error of ``group`` (unwrapping nested groups), else the group."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -55,6 +55,7 @@ logger = logging.getLogger("dcp.broker")
 _T1 = {t: bytes([t.value]) for t in MessageType}
 _T4 = {t: t.value.to_bytes(4, "little") for t in MessageType}
 _TYPE_FRAMES = {1: _T1, 4: _T4}
+_REPLY_TYPE_FRAMES = (_T1[MessageType.REPLY], _T4[MessageType.REPLY])
 
 
 class _Pending:
@@ -131,6 +132,10 @@ class BrokerStatistics:
     redeliveries: int
     #: Replies dropped because their client was gone or could not take them.
     dropped_replies: int
+    #: Other messages (echoes, pongs, reconnects) dropped for the same reasons.
+    undeliverable: int
+    #: Reconnect messages sent to peers that pinged without being registered.
+    reconnects_sent: int
     #: Workers removed because they were silent for too long.
     expired_workers: int
     #: Messages refused, by reason (also malformed ones, by ProtocolError reason).
@@ -196,6 +201,8 @@ class BrokerCore:
         self._redeliveries = 0
         self._dropped_replies = 0
         self._expired = 0
+        self._reconnects_sent = 0
+        self._undeliverable = 0
 
     # ------------------------------------------------------------------ input
 
@@ -231,7 +238,7 @@ class BrokerCore:
         elif mtype is MessageType.PING or mtype is MessageType.PONG:
             if worker is None:
                 self._send(peer, width, MessageType.RECONNECT)
-                self._count("heartbeat_from_unknown_peer")
+                self._reconnects_sent += 1
             else:
                 self._send(peer, width, MessageType.PONG)
                 if mtype is MessageType.PING:
@@ -249,20 +256,23 @@ class BrokerCore:
         exc = TooManyFrames(f"{kept + dropped} frames; the limit is {kept}")
         self._reject(peer, exc.reason, str(exc))
 
-    def peer_unreachable(self, peer: bytes, why: str) -> None:
-        """The driver could not send to ``peer`` (gone, or its queue is full).
+    def undeliverable(self, frames: list[bytes], why: str) -> None:
+        """The driver could not send ``frames`` (its peer is gone, or its queue is full).
 
-        A worker we cannot reach is treated as gone: what it holds is redelivered. For any
-        other peer the message (a reply, an echo, an error) is dropped and counted.
+        A worker we cannot reach is treated as gone: what it holds is redelivered. Any other
+        message is dropped and counted: replies in ``dropped_replies``, the rest (echoes,
+        pongs, reconnects) in ``undeliverable``.
         """
+        peer = frames[0]
         worker = self._workers.get(peer)
         if worker is not None:
             logger.warning("worker %s unreachable (%s): removing it", peer.hex(), why)
             self._count(f"worker_unreachable_{why}")
             self._remove_worker(worker)
-        else:
+        elif len(frames) > 3 and frames[3] in _REPLY_TYPE_FRAMES:
             self._dropped_replies += 1
-            self._count(f"peer_unreachable_{why}")
+        else:
+            self._undeliverable += 1
 
     def expire(self, now: float) -> None:
         """Remove workers silent for ``liveness x heartbeat_interval``; redeliver their work."""
@@ -290,29 +300,39 @@ class BrokerCore:
         if client is None:
             client = peer
         elif worker is not None:
-            self._forwards += 1
-            self._release(worker, client, msg.metadata)
+            # A forward: the worker passes on a request it holds (matched exactly; a worker
+            # naming an address without holding its request releases nothing).
+            self._release(worker, client, msg.metadata, fallback=False)
         elif client != peer and not self.allow_foreign_address:
             self._refuse(
                 peer,
-                width,
                 msg.metadata,
                 "forbidden_address",
                 "only registered workers may send a request for another client's address",
             )
             return
+        refused = self._accept(client, msg, forward=msg.client is not None and worker is not None)
+        if refused is not None:
+            # The error reply goes to the request's client: for a forward, the original one.
+            self._refuse(client, msg.metadata, *refused)
+        if worker is not None:
+            self._make_ready(worker)
+
+    def _accept(self, client: bytes, msg: Request, *, forward: bool) -> tuple[str, str] | None:
+        """Queue or dispatch ``msg``; on refusal, return ``(code, message)``."""
         name = msg.service
         service = self._services.get(name)
         if service is None:
-            service = self._new_service(peer, width, msg.metadata, name)
-            if service is None:
-                return
+            if len(name) > self.max_service_name:
+                return "service_name_too_long", f"service name of {len(name)} bytes"
+            if len(self._services) >= self.max_services:
+                return "too_many_services", f"{len(self._services)} services already known"
+            service = self._services[name] = _Service(name)
         if len(service.queue) >= self.max_queue:
-            self._refuse(peer, width, msg.metadata, "queue_full", f"queue for {name!r} is full")
-            if worker is not None:
-                self._make_ready(worker)
-            return
+            return "queue_full", f"queue for {name[:64]!r} is full"
         self._requests += 1
+        if forward:
+            self._forwards += 1
         tail = [name, client, b"", *msg.metadata, b"", *msg.data]
         pending = _Pending(self._requests, service, client, msg.metadata, tail)
         if service.idle:
@@ -320,8 +340,7 @@ class BrokerCore:
             self._dispatch(target, pending)
         else:
             service.queue.append(pending)
-        if worker is not None:
-            self._make_ready(worker)
+        return None
 
     def _on_reply(self, peer: bytes, worker: _Worker | None, msg: Reply) -> None:
         if worker is None:
@@ -332,7 +351,7 @@ class BrokerCore:
             self._reject(peer, "reply_without_client", "reply has no client address")
             self._make_ready(worker)
             return
-        self._release(worker, client, msg.metadata)
+        self._release(worker, client, msg.metadata, fallback=True)
         self._replies += 1
         self.outbox.append(
             [
@@ -357,9 +376,10 @@ class BrokerCore:
             return
         service = self._services.get(name)
         if service is None:
-            service = self._new_service(peer, width, None, name)
-            if service is None:
+            if len(self._services) >= self.max_services:
+                self._reject(peer, "too_many_services", f"registration for {name[:64]!r}")
                 return
+            service = self._services[name] = _Service(name)
         if worker is None:
             worker = _Worker(peer, width)
             worker.expiry = now + self._timeout
@@ -369,7 +389,12 @@ class BrokerCore:
         if service not in worker.services:
             worker.services.append(service)
             service.workers += 1
-            if worker.ready:
+            if worker.ready and service.queue:
+                # Idle only where nothing waits: un-park it so _make_ready gives it this queue.
+                worker.ready = False
+                for other in worker.services:
+                    other.idle.pop(peer, None)
+            elif worker.ready:
                 service.idle[peer] = worker
         self._send(peer, width, MessageType.REGISTER, name)
         self._make_ready(worker)
@@ -409,16 +434,21 @@ class BrokerCore:
             ]
         )
 
-    def _release(self, worker: _Worker, client: bytes, metadata: tuple[bytes, ...]) -> None:
-        """Rule 2: the worker answered a request it held; forget it."""
+    def _release(
+        self, worker: _Worker, client: bytes, metadata: tuple[bytes, ...], *, fallback: bool
+    ) -> None:
+        """Rule 2: the worker answered a request it held; forget it.
+
+        :param fallback: if nothing matches, release the oldest held request (for replies:
+            a reply always finishes *some* request, even from a worker that mangled metadata)
+        """
         held = worker.held
-        if not held:
-            return
         for i, pending in enumerate(held):
             if pending.client == client and pending.metadata == metadata:
                 del held[i]
                 return
-        del held[0]
+        if fallback and held:
+            del held[0]
 
     def _remove_worker(self, worker: _Worker) -> None:
         """Rule 5: forget the worker; its held requests go back to the front of the queue."""
@@ -453,23 +483,6 @@ class BrokerCore:
                 _, target = service.idle.popitem(last=False)
                 self._dispatch(target, service.queue.popleft())
 
-    def _new_service(
-        self, peer: bytes, width: int, metadata: tuple[bytes, ...] | None, name: bytes
-    ) -> _Service | None:
-        if len(name) > self.max_service_name or len(self._services) >= self.max_services:
-            code = (
-                "service_name_too_long"
-                if len(name) > self.max_service_name
-                else "too_many_services"
-            )
-            if metadata is None:
-                self._reject(peer, code, f"service {name[:64]!r}")
-            else:
-                self._refuse(peer, width, metadata, code, f"service {name[:64]!r} refused")
-            return None
-        service = self._services[name] = _Service(name)
-        return service
-
     # ------------------------------------------------------------- output
 
     def _width_of(self, peer: bytes) -> int:
@@ -501,12 +514,10 @@ class BrokerCore:
             ]
         )
 
-    def _refuse(
-        self, peer: bytes, width: int, metadata: tuple[bytes, ...], code: str, message: str
-    ) -> None:
-        """Refuse a request: count, log once, and tell the sender with an error reply."""
-        self._reject(peer, code, message)
-        self._error_reply(peer, metadata, code, message)
+    def _refuse(self, client: bytes, metadata: tuple[bytes, ...], code: str, message: str) -> None:
+        """Refuse a request: count, log once, and tell its client with an error reply."""
+        self._reject(client, code, message)
+        self._error_reply(client, metadata, code, message)
 
     def _count(self, reason: str) -> None:
         self._rejections[reason] = self._rejections.get(reason, 0) + 1
@@ -531,6 +542,8 @@ class BrokerCore:
             dispatched=self._dispatched,
             redeliveries=self._redeliveries,
             dropped_replies=self._dropped_replies,
+            undeliverable=self._undeliverable,
+            reconnects_sent=self._reconnects_sent,
             expired_workers=self._expired,
             rejections=dict(self._rejections),
             workers=len(self._workers),

@@ -1,0 +1,347 @@
+"""The blocking client: plain pyzmq around :class:`~dcp._tracker.RequestTracker`, no event
+loop. Meant for threads and processes that are not async (e.g. Spark executors), so the
+per-request path is kept short: one tracker entry, one frames list, one result slot.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Generator, Iterable, Sequence
+from types import TracebackType
+
+import anyio
+import zmq
+
+from ._client import Payload, _check_window, make_routing_id, payload_parts, service_bytes
+from ._context import get_context
+from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
+
+__all__ = ["SyncClient"]
+
+_NOBLOCK = zmq.NOBLOCK
+_POLLIN = zmq.POLLIN
+_POLLOUT = zmq.POLLOUT
+# Longest single wait for room in a full send queue, in seconds (then we re-check the time).
+_SEND_POLL_MAX = 0.1
+
+
+class SyncClient:
+    """A blocking DCP client (one thread at a time).
+
+    ::
+
+        with dcp.SyncClient("tcp://127.0.0.1:5555") as client:
+            response = client.request("echo", b"hello")
+            for response in client.map("echo", payloads, window=64):
+                ...
+
+    Same ids, retries and errors as :class:`dcp.Client` (the same tracker). The socket is
+    created and connected by the constructor and closed (linger 0) by :meth:`close` or at
+    the end of the ``with`` block. A client belongs to the process that created it: a
+    forked child must create its own (it raises :exc:`RuntimeError` otherwise).
+
+    When zmq's send queue is full (high-water mark) a send waits for room until the
+    attempt's deadline; then the attempt counts as lost and the retry rule takes over.
+    While a send waits, replies are not read (they queue in zmq).
+
+    Parameters are those of :class:`dcp.Client`.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        backoff_factor: float = 2.0,
+        backoff_max: float = 5.0,
+        jitter: float = 0.5,
+        routing_id: bytes | None = None,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        batch: int = 256,
+        rng: random.Random | None = None,
+        remember: int = 8192,
+    ) -> None:
+        if routing_id is None:
+            routing_id = make_routing_id()
+        elif not 0 < len(routing_id) <= 255 or routing_id[0] == 0:
+            raise ValueError("routing_id must be 1-255 bytes and not start with 0x00")
+        self.endpoint = endpoint
+        #: The socket's zmq routing id: the broker's address for this client.
+        self.routing_id = routing_id
+        self._tracker = RequestTracker(
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            backoff_factor=backoff_factor,
+            backoff_max=backoff_max,
+            jitter=jitter,
+            rng=rng,
+            remember=remember,
+        )
+        self._batch = batch
+        self._pid = os.getpid()
+        ctx = context if context is not None else get_context()
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTING_ID, routing_id)
+            sock.connect(endpoint)
+        except BaseException:
+            sock.close(0)
+            raise
+        self._sock = sock
+        self._poller = zmq.Poller()
+        self._poller.register(sock, _POLLIN)
+        #: Outcomes received but not yet taken by the caller that waits for them.
+        self._done: dict[bytes, Outcome] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the socket (linger 0) and forget pending requests. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pid == os.getpid():
+            self._sock.close(0)
+        self._tracker.cancel_all()
+        self._done.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def statistics(self) -> ClientStatistics:
+        """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""
+        return self._tracker.statistics()
+
+    # ------------------------------------------------------------------ requests
+
+    def request(
+        self,
+        service: str | bytes,
+        *data: bytes,
+        metadata: Sequence[bytes] = (),
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Response:
+        """Send a request and block until its reply (see :meth:`dcp.Client.request`).
+
+        An exception while waiting (e.g. ``KeyboardInterrupt``) forgets the request.
+
+        :raises RequestTimeout: no reply after the last attempt
+        :raises RemoteError: a dcp error reply
+        :raises anyio.ClosedResourceError: the client is closed
+        """
+        rid = self._start(service_bytes(service), data, metadata, timeout, retries)
+        done = self._done
+        try:
+            while rid not in done:
+                self._pump()
+        except BaseException:
+            self._forget(rid)
+            raise
+        return _result(done.pop(rid))
+
+    def map(
+        self,
+        service: str | bytes,
+        payloads: Iterable[Payload],
+        *,
+        window: int = 64,
+        metadata: Sequence[bytes] = (),
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Generator[Response, None, None]:
+        """Request ``service`` once per payload; yield replies in input order.
+
+        At most ``window`` requests are outstanding (sent, reply not yet yielded). The first
+        failure is raised; closing the generator early forgets the outstanding requests.
+
+        :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
+        """
+        _check_window(window)
+        return self._map(service_bytes(service), payloads, window, metadata, timeout, retries)
+
+    def map_unordered(
+        self,
+        service: str | bytes,
+        payloads: Iterable[Payload],
+        *,
+        window: int = 64,
+        metadata: Sequence[bytes] = (),
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Generator[tuple[int, Response], None, None]:
+        """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
+        _check_window(window)
+        return self._map_unordered(
+            service_bytes(service), payloads, window, metadata, timeout, retries
+        )
+
+    def _map(
+        self,
+        service: bytes,
+        payloads: Iterable[Payload],
+        window: int,
+        metadata: Sequence[bytes],
+        timeout: float | None,
+        retries: int | None,
+    ) -> Generator[Response, None, None]:
+        order: deque[bytes] = deque()
+        done = self._done
+        pump = self._pump
+        try:
+            for payload in payloads:
+                if len(order) >= window:
+                    while order[0] not in done:
+                        pump()
+                    yield _result(done.pop(order.popleft()))
+                rid = self._start(service, payload_parts(payload), metadata, timeout, retries)
+                order.append(rid)
+            while order:
+                while order[0] not in done:
+                    pump()
+                yield _result(done.pop(order.popleft()))
+        finally:
+            for rid in order:
+                self._forget(rid)
+
+    def _map_unordered(
+        self,
+        service: bytes,
+        payloads: Iterable[Payload],
+        window: int,
+        metadata: Sequence[bytes],
+        timeout: float | None,
+        retries: int | None,
+    ) -> Generator[tuple[int, Response], None, None]:
+        inflight: dict[bytes, int] = {}
+        try:
+            for index, payload in enumerate(payloads):
+                if len(inflight) >= window:
+                    yield self._take_any(inflight)
+                rid = self._start(service, payload_parts(payload), metadata, timeout, retries)
+                inflight[rid] = index
+            while inflight:
+                yield self._take_any(inflight)
+        finally:
+            for rid in inflight:
+                self._forget(rid)
+
+    def _take_any(self, inflight: dict[bytes, int]) -> tuple[int, Response]:
+        done = self._done
+        while True:
+            # ``done`` holds only outcomes nobody took yet: usually just this map's.
+            for rid in done:
+                if rid in inflight:
+                    return inflight.pop(rid), _result(done.pop(rid))
+            self._pump()
+
+    # ------------------------------------------------------------------ internals
+
+    def _start(
+        self,
+        service: bytes,
+        data: Sequence[bytes],
+        metadata: Sequence[bytes],
+        timeout: float | None,
+        retries: int | None,
+    ) -> bytes:
+        if self._closed:
+            raise anyio.ClosedResourceError("the client is closed")
+        if self._pid != os.getpid():
+            raise RuntimeError("a SyncClient cannot be used in a forked child; create one there")
+        tracker = self._tracker
+        now = time.monotonic()
+        rid, frames = tracker.request(
+            service, data, now, metadata=metadata, timeout=timeout, retries=retries
+        )
+        try:
+            self._send(frames, now + (tracker.timeout if timeout is None else timeout))
+        except BaseException:
+            tracker.cancel(rid)
+            raise
+        return rid
+
+    def _send(self, frames: list[bytes], deadline: float) -> None:
+        sock = self._sock
+        try:
+            sock.send_multipart(frames, _NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+        self._tracker.send_waits += 1
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return  # the attempt counts as lost; the retry rule takes over
+            sock.poll(math.ceil(min(remaining, _SEND_POLL_MAX) * 1000), _POLLOUT)
+            try:
+                sock.send_multipart(frames, _NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+
+    def _forget(self, rid: bytes) -> None:
+        if self._done.pop(rid, None) is None:
+            self._tracker.cancel(rid)
+
+    def _pump(self) -> None:
+        """Wait for replies or the next deadline (whichever is first) and handle them."""
+        if self._closed:
+            raise anyio.ClosedResourceError("the client is closed")
+        tracker = self._tracker
+        deadline = tracker.next_deadline()
+        if deadline is None:
+            wait_ms = None
+        else:
+            wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+        if self._poller.poll(wait_ms):
+            sock = self._sock
+            done = self._done
+            receive = tracker.receive
+            for _ in range(self._batch):
+                try:
+                    frames = sock.recv_multipart(_NOBLOCK)
+                except zmq.Again:
+                    break
+                resolved = receive(frames)
+                if resolved is not None:
+                    done[resolved[0]] = resolved[1]
+        deadline = tracker.next_deadline()
+        if deadline is not None:
+            now = time.monotonic()
+            if deadline <= now:
+                resend, failed = tracker.expire(now)
+                for frames in resend:
+                    try:
+                        self._sock.send_multipart(frames, _NOBLOCK)
+                    except zmq.Again:
+                        tracker.resends_dropped += 1
+                for rid, exc in failed:
+                    self._done[rid] = exc
+
+
+def _result(outcome: Outcome) -> Response:
+    if isinstance(outcome, Response):
+        return outcome
+    raise outcome

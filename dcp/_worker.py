@@ -1,0 +1,389 @@
+"""The worker: a thin anyio driver around :class:`~dcp._worker_core.WorkerCore`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import TypeAlias
+
+import anyio
+import anyio.abc
+import attrs
+import zmq
+
+from ._codec import serialize
+from ._context import get_context
+from ._errors import RemoteProtocolError
+from ._messages import Message, Reply, Request
+from ._worker_core import (
+    BrokerLost,
+    Forward,
+    Output,
+    Run,
+    State,
+    WorkerCore,
+    WorkerStatistics,
+    error_reply,
+    result_message,
+)
+from ._zmqio import AsyncSocket
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
+
+__all__ = ["Forward", "Handler", "Worker", "WorkerStatistics"]
+
+logger = logging.getLogger("dcp.worker")
+
+#: ``async def handler(request: dcp.Request) -> bytes | Sequence[bytes] | dcp.Forward``
+Handler: TypeAlias = Callable[[Request], Awaitable[bytes | Sequence[bytes] | Forward]]
+
+#: Messages read per wake-up before other tasks get a turn.
+_BATCH = 64
+#: Linger (ms) of the socket closed after a graceful leave, so the last replies and the
+#: RECONNECT reach the broker; zmq closes in the background, this never blocks us.
+_LEAVE_LINGER_MS = 500
+
+
+class Worker:
+    """A DCP v1 worker serving ``service`` with an async ``handler``, on trio or asyncio.
+
+    ::
+
+        async def handler(request: dcp.Request) -> bytes:
+            return request.data[0].upper()
+
+        async with dcp.Worker("tcp://127.0.0.1:5555", "upper", handler, concurrency=8):
+            ...
+
+    or ``await tg.start(worker.serve)``, which returns once the broker has echoed the
+    registration.
+
+    The handler returns ``bytes`` (one data part), a sequence of ``bytes``, or a
+    :class:`Forward` to pass the request on to another service with the original client
+    address and metadata. A handler that raises is answered with a dcp error reply (code
+    ``handler_error``, message ``"ExcType: text"``); one that returns anything else, with
+    ``bad_handler_result``. Both are logged on the ``dcp.worker`` logger.
+
+    Concurrency: at most ``concurrency`` handlers run at once; the worker asks for more work
+    (PING) as soon as a request arrives and a slot is still free. See
+    :mod:`dcp._worker_core` for the credit, heartbeat, liveness and backlog rules.
+
+    Broker failures: after ``liveness * heartbeat_interval`` seconds without any message
+    from the broker, the socket is closed and a fresh DEALER (new routing id, LINGER 0)
+    reconnects after an exponential backoff with jitter (``reconnect_min`` to
+    ``reconnect_max`` seconds) and registers again. A Reconnect (0x06) from the broker
+    re-registers at once on the same socket. Handlers running when the broker vanished keep
+    running; their results are sent on whatever socket is current when they finish (or right
+    after the next registration if none is). Requests in the local backlog are dropped: the
+    broker requeues what it dispatched, and clients retry.
+
+    Stopping (:meth:`stop`, :meth:`aclose`, leaving ``async with``): ask for no more work,
+    let running handlers finish within ``grace`` seconds and cancel the rest (their requests
+    get no reply), then send a Reconnect (0x06) to the broker (dcp extension: "I am leaving;
+    requeue what I hold") and close the socket. Cancelling the task that runs :meth:`serve`
+    cancels the handlers and closes the socket at once, without telling the broker.
+
+    :param endpoint: the broker's zmq endpoint
+    :param service: the service name (``str`` is UTF-8 encoded)
+    :param handler: the coroutine function that serves one request
+    :param concurrency: most requests handled at once
+    :param heartbeat_interval: seconds between heartbeats (agreed with the broker)
+    :param liveness: heartbeats the broker may miss before the worker reconnects
+    :param reconnect_min: first reconnect delay, in seconds
+    :param reconnect_max: longest reconnect delay, in seconds
+    :param context: zmq context (default: one shared per process)
+    """
+
+    #: Default seconds that running handlers get to finish when the worker stops.
+    DEFAULT_GRACE = 10.0
+
+    def __init__(
+        self,
+        endpoint: str,
+        service: str | bytes,
+        handler: Handler,
+        *,
+        concurrency: int = 1,
+        heartbeat_interval: float = 1.0,
+        liveness: int = 3,
+        reconnect_min: float = 0.1,
+        reconnect_max: float = 5.0,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.service = service.encode() if isinstance(service, str) else bytes(service)
+        self._handler = handler
+        self._context = context
+        self._core = WorkerCore(
+            self.service,
+            concurrency=concurrency,
+            heartbeat_interval=heartbeat_interval,
+            liveness=liveness,
+            reconnect_min=reconnect_min,
+            reconnect_max=reconnect_max,
+        )
+        self._asock: AsyncSocket | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._handler_scopes: set[anyio.CancelScope] = set()
+        self._wake_scope: anyio.CancelScope | None = None
+        self._stop_deadline: float | None = None
+        self._task_status: anyio.abc.TaskStatus[None] | None = None
+        self._serving = False
+        self._done: anyio.Event | None = None
+        self._cm_tg: anyio.abc.TaskGroup | None = None
+        self._send_failures = 0
+
+    # -- public API -----------------------------------------------------------------------
+
+    def statistics(self) -> WorkerStatistics:
+        """Counters: requests received, replies, forwards, errors, in progress, backlog,
+        reconnects and more (see :class:`WorkerStatistics`)."""
+        return attrs.evolve(self._core.statistics(), send_failures=self._send_failures)
+
+    @property
+    def registered(self) -> bool:
+        """True while the broker has confirmed our registration on the current socket."""
+        return self._core.state is State.READY
+
+    def stop(self, *, grace: float | None = None) -> None:
+        """Begin a graceful stop and return at once; :meth:`serve` returns when done.
+
+        Call it from the worker's event loop. A second call can only shorten the grace.
+
+        :param grace: seconds running handlers get to finish (default :attr:`DEFAULT_GRACE`)
+        """
+        deadline = anyio.current_time() + (self.DEFAULT_GRACE if grace is None else grace)
+        if self._stop_deadline is None or deadline < self._stop_deadline:
+            self._stop_deadline = deadline
+        self._core.stop()
+        self._wake()
+
+    async def aclose(self, *, grace: float | None = None) -> None:
+        """Stop gracefully (see :meth:`stop`) and wait until :meth:`serve` has returned.
+
+        Idempotent. If cancelled while waiting, the stop goes on in the serving task.
+        """
+        self.stop(grace=grace)
+        if self._done is not None:
+            await self._done.wait()
+
+    async def __aenter__(self) -> Worker:
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            await tg.start(self.serve)
+        except BaseException as exc:
+            tg.cancel_scope.cancel()
+            try:
+                await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseExceptionGroup as group:
+                raise _single(group) from None
+            raise
+        self._cm_tg = tg
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg, self._cm_tg = self._cm_tg, None
+        if tg is None:
+            return None
+        self.stop()
+        try:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                return await tg.__aexit__(exc_type, exc, tb)
+            # Anything else from the body propagates unwrapped once the stop has completed.
+            await tg.__aexit__(None, None, None)
+        except BaseExceptionGroup as group:
+            raise _single(group) from None
+        return None
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect, register, report readiness through ``task_status`` once the broker has
+        echoed the registration, and serve until stopped.
+
+        Cancellation cancels the running handlers and closes the socket (linger 0) at once.
+
+        :raises RuntimeError: this worker is serving or has served already
+        """
+        if self._serving:
+            raise RuntimeError("a Worker can serve only once")
+        self._serving = True
+        self._done = anyio.Event()
+        self._task_status = task_status
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                try:
+                    await self._run()
+                finally:
+                    self._close(0)
+                    self._cancel_handlers()
+        finally:
+            self._tg = None
+            self._done.set()
+
+    # -- the serving task -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        core = self._core
+        while self._stop_deadline is None:
+            self._open()
+            for msg in core.connect(anyio.current_time()):
+                self._send(msg)
+            lost = await self._session()
+            if lost is None:
+                return
+            self._close(0)
+            logger.warning("broker %s silent; reconnecting in %.2fs", self.endpoint, lost.delay)
+            await self._wait(anyio.current_time() + lost.delay)
+        # Stopping without a connection: let the handlers finish, then leave.
+        deadline = self._stop_deadline
+        while core.in_progress and anyio.current_time() < deadline:
+            await self._wait(deadline)
+        self._cancel_handlers()
+        core.leave()
+
+    async def _session(self) -> BrokerLost | None:
+        """Serve one connection; ``None`` once we left gracefully, else why it ended."""
+        core = self._core
+        asock = self._asock
+        assert asock is not None
+        while True:
+            now = anyio.current_time()
+            if self._stop_deadline is not None and (
+                core.in_progress == 0 or now >= self._stop_deadline
+            ):
+                self._cancel_handlers()
+                for msg in core.leave():
+                    self._send(msg)
+                self._close(_LEAVE_LINGER_MS)
+                return None
+            for out in core.tick(now):
+                if isinstance(out, BrokerLost):
+                    return out
+                self._do(out)
+            deadline = core.deadline()
+            if self._stop_deadline is not None:
+                deadline = min(deadline, self._stop_deadline)
+            with anyio.CancelScope(deadline=deadline) as scope:
+                self._wake_scope = scope
+                try:
+                    await asock.wait_readable()
+                finally:
+                    self._wake_scope = None
+            batch = asock.drain(_BATCH)
+            now = anyio.current_time()
+            for received in batch:
+                try:
+                    outs = core.receive(received.frames, now)
+                except RemoteProtocolError as exc:
+                    logger.warning("malformed message from broker (%s): %s", exc.reason, exc)
+                    continue
+                for out in outs:
+                    self._do(out)
+                if core.state is State.READY and self._task_status is not None:
+                    self._task_status.started()
+                    self._task_status = None
+            if len(batch) == _BATCH:
+                await anyio.lowlevel.checkpoint()
+
+    async def _wait(self, deadline: float) -> None:
+        """Sleep until ``deadline`` or until :meth:`_wake`."""
+        if deadline == math.inf:  # pragma: no cover - callers always pass a finite one
+            raise AssertionError("unbounded wait")
+        with anyio.CancelScope(deadline=deadline) as scope:
+            self._wake_scope = scope
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._wake_scope = None
+
+    def _wake(self) -> None:
+        if self._wake_scope is not None:
+            self._wake_scope.cancel()
+
+    # -- sockets ----------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        ctx = self._context if self._context is not None else get_context()
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.endpoint)
+        except BaseException:
+            sock.close(0)
+            raise
+        self._asock = AsyncSocket(sock)
+
+    def _close(self, linger: int) -> None:
+        asock, self._asock = self._asock, None
+        if asock is not None:
+            asock.close(linger)
+
+    def _send(self, message: Message) -> None:
+        asock = self._asock
+        if asock is None:  # pragma: no cover - the core only sends while connected
+            return
+        try:
+            asock.send_nowait(serialize(message, width=self._core.width))
+        except zmq.ZMQError as exc:
+            self._send_failures += 1
+            logger.warning("could not send %s to broker: %s", type(message).__name__, exc)
+
+    def _do(self, out: Output) -> None:
+        if isinstance(out, Run):
+            assert self._tg is not None
+            self._tg.start_soon(self._handle, out.request)
+        elif isinstance(out, BrokerLost):  # pragma: no cover - only tick() returns it
+            raise AssertionError(out)
+        else:
+            self._send(out)
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    async def _handle(self, request: Request) -> None:
+        message: Reply | Request | None = None
+        with anyio.CancelScope() as scope:
+            self._handler_scopes.add(scope)
+            try:
+                message = await self._call(request)
+            finally:
+                self._handler_scopes.discard(scope)
+                for out in self._core.finish(message, anyio.current_time()):
+                    self._do(out)
+                if self._stop_deadline is not None:
+                    self._wake()
+
+    async def _call(self, request: Request) -> Reply | Request:
+        try:
+            result = await self._handler(request)
+        except Exception as exc:
+            logger.exception("handler for service %r raised", self.service)
+            return error_reply(request, "handler_error", f"{type(exc).__name__}: {exc}")
+        try:
+            return result_message(request, result)
+        except TypeError as exc:
+            logger.error("handler for service %r: %s", self.service, exc)
+            return error_reply(request, "bad_handler_result", str(exc))
+
+    def _cancel_handlers(self) -> None:
+        for scope in self._handler_scopes:
+            scope.cancel()
+
+
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one real error of ``group`` (unwrapping nested groups), else the group."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

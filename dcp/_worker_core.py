@@ -1,0 +1,462 @@
+"""The sans-IO state machine of a dcp worker: registration, credit, heartbeats, liveness.
+
+:class:`WorkerCore` takes whole multipart messages from the broker (``list[bytes]``, DEALER
+side) and the current time ``now``, and returns what the I/O layer must do: messages to send,
+handlers to start (:class:`Run`), or a lost broker to reconnect to (:class:`BrokerLost`).
+
+The rules (``N`` is the concurrency; ``I`` the heartbeat interval; ``L`` the liveness):
+
+Rule 1 (registration)
+    Each connection starts with REGISTER. The broker's echo makes the core READY and resets
+    the reconnect backoff. Registering is itself a readiness signal (the broker marks a newly
+    registered worker ready, as MDP does with READY), so no PING follows the echo; with a
+    broker that does not, the first heartbeat (a PING, Rule 5) asks for work.
+Rule 2 (ask for more work while busy)
+    The broker's readiness for a worker is one boolean, set by any REGISTER, PING, REPLY or
+    forwarded REQUEST from the worker and cleared by each dispatch. So after receiving a
+    request, if ``in_progress < N`` and no readiness signal was sent since that request
+    arrived, the core sends a PING at once. The check runs as soon as the request arrives,
+    so in practice it reduces to ``in_progress < N``.
+Rule 3 (finish)
+    A finished handler's REPLY (or forwarded REQUEST) is sent; it is itself a readiness
+    signal, so no PING follows. If the local backlog is not empty, its oldest request takes
+    the freed slot.
+Rule 4 (the backlog: never more than ``N``)
+    Every readiness signal leaves a slot free behind it, except a REGISTER sent while all
+    ``N`` slots are busy (re-registration with handlers still running) and a REPLY whose
+    freed slot the backlog takes at once. Since the broker collapses signals into one
+    boolean, such a signal can bring one request while the worker is full. That request
+    waits in a local FIFO backlog and starts when a slot frees (Rule 3): at most ``N``
+    handlers ever run. Requests that went through the backlog are counted (``backlogged``).
+Rule 5 (heartbeat)
+    While READY, a heartbeat is due when the last one is ``I`` old and either nothing was
+    sent or nothing was received for ``I`` (replies are not answered, so replies alone would
+    not prove the broker alive). It is a PING if a slot is free and the worker is not
+    stopping, else a PONG: a dcp keep-alive that refreshes the broker's liveness without
+    asking for work.
+Rule 6 (broker liveness)
+    No message of any kind from the broker for ``L * I`` (also while waiting for the echo):
+    the broker is gone. The core becomes DISCONNECTED and returns :class:`BrokerLost` with
+    the backoff delay (exponential from ``reconnect_min`` to ``reconnect_max``, with jitter);
+    the I/O layer closes the socket, waits, and calls :meth:`WorkerCore.connect` again.
+Rule 7 (requests in progress across reconnects)
+    Handlers that are running when the broker vanishes keep running; their results are sent
+    on whatever connection is current when they finish, or kept and sent right after the
+    next REGISTER if there is none (dcp clients keep their address across reconnects and drop
+    duplicates by request id). The local backlog is dropped: the broker requeues what it had
+    dispatched, and clients retry.
+Rule 8 (Reconnect from the broker)
+    A RECONNECT (0x06) means the broker does not know us: REGISTER again at once on the same
+    connection, and drop the local backlog (the broker requeued it when it dropped us).
+Rule 9 (stopping)
+    After :meth:`WorkerCore.stop` the core asks for no more work (heartbeats are PONGs),
+    drops the backlog and every request that still arrives, and lets running handlers
+    finish. :meth:`WorkerCore.leave` returns a RECONNECT for the broker (dcp extension: "I am
+    leaving; requeue what I hold"), so whatever was dropped is served by another worker.
+
+What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
+handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random as _random
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeAlias
+
+import attrs
+
+from ._codec import parse
+from ._errors import LocalProtocolError, RemoteProtocolError
+from ._messages import (
+    Message,
+    Ping,
+    Pong,
+    Reconnect,
+    Register,
+    Reply,
+    Request,
+    error_reply_data,
+    parse_error_reply,
+)
+
+__all__ = [
+    "BrokerLost",
+    "Forward",
+    "Output",
+    "Run",
+    "State",
+    "WorkerCore",
+    "WorkerStatistics",
+    "backoff_delay",
+    "error_reply",
+    "result_message",
+]
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def _to_bytes(value: object, what: str) -> bytes:
+    if isinstance(value, _BYTES_LIKE):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
+
+
+@attrs.frozen(init=False)
+class Forward:
+    """A handler's answer that passes the request on to another service (the DAG).
+
+    The worker sends a REQUEST for ``service`` carrying the original client address and,
+    unless ``metadata`` is given, the original metadata, so the final reply goes straight
+    to the client.
+
+    :ivar service: the service that handles the rest of the request
+    :ivar data: the data parts of the new request
+    :ivar metadata: ``None`` to copy the original request's metadata, else the replacement
+    """
+
+    service: bytes
+    data: tuple[bytes, ...]
+    metadata: tuple[bytes, ...] | None
+
+    def __init__(
+        self,
+        service: str | bytes,
+        *data: bytes,
+        metadata: Iterable[bytes] | None = None,
+    ) -> None:
+        svc = service.encode() if isinstance(service, str) else _to_bytes(service, "service")
+        parts = tuple(_to_bytes(part, "a data part") for part in data)
+        meta: tuple[bytes, ...] | None = None
+        if metadata is not None:
+            meta = tuple(_to_bytes(part, "a metadata part") for part in metadata)
+            if not all(meta):
+                raise LocalProtocolError("metadata parts must be non-empty")
+        self.__attrs_init__(svc, parts, meta)
+
+
+def error_reply(request: Request, code: str, message: str) -> Reply:
+    """The dcp error reply to ``request``: its client and metadata, error data parts."""
+    return Reply(request.client, request.metadata, error_reply_data(code, message))
+
+
+def result_message(request: Request, result: object) -> Reply | Request:
+    """Turn a handler's return value into the message to send.
+
+    :param result: ``bytes`` (one data part), a sequence of ``bytes``, or a :class:`Forward`
+    :raises TypeError: for anything else (the caller answers ``bad_handler_result``)
+    """
+    if isinstance(result, Forward):
+        meta = request.metadata if result.metadata is None else result.metadata
+        return Request(result.service, request.client, meta, result.data)
+    if isinstance(result, _BYTES_LIKE):
+        return Reply(request.client, request.metadata, (bytes(result),))
+    if isinstance(result, Sequence) and not isinstance(result, str):
+        parts = tuple(_to_bytes(part, "a reply part") for part in result)
+        return Reply(request.client, request.metadata, parts)
+    raise TypeError(
+        f"handler returned {type(result).__name__}; expected bytes, a sequence of bytes "
+        "or dcp.Forward"
+    )
+
+
+def backoff_delay(failures: int, low: float, high: float, rand: float) -> float:
+    """Reconnect delay after ``failures`` consecutive failed connections.
+
+    The ceiling doubles from ``low`` up to ``high``; the delay is drawn from the upper half
+    below the ceiling (``rand`` in ``[0, 1)``) and is never below ``low``.
+    """
+    ceiling = min(high, low * 2.0 ** min(failures, 60))
+    return max(low, ceiling * (0.5 + rand / 2))
+
+
+class State(enum.Enum):
+    """Where the worker stands with its broker."""
+
+    #: No connection; :meth:`WorkerCore.connect` starts one.
+    DISCONNECTED = "disconnected"
+    #: REGISTER sent; waiting for the broker's echo.
+    REGISTERING = "registering"
+    #: Registered: the broker may dispatch requests.
+    READY = "ready"
+    #: Left for good after :meth:`WorkerCore.leave`.
+    CLOSED = "closed"
+
+
+@attrs.frozen
+class Run:
+    """Output: start the handler for :attr:`request`."""
+
+    request: Request
+
+
+@attrs.frozen
+class BrokerLost:
+    """Output: the broker is gone; close the socket, wait :attr:`delay` s, reconnect."""
+
+    delay: float
+
+
+#: What the core asks the I/O layer to do.
+Output: TypeAlias = Message | Run | BrokerLost
+
+
+@attrs.frozen
+class WorkerStatistics:
+    """Counters of a worker (:meth:`dcp.Worker.statistics`).
+
+    ``received == replies + errors + forwards + cancelled + dropped + in_progress + backlog``
+    """
+
+    #: Requests received from the broker.
+    received: int
+    #: Successful replies produced (sent, or kept for the next connection); not errors.
+    replies: int
+    #: Requests forwarded to another service.
+    forwards: int
+    #: Error replies sent (handler raised, or returned something that is not a result).
+    errors: int
+    #: Handlers cancelled by a stop's grace deadline (no reply sent).
+    cancelled: int
+    #: Requests dropped without running: backlog on reconnect or stop, arrivals while stopping.
+    dropped: int
+    #: Handlers running now.
+    in_progress: int
+    #: Requests waiting in the local backlog now.
+    backlog: int
+    #: Requests that ever had to wait in the backlog (Rule 4).
+    backlogged: int
+    #: New connections after the first one (broker went silent).
+    reconnects: int
+    #: Registrations repeated on the same connection after a Reconnect from the broker.
+    reregistrations: int
+    #: Malformed messages received from the broker.
+    malformed: int
+    #: Well-formed but unexpected messages received (e.g. a reply).
+    unexpected: int
+    #: Messages the socket refused to send (e.g. high-water mark); filled by the I/O layer.
+    send_failures: int = 0
+
+
+class WorkerCore:
+    """The worker's protocol state (see the module docstring for the rules).
+
+    :param service: the service name to register
+    :param concurrency: ``N``, the most requests held at once
+    :param heartbeat_interval: ``I``, in seconds
+    :param liveness: ``L``; the broker is gone after ``L * I`` seconds of silence
+    :param random: source of jitter in ``[0, 1)``
+    """
+
+    def __init__(
+        self,
+        service: bytes,
+        *,
+        concurrency: int = 1,
+        heartbeat_interval: float = 1.0,
+        liveness: int = 3,
+        reconnect_min: float = 0.1,
+        reconnect_max: float = 5.0,
+        random: Callable[[], float] = _random.random,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not heartbeat_interval > 0:
+            raise ValueError("heartbeat_interval must be positive")
+        if liveness < 1:
+            raise ValueError("liveness must be at least 1")
+        if not 0 < reconnect_min <= reconnect_max:
+            raise ValueError("need 0 < reconnect_min <= reconnect_max")
+        self.service = service
+        self.concurrency = concurrency
+        self.heartbeat_interval = heartbeat_interval
+        self.liveness = liveness
+        self.reconnect_min = reconnect_min
+        self.reconnect_max = reconnect_max
+        self._random = random
+        #: Where we stand with the broker.
+        self.state = State.DISCONNECTED
+        #: True once :meth:`stop` was called.
+        self.stopping = False
+        #: Type-frame width the broker uses (1, or 4 for DagBox C++); we answer in kind.
+        self.width = 1
+        self._in_progress = 0
+        self._backlog: deque[Request] = deque()
+        self._pending: list[Message] = []
+        self._last_send = self._last_recv = self._last_beat = 0.0
+        self._failures = 0
+        self._connections = 0
+        self._received = self._replies = self._forwards = self._errors = 0
+        self._cancelled = self._dropped = self._backlogged = 0
+        self._reregistrations = self._malformed = self._unexpected = 0
+
+    @property
+    def in_progress(self) -> int:
+        """Handlers running now (never more than :attr:`concurrency`)."""
+        return self._in_progress
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def connect(self, now: float) -> list[Message]:
+        """A fresh connection: REGISTER, then results that finished while disconnected."""
+        if self.state is not State.DISCONNECTED:
+            raise RuntimeError(f"connect() in state {self.state.name}")
+        self._connections += 1
+        self.state = State.REGISTERING
+        self._last_recv = self._last_beat = now
+        out: list[Message] = [Register(self.service), *self._pending]
+        self._pending.clear()
+        self._last_send = now
+        return out
+
+    def receive(self, frames: Sequence[bytes], now: float) -> list[Output]:
+        """A message from the broker.
+
+        :raises RemoteProtocolError: it does not parse (it still proves the broker alive)
+        """
+        if self.state not in (State.REGISTERING, State.READY):
+            return []
+        self._last_recv = now
+        try:
+            msg, self.width = parse(frames)
+        except RemoteProtocolError:
+            self._malformed += 1
+            raise
+        if isinstance(msg, Request):
+            return self._on_request(msg, now)
+        if isinstance(msg, Register) and msg.service == self.service:
+            self.state = State.READY
+            self._failures = 0
+            return []
+        if isinstance(msg, Reconnect):
+            self._reregistrations += 1
+            self.state = State.REGISTERING
+            self._drop_backlog()
+            return self._send(Register(self.service), now)
+        if not isinstance(msg, (Ping, Pong)):
+            self._unexpected += 1
+        return []
+
+    def finish(self, message: Reply | Request | None, now: float) -> list[Output]:
+        """A handler ended with ``message`` to send, or ``None`` if it was cancelled."""
+        if self._in_progress <= 0:
+            raise RuntimeError("finish() without a running handler")
+        self._in_progress -= 1
+        out: list[Output] = []
+        if message is None:
+            self._cancelled += 1
+        else:
+            if isinstance(message, Request):
+                self._forwards += 1
+            elif parse_error_reply(message.data) is not None:
+                self._errors += 1
+            else:
+                self._replies += 1
+            out += self._send(message, now)
+        if self._backlog:
+            self._in_progress += 1
+            out.append(Run(self._backlog.popleft()))
+        return out
+
+    def tick(self, now: float) -> list[Output]:
+        """Time passed: maybe a heartbeat (Rule 5), maybe the broker is gone (Rule 6)."""
+        if self.state not in (State.REGISTERING, State.READY):
+            return []
+        if now >= self._last_recv + self.liveness * self.heartbeat_interval:
+            self.state = State.DISCONNECTED
+            self._drop_backlog()
+            delay = backoff_delay(
+                self._failures, self.reconnect_min, self.reconnect_max, self._random()
+            )
+            self._failures += 1
+            return [BrokerLost(delay)]
+        if self.state is State.READY and now >= self._heartbeat_due():
+            beat: Message = Ping() if self._has_free_slot() else Pong()
+            return self._send(beat, now)
+        return []
+
+    def deadline(self) -> float:
+        """When :meth:`tick` next has something to do (``inf`` if never)."""
+        if self.state not in (State.REGISTERING, State.READY):
+            return math.inf
+        lost = self._last_recv + self.liveness * self.heartbeat_interval
+        if self.state is State.READY:
+            return min(lost, self._heartbeat_due())
+        return lost
+
+    def stop(self) -> None:
+        """Stop asking for work and drop the backlog (Rule 9). Idempotent."""
+        self.stopping = True
+        self._drop_backlog()
+
+    def leave(self) -> list[Message]:
+        """Leave for good: a RECONNECT for the broker if we are (being) registered."""
+        out: list[Message] = []
+        if self.state in (State.REGISTERING, State.READY):
+            out.append(Reconnect())
+        self.stopping = True
+        self.state = State.CLOSED
+        self._drop_backlog()
+        self._pending.clear()
+        return out
+
+    def statistics(self) -> WorkerStatistics:
+        """A snapshot of the counters."""
+        return WorkerStatistics(
+            received=self._received,
+            replies=self._replies,
+            forwards=self._forwards,
+            errors=self._errors,
+            cancelled=self._cancelled,
+            dropped=self._dropped,
+            in_progress=self._in_progress,
+            backlog=len(self._backlog),
+            backlogged=self._backlogged,
+            reconnects=max(0, self._connections - 1),
+            reregistrations=self._reregistrations,
+            malformed=self._malformed,
+            unexpected=self._unexpected,
+        )
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _on_request(self, request: Request, now: float) -> list[Output]:
+        self._received += 1
+        if self.stopping:
+            self._dropped += 1
+            return []
+        out: list[Output] = []
+        if self._in_progress < self.concurrency:
+            self._in_progress += 1
+            out.append(Run(request))
+        else:
+            self._backlog.append(request)
+            self._backlogged += 1
+        # Rule 2: nothing was sent since this request arrived, so ask for more if not full.
+        if self.state is State.READY and self._has_free_slot():
+            out += self._send(Ping(), now)
+        return out
+
+    def _has_free_slot(self) -> bool:
+        return not self.stopping and self._in_progress < self.concurrency
+
+    def _heartbeat_due(self) -> float:
+        quiet = min(self._last_send, self._last_recv)
+        return max(self._last_beat, quiet) + self.heartbeat_interval
+
+    def _send(self, message: Message, now: float) -> list[Output]:
+        if self.state in (State.REGISTERING, State.READY):
+            self._last_send = now
+            if isinstance(message, (Ping, Pong)):
+                self._last_beat = now
+            return [message]
+        if self.state is State.DISCONNECTED and isinstance(message, (Reply, Request)):
+            self._pending.append(message)  # Rule 7: sent after the next REGISTER
+        return []
+
+    def _drop_backlog(self) -> None:
+        self._dropped += len(self._backlog)
+        self._backlog.clear()

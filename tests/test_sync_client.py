@@ -1,0 +1,239 @@
+"""The blocking client over real sockets: the fake broker, then the real broker in a thread."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import anyio
+import pytest
+import zmq
+from _fake_peers import (
+    FakeBroker,
+    RawWorker,
+    broker_in_thread,
+    drop_first,
+    echo,
+    fail,
+    random_delay,
+    silent,
+    twice,
+)
+
+from dcp import RemoteError, Request, RequestTimeout
+from dcp._messages import error_reply_data
+from dcp._sync_client import SyncClient
+from dcp._tracker import Response
+
+
+def assert_clean(client: SyncClient) -> None:
+    assert client.statistics().pending == 0
+    assert client._done == {}
+
+
+def test_request_round_trip_with_metadata() -> None:
+    with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
+        assert client.request("echo", b"a", b"", metadata=[b"m"]) == Response((b"a", b""), (b"m",))
+        assert client.request(b"echo") == Response(())
+        assert_clean(client)
+    assert client.closed
+    assert broker.peers == {client.routing_id}
+    assert [len(r.metadata[0]) for r in broker.requests] == [16, 16]
+
+
+def test_many_requests_in_a_row_are_matched() -> None:
+    with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
+        for i in range(500):
+            assert client.request("echo", b"%d" % i).data == (b"%d" % i,)
+        s = client.statistics()
+    assert (s.requests, s.replies, s.retries, s.pending) == (500, 500, 0, 0)
+
+
+def test_map_in_order_with_the_window_respected() -> None:
+    payloads = [b"%d" % i for i in range(40)]
+    with FakeBroker(echo, hold_until_idle=0.05) as broker, SyncClient(broker.endpoint) as client:
+        assert [r.data[0] for r in client.map("echo", payloads, window=8)] == payloads
+        assert_clean(client)
+    assert broker.max_held == 8
+
+
+def test_map_unordered_yields_every_index_once() -> None:
+    payloads = [b"%d" % i for i in range(40)]
+    with FakeBroker(echo, hold_until_idle=0.05) as broker, SyncClient(broker.endpoint) as client:
+        got = [(i, r.data[0]) for i, r in client.map_unordered("echo", payloads, window=5)]
+        assert_clean(client)
+    assert sorted(got) == sorted(enumerate(payloads))
+    assert broker.max_held == 5
+
+
+def test_map_with_reordered_replies_and_multipart_payloads() -> None:
+    payloads: list[bytes | Sequence[bytes]] = [(b"%d" % i, b"part") for i in range(200)]
+    with FakeBroker(random_delay(0.005)) as broker, SyncClient(broker.endpoint) as client:
+        got = [r.data for r in client.map("echo", payloads, window=32)]
+    assert got == [tuple(p) for p in payloads]
+
+
+def test_retry_after_a_dropped_reply() -> None:
+    with (
+        FakeBroker(drop_first) as broker,
+        SyncClient(broker.endpoint, timeout=0.1, retries=2, backoff=0.01) as client,
+    ):
+        assert client.request("echo", b"x") == Response((b"x",))
+        assert client.statistics().retries == 1
+    assert list(broker.attempts.values()) == [2]
+
+
+def test_duplicate_reply_is_dropped_and_counted() -> None:
+    with FakeBroker(twice) as broker, SyncClient(broker.endpoint) as client:
+        assert client.request("echo", b"one") == Response((b"one",))
+        # Duplicates are read while waiting for something else: keep asking (bounded).
+        for i in range(200):
+            assert client.request("echo", b"%d" % i) == Response((b"%d" % i,))
+            if client.statistics().duplicates:
+                break
+            time.sleep(0.005)
+        s = client.statistics()
+    assert s.duplicates >= 1
+    assert (s.replies, s.unknown) == (i + 2, 0)
+
+
+def test_timeout_after_the_last_retry() -> None:
+    with (
+        FakeBroker(silent) as broker,
+        SyncClient(broker.endpoint, timeout=0.05, retries=2, backoff=0.01) as client,
+    ):
+        start = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            client.request("echo", b"x")
+        assert time.monotonic() - start >= 0.15
+        s = client.statistics()
+        assert_clean(client)
+    assert list(broker.attempts.values()) == [3]
+    assert (s.retries, s.timeouts) == (2, 1)
+
+
+def test_remote_error() -> None:
+    with FakeBroker(fail) as broker, SyncClient(broker.endpoint) as client:
+        with pytest.raises(RemoteError) as info:
+            client.request("echo", b"x")
+        assert (info.value.code, info.value.message) == ("boom", "the handler failed")
+        assert_clean(client)
+
+
+def _bad_is_an_error(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    if req.data == (b"bad",):
+        return [(0.0, error_reply_data("bad_input", "no"))]
+    return [(0.01, req.data)]
+
+
+def test_map_error_and_early_exit_forget_outstanding_requests() -> None:
+    payloads = [b"a", b"b", b"bad", b"c", b"d", b"e"]
+    with FakeBroker(_bad_is_an_error) as broker, SyncClient(broker.endpoint) as client:
+        got = []
+        with pytest.raises(RemoteError, match="bad_input"):
+            for r in client.map("echo", payloads, window=4):
+                got.append(r.data[0])
+        assert got == [b"a", b"b"]
+        assert_clean(client)
+        with pytest.raises(RemoteError, match="bad_input"):
+            for _ in client.map_unordered("echo", payloads, window=4):
+                pass
+        assert_clean(client)
+        gen = client.map("echo", [b"x"] * 50, window=10)
+        assert next(gen).data == (b"x",)
+        gen.close()
+        assert_clean(client)
+        gen2 = client.map_unordered("echo", [b"y"] * 50, window=10)
+        assert next(gen2)[1].data == (b"y",)
+        gen2.close()
+        assert_clean(client)
+        # Late replies to the forgotten requests are dropped, later requests unaffected.
+        assert client.request("echo", b"after") == Response((b"after",))
+        with pytest.raises(ValueError, match="window"):
+            client.map("echo", [], window=0)
+
+
+def test_malformed_replies_are_counted() -> None:
+    with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
+        # A ROUTER drops messages to a peer it has not heard from yet: talk first.
+        assert client.request("echo", b"hello") == Response((b"hello",))
+        broker.inject([client.routing_id, b"garbage"])
+        for _ in range(200):
+            assert client.request("echo", b"ok") == Response((b"ok",))
+            if client.statistics().malformed:
+                break
+            time.sleep(0.005)
+        assert client.statistics().malformed == {"too_few_frames": 1}
+
+
+def test_close_is_idempotent_and_later_requests_fail() -> None:
+    with FakeBroker(echo) as broker:
+        client = SyncClient(broker.endpoint)
+        client.close()
+        client.close()
+        with pytest.raises(anyio.ClosedResourceError):
+            client.request("echo", b"x")
+        gen = client.map("echo", [b"x"])
+        with pytest.raises(anyio.ClosedResourceError):
+            next(gen)
+
+
+def test_a_forked_child_must_not_use_the_parents_client() -> None:
+    with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
+        pid, client._pid = client._pid, -1  # what the client sees after os.fork()
+        with pytest.raises(RuntimeError, match="forked"):
+            client.request("echo", b"x")
+        client._pid = pid
+
+
+def test_bad_routing_id() -> None:
+    with pytest.raises(ValueError, match="routing_id"):
+        SyncClient("tcp://127.0.0.1:1", routing_id=b"\x00x")
+
+
+def test_send_queue_full_waits_then_times_out() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ctx.setsockopt(zmq.SNDHWM, 2)
+    try:
+        with SyncClient("tcp://127.0.0.1:1", context=ctx, timeout=0.05, retries=1) as client:
+            with pytest.raises(RequestTimeout):
+                list(client.map("echo", [b"x" * 100] * 10, window=10))
+            s = client.statistics()
+            assert_clean(client)
+    finally:
+        ctx.term()
+    assert s.send_waits > 0
+
+
+def _upper(data: tuple[bytes, ...]) -> list[bytes]:
+    return [d.upper() for d in data]
+
+
+def test_through_the_real_broker() -> None:
+    payloads = [b"p%d" % i for i in range(300)]
+    with (
+        broker_in_thread() as endpoint,
+        RawWorker(endpoint, b"upper", _upper),
+        SyncClient(endpoint, timeout=5.0) as client,
+    ):
+        assert client.request("upper", b"abc", metadata=[b"m"]) == Response((b"ABC",), (b"m",))
+        assert [r.data[0] for r in client.map("upper", payloads)] == _upper(tuple(payloads))
+        got = dict(client.map_unordered("upper", payloads, window=16))
+        assert [got[i].data[0] for i in range(300)] == _upper(tuple(payloads))
+        s = client.statistics()
+    assert (s.replies, s.retries, s.pending) == (601, 0, 0)
+
+
+def test_real_broker_queue_full_is_a_remote_error() -> None:
+    with broker_in_thread(max_queue=0) as endpoint, SyncClient(endpoint) as client:
+        with pytest.raises(RemoteError) as info:
+            client.request("nobody", b"refused")
+        assert info.value.code == "queue_full"
+        assert_clean(client)
+
+
+def test_infinite_timeout() -> None:
+    with FakeBroker(random_delay(0.01)) as broker, SyncClient(broker.endpoint) as client:
+        assert client.request("echo", b"x", timeout=math.inf) == Response((b"x",))
+        assert_clean(client)

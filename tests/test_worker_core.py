@@ -1,0 +1,461 @@
+"""The worker's sans-IO core, driven synchronously with an explicit ``now``."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcp._broker_core import BrokerCore
+from dcp._codec import parse, serialize
+from dcp._errors import LocalProtocolError, RemoteProtocolError
+from dcp._messages import (
+    ERROR_MARKER,
+    Message,
+    Ping,
+    Pong,
+    Reconnect,
+    Register,
+    Reply,
+    Request,
+    parse_error_reply,
+)
+from dcp._worker_core import (
+    BrokerLost,
+    Forward,
+    Output,
+    Run,
+    State,
+    WorkerCore,
+    backoff_delay,
+    error_reply,
+    result_message,
+)
+
+SVC = b"echo"
+CLIENT = b"\x01client"
+
+
+def core(n: int = 1, **kw: float) -> WorkerCore:
+    return WorkerCore(SVC, concurrency=n, random=lambda: 0.0, **kw)  # type: ignore[arg-type]
+
+
+def state(w: WorkerCore) -> State:
+    """``w.state``, read through a call so mypy does not narrow it between steps."""
+    return w.state
+
+
+def ready(n: int = 1, now: float = 0.0) -> WorkerCore:
+    w = core(n)
+    assert w.connect(now) == [Register(SVC)]
+    assert state(w) is State.REGISTERING
+    assert w.receive(serialize(Register(SVC)), now) == []
+    assert state(w) is State.READY
+    return w
+
+
+def req(i: int, client: bytes = CLIENT) -> Request:
+    return Request(SVC, client, (b"id-%d" % i, b"m2"), (b"data-%d" % i, b""))
+
+
+def deliver(w: WorkerCore, msg: Message, now: float) -> list[Output]:
+    return w.receive(serialize(msg), now)
+
+
+def test_registration_is_echoed_then_ready_without_ping() -> None:
+    w = core(3)
+    assert w.deadline() == math.inf
+    assert w.connect(5.0) == [Register(SVC)]
+    # Waiting for the echo: only the liveness deadline counts.
+    assert w.deadline() == 5.0 + 3 * 1.0
+    assert w.tick(6.5) == []
+    # The registration itself is a readiness signal: the echo asks for nothing more.
+    assert deliver(w, Register(SVC), 6.5) == []
+    assert state(w) is State.READY
+    with pytest.raises(RuntimeError):
+        w.connect(7.0)
+
+
+def test_echo_for_another_service_is_unexpected() -> None:
+    w = core()
+    w.connect(0.0)
+    assert deliver(w, Register(b"other"), 0.1) == []
+    assert state(w) is State.REGISTERING
+    assert w.statistics().unexpected == 1
+
+
+def test_request_runs_and_asks_for_more_while_a_slot_is_free() -> None:
+    w = ready(n=3)
+    assert deliver(w, req(1), 1.0) == [Run(req(1)), Ping()]
+    assert deliver(w, req(2), 1.0) == [Run(req(2)), Ping()]
+    # The third fills the last slot: no PING.
+    assert deliver(w, req(3), 1.0) == [Run(req(3))]
+    assert w.in_progress == 3
+    # A reply is a readiness signal by itself: no PING after it.
+    out = w.finish(Reply(CLIENT, (b"id-1", b"m2"), (b"r",)), 2.0)
+    assert out == [Reply(CLIENT, (b"id-1", b"m2"), (b"r",))]
+    assert w.in_progress == 2
+
+
+def test_concurrency_one_never_pings_on_request() -> None:
+    w = ready(n=1)
+    assert deliver(w, req(1), 0.5) == [Run(req(1))]
+
+
+def test_backlog_when_a_request_arrives_while_full() -> None:
+    w = ready(n=1)
+    assert deliver(w, req(1), 0.1) == [Run(req(1))]
+    # The race of Rule 4: one more request arrives while the only slot is busy.
+    assert deliver(w, req(2), 0.2) == []
+    st1 = w.statistics()
+    assert (st1.in_progress, st1.backlog, st1.backlogged) == (1, 1, 1)
+    reply = result_message(req(1), b"done")
+    assert w.finish(reply, 0.3) == [reply, Run(req(2))]
+    assert w.in_progress == 1
+    assert w.statistics().backlog == 0
+    assert w.finish(None, 0.4) == []
+    stats = w.statistics()
+    assert (stats.received, stats.replies, stats.cancelled, stats.in_progress) == (2, 1, 1, 0)
+
+
+def test_finish_without_handler_is_an_error() -> None:
+    with pytest.raises(RuntimeError):
+        ready().finish(None, 0.0)
+
+
+def test_counters_split_replies_errors_forwards() -> None:
+    w = ready(n=3)
+    for i in range(3):
+        deliver(w, req(i), 0.0)
+    w.finish(result_message(req(0), [b"a", b"b"]), 0.1)
+    w.finish(error_reply(req(1), "handler_error", "ValueError: x"), 0.1)
+    w.finish(result_message(req(2), Forward("next", b"x")), 0.1)
+    s = w.statistics()
+    assert (s.received, s.replies, s.errors, s.forwards, s.in_progress) == (3, 1, 1, 1, 0)
+
+
+def test_idle_heartbeat_is_a_ping_every_interval() -> None:
+    w = ready(n=2, now=0.0)
+    assert w.deadline() == 1.0
+    assert w.tick(0.99) == []
+    assert w.tick(1.0) == [Ping()]
+    assert w.deadline() == 2.0
+    # The broker answers: liveness refreshed, next beat one interval after the ping.
+    assert deliver(w, Pong(), 1.01) == []
+    assert w.tick(1.5) == []
+    assert w.tick(2.0) == [Ping()]
+
+
+def test_full_worker_heartbeats_with_pong() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, req(1), 0.0)
+    assert w.tick(1.0) == [Pong()]
+    deliver(w, Pong(), 1.0)
+    assert w.tick(2.0) == [Pong()]
+
+
+def test_stopping_worker_heartbeats_with_pong_and_drops_new_requests() -> None:
+    w = ready(n=2, now=0.0)
+    deliver(w, req(1), 0.0)
+    w.stop()
+    assert w.tick(1.0) == [Pong()]
+    assert deliver(w, req(2), 1.1) == []
+    s = w.statistics()
+    assert (s.received, s.dropped, s.in_progress) == (2, 1, 1)
+    reply = result_message(req(1), b"ok")
+    assert w.finish(reply, 1.2) == [reply]
+    assert w.leave() == [Reconnect()]
+    assert state(w) is State.CLOSED
+    assert w.tick(100.0) == []
+    assert w.receive(serialize(req(3)), 100.0) == []
+
+
+def test_replies_alone_do_not_suppress_heartbeats() -> None:
+    # Replies are never answered; if the broker sent nothing for an interval, beat anyway.
+    w = ready(n=4, now=0.0)
+    for i in range(4):
+        deliver(w, req(i), 0.0)
+    # A reply went out at 0.9, but nothing came in since 0.0: beat at 1.0 all the same.
+    w.finish(result_message(req(0), b"r"), 0.9)
+    assert w.tick(1.0) == [Ping()]
+    # Only once per interval, even though the broker stays quiet.
+    w.finish(result_message(req(1), b"r"), 1.5)
+    assert w.tick(1.9) == []
+    assert w.tick(2.0) == [Ping()]
+
+
+def test_heartbeat_not_sent_while_traffic_flows_both_ways() -> None:
+    w = ready(n=1, now=0.0)
+    t = 0.0
+    for i in range(10):
+        t += 0.5
+        assert deliver(w, req(i), t) == [Run(req(i))]
+        assert w.tick(t) == []
+        w.finish(result_message(req(i), b"r"), t)
+    # ... and a beat at most once per interval when the broker goes quiet.
+    assert w.tick(t + 0.99) == []
+    assert w.tick(t + 1.0) == [Ping()]
+    assert w.tick(t + 1.5) == []
+
+
+def test_broker_silence_is_broker_lost_with_backoff() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, req(1), 0.0)
+    deliver(w, req(2), 0.0)  # backlog
+    assert w.tick(2.0) == [Pong()]
+    assert w.deadline() == 3.0
+    assert w.tick(3.0) == [BrokerLost(0.05 * 2)]  # reconnect_min (0.1) x (0.5 + 0/2)
+    assert state(w) is State.DISCONNECTED
+    assert w.deadline() == math.inf
+    s = w.statistics()
+    assert (s.backlog, s.dropped, s.in_progress) == (0, 1, 1)
+    # The running handler finishes while disconnected: its reply waits for the next socket.
+    reply = result_message(req(1), b"late")
+    assert w.finish(reply, 3.5) == []
+    assert w.connect(4.0) == [Register(SVC), reply]
+    assert w.statistics().reconnects == 1
+    # Waiting for the echo also times out; the delay doubles.
+    assert w.tick(7.0) == [BrokerLost(0.1)]
+    assert w.connect(7.1) == [Register(SVC)]
+    deliver(w, Register(SVC), 7.2)
+    assert w.tick(10.2) == [BrokerLost(0.1)]  # reset by the echo
+
+
+def test_reconnect_from_broker_reregisters_at_once() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, req(1), 0.0)
+    deliver(w, req(2), 0.0)
+    assert deliver(w, Reconnect(), 0.5) == [Register(SVC)]
+    assert state(w) is State.REGISTERING
+    s = w.statistics()
+    assert (s.reregistrations, s.backlog, s.dropped, s.in_progress) == (1, 0, 1, 1)
+    # Results still go out while re-registering.
+    reply = result_message(req(1), b"r")
+    assert w.finish(reply, 0.6) == [reply]
+    assert deliver(w, Register(SVC), 0.7) == []
+    assert state(w) is State.READY
+
+
+def test_malformed_message_is_counted_and_proves_liveness() -> None:
+    w = ready(now=0.0)
+    with pytest.raises(RemoteProtocolError):
+        w.receive([b"", b"XXXX\x01", b"\x02"], 2.5)
+    assert w.statistics().malformed == 1
+    assert w.tick(3.0) == [Ping()]  # not lost: the garbage arrived at 2.5
+
+
+def test_unexpected_reply_and_ping_are_ignored() -> None:
+    w = ready()
+    assert deliver(w, Reply(CLIENT, (), (b"x",)), 0.1) == []
+    assert deliver(w, Ping(), 0.1) == []
+    assert w.statistics().unexpected == 1
+
+
+def test_four_byte_type_width_is_answered_in_kind() -> None:
+    w = core(2)
+    w.connect(0.0)
+    w.receive(serialize(Register(SVC), width=4), 0.0)
+    assert w.width == 4
+
+
+def test_leave_before_registration_and_when_disconnected() -> None:
+    w = core()
+    assert w.leave() == []
+    w2 = core()
+    w2.connect(0.0)
+    assert w2.leave() == [Reconnect()]
+
+
+def test_stop_drops_backlog() -> None:
+    w = ready(n=1)
+    deliver(w, req(1), 0.0)
+    deliver(w, req(2), 0.0)
+    w.stop()
+    assert w.statistics().backlog == 0
+    # The freed slot does not start anything any more.
+    assert w.finish(None, 0.1) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"concurrency": 0},
+        {"heartbeat_interval": 0.0},
+        {"liveness": 0},
+        {"reconnect_min": 0.0},
+        {"reconnect_min": 2.0, "reconnect_max": 1.0},
+    ],
+)
+def test_bad_parameters(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        WorkerCore(SVC, **kwargs)  # type: ignore[arg-type]
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+def test_result_message_shapes() -> None:
+    r = req(1)
+    assert result_message(r, b"x") == Reply(CLIENT, r.metadata, (b"x",))
+    assert result_message(r, bytearray(b"y")) == Reply(CLIENT, r.metadata, (b"y",))
+    assert result_message(r, [b"a", b""]) == Reply(CLIENT, r.metadata, (b"a", b""))
+    assert result_message(r, ()) == Reply(CLIENT, r.metadata, ())
+    fwd = result_message(r, Forward("next", b"p", b"q"))
+    assert fwd == Request(b"next", CLIENT, r.metadata, (b"p", b"q"))
+    over = result_message(r, Forward(b"next", metadata=[b"new"]))
+    assert over == Request(b"next", CLIENT, (b"new",), ())
+
+
+@pytest.mark.parametrize("bad", [None, "text", 3, [b"ok", "no"], {b"a": 1}])
+def test_result_message_rejects_other_types(bad: object) -> None:
+    with pytest.raises(TypeError):
+        result_message(req(1), bad)
+
+
+def test_forward_validation() -> None:
+    with pytest.raises(LocalProtocolError):
+        Forward("s", metadata=[b""])
+    with pytest.raises(TypeError):
+        Forward("s", "text")  # type: ignore[arg-type]
+    f = Forward("s", b"a")
+    assert (f.service, f.data, f.metadata) == (b"s", (b"a",), None)
+
+
+def test_error_reply_keeps_client_and_metadata() -> None:
+    r = req(1)
+    e = error_reply(r, "handler_error", "ValueError: é")
+    assert (e.client, e.metadata, e.data[0]) == (CLIENT, r.metadata, ERROR_MARKER)
+    assert parse_error_reply(e.data) == ("handler_error", "ValueError: é")
+
+
+def test_backoff_delay() -> None:
+    assert backoff_delay(0, 0.1, 5.0, 0.0) == 0.1
+    assert backoff_delay(0, 0.1, 5.0, 0.999) == pytest.approx(0.1, rel=1e-3)
+    assert backoff_delay(3, 0.1, 5.0, 0.0) == pytest.approx(0.4)
+    assert backoff_delay(3, 0.1, 5.0, 0.999) == pytest.approx(0.8, rel=1e-3)
+    assert backoff_delay(10, 0.1, 5.0, 0.5) == pytest.approx(3.75)
+    assert backoff_delay(10_000, 0.1, 5.0, 0.999) <= 5.0
+    rng = random.Random(1)
+    for failures in range(20):
+        d = backoff_delay(failures, 0.1, 5.0, rng.random())
+        assert 0.1 <= d <= 5.0
+
+
+# -- the worker core against the real broker core, in memory ----------------------------
+
+
+class Wired:
+    """A WorkerCore and a BrokerCore connected in memory, with one client."""
+
+    def __init__(self, n: int) -> None:
+        self.now = 0.0
+        self.broker = BrokerCore(heartbeat_interval=1.0, liveness=3)
+        self.worker = WorkerCore(SVC, concurrency=n)
+        self.running: list[Request] = []
+        self.max_running = 0
+        self.replies: list[Reply] = []
+        self.outs(list(self.worker.connect(self.now)))
+        self.pump()
+
+    def outs(self, outs: list[Output]) -> None:
+        for out in outs:
+            if isinstance(out, Run):
+                self.running.append(out.request)
+                self.max_running = max(self.max_running, len(self.running))
+                assert len(self.running) == self.worker.in_progress
+            elif isinstance(out, BrokerLost):  # pragma: no cover - the broker never dies
+                raise AssertionError(out)
+            else:
+                self.broker.receive([b"W", *serialize(out)], self.now)
+
+    def pump(self) -> None:
+        for _ in range(10_000):
+            if not self.broker.outbox:
+                return
+            batch, self.broker.outbox = self.broker.outbox, []
+            for frames in batch:
+                if frames[0] == b"W":
+                    self.outs(self.worker.receive(frames[1:], self.now))
+                else:
+                    assert frames[0] == b"C"
+                    msg, _ = parse(frames[1:])
+                    assert isinstance(msg, Reply)
+                    self.replies.append(msg)
+        raise AssertionError("broker and worker did not settle")  # pragma: no cover
+
+    def client_request(self, i: int) -> None:
+        msg = Request(SVC, None, (b"id-%d" % i,), (b"%d" % i,))
+        self.broker.receive([b"C", *serialize(msg)], self.now)
+        self.pump()
+
+    def finish(self, index: int) -> None:
+        request = self.running.pop(index)
+        self.outs(self.worker.finish(result_message(request, request.data[0]), self.now))
+        self.pump()
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        self.outs(self.worker.tick(self.now))
+        self.broker.expire(self.now)
+        self.pump()
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_wired_fills_exactly_n_slots_without_backlog(n: int) -> None:
+    w = Wired(n)
+    for i in range(3 * n):
+        w.client_request(i)
+    assert w.max_running == n
+    assert len(w.running) == n
+    for _ in range(3 * n):
+        w.finish(0)
+    assert sorted(int(r.data[0]) for r in w.replies) == list(range(3 * n))
+    s = w.worker.statistics()
+    assert (s.received, s.replies, s.backlogged) == (3 * n, 3 * n, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    steps=st.lists(st.tuples(st.sampled_from(["req", "fin", "tick"]), st.integers(0, 7))),
+)
+def test_wired_never_exceeds_n_and_answers_everything(
+    n: int, steps: list[tuple[str, int]]
+) -> None:
+    w = Wired(n)
+    sent = 0
+    for kind, k in steps:
+        if kind == "req":
+            w.client_request(sent)
+            sent += 1
+        elif kind == "fin" and w.running:
+            w.finish(k % len(w.running))
+        else:
+            w.advance(0.3 + k / 10)
+        assert len(w.running) <= n
+    for _ in range(sent + 1):  # drain
+        if not w.running:
+            break
+        w.finish(0)
+    assert sorted(int(r.data[0]) for r in w.replies) == list(range(sent))
+    s = w.worker.statistics()
+    assert s.received == s.replies + s.in_progress + s.backlog + s.dropped
+
+
+def test_nothing_is_sent_or_kept_after_leave() -> None:
+    w = ready(n=1)
+    deliver(w, req(1), 0.0)
+    assert w.leave() == [Reconnect()]
+    assert w.finish(result_message(req(1), b"late"), 0.1) == []
+    assert w.deadline() == math.inf
+    assert w.statistics().replies == 1
+
+
+def test_heartbeats_are_not_kept_while_disconnected() -> None:
+    w = ready(n=1, now=0.0)
+    assert w.tick(3.0) == [BrokerLost(0.1)]
+    assert w.receive(serialize(Pong()), 3.1) == []  # a stale socket's message
+    assert w.connect(3.2) == [Register(SVC)]
