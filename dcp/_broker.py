@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import sys
 from types import TracebackType
 
 import anyio
@@ -14,10 +13,8 @@ import zmq
 
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._context import get_context
+from ._exceptions import BaseExceptionGroup, single_error
 from ._zmqio import AsyncSocket
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["Broker"]
 
@@ -178,7 +175,7 @@ class Broker:
                 stack.callback(tg.cancel_scope.cancel)
                 self._exit_stack = stack.pop_all()
         except BaseExceptionGroup as group:
-            raise _single(group) from None
+            raise single_error(group) from None
         return self
 
     async def __aexit__(
@@ -195,13 +192,5 @@ class Broker:
         try:
             await stack.aclose()
         except BaseExceptionGroup as group:
-            raise _single(group) from None
+            raise single_error(group) from None
         return None
-
-
-def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one real error of ``group`` (unwrapping nested groups), else the group."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TypeAlias
@@ -17,6 +16,7 @@ import zmq
 from ._codec import serialize
 from ._context import get_context
 from ._errors import RemoteProtocolError
+from ._exceptions import BaseExceptionGroup, single_error
 from ._messages import Message, Reply, Request
 from ._worker_core import (
     BrokerLost,
@@ -30,9 +30,6 @@ from ._worker_core import (
     result_message,
 )
 from ._zmqio import AsyncSocket
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["Forward", "Handler", "Worker", "WorkerStatistics"]
 
@@ -181,7 +178,7 @@ class Worker:
             try:
                 await tg.__aexit__(type(exc), exc, exc.__traceback__)
             except BaseExceptionGroup as group:
-                raise _single(group) from None
+                raise single_error(group) from None
             raise
         self._cm_tg = tg
         return self
@@ -202,7 +199,7 @@ class Worker:
             # Anything else from the body propagates unwrapped once the stop has completed.
             await tg.__aexit__(None, None, None)
         except BaseExceptionGroup as group:
-            raise _single(group) from None
+            raise single_error(group) from None
         return None
 
     async def serve(
@@ -379,11 +376,3 @@ class Worker:
     def _cancel_handlers(self) -> None:
         for scope in self._handler_scopes:
             scope.cancel()
-
-
-def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one real error of ``group`` (unwrapping nested groups), else the group."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
