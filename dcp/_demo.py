@@ -69,6 +69,8 @@ class DemoSummary:
     errors: int
     seconds: float
     latencies: tuple[float, ...]
+    #: Requests the ``normalize`` workers forwarded to ``stats``, as the broker counted them.
+    forwards: int = 0
 
     @property
     def throughput(self) -> float:
@@ -89,6 +91,7 @@ class DemoSummary:
                 f"  requests     {self.requests}",
                 f"  replies ok   {self.ok}",
                 f"  errors       {self.errors}",
+                f"  forwards     {self.forwards} (normalize -> stats, counted by the broker)",
                 f"  elapsed      {self.seconds:.2f} s",
                 f"  throughput   {self.throughput:,.0f} req/s",
                 "  latency      "
@@ -196,6 +199,7 @@ async def run_demo(
                     load.start_soon(one_client, sentences[i::clients])
             elapsed = time.perf_counter() - start
             bar.render(final=True)
+            forwards = broker.statistics().forwards
             tg.cancel_scope.cancel()
     return DemoSummary(
         requests=requests,
@@ -203,4 +207,5 @@ async def run_demo(
         errors=errors,
         seconds=elapsed,
         latencies=tuple(latencies),
+        forwards=forwards,
     )
