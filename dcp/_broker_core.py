@@ -8,14 +8,18 @@ State rules (the whole routing policy lives here):
 
 Rule 1 - Workers. A peer becomes a *worker* by registering a service (0x01); the registration
   is echoed as confirmation. A worker may register several services (dcp extension; each is
-  echoed). A worker is *ready* (may be given one request) after registering, pinging (0x02),
-  replying (0x05) or sending a request (0x04). Readiness is a flag, not a counter: idle
-  heartbeats do not pile up credit. Giving the worker a request clears the flag.
-Rule 2 - Queues. Each service has a FIFO queue of requests. A ready worker with nothing
+  echoed). A worker has *credit*: how many more requests it may be given. Registering, a
+  ping, or a request sent without finishing a held one (a worker calling a service itself)
+  set it to at least 1 ("I can take one more"): idle heartbeats do not pile up credit. A
+  reply or forward that finishes a held request adds 1 (that request's slot is free again).
+  Each request given to the worker takes 1. So a plain DCP worker holds one request until it
+  replies, forwards or pings, and a worker with N slots can keep exactly N busy by pinging
+  only when it has no credit left and a slot free (what :class:`dcp.Worker` does).
+Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit and nothing
   queued for its services waits in its services' idle lists; the least recently used idle
   worker gets the next request. A request is *held* by the worker it was given to until that
-  worker replies or forwards it (matched by client address and metadata; if nothing matches,
-  the oldest held request is released) or leaves.
+  worker replies or forwards it (matched by client address and metadata; for a reply, if
+  nothing matches, the oldest held request is released) or leaves.
 Rule 3 - Addresses. A request without a client address gets the sender's address inserted.
   One that carries an address keeps it (a worker forwarding work), but only a registered
   worker may name an address other than its own, unless ``allow_foreign_address``.
@@ -93,13 +97,14 @@ class _Service:
 
 
 class _Worker:
-    __slots__ = ("expiry", "held", "ident", "ready", "services", "width")
+    __slots__ = ("credit", "expiry", "held", "ident", "services", "width")
 
     def __init__(self, ident: bytes, width: int) -> None:
         self.ident = ident
         self.width = width
         self.services: list[_Service] = []
-        self.ready = False
+        #: Requests the worker may still be given (Rule 1).
+        self.credit = 0
         self.held: list[_Pending] = []
         self.expiry = 0.0
 
@@ -110,7 +115,7 @@ class ServiceStatistics:
 
     #: Registered workers providing the service.
     workers: int
-    #: Of those, how many are idle (ready, nothing queued for them).
+    #: Of those, how many are idle (have credit, nothing queued for them).
     idle: int
     #: Requests waiting in the queue.
     queued: int
@@ -242,7 +247,7 @@ class BrokerCore:
             else:
                 self._send(peer, width, MessageType.PONG)
                 if mtype is MessageType.PING:
-                    self._make_ready(worker)
+                    self._credit(worker, released=False)
         elif mtype is MessageType.REGISTER:
             assert isinstance(msg, Register)
             self._on_register(peer, worker, msg.service, width, now)
@@ -297,12 +302,13 @@ class BrokerCore:
 
     def _on_request(self, peer: bytes, worker: _Worker | None, msg: Request, width: int) -> None:
         client = msg.client
+        released = False
         if client is None:
             client = peer
         elif worker is not None:
             # A forward: the worker passes on a request it holds (matched exactly; a worker
             # naming an address without holding its request releases nothing).
-            self._release(worker, client, msg.metadata, fallback=False)
+            released = self._release(worker, client, msg.metadata, fallback=False)
         elif client != peer and not self.allow_foreign_address:
             self._refuse(
                 peer,
@@ -316,7 +322,7 @@ class BrokerCore:
             # The error reply goes to the request's client: for a forward, the original one.
             self._refuse(client, msg.metadata, *refused)
         if worker is not None:
-            self._make_ready(worker)
+            self._credit(worker, released=released)
 
     def _accept(self, client: bytes, msg: Request, *, forward: bool) -> tuple[str, str] | None:
         """Queue or dispatch ``msg``; on refusal, return ``(code, message)``."""
@@ -336,8 +342,7 @@ class BrokerCore:
         tail = [name, client, b"", *msg.metadata, b"", *msg.data]
         pending = _Pending(self._requests, service, client, msg.metadata, tail)
         if service.idle:
-            _, target = service.idle.popitem(last=False)
-            self._dispatch(target, pending)
+            self._dispatch(next(iter(service.idle.values())), pending)
         else:
             service.queue.append(pending)
         return None
@@ -349,9 +354,9 @@ class BrokerCore:
         client = msg.client
         if client is None:
             self._reject(peer, "reply_without_client", "reply has no client address")
-            self._make_ready(worker)
+            self._credit(worker, released=False)
             return
-        self._release(worker, client, msg.metadata, fallback=True)
+        released = self._release(worker, client, msg.metadata, fallback=True)
         self._replies += 1
         self.outbox.append(
             [
@@ -366,7 +371,7 @@ class BrokerCore:
                 *msg.data,
             ]
         )
-        self._make_ready(worker)
+        self._credit(worker, released=released)
 
     def _on_register(
         self, peer: bytes, worker: _Worker | None, name: bytes, width: int, now: float
@@ -389,44 +394,50 @@ class BrokerCore:
         if service not in worker.services:
             worker.services.append(service)
             service.workers += 1
-            if worker.ready and service.queue:
-                # Idle only where nothing waits: un-park it so _make_ready gives it this queue.
-                worker.ready = False
-                for other in worker.services:
-                    other.idle.pop(peer, None)
-            elif worker.ready:
-                service.idle[peer] = worker
         self._send(peer, width, MessageType.REGISTER, name)
-        self._make_ready(worker)
+        self._credit(worker, released=False)
 
     # ------------------------------------------------------------- routing
 
-    def _make_ready(self, worker: _Worker) -> None:
-        """Rule 1: the worker may take one request: give it one, or park it as idle."""
-        if worker.ready:
-            return
-        # Take the oldest request across the worker's services (usually just one).
-        best: _Service | None = None
-        for service in worker.services:
-            if service.queue and (best is None or service.queue[0].seq < best.queue[0].seq):
-                best = service
-        if best is not None:
+    def _credit(self, worker: _Worker, *, released: bool) -> None:
+        """Rule 1: grant credit (+1 for a finished request, else at least 1), then use it."""
+        if released:
+            worker.credit += 1
+        elif worker.credit < 1:
+            worker.credit = 1
+        # Serve the oldest requests across the worker's services (usually just one).
+        services = worker.services
+        while worker.credit:
+            best: _Service | None = None
+            for service in services:
+                if service.queue and (best is None or service.queue[0].seq < best.queue[0].seq):
+                    best = service
+            if best is None:
+                break
             self._dispatch(worker, best.queue.popleft())
-            return
-        worker.ready = True
-        for service in worker.services:
-            service.idle[worker.ident] = worker
+        if worker.credit:
+            ident = worker.ident
+            for service in services:
+                if ident not in service.idle:
+                    service.idle[ident] = worker
 
     def _dispatch(self, worker: _Worker, pending: _Pending) -> None:
-        if worker.ready:
-            worker.ready = False
-            for service in worker.services:
-                service.idle.pop(worker.ident, None)
+        """Give ``pending`` to ``worker``, taking one credit; a worker left with credit goes
+        to the back of the idle lists (least recently used first)."""
+        worker.credit -= 1
+        ident = worker.ident
+        for service in worker.services:
+            idle = service.idle
+            if ident in idle:
+                if worker.credit:
+                    idle.move_to_end(ident)
+                else:
+                    del idle[ident]
         worker.held.append(pending)
         self._dispatched += 1
         self.outbox.append(
             [
-                worker.ident,
+                ident,
                 b"",
                 PROTOCOL,
                 _TYPE_FRAMES[worker.width][MessageType.REQUEST],
@@ -436,7 +447,7 @@ class BrokerCore:
 
     def _release(
         self, worker: _Worker, client: bytes, metadata: tuple[bytes, ...], *, fallback: bool
-    ) -> None:
+    ) -> bool:
         """Rule 2: the worker answered a request it held; forget it.
 
         :param fallback: if nothing matches, release the oldest held request (for replies:
@@ -446,9 +457,11 @@ class BrokerCore:
         for i, pending in enumerate(held):
             if pending.client == client and pending.metadata == metadata:
                 del held[i]
-                return
+                return True
         if fallback and held:
             del held[0]
+            return True
+        return False
 
     def _remove_worker(self, worker: _Worker) -> None:
         """Rule 5: forget the worker; its held requests go back to the front of the queue."""
@@ -479,9 +492,8 @@ class BrokerCore:
             service.queue.appendleft(pending)
         for pending in held:
             service = pending.service
-            if service.idle and service.queue:
-                _, target = service.idle.popitem(last=False)
-                self._dispatch(target, service.queue.popleft())
+            while service.idle and service.queue:
+                self._dispatch(next(iter(service.idle.values())), service.queue.popleft())
 
     # ------------------------------------------------------------- output
 

@@ -67,10 +67,12 @@ def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
         raise SystemExit(f"dcp worker: handler must be module:function, not {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
-    obj: object = module
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise SystemExit(f"dcp worker: cannot load handler {spec!r}: {exc}") from None
     if not callable(obj):
         raise SystemExit(f"dcp worker: {spec!r} is not callable")
     return cast("Callable[..., Awaitable[Any]]", obj)

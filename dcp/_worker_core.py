@@ -11,29 +11,33 @@ Rule 1 (registration)
     the reconnect backoff. Registering is itself a readiness signal (the broker marks a newly
     registered worker ready, as MDP does with READY), so no PING follows the echo; with a
     broker that does not, the first heartbeat (a PING, Rule 5) asks for work.
-Rule 2 (ask for more work while busy)
-    The broker's readiness for a worker is one boolean, set by any REGISTER, PING, REPLY or
-    forwarded REQUEST from the worker and cleared by each dispatch. So after receiving a
-    request, if ``in_progress < N`` and no readiness signal was sent since that request
-    arrived, the core sends a PING at once. The check runs as soon as the request arrives,
-    so in practice it reduces to ``in_progress < N``.
+Rule 2 (credit: ask for more work while busy, never for too much)
+    The core tracks ``credit``: how many requests the broker may still send us, counting
+    those already on their way. It mirrors the broker's rule (see :mod:`dcp._broker_core`,
+    Rule 1): REGISTER sets it to 1; each REPLY or forwarded REQUEST adds 1 (it frees the
+    held request's slot); each request received takes 1; a PING sets it to at least 1. A
+    PING is exact only when credit is 0 (the broker's own count can be no higher than ours,
+    since ours includes requests in flight), so after receiving a request the core sends a
+    PING at once if ``in_progress < N`` and credit is 0. Invariant: ``in_progress + credit
+    <= N``, so the broker never sends more than the free slots.
 Rule 3 (finish)
-    A finished handler's REPLY (or forwarded REQUEST) is sent; it is itself a readiness
-    signal, so no PING follows. If the local backlog is not empty, its oldest request takes
-    the freed slot.
-Rule 4 (the backlog: never more than ``N``)
-    Every readiness signal leaves a slot free behind it, except a REGISTER sent while all
-    ``N`` slots are busy (re-registration with handlers still running) and a REPLY whose
-    freed slot the backlog takes at once. Since the broker collapses signals into one
-    boolean, such a signal can bring one request while the worker is full. That request
-    waits in a local FIFO backlog and starts when a slot frees (Rule 3): at most ``N``
-    handlers ever run. Requests that went through the backlog are counted (``backlogged``).
+    A finished handler's REPLY (or forwarded REQUEST) is sent and adds 1 credit (Rule 2), so
+    no PING follows. If the local backlog is not empty, its oldest request takes the freed
+    slot.
+Rule 4 (the backlog: never more than ``N``, whatever the broker)
+    With a dcp broker the invariant of Rule 2 keeps the backlog empty. A broker that keeps
+    readiness as a single flag (as the DCP spec can be read; the DagBox reference does)
+    collapses signals, so our credit can only over-estimate its count: we ask for less, not
+    more. Should a request still arrive while all ``N`` slots are busy (a broker that grants
+    more than it was asked for), it waits in a local FIFO backlog and starts when a slot
+    frees: at most ``N`` handlers ever run. Such requests are counted (``backlogged``).
 Rule 5 (heartbeat)
     While READY, a heartbeat is due when the last one is ``I`` old and either nothing was
     sent or nothing was received for ``I`` (replies are not answered, so replies alone would
-    not prove the broker alive). It is a PING if a slot is free and the worker is not
-    stopping, else a PONG: a dcp keep-alive that refreshes the broker's liveness without
-    asking for work.
+    not prove the broker alive). It is a PING if a slot is free, the worker is not stopping,
+    and either credit is 0 or nothing is running (then a PING cannot raise the broker's
+    count above ours, and it restores lost credit with a flag-keeping broker); else a PONG:
+    a dcp keep-alive that refreshes the broker's liveness without asking for work.
 Rule 6 (broker liveness)
     No message of any kind from the broker for ``L * I`` (also while waiting for the echo):
     the broker is gone. The core becomes DISCONNECTED and returns :class:`BrokerLost` with
@@ -284,6 +288,8 @@ class WorkerCore:
         #: Type-frame width the broker uses (1, or 4 for DagBox C++); we answer in kind.
         self.width = 1
         self._in_progress = 0
+        #: Requests the broker may still send us, including those in flight (Rule 2).
+        self._credit = 0
         self._backlog: deque[Request] = deque()
         self._pending: list[Message] = []
         self._last_send = self._last_recv = self._last_beat = 0.0
@@ -307,6 +313,7 @@ class WorkerCore:
         self._connections += 1
         self.state = State.REGISTERING
         self._last_recv = self._last_beat = now
+        self._credit = 1
         out: list[Message] = [Register(self.service), *self._pending]
         self._pending.clear()
         self._last_send = now
@@ -335,6 +342,7 @@ class WorkerCore:
             self._reregistrations += 1
             self.state = State.REGISTERING
             self._drop_backlog()
+            self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
             return self._send(Register(self.service), now)
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
@@ -355,6 +363,7 @@ class WorkerCore:
                 self._errors += 1
             else:
                 self._replies += 1
+            self._credit += 1
             out += self._send(message, now)
         if self._backlog:
             self._in_progress += 1
@@ -374,8 +383,10 @@ class WorkerCore:
             self._failures += 1
             return [BrokerLost(delay)]
         if self.state is State.READY and now >= self._heartbeat_due():
-            beat: Message = Ping() if self._has_free_slot() else Pong()
-            return self._send(beat, now)
+            if self._has_free_slot() and (self._credit == 0 or self._in_progress == 0):
+                self._credit = max(self._credit, 1)
+                return self._send(Ping(), now)
+            return self._send(Pong(), now)
         return []
 
     def deadline(self) -> float:
@@ -425,6 +436,8 @@ class WorkerCore:
 
     def _on_request(self, request: Request, now: float) -> list[Output]:
         self._received += 1
+        if self._credit:
+            self._credit -= 1
         if self.stopping:
             self._dropped += 1
             return []
@@ -435,8 +448,9 @@ class WorkerCore:
         else:
             self._backlog.append(request)
             self._backlogged += 1
-        # Rule 2: nothing was sent since this request arrived, so ask for more if not full.
-        if self.state is State.READY and self._has_free_slot():
+        # Rule 2: ask for more if a slot is free and no request is owed to us already.
+        if self.state is State.READY and self._has_free_slot() and self._credit == 0:
+            self._credit = 1
             out += self._send(Ping(), now)
         return out
 

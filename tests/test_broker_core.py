@@ -147,6 +147,46 @@ def test_readiness_does_not_pile_up() -> None:
     assert core.statistics().services[ECHO] == ServiceStatistics(workers=1, idle=0, queued=2)
 
 
+def test_each_finished_request_frees_one_slot() -> None:
+    """A worker that asked for more (pinged while busy) keeps its extra slot: each reply adds
+    one credit, so it is given exactly as many requests as it has free slots, even when
+    replies arrive while the queue is empty."""
+    core = BrokerCore()
+    workers(core, W1, W2)
+    for n in range(2):
+        feed(core, C1, req(n))
+    assert take(core) == [given(W1, 0, C1), given(W2, 1, C1)]
+    feed(core, W1, Ping())  # W1 asks for a second request; none is queued
+    assert take(core) == [out(W1, Pong())]
+    feed(core, C1, req(2))
+    assert take(core) == [given(W1, 2, C1)]  # W1 now holds 2
+    feed(core, W1, answer(0, C1))
+    feed(core, W1, answer(2, C1))
+    take(core)
+    assert core.statistics().services[ECHO].idle == 1  # W1: two credits, W2: busy
+    for n in range(3, 6):
+        feed(core, C1, req(n))
+    # W1 has two free slots: two requests; the third waits for a slot.
+    assert take(core) == [given(W1, 3, C1), given(W1, 4, C1)]
+    assert core.statistics().services[ECHO] == ServiceStatistics(workers=2, idle=0, queued=1)
+
+
+def test_a_worker_with_credit_left_goes_to_the_back_of_the_idle_list() -> None:
+    core = BrokerCore()
+    workers(core, W1, W2)
+    feed(core, C1, req(0))
+    feed(core, C1, req(1))
+    feed(core, W1, Ping())  # W1 holds 0 and asks for more: credit 1, first in the idle list
+    feed(core, W1, answer(0, C1))  # a finished request frees a slot: credit 2
+    feed(core, W2, Ping())  # W2 holds 1 and asks for more: credit 1, behind W1
+    take(core)
+    for n in range(2, 5):
+        feed(core, C1, req(n))
+    # W1 takes one and, with credit left, goes behind W2; then W2; then W1 again.
+    assert take(core) == [given(W1, 2, C1), given(W2, 3, C1), given(W1, 4, C1)]
+    assert core.statistics().services[ECHO] == ServiceStatistics(workers=2, idle=0, queued=0)
+
+
 def test_a_worker_holds_one_request_until_it_replies() -> None:
     core = BrokerCore()
     workers(core, W1)

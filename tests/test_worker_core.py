@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -180,11 +182,12 @@ def test_replies_alone_do_not_suppress_heartbeats() -> None:
         deliver(w, req(i), 0.0)
     # A reply went out at 0.9, but nothing came in since 0.0: beat at 1.0 all the same.
     w.finish(result_message(req(0), b"r"), 0.9)
-    assert w.tick(1.0) == [Ping()]
+    # The reply already earned one request for the freed slot (Rule 2): a keep-alive, then.
+    assert w.tick(1.0) == [Pong()]
     # Only once per interval, even though the broker stays quiet.
     w.finish(result_message(req(1), b"r"), 1.5)
     assert w.tick(1.9) == []
-    assert w.tick(2.0) == [Ping()]
+    assert w.tick(2.0) == [Pong()]
 
 
 def test_heartbeat_not_sent_while_traffic_flows_both_ways() -> None:
@@ -459,3 +462,82 @@ def test_heartbeats_are_not_kept_while_disconnected() -> None:
     assert w.tick(3.0) == [BrokerLost(0.1)]
     assert w.receive(serialize(Pong()), 3.1) == []  # a stale socket's message
     assert w.connect(3.2) == [Register(SVC)]
+
+
+class Crossed:
+    """A WorkerCore and a BrokerCore whose messages travel through two FIFO pipes, delivered
+    in an order the test chooses: requests and replies cross each other in flight."""
+
+    def __init__(self, n: int) -> None:
+        self.broker = BrokerCore(heartbeat_interval=1.0, liveness=3)
+        self.worker = WorkerCore(SVC, concurrency=n)
+        self.to_broker: deque[list[bytes]] = deque()
+        self.to_worker: deque[list[bytes]] = deque()
+        self.running: list[Request] = []
+        self.replies: list[Reply] = []
+        self.do(self.worker.connect(0.0))
+
+    def do(self, outs: Sequence[Output]) -> None:
+        for out in outs:
+            if isinstance(out, Run):
+                self.running.append(out.request)
+            else:
+                assert isinstance(out, Message)
+                self.to_broker.append([b"W", *serialize(out)])
+
+    def collect(self) -> None:
+        batch, self.broker.outbox = self.broker.outbox, []
+        for frames in batch:
+            if frames[0] == b"W":
+                self.to_worker.append(frames[1:])
+            else:
+                msg, _ = parse(frames[1:])
+                assert isinstance(msg, Reply)
+                self.replies.append(msg)
+
+    def step(self, kind: str, k: int) -> None:
+        if kind == "up" and self.to_broker:
+            self.broker.receive(self.to_broker.popleft(), 0.0)
+            self.collect()
+        elif kind == "down" and self.to_worker:
+            self.do(self.worker.receive(self.to_worker.popleft(), 0.0))
+        elif kind == "fin" and self.running:
+            request = self.running.pop(k % len(self.running))
+            self.do(self.worker.finish(result_message(request, request.data[0]), 0.0))
+
+    def settle(self) -> None:
+        while self.to_broker or self.to_worker:
+            self.step("up", 0)
+            self.step("down", 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    requests=st.integers(0, 20),
+    steps=st.lists(st.tuples(st.sampled_from(["up", "down", "fin"]), st.integers(0, 7))),
+)
+def test_credit_keeps_exactly_n_busy_when_messages_cross(
+    n: int, requests: int, steps: list[tuple[str, int]]
+) -> None:
+    """Whatever order the pipes deliver in: never more than N handlers and never the
+    backlog (Rule 2's invariant), and whenever all is delivered, N run if work is queued."""
+    w = Crossed(n)
+    for i in range(requests):
+        msg = Request(SVC, None, (b"id-%d" % i,), (b"%d" % i,))
+        w.broker.receive([b"C", *serialize(msg)], 0.0)
+        w.collect()
+    for kind, k in steps:
+        w.step(kind, k)
+        assert len(w.running) <= n
+        if not (w.to_broker or w.to_worker):
+            queued = w.broker.statistics().services[SVC].queued
+            assert len(w.running) == n or queued == 0
+    for _ in range(requests + 1):
+        w.settle()
+        if not w.running:
+            break
+        w.step("fin", 0)
+    w.settle()
+    assert sorted(int(r.data[0]) for r in w.replies) == list(range(requests))
+    assert w.worker.statistics().backlogged == 0
