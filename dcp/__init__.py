@@ -13,6 +13,7 @@ from ._errors import BadProtocolFrame as BadProtocolFrame
 from ._errors import BadTypeFrame as BadTypeFrame
 from ._errors import DCPError as DCPError
 from ._errors import LocalProtocolError as LocalProtocolError
+from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import MissingClientDelimiter as MissingClientDelimiter
 from ._errors import MissingEnvelopeDelimiter as MissingEnvelopeDelimiter
 from ._errors import MissingMetadataDelimiter as MissingMetadataDelimiter
@@ -57,6 +58,7 @@ __all__ = [
     "Forward",
     "LocalProtocolError",
     "Message",
+    "MessageTooLarge",
     "MessageType",
     "MissingClientDelimiter",
     "MissingEnvelopeDelimiter",

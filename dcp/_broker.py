@@ -36,7 +36,8 @@ class Broker:
     in :mod:`dcp._broker_core`. Socket options: ``ROUTER_MANDATORY`` (so a send to a gone or
     full peer is known, counted and, for a worker, turned into redelivery),
     ``ROUTER_HANDOVER`` (a peer reconnecting with the same routing id keeps its address),
-    ``MAXMSGSIZE`` (zmq disconnects a peer that sends a larger frame; it may reconnect).
+    ``MAXMSGSIZE`` (zmq disconnects a peer that sends a frame larger than the whole
+    message limit; it may reconnect).
 
     :param endpoints: zmq endpoints to bind (``tcp://host:0`` picks a free port)
     :param heartbeat_interval: seconds between worker heartbeats (agreed with workers)
@@ -44,7 +45,9 @@ class Broker:
     :param allow_foreign_address: let non-workers send requests carrying another client's
         address (off by default: a client could steer replies to another peer)
     :param max_queue: requests queued per service before ``queue_full`` error replies
-    :param max_message_size: largest frame accepted, in bytes (zmq ``MAXMSGSIZE``; -1: none)
+    :param max_message_size: largest message accepted, all frames together, in bytes
+        (-1: no limit). Larger messages are counted (``message_too_large``) and dropped;
+        a single frame over it makes zmq drop the sender's connection (``MAXMSGSIZE``).
     :param max_frames: frames per message; longer messages are counted and dropped
     :param batch: messages handled per wake-up before yielding to other tasks
     :param context: zmq context (default: one shared per process)
@@ -103,7 +106,12 @@ class Broker:
         ctx = self._context if self._context is not None else get_context()
         sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
         # +1: the ROUTER adds the routing-id frame, which the limit does not count.
-        asock = AsyncSocket(sock, max_frames=self._max_frames + 1)
+        asock = AsyncSocket(
+            sock,
+            max_frames=self._max_frames + 1,
+            # Routing ids are at most 255 bytes; the exact check is in _receive_loop.
+            max_bytes=self._max_message_size + 255 if self._max_message_size >= 0 else 0,
+        )
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -129,12 +137,15 @@ class Broker:
         core = self._core
         receive = core.receive
         batch = self._batch
+        max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
         while True:
             await asock.wait_readable()
             now = anyio.current_time()
             for msg in asock.drain(batch):
                 frames = msg.frames
-                if msg.dropped_frames:
+                if msg.nbytes - len(frames[0]) > max_bytes:
+                    core.reject_too_large(frames[0], msg.nbytes - len(frames[0]), max_bytes)
+                elif msg.dropped_frames:
                     core.reject_too_many_frames(frames[0], len(frames) - 1, msg.dropped_frames)
                 elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
                     continue
@@ -155,16 +166,25 @@ class Broker:
 
     def _flush(self, asock: AsyncSocket) -> None:
         core = self._core
+        gone: set[bytes] = set()
         while core.outbox:
             out, core.outbox = core.outbox, []
             for frames in out:
+                peer = frames[0]
+                if gone and peer in gone:
+                    # Its worker was removed earlier in this flush and what it held was
+                    # redelivered: do not hand it anything more.
+                    core.undeliverable(frames, "gone")
+                    continue
                 try:
                     asock.send_nowait(frames)
                 except zmq.Again:
+                    gone.add(peer)
                     core.undeliverable(frames, "full")
                 except zmq.ZMQError as exc:
                     if exc.errno != errno.EHOSTUNREACH:
                         raise
+                    gone.add(peer)
                     core.undeliverable(frames, "gone")
 
     async def __aenter__(self) -> Broker:

@@ -18,8 +18,8 @@ Rule 1 - Workers. A peer becomes a *worker* by registering a service (0x01); the
 Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit and nothing
   queued for its services waits in its services' idle lists; the least recently used idle
   worker gets the next request. A request is *held* by the worker it was given to until that
-  worker replies or forwards it (matched by client address and metadata; for a reply, if
-  nothing matches, the oldest held request is released) or leaves.
+  worker replies or forwards it (matched by client address and metadata, which workers must
+  pass on unchanged; an answer that matches nothing releases nothing) or leaves.
 Rule 3 - Addresses. A request without a client address gets the sender's address inserted.
   One that carries an address keeps it (a worker forwarding work), but only a registered
   worker may name an address other than its own, unless ``allow_foreign_address``.
@@ -49,7 +49,7 @@ from collections import OrderedDict, deque
 import attrs
 
 from ._codec import PROTOCOL, parse
-from ._errors import RemoteProtocolError, TooManyFrames
+from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
 from ._messages import ERROR_MARKER, MessageType, Register, Reply, Request
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
@@ -141,6 +141,8 @@ class BrokerStatistics:
     undeliverable: int
     #: Reconnect messages sent to peers that pinged without being registered.
     reconnects_sent: int
+    #: Replies and forwards from workers that matched no request they held (still routed).
+    unmatched: int
     #: Workers removed because they were silent for too long.
     expired_workers: int
     #: Messages refused, by reason (also malformed ones, by ProtocolError reason).
@@ -159,12 +161,16 @@ class BrokerCore:
     :param allow_foreign_address: let any peer (not only registered workers) send requests
         carrying a client address other than its own
     :param max_queue: requests queued per service; more get a ``queue_full`` error reply
-    :param max_services: distinct services known at once; a request or registration for one
-        more gets ``too_many_services``
+    :param max_services: distinct services known at once; a request for one more gets a
+        ``too_many_services`` error reply (registrations are not refused for this)
+    :param max_services_per_worker: services one worker may register; more are refused
     :param max_service_name: bytes in a service name; longer ones are refused
     :param max_redeliveries: times a request is put back after its worker died before the
         client gets a ``redelivery_limit`` error reply instead
     :param max_width_peers: non-worker peers whose 4-byte type width is remembered (LRU)
+    :param max_held: requests tracked per worker for redelivery; past this (only a worker
+        that changes metadata, so its answers match nothing, gets there) the oldest is
+        no longer tracked (counted as ``held_overflow``)
     """
 
     def __init__(
@@ -178,6 +184,8 @@ class BrokerCore:
         max_service_name: int = 1024,
         max_redeliveries: int = 5,
         max_width_peers: int = 65_536,
+        max_held: int = 10_000,
+        max_services_per_worker: int = 256,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -189,6 +197,8 @@ class BrokerCore:
         self.max_service_name = max_service_name
         self.max_redeliveries = max_redeliveries
         self.max_width_peers = max_width_peers
+        self.max_held = max_held
+        self.max_services_per_worker = max_services_per_worker
         #: Messages to send, ROUTER-side (routing id first). The driver empties it.
         self.outbox: list[list[bytes]] = []
         self._timeout = heartbeat_interval * liveness
@@ -207,6 +217,7 @@ class BrokerCore:
         self._dropped_replies = 0
         self._expired = 0
         self._reconnects_sent = 0
+        self._unmatched = 0
         self._undeliverable = 0
 
     # ------------------------------------------------------------------ input
@@ -261,6 +272,11 @@ class BrokerCore:
         exc = TooManyFrames(f"{kept + dropped} frames; the limit is {kept}")
         self._reject(peer, exc.reason, str(exc))
 
+    def reject_too_large(self, peer: bytes, nbytes: int, limit: int) -> None:
+        """The driver found a message over its size limit: count and log it."""
+        exc = MessageTooLarge(f"{nbytes} bytes; the limit is {limit}")
+        self._reject(peer, exc.reason, str(exc))
+
     def undeliverable(self, frames: list[bytes], why: str) -> None:
         """The driver could not send ``frames`` (its peer is gone, or its queue is full).
 
@@ -308,7 +324,7 @@ class BrokerCore:
         elif worker is not None:
             # A forward: the worker passes on a request it holds (matched exactly; a worker
             # naming an address without holding its request releases nothing).
-            released = self._release(worker, client, msg.metadata, fallback=False)
+            released = self._release(worker, client, msg.metadata)
         elif client != peer and not self.allow_foreign_address:
             self._refuse(
                 peer,
@@ -356,7 +372,7 @@ class BrokerCore:
             self._reject(peer, "reply_without_client", "reply has no client address")
             self._credit(worker, released=False)
             return
-        released = self._release(worker, client, msg.metadata, fallback=True)
+        released = self._release(worker, client, msg.metadata)
         self._replies += 1
         self.outbox.append(
             [
@@ -379,11 +395,13 @@ class BrokerCore:
         if len(name) > self.max_service_name:
             self._reject(peer, "service_name_too_long", f"{len(name)} bytes")
             return
+        if worker is not None and len(worker.services) >= self.max_services_per_worker:
+            self._reject(peer, "too_many_services", f"registration for {name[:64]!r}")
+            return
         service = self._services.get(name)
         if service is None:
-            if len(self._services) >= self.max_services:
-                self._reject(peer, "too_many_services", f"registration for {name[:64]!r}")
-                return
+            # Not bounded by max_services, which bounds what *requests* create: requests for
+            # made-up names must not lock real workers out. Workers are bounded per worker.
             service = self._services[name] = _Service(name)
         if worker is None:
             worker = _Worker(peer, width)
@@ -433,7 +451,12 @@ class BrokerCore:
                     idle.move_to_end(ident)
                 else:
                     del idle[ident]
-        worker.held.append(pending)
+        held = worker.held
+        if len(held) >= self.max_held:
+            # Only a worker that changes metadata gets here: stop tracking its oldest.
+            del held[0]
+            self._count("held_overflow")
+        held.append(pending)
         self._dispatched += 1
         self.outbox.append(
             [
@@ -445,22 +468,19 @@ class BrokerCore:
             ]
         )
 
-    def _release(
-        self, worker: _Worker, client: bytes, metadata: tuple[bytes, ...], *, fallback: bool
-    ) -> bool:
-        """Rule 2: the worker answered a request it held; forget it.
+    def _release(self, worker: _Worker, client: bytes, metadata: tuple[bytes, ...]) -> bool:
+        """Rule 2: the worker answered (replied to or forwarded) a request it held.
 
-        :param fallback: if nothing matches, release the oldest held request (for replies:
-            a reply always finishes *some* request, even from a worker that mangled metadata)
+        Matched by client address and metadata, which workers must pass on unchanged. A
+        reply that matches nothing (a late answer from before a re-registration, or a worker
+        that changed the metadata) releases nothing: guessing could release a request the
+        worker is still running, which would then not be redelivered if it died.
         """
-        held = worker.held
-        for i, pending in enumerate(held):
+        for i, pending in enumerate(worker.held):
             if pending.client == client and pending.metadata == metadata:
-                del held[i]
+                del worker.held[i]
                 return True
-        if fallback and held:
-            del held[0]
-            return True
+        self._unmatched += 1
         return False
 
     def _remove_worker(self, worker: _Worker) -> None:
@@ -556,6 +576,7 @@ class BrokerCore:
             dropped_replies=self._dropped_replies,
             undeliverable=self._undeliverable,
             reconnects_sent=self._reconnects_sent,
+            unmatched=self._unmatched,
             expired_workers=self._expired,
             rejections=dict(self._rejections),
             workers=len(self._workers),

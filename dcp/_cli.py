@@ -16,14 +16,27 @@ __all__ = ["main"]
 logger = logging.getLogger("dcp.cli")
 
 
-async def _until_signal(run: Callable[[], Awaitable[object]]) -> None:
-    """Run ``run()`` until it returns or SIGINT/SIGTERM arrives, then stop cleanly."""
+async def _until_signal(
+    run: Callable[[], Awaitable[object]], on_signal: Callable[[], object] | None = None
+) -> None:
+    """Run ``run()`` until it returns or SIGINT/SIGTERM arrives, then stop cleanly.
+
+    With ``on_signal``, the first signal calls it (a graceful stop that makes ``run()``
+    return) and a second one cancels; without, the first signal cancels.
+    """
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
+            graceful = on_signal
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    logger.info("received %s, stopping", signal.Signals(signum).name)
+                    name = signal.Signals(signum).name
+                    if graceful is not None:
+                        logger.info("received %s, stopping gracefully (again to force)", name)
+                        graceful()
+                        graceful = None
+                        continue
+                    logger.info("received %s, stopping", name)
                     tg.cancel_scope.cancel()
                     return
 
@@ -92,11 +105,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     )
 
     async def run() -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.serve)
-            logger.info("worker for %r connected to %s", args.service, args.connect)
+        logger.info("worker for %r connecting to %s", args.service, args.connect)
+        await worker.serve()
 
-    anyio.run(_until_signal, run, backend=args.backend)
+    def stop() -> None:
+        worker.stop(grace=args.grace)
+
+    anyio.run(_until_signal, run, stop, backend=args.backend)
+    logger.info("worker stopped: %s", worker.statistics())
     return 0
 
 
@@ -180,6 +196,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=1, metavar="N")
     p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--liveness", type=int, default=3, metavar="N")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, time running requests get to finish (a second signal: now)",
+    )
     p.set_defaults(func=_cmd_worker)
 
     p = sub.add_parser("call", help="send one request and print the reply's data parts")

@@ -16,6 +16,7 @@ __all__ = [
     "BadTypeFrame",
     "DCPError",
     "LocalProtocolError",
+    "MessageTooLarge",
     "MissingClientDelimiter",
     "MissingEnvelopeDelimiter",
     "MissingMetadataDelimiter",
@@ -68,6 +69,12 @@ class TooManyFrames(RemoteProtocolError):
     """The message has more frames than the receiver's configured limit."""
 
     reason = "too_many_frames"
+
+
+class MessageTooLarge(RemoteProtocolError):
+    """The message has more bytes, all frames together, than the receiver's limit."""
+
+    reason = "message_too_large"
 
 
 class MissingEnvelopeDelimiter(RemoteProtocolError):

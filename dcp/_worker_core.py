@@ -29,8 +29,9 @@ Rule 4 (the backlog: never more than ``N``, whatever the broker)
     readiness as a single flag (as the DCP spec can be read; the DagBox reference does)
     collapses signals, so our credit can only over-estimate its count: we ask for less, not
     more. Should a request still arrive while all ``N`` slots are busy (a broker that grants
-    more than it was asked for), it waits in a local FIFO backlog and starts when a slot
-    frees: at most ``N`` handlers ever run. Such requests are counted (``backlogged``).
+    more than it was asked for, or a re-registration while handlers run: REGISTER always
+    earns one request), it waits in a local FIFO backlog and starts when a slot frees: at
+    most ``N`` handlers ever run. Such requests are counted (``backlogged``).
 Rule 5 (heartbeat)
     While READY, a heartbeat is due when the last one is ``I`` old and either nothing was
     sent or nothing was received for ``I`` (replies are not answered, so replies alone would
@@ -68,13 +69,13 @@ import enum
 import math
 import random as _random
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 import attrs
 
 from ._codec import parse
-from ._errors import LocalProtocolError, RemoteProtocolError
+from ._errors import RemoteProtocolError
 from ._messages import (
     Message,
     Ping,
@@ -113,33 +114,23 @@ def _to_bytes(value: object, what: str) -> bytes:
 class Forward:
     """A handler's answer that passes the request on to another service (the DAG).
 
-    The worker sends a REQUEST for ``service`` carrying the original client address and,
-    unless ``metadata`` is given, the original metadata, so the final reply goes straight
-    to the client.
+    The worker sends a REQUEST for ``service`` carrying the original client address and the
+    original metadata, unchanged, so the final reply goes straight to the client and still
+    names its request (dcp clients match replies by the first metadata part), and so the
+    broker knows which request the forward finishes. There is deliberately no way to change
+    the metadata on the way.
 
     :ivar service: the service that handles the rest of the request
     :ivar data: the data parts of the new request
-    :ivar metadata: ``None`` to copy the original request's metadata, else the replacement
     """
 
     service: bytes
     data: tuple[bytes, ...]
-    metadata: tuple[bytes, ...] | None
 
-    def __init__(
-        self,
-        service: str | bytes,
-        *data: bytes,
-        metadata: Iterable[bytes] | None = None,
-    ) -> None:
+    def __init__(self, service: str | bytes, *data: bytes) -> None:
         svc = service.encode() if isinstance(service, str) else _to_bytes(service, "service")
         parts = tuple(_to_bytes(part, "a data part") for part in data)
-        meta: tuple[bytes, ...] | None = None
-        if metadata is not None:
-            meta = tuple(_to_bytes(part, "a metadata part") for part in metadata)
-            if not all(meta):
-                raise LocalProtocolError("metadata parts must be non-empty")
-        self.__attrs_init__(svc, parts, meta)
+        self.__attrs_init__(svc, parts)
 
 
 def error_reply(request: Request, code: str, message: str) -> Reply:
@@ -154,8 +145,7 @@ def result_message(request: Request, result: object) -> Reply | Request:
     :raises TypeError: for anything else (the caller answers ``bad_handler_result``)
     """
     if isinstance(result, Forward):
-        meta = request.metadata if result.metadata is None else result.metadata
-        return Request(result.service, request.client, meta, result.data)
+        return Request(result.service, request.client, request.metadata, result.data)
     if isinstance(result, _BYTES_LIKE):
         return Reply(request.client, request.metadata, (bytes(result),))
     if isinstance(result, Sequence) and not isinstance(result, str):

@@ -239,6 +239,8 @@ BAD: list[tuple[str, list[bytes]]] = [
     ("reply_from_non_worker", [b"", P, b"\x05", b"C1", b"", b""]),
     ("unexpected_reconnect", [b"", P, b"\x06"]),
     ("too_many_frames", [b"", P, b"\x04", ECHO, b"", b""] + [b"d"] * 30),
+    # Each frame is under max_message_size (1024), all together they are not.
+    ("message_too_large", [b"", P, b"\x04", ECHO, b"", b""] + [b"x" * 400] * 3),
 ]
 
 

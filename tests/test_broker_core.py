@@ -575,12 +575,21 @@ def test_too_many_services() -> None:
     feed(core, C1, req(2, b"c"))
     [sent] = take(core)
     assert error_of(sent) == (C1, "too_many_services", (b"m2",))
+    # Requests for made-up names cannot lock real workers out: registering still works.
     feed(core, W2, Register(b"c"))
-    assert take(core) == []
+    assert take(core) == [out(W2, Register(b"c"))]
     stats = core.statistics()
-    assert stats.rejections == {"too_many_services": 2}
-    assert set(stats.services) == {b"a", b"b"}
-    assert stats.workers == 1
+    assert stats.rejections == {"too_many_services": 1}
+    assert set(stats.services) == {b"a", b"b", b"c"}
+    assert stats.workers == 2
+
+
+def test_services_per_worker_are_bounded() -> None:
+    core = BrokerCore(max_services_per_worker=2)
+    for name in (b"a", b"b", b"c"):
+        feed(core, W1, Register(name))
+    assert take(core) == [out(W1, Register(b"a")), out(W1, Register(b"b"))]
+    assert core.statistics().rejections == {"too_many_services": 1}
 
 
 def test_too_many_services_for_a_forward_still_frees_the_forwarder() -> None:
@@ -848,3 +857,50 @@ def test_any_traffic_keeps_the_routing_invariants(steps: list[tuple[object, ...]
             assert not (service.idle and service.queued), (name, service)
             assert service.idle <= service.workers
         assert stats.dispatched <= stats.requests + stats.redeliveries
+
+
+# ------------------------------------------------- which request an answer finishes
+
+
+def test_a_reply_releases_exactly_the_request_it_answers() -> None:
+    core = BrokerCore()
+    workers(core, W1)
+    feed(core, C1, req(0))
+    feed(core, W1, Ping())
+    feed(core, C1, req(1))
+    take(core)  # W1 holds 0 and 1
+    feed(core, W1, answer(1, C1))  # the newer one first
+    core.expire(1e9)  # W1 dies holding 0
+    assert take(core)[-1:] == [out(C1, answer(1, C1))]
+    feed(core, W2, Register(ECHO))
+    assert take(core) == [out(W2, Register(ECHO)), given(W2, 0, C1)]  # 0, not 1
+    assert core.statistics().unmatched == 0
+
+
+def test_an_answer_that_matches_nothing_releases_nothing() -> None:
+    """A late reply (or one with changed metadata) is routed, but the requests the worker
+    still holds stay held, so they are redelivered if it dies."""
+    core = BrokerCore()
+    workers(core, W1)
+    feed(core, C1, req(0))
+    take(core)
+    feed(core, W1, Reply(C1, (b"stale",), (b"late",)))
+    feed(core, W1, Request(b"other", C1, (b"changed",), (b"half",)))
+    sent = take(core)
+    assert sent[0] == out(C1, Reply(C1, (b"stale",), (b"late",)))
+    assert core.statistics().unmatched == 2
+    core.expire(1e9)
+    feed(core, W2, Register(ECHO))
+    assert take(core) == [out(W2, Register(ECHO)), given(W2, 0, C1)]
+
+
+def test_held_requests_are_bounded_for_a_worker_whose_answers_never_match() -> None:
+    core = BrokerCore(max_held=2)
+    workers(core, W1)
+    for n in range(4):
+        feed(core, C1, req(n))
+        feed(core, W1, Reply(C1, (b"mangled",), ()))  # matches nothing, asks for more
+    take(core)
+    assert core.statistics().rejections == {"held_overflow": 2}
+    core.expire(1e9)
+    assert core.statistics().redeliveries == 2  # only the two still tracked

@@ -150,6 +150,32 @@ def test_worker_and_call_through_the_broker(
     assert code == 0, err
 
 
+def test_worker_finishes_its_request_on_sigterm(procs: list[Proc], tmp_path: Path) -> None:
+    """SIGTERM is a graceful stop: the request in progress is answered, then it leaves."""
+    _, tcp = start_broker(procs, tmp_path)
+    worker = start(
+        procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli_handlers:slow"
+    )
+    call = start(procs, "call", "--connect", tcp, "--retries", "0", "--timeout", "10", "slow", "1")
+    # Signal the worker while its handler sleeps: wait for its log line first.
+    stderr = worker.popen.stderr
+    assert stderr is not None
+    deadline = time.monotonic() + 10
+    seen = b""
+    while b"connecting" not in seen:
+        assert time.monotonic() < deadline, seen
+        if select.select([stderr], [], [], 0.1)[0]:
+            seen += os.read(stderr.fileno(), 4096)
+    time.sleep(0.5)  # the request reaches the worker; its handler sleeps 1 s
+    began = time.monotonic()
+    worker.popen.send_signal(signal.SIGTERM)
+    assert call.finish(10)[:2] == (0, "done\n")
+    code, _, err = worker.finish(10)
+    assert code == 0, err
+    assert "stopping gracefully" in err
+    assert time.monotonic() - began < 5
+
+
 def test_call_to_a_service_nobody_serves_fails_after_its_timeout(
     procs: list[Proc], tmp_path: Path
 ) -> None:

@@ -425,8 +425,8 @@ async def test_bad_handler_result_is_an_error_reply(fake: FakeBroker, bad: objec
 
 async def test_forward_frames_keep_client_and_metadata(fake: FakeBroker) -> None:
     async def forward(request: Request) -> Result:
-        if request.data[0] == b"override":
-            return Forward(b"other", b"p", metadata=[b"new-meta"])
+        if request.data[0] == b"other":
+            return Forward(b"other", b"p")
         return Forward("next", b"p", b"")
 
     worker = worker_for(fake, forward)
@@ -436,9 +436,9 @@ async def test_forward_frames_keep_client_and_metadata(fake: FakeBroker) -> None
         frames = await fake.recv_raw()
         head = [ident, b"", PROTOCOL, T_REQUEST]
         assert frames == [*head, b"next", CLIENT, b"", *META, b"", b"p", b""]
-        fake.send(ident, req(2, b"override"))
+        fake.send(ident, req(2, b"other"))
         frames = await fake.recv_raw()
-        assert frames == [*head, b"other", CLIENT, b"", b"new-meta", b"", b"p"]
+        assert frames == [*head, b"other", CLIENT, b"", b"rid-2", b"m2", b"", b"p"]
         tg.cancel_scope.cancel()
     assert worker.statistics().forwards == 2
 

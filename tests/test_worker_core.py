@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dcp._broker_core import BrokerCore
 from dcp._codec import parse, serialize
-from dcp._errors import LocalProtocolError, RemoteProtocolError
+from dcp._errors import RemoteProtocolError
 from dcp._messages import (
     ERROR_MARKER,
     Message,
@@ -308,8 +308,8 @@ def test_result_message_shapes() -> None:
     assert result_message(r, ()) == Reply(CLIENT, r.metadata, ())
     fwd = result_message(r, Forward("next", b"p", b"q"))
     assert fwd == Request(b"next", CLIENT, r.metadata, (b"p", b"q"))
-    over = result_message(r, Forward(b"next", metadata=[b"new"]))
-    assert over == Request(b"next", CLIENT, (b"new",), ())
+    bare = result_message(r, Forward(b"next"))
+    assert bare == Request(b"next", CLIENT, r.metadata, ())
 
 
 @pytest.mark.parametrize("bad", [None, "text", 3, [b"ok", "no"], {b"a": 1}])
@@ -319,12 +319,10 @@ def test_result_message_rejects_other_types(bad: object) -> None:
 
 
 def test_forward_validation() -> None:
-    with pytest.raises(LocalProtocolError):
-        Forward("s", metadata=[b""])
     with pytest.raises(TypeError):
         Forward("s", "text")  # type: ignore[arg-type]
     f = Forward("s", b"a")
-    assert (f.service, f.data, f.metadata) == (b"s", (b"a",), None)
+    assert (f.service, f.data) == (b"s", (b"a",))
 
 
 def test_error_reply_keeps_client_and_metadata() -> None:

@@ -1,0 +1,20 @@
+"""The dcp benchmark suite: dcp's broker side by side with the brokers a user would pick
+instead, each run as separate processes over ``tcp://127.0.0.1``.
+
+Run it with ``scripts/bench`` (or ``python -m benchmarks.run``); it writes
+``docs/performance.md`` and the plots in ``docs/perf/``. Modules:
+
+- :mod:`benchmarks.run`: the orchestrator (rounds, variants, sweeps, client CPU);
+- :mod:`benchmarks.loadgen`: the common load generator (plain synchronous pyzmq; DCP, MDP 0.2
+  and raw-proxy modes);
+- :mod:`benchmarks.echo_worker`: the common echo workers (many DEALER sockets per process);
+- :mod:`benchmarks.minimal_broker`: a minimal synchronous pyzmq DCP broker;
+- :mod:`benchmarks.proxy`: ``zmq.proxy`` (ROUTER/DEALER forwarding in C);
+- :mod:`benchmarks.dcp_peers`: load from dcp's own clients, and dcp's own workers;
+- :mod:`benchmarks.mdp`: the majortomo 0.2.0 broker, its own client and its own workers;
+- :mod:`benchmarks.sweep`: scaling sweeps of the dcp broker;
+- :mod:`benchmarks.report`: the tables and plots.
+
+Every process is started by :mod:`benchmarks.procs` and killed by its PID when the step that
+started it ends, whatever happens.
+"""

@@ -1,0 +1,285 @@
+"""What every load-generating process shares: wire constants, the CPU and memory probe of
+the broker (read from the OS's own accounting), the run settings, and the result record.
+
+A load generator runs in three phases: *warm-up* (requests whose replies are awaited but not
+measured), *measure* (the probe samples the broker before the first measured request and
+after the last measured reply) and *drain* (outstanding replies are awaited for a bounded
+time; the ones that never arrive are *lost*). Every phase is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "DCP",
+    "MDPC",
+    "MDPW",
+    "LoadSettings",
+    "Probe",
+    "Result",
+    "add_load_arguments",
+    "cpu_seconds",
+    "emit",
+    "percentile",
+    "pid_list",
+    "raise_fd_limit",
+    "ready",
+    "rss_bytes",
+    "settings_from_args",
+]
+
+#: DCP v1 protocol frame.
+DCP = b"DGBX\x01"
+#: MDP 0.2 client and worker protocol frames (majortomo).
+MDPC = b"MDPC02"
+MDPW = b"MDPW02"
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """One load: what to send and the bounds of each phase."""
+
+    endpoint: str
+    service: bytes = b"echo"
+    payload: int = 16
+    window: int = 64
+    clients: int = 1
+    warmup: int = 200
+    count: int = 10_000
+    duration: float = 2.0
+    warmup_timeout: float = 30.0
+    drain_timeout: float = 15.0
+    broker_pid: int = 0
+    worker_pids: tuple[int, ...] = ()
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every load generator takes."""
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--service", default="echo")
+    parser.add_argument("--payload", type=int, default=16, help="bytes per request")
+    parser.add_argument("--window", type=int, default=64, help="requests in flight per client")
+    parser.add_argument("--clients", type=int, default=1, help="client sockets")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--count", type=int, default=10_000, help="most measured requests")
+    parser.add_argument("--duration", type=float, default=2.0, help="most seconds sending")
+    parser.add_argument("--warmup-timeout", type=float, default=30.0)
+    parser.add_argument("--drain-timeout", type=float, default=15.0)
+    parser.add_argument("--broker-pid", type=int, default=0)
+    parser.add_argument("--worker-pids", default="", help="comma-separated")
+
+
+def settings_from_args(args: argparse.Namespace) -> LoadSettings:
+    pids = tuple(int(p) for p in str(args.worker_pids).split(",") if p)
+    return LoadSettings(
+        endpoint=args.endpoint,
+        service=str(args.service).encode(),
+        payload=args.payload,
+        window=args.window,
+        clients=args.clients,
+        warmup=args.warmup,
+        count=args.count,
+        duration=args.duration,
+        warmup_timeout=args.warmup_timeout,
+        drain_timeout=args.drain_timeout,
+        broker_pid=args.broker_pid,
+        worker_pids=pids,
+    )
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """``utime + stime`` of a process (all its threads) or of one of its threads, from
+    ``/proc/<pid>/stat`` (the kernel's own accounting, in clock ticks)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    with open(path) as f:
+        data = f.read()
+    # Fields after the command name (which may hold spaces): state is field 3, so utime
+    # (field 14) and stime (field 15) are at indices 11 and 12.
+    fields = data[data.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _status_kib(pid: int, key: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (``VmRSS``)."""
+    return _status_kib(pid, "VmRSS:") or 0
+
+
+def _reset_peak_rss(pid: int) -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) of ``pid``; False where unsupported."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss(pid: int) -> int | None:
+    return _status_kib(pid, "VmHWM:")
+
+
+class Probe:
+    """Samples the broker's (and the workers') CPU and memory around the measured window.
+
+    CPU is ``utime + stime`` from ``/proc/<pid>/stat``: all threads of the process,
+    including libzmq's I/O thread, and separately its main thread. Memory is the RSS
+    at the start and the kernel's peak RSS (``VmHWM``, reset at the start) during the window.
+    """
+
+    def __init__(self, broker_pid: int, worker_pids: Sequence[int] = ()) -> None:
+        self.broker = broker_pid
+        self.workers = list(worker_pids)
+        self.start_values: dict[str, float] = {}
+        self.values: dict[str, float] = {}
+        self.rss_start = 0
+        self.peak_reset = False
+
+    def start(self) -> None:
+        s = self.start_values
+        s["client"] = time.process_time()
+        s["workers"] = sum(cpu_seconds(w) for w in self.workers)
+        if self.broker:
+            self.rss_start = rss_bytes(self.broker)
+            self.peak_reset = _reset_peak_rss(self.broker)
+            s["broker"] = cpu_seconds(self.broker)
+            s["broker_thread"] = cpu_seconds(self.broker, self.broker)
+        s["wall"] = time.perf_counter()
+
+    def stop(self) -> None:
+        v = self.values
+        s = self.start_values
+        v["wall"] = time.perf_counter() - s["wall"]
+        v["client"] = time.process_time() - s["client"]
+        v["workers"] = sum(cpu_seconds(w) for w in self.workers) - s["workers"]
+        if self.broker:
+            v["broker"] = cpu_seconds(self.broker) - s["broker"]
+            v["broker_thread"] = cpu_seconds(self.broker, self.broker) - s["broker_thread"]
+            peak = _peak_rss(self.broker) if self.peak_reset else None
+            rss = rss_bytes(self.broker)
+            v["rss_end"] = rss
+            v["peak_growth"] = float(max(peak, rss) - self.rss_start) if peak else -1.0
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of already sorted values (nearest rank); 0 if empty."""
+    if not sorted_values:
+        return 0.0
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return float(sorted_values[i])
+
+
+@dataclass
+class Result:
+    """What a load generator prints, as one JSON line on stdout."""
+
+    requests: int = 0
+    elapsed_s: float = 0.0
+    rate: float = 0.0
+    p50_us: float = 0.0
+    p90_us: float = 0.0
+    p99_us: float = 0.0
+    lost: int = 0
+    errors: int = 0
+    unexpected: int = 0
+    broker_cpu_s: float = 0.0
+    broker_thread_cpu_s: float = 0.0
+    broker_cpu_us: float = 0.0
+    broker_thread_cpu_us: float = 0.0
+    broker_rss_mb: float = 0.0
+    broker_peak_growth_mb: float = -1.0
+    workers_cpu_us: float = 0.0
+    client_cpu_us: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        latencies_ns: list[int],
+        probe: Probe,
+        *,
+        lost: int,
+        errors: int = 0,
+        unexpected: int = 0,
+        extra: dict[str, Any] | None = None,
+    ) -> Result:
+        latencies_ns.sort()
+        n = len(latencies_ns)
+        v = probe.values
+        per = 1e6 / n if n else 0.0
+        wall = v.get("wall", 0.0)
+        return cls(
+            requests=n,
+            elapsed_s=wall,
+            rate=n / wall if wall > 0 else 0.0,
+            p50_us=percentile(latencies_ns, 0.50) / 1e3,
+            p90_us=percentile(latencies_ns, 0.90) / 1e3,
+            p99_us=percentile(latencies_ns, 0.99) / 1e3,
+            lost=lost,
+            errors=errors,
+            unexpected=unexpected,
+            broker_cpu_s=v.get("broker", 0.0),
+            broker_thread_cpu_s=v.get("broker_thread", 0.0),
+            broker_cpu_us=v.get("broker", 0.0) * per,
+            broker_thread_cpu_us=v.get("broker_thread", 0.0) * per,
+            broker_rss_mb=probe.rss_start / 2**20,
+            broker_peak_growth_mb=(
+                v["peak_growth"] / 2**20 if v.get("peak_growth", -1.0) >= 0 else -1.0
+            ),
+            workers_cpu_us=v.get("workers", 0.0) * per,
+            client_cpu_us=v.get("client", 0.0) * per,
+            extra=extra or {},
+        )
+
+
+def emit(result: Result) -> None:
+    """Print the result as the last line of stdout."""
+    sys.stdout.write(json.dumps(asdict(result)) + "\n")
+    sys.stdout.flush()
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's open-file limit to the hard limit (many sockets)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def ready(message: str = "") -> None:
+    """Tell the orchestrator (which waits for a line starting with READY) we are up."""
+    sys.stdout.write(f"READY {message}\n".rstrip() + "\n")
+    sys.stdout.flush()
+
+
+def pid_list(pids: Sequence[int]) -> str:
+    return ",".join(str(p) for p in pids)
+
+
+if os.name != "posix":  # pragma: no cover
+    raise ImportError("the benchmark suite needs a POSIX system (Linux for memory figures)")

@@ -1,0 +1,107 @@
+"""Smoke test of the benchmark suite (``benchmarks/``): the whole pipeline in its tiny mode.
+
+It runs ``python -m benchmarks.run --tiny`` as a real subprocess (which starts the brokers,
+workers and load generators as processes over tcp://127.0.0.1), then checks the raw records
+and the generated page: no lost replies, no failed run, numbers in a sane range. The
+majortomo variants need the ``bench`` extra and are skipped without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_suite(out: Path, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(ROOT) if not path else os.pathsep.join([str(ROOT), path])
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--tiny", "--out", str(out), *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results: dict[str, Any] = json.loads((out / "perf" / "results.json").read_text())
+    return results
+
+
+def _check_load(rec: dict[str, Any]) -> None:
+    assert "error" not in rec, rec.get("error")
+    assert rec["lost"] == 0
+    assert rec["errors"] == 0
+    assert rec["unexpected"] == 0
+    assert rec["requests"] >= 20
+    assert 20 < rec["rate"] < 1_000_000
+    assert 0 < rec["p50_us"] <= rec["p99_us"] < 5_000_000
+    assert 0 <= rec["broker_cpu_us"] < 100_000
+    assert rec["broker_thread_cpu_us"] <= rec["broker_cpu_us"] + 1e-9
+    assert 0 < rec["client_cpu_us"] < 100_000
+    assert rec["broker_rss_mb"] > 1
+
+
+@pytest.mark.timeout(90)
+def test_tiny_suite_dcp_minimal_proxy(tmp_path: Path) -> None:
+    results = _run_suite(tmp_path)
+
+    main = results["main"]
+    seen = {(r["variant"], r["payload"], r["window"]) for r in main}
+    for variant in ("dcp", "minimal", "zmq.proxy"):
+        assert (variant, 16, 64) in seen
+        assert (variant, 16, 1) in seen
+    for rec in main:
+        _check_load(rec)
+    # The broker does real work per request, the pipelined window beats one at a time.
+    for variant in ("dcp", "minimal"):
+        [w64] = [r for r in main if r["variant"] == variant and r["window"] == 64]
+        [w1] = [r for r in main if r["variant"] == variant and r["window"] == 1]
+        assert w64["broker_cpu_us"] > 0
+        assert w64["p50_us"] > w1["p50_us"]
+
+    kinds = {r["client"] for r in results["clients"]}
+    assert {"plain pyzmq loop", "dcp.SyncClient"} <= kinds
+    for rec in results["clients"]:
+        _check_load(rec)
+
+    sweeps = results["sweeps"]
+    assert {r["x"] for r in sweeps if r["sweep"] == "workers"} == {1, 20}
+    for rec in sweeps:
+        _check_load(rec)
+        assert rec["mem_per_item_kib"] >= 0
+
+    page = (tmp_path / "performance.md").read_text()
+    assert "## Targets (issue 4)" in page
+    assert "### 16 B, window 64" in page
+    assert "| dcp |" in page and "| minimal |" in page and "| zmq.proxy |" in page
+    assert results["command"] in page
+    if importlib.util.find_spec("matplotlib") is not None:
+        for png in ("throughput.png", "broker_cpu.png", "latency.png", "sweeps.png"):
+            assert (tmp_path / "perf" / png).stat().st_size > 1000
+            assert f"perf/{png}" in page
+
+
+@pytest.mark.timeout(60)
+def test_tiny_suite_majortomo(tmp_path: Path) -> None:
+    if importlib.util.find_spec("majortomo") is None:
+        pytest.skip("majortomo is not installed (pip install -e '.[bench]')")
+    results = _run_suite(
+        tmp_path, "--variants", "majortomo,majortomo-own", "--parts", "main", timeout=45
+    )
+    main = results["main"]
+    assert {r["variant"] for r in main} == {"majortomo", "majortomo-own"}
+    for rec in main:
+        _check_load(rec)
