@@ -479,8 +479,10 @@ class Client:
                 deadline = tracker.next_deadline()
                 if deadline is not None and deadline <= now:
                     self._expire(asock, now)
-                # Let other tasks run between batches, however busy the socket is.
-                await anyio.lowlevel.checkpoint()
+                # Let other tasks run between batches, however busy the socket is. (With
+                # no input left, wait_readable parks, which lets them run: no extra pass.)
+                if asock.has_input():
+                    await anyio.lowlevel.checkpoint()
         except anyio.ClosedResourceError:
             pass
         except zmq.ZMQError as exc:

@@ -19,10 +19,10 @@ import zmq
 from ._client import Payload, _check_window, make_routing_id, payload_parts, service_bytes
 from ._context import get_context
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
+from ._zmqio import recv_frames, send_frames
 
 __all__ = ["SyncClient"]
 
-_NOBLOCK = zmq.NOBLOCK
 _POLLIN = zmq.POLLIN
 _POLLOUT = zmq.POLLOUT
 # Longest single wait for room in a full send queue, in seconds (then we re-check the time).
@@ -285,7 +285,7 @@ class SyncClient:
     def _send(self, frames: list[bytes], deadline: float) -> None:
         sock = self._sock
         try:
-            sock.send_multipart(frames, _NOBLOCK)
+            send_frames(sock, frames)
             return
         except zmq.Again:
             pass
@@ -296,7 +296,7 @@ class SyncClient:
                 return  # the attempt counts as lost; the retry rule takes over
             sock.poll(math.ceil(min(remaining, _SEND_POLL_MAX) * 1000), _POLLOUT)
             try:
-                sock.send_multipart(frames, _NOBLOCK)
+                send_frames(sock, frames)
                 return
             except zmq.Again:
                 pass
@@ -321,7 +321,7 @@ class SyncClient:
             receive = tracker.receive
             for _ in range(self._batch):
                 try:
-                    frames = sock.recv_multipart(_NOBLOCK)
+                    frames = recv_frames(sock)
                 except zmq.Again:
                     break
                 resolved = receive(frames)
@@ -334,7 +334,7 @@ class SyncClient:
                 resend, failed = tracker.expire(now)
                 for frames in resend:
                     try:
-                        self._sock.send_multipart(frames, _NOBLOCK)
+                        send_frames(self._sock, frames)
                     except zmq.Again:
                         tracker.resends_dropped += 1
                 for rid, exc in failed:

@@ -291,8 +291,10 @@ class Worker:
                 if core.state is State.READY and self._task_status is not None:
                     self._task_status.started()
                     self._task_status = None
-            # Let the handlers run between batches, however busy the socket is.
-            await anyio.lowlevel.checkpoint()
+            # Let the handlers run between batches, however busy the socket is. (With no
+            # input left, wait_readable parks, which lets them run: no extra pass.)
+            if asock.has_input():
+                await anyio.lowlevel.checkpoint()
 
     async def _wait(self, deadline: float) -> None:
         """Sleep until ``deadline`` or until :meth:`_wake`."""
