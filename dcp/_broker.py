@@ -18,6 +18,11 @@ from ._zmqio import AsyncSocket
 
 __all__ = ["Broker"]
 
+#: Frames this large (or larger) pass through the broker without a copy in Python; below it,
+#: a copy into ``bytes`` is cheaper than a ``zmq.Frame`` object. (pyzmq's own default
+#: ``copy_threshold`` for sends is 64 KiB too.)
+_ZERO_COPY_THRESHOLD = 65_536
+
 logger = logging.getLogger("dcp.broker")
 
 
@@ -111,6 +116,8 @@ class Broker:
             max_frames=self._max_frames + 1,
             # Routing ids are at most 255 bytes; the exact check is in _receive_loop.
             max_bytes=self._max_message_size + 255 if self._max_message_size >= 0 else 0,
+            # Large data parts are forwarded as zmq's own buffers, never copied in Python.
+            zero_copy_threshold=_ZERO_COPY_THRESHOLD,
         )
         try:
             sock.setsockopt(zmq.LINGER, 0)

@@ -4,6 +4,10 @@ Frames here are the *DEALER-side* view: a message starts with the empty envelope
 A ROUTER prepends the peer's routing id; the broker strips it before calling :func:`parse`
 and prepends it to what :func:`serialize` returns.
 
+A frame may also be any buffer with ``len()`` (the broker keeps large frames as zero-copy
+``zmq.Frame`` objects); :func:`parse` turns service names, addresses and metadata into
+``bytes`` and passes data parts through as they are.
+
 Type-frame width: the spec says the type is one byte. The DagBox C++ reference writes it as a
 4-byte little-endian ``int``. :func:`parse` accepts both and reports which it saw, so a
 peer can be answered in the width it uses; :func:`serialize` writes either.
@@ -65,7 +69,9 @@ def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
     if proto != PROTOCOL:
         if len(proto) == 5 and proto[:4] == _MAGIC:
             raise UnsupportedVersion(f"DCP version {proto[4]}; only 1 is supported")
-        raise BadProtocolFrame(f"protocol frame {bytes(proto[:16])!r} is not b'DGBX\\x01'")
+        raise BadProtocolFrame(
+            f"protocol frame {bytes(memoryview(proto)[:16])!r} is not b'DGBX\\x01'"
+        )
     tframe = frames[2]
     width = len(tframe)
     if width == 1:
@@ -82,7 +88,7 @@ def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
         if n < 4:
             raise MissingServiceName("request without a service frame")
         client, meta, data = _split_body(frames, 4)
-        return Request(frames[3], client, meta, data), width
+        return Request(_small(frames[3]), client, meta, data), width
     if mtype is MessageType.REPLY:
         client, meta, data = _split_body(frames, 3)
         return Reply(client, meta, data), width
@@ -91,7 +97,7 @@ def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
             raise MissingServiceName("registration without a service frame")
         if n > 4:
             raise UnexpectedFrames(f"registration has {n - 4} frame(s) after the service name")
-        return Register(frames[3]), width
+        return Register(_small(frames[3])), width
     if n > 3:
         raise UnexpectedFrames(f"{mtype.name.lower()} must be header-only; got {n - 3} more")
     return _HEADER_ONLY[mtype], width
@@ -106,7 +112,7 @@ def _split_body(
         raise MissingClientDelimiter("no client-address delimiter")
     client: bytes | None
     if frames[i]:
-        client = frames[i]
+        client = _small(frames[i])
         i += 1
         if i >= n or frames[i]:
             raise MissingClientDelimiter("client address not followed by an empty frame")
@@ -119,7 +125,19 @@ def _split_body(
         j += 1
     if j >= n:
         raise MissingMetadataDelimiter("no empty frame after the metadata parts")
-    return client, tuple(frames[i:j]), tuple(frames[j + 1 :])
+    meta = tuple(frames[i:j])
+    for part in meta:
+        if part.__class__ is not bytes:
+            meta = tuple(map(_small, meta))
+            break
+    return client, meta, tuple(frames[j + 1 :])
+
+
+def _small(frame: bytes) -> bytes:
+    """``frame`` as ``bytes``: the broker keeps large frames as zero-copy ``zmq.Frame``
+    buffers, which is right for data parts but not for names, addresses and metadata,
+    which are compared and hashed."""
+    return frame if frame.__class__ is bytes else bytes(frame)
 
 
 def serialize(message: Message, *, width: int = 1) -> list[bytes]:

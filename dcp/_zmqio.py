@@ -94,9 +94,19 @@ class AsyncSocket:
     """
 
     def __init__(
-        self, sock: zmq.Socket[bytes], *, max_frames: int = 0, max_bytes: int = 0
+        self,
+        sock: zmq.Socket[bytes],
+        *,
+        max_frames: int = 0,
+        max_bytes: int = 0,
+        zero_copy_threshold: int = 0,
     ) -> None:
         self.sock = sock
+        #: Frames of at least this many bytes are kept as :class:`zmq.Frame` objects (a
+        #: buffer over zmq's own memory, sent on again without a copy) instead of being
+        #: copied into ``bytes`` (0: always copy). Only for code that passes such frames
+        #: through and never compares them: the broker's data parts.
+        self.zero_copy_threshold = zero_copy_threshold or _UNLIMITED
         #: Frames beyond this many are read and discarded (0: no limit).
         self.max_frames = max_frames
         #: Frames that take a message beyond this many bytes are discarded (0: no limit).
@@ -146,8 +156,9 @@ class AsyncSocket:
                 frame = recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            frames = [frame.bytes]
-            nbytes = len(frames[0])
+            zero_copy = self.zero_copy_threshold
+            nbytes = len(frame)
+            frames = [frame.bytes if nbytes < zero_copy else frame]
             dropped = 0
             # The parts of a multipart message arrive together: these never block.
             while frame.more:
@@ -157,7 +168,7 @@ class AsyncSocket:
                 if len(frames) >= max_frames or nbytes > max_bytes:
                     dropped += 1
                 else:
-                    frames.append(frame.bytes)
+                    frames.append(frame.bytes if size < zero_copy else frame)
             out.append(Received(frames, dropped, nbytes))
         return out
 

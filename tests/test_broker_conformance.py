@@ -371,3 +371,28 @@ async def test_a_worker_that_does_not_read_is_dropped_when_its_queue_fills() -> 
         stats = broker.statistics()
         assert stats.rejections["worker_unreachable_full"] == 1
         assert (stats.workers, stats.redeliveries) == (1, 1)
+
+
+async def test_large_frames_pass_through_without_a_copy_and_intact() -> None:
+    """Data parts of 64 KiB and more are forwarded as zmq's own buffers: the bytes arrive
+    intact both ways, and large frames in other places are still handled."""
+    big = bytes(range(256)) * 1024  # 256 KiB
+    async with serving() as (broker, peers):
+        w = await worker(peers, b"W1")
+        client = peers(b"C1")
+        client.send(Request(ECHO, None, (b"m",), (big, b"", b"tail")))
+        await w.expect(Request(ECHO, b"C1", (b"m",), (big, b"", b"tail")))
+        w.send(Reply(b"C1", (b"m",), (b"head", big[::-1])))
+        await client.expect(Reply(b"C1", (b"m",), (b"head", big[::-1])))
+        # Large metadata is compared as bytes: the reply still releases the request.
+        large_meta = (b"M" * 70_000,)
+        client.send(Request(ECHO, None, large_meta, (b"x",)))
+        await w.expect(Request(ECHO, b"C1", large_meta, (b"x",)))
+        w.send(Reply(b"C1", large_meta, (b"y",)))
+        await client.expect(Reply(b"C1", large_meta, (b"y",)))
+        # A large frame where a small one belongs is refused with its reason, not a crash.
+        client.send_frames([b"", b"D" * 70_000, b"\x04", ECHO, b"", b""])
+        client.send(Request(b"S" * 70_000, None, (b"m",), ()))
+        stats = await until(broker, lambda s: sum(s.rejections.values()) >= 2)
+        assert stats.rejections == {"bad_protocol_frame": 1, "service_name_too_long": 1}
+        assert (stats.replies, stats.unmatched) == (2, 0)

@@ -307,3 +307,30 @@ async def test_send_nowait_to_unknown_routing_id(pair: Pair) -> None:
     assert not isinstance(excinfo.value, zmq.Again)
     asock.send_nowait([b"dealer-1", b"still works"])
     assert recv_blocking(pair.dealer) == [b"still works"]
+
+
+@pytest.mark.anyio
+async def test_zero_copy_threshold_keeps_large_frames_as_zmq_buffers() -> None:
+    ctx = zmq.Context()
+    a = ctx.socket(zmq.PAIR)
+    b = ctx.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://zero-copy")
+        b.connect("inproc://zero-copy")
+        asock = AsyncSocket(b, zero_copy_threshold=1000)
+        big = b"z" * 5000
+        a.send_multipart([b"small", big, b""])
+        with anyio.fail_after(5):
+            await asock.wait_readable()
+        [msg] = asock.drain(10)
+        small, large, empty = msg.frames
+        assert (small, empty) == (b"small", b"")
+        assert isinstance(large, zmq.Frame) and bytes(large) == big
+        assert msg.nbytes == 5005
+        # Sent on again as it is: no copy in Python, the same bytes on the other side.
+        asock.send_nowait([large])
+        assert a.recv() == big
+    finally:
+        a.close(0)
+        b.close(0)
+        ctx.term()
