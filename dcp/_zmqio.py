@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import cast
 
 import anyio
 import zmq
@@ -158,7 +159,9 @@ class AsyncSocket:
                 break
             zero_copy = self.zero_copy_threshold
             nbytes = len(frame)
-            frames = [frame.bytes if nbytes < zero_copy else frame]
+            # A zmq.Frame stands in for bytes where it is kept: it has len(), truthiness and
+            # the buffer protocol, all that is done with a data part passed through.
+            frames = [frame.bytes if nbytes < zero_copy else cast(bytes, frame)]
             dropped = 0
             # The parts of a multipart message arrive together: these never block.
             while frame.more:
@@ -168,7 +171,7 @@ class AsyncSocket:
                 if len(frames) >= max_frames or nbytes > max_bytes:
                     dropped += 1
                 else:
-                    frames.append(frame.bytes if size < zero_copy else frame)
+                    frames.append(frame.bytes if size < zero_copy else cast(bytes, frame))
             out.append(Received(frames, dropped, nbytes))
         return out
 
