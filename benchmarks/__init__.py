@@ -12,8 +12,10 @@ Run it with ``scripts/bench`` (or ``python -m benchmarks.run``); it writes
 - :mod:`benchmarks.proxy`: ``zmq.proxy`` (ROUTER/DEALER forwarding in C);
 - :mod:`benchmarks.dcp_peers`: load from dcp's own clients, and dcp's own workers;
 - :mod:`benchmarks.mdp`: the majortomo 0.2.0 broker, its own client and its own workers;
-- :mod:`benchmarks.sweep`: scaling sweeps of the dcp broker;
-- :mod:`benchmarks.report`: the tables and plots.
+- :mod:`benchmarks.variants`: which broker, workers and load generator make each variant;
+- :mod:`benchmarks.sweep`: scaling sweeps of the dcp broker (minimal broker as control);
+- :mod:`benchmarks.report`: the tables, targets and plots;
+- :mod:`benchmarks.profile_broker`: the dcp broker under cProfile with the common load.
 
 Every process is started by :mod:`benchmarks.procs` and killed by its PID when the step that
 started it ends, whatever happens.

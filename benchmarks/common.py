@@ -26,6 +26,7 @@ __all__ = [
     "Probe",
     "Result",
     "add_load_arguments",
+    "busy_seconds",
     "cpu_seconds",
     "emit",
     "percentile",
@@ -121,6 +122,17 @@ def _status_kib(pid: int, key: str) -> int | None:
     return None
 
 
+def busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all CPUs, from ``/proc/stat``)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    # user nice system idle iowait irq softirq steal ...: busy = all but idle and iowait.
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICKS
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of ``pid`` (``VmRSS``)."""
     return _status_kib(pid, "VmRSS:") or 0
@@ -159,6 +171,7 @@ class Probe:
     def start(self) -> None:
         s = self.start_values
         s["client"] = time.process_time()
+        s["machine"] = busy_seconds()
         s["workers"] = sum(cpu_seconds(w) for w in self.workers)
         if self.broker:
             self.rss_start = rss_bytes(self.broker)
@@ -172,6 +185,7 @@ class Probe:
         s = self.start_values
         v["wall"] = time.perf_counter() - s["wall"]
         v["client"] = time.process_time() - s["client"]
+        v["machine"] = busy_seconds() - s["machine"]
         v["workers"] = sum(cpu_seconds(w) for w in self.workers) - s["workers"]
         if self.broker:
             v["broker"] = cpu_seconds(self.broker) - s["broker"]
@@ -211,6 +225,9 @@ class Result:
     broker_peak_growth_mb: float = -1.0
     workers_cpu_us: float = 0.0
     client_cpu_us: float = 0.0
+    #: CPUs' worth of work done by processes other than the broker, the workers and the
+    #: load generator during the window (another job on the machine skews the figures).
+    foreign_load: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -249,8 +266,17 @@ class Result:
             ),
             workers_cpu_us=v.get("workers", 0.0) * per,
             client_cpu_us=v.get("client", 0.0) * per,
+            foreign_load=_foreign(v),
             extra=extra or {},
         )
+
+
+def _foreign(v: dict[str, float]) -> float:
+    wall = v.get("wall", 0.0)
+    if wall <= 0 or "machine" not in v:
+        return 0.0
+    ours = v.get("broker", 0.0) + v.get("workers", 0.0) + v.get("client", 0.0)
+    return max(0.0, v["machine"] - ours) / wall
 
 
 def emit(result: Result) -> None:

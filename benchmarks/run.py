@@ -19,14 +19,17 @@ page. A failed run is recorded with its error and the suite goes on.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,7 @@ class Profile:
     client_kinds: tuple[str, ...]
     sweeps: dict[str, tuple[int, ...]] = field(default_factory=dict)
     sweep_load: Load = field(default_factory=lambda: Load(16, 64, 500, 30_000, 2.0))
+    sweep_brokers: tuple[str, ...] = sweep.BROKERS
 
 
 ALL_VARIANTS = tuple(VARIANTS)
@@ -98,9 +102,9 @@ PROFILES: dict[str, Profile] = {
         client_loads=(Load(16, 64, 500, 10_000, 0.8), Load(16, 1, 100, 2_000, 0.6)),
         client_kinds=ALL_KINDS,
         sweeps={
-            "workers": (1, 100, 1000),
-            "services": (1, 100, 1000),
-            "clients": (1, 10, 200),
+            "workers": (1, 1000),
+            "services": (1, 1000),
+            "clients": (1, 200),
             "queued": (64, 10_000),
         },
         sweep_load=Load(16, 64, 300, 10_000, 0.8),
@@ -114,6 +118,7 @@ PROFILES: dict[str, Profile] = {
         client_kinds=("plain pyzmq loop", "dcp.SyncClient"),
         sweeps={"workers": (1, 20)},
         sweep_load=Load(16, 64, 100, 1_000, 0.3),
+        sweep_brokers=("dcp",),
     ),
 }
 
@@ -129,10 +134,12 @@ def machine() -> dict[str, Any]:
                     break
     except OSError:
         pass
+    import dcp
+
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
+            cwd=Path(dcp.__file__).resolve().parent,
             capture_output=True,
             text=True,
             timeout=10,
@@ -283,12 +290,47 @@ def run_suite(
             results["clients"] = run_clients(profile, log_dir)
         if "sweeps" in parts and profile.sweeps:
             results["sweeps"] = sweep.run_sweeps(
-                profile.sweeps, profile.sweep_load, profile.rounds, log_dir, _log
+                profile.sweeps,
+                profile.sweep_load,
+                profile.rounds,
+                log_dir,
+                _log,
+                profile.sweep_brokers,
             )
     results["duration_s"] = round(time.monotonic() - started, 1)
     (perf / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     report.write(results, out_dir)
     return results
+
+
+@contextlib.contextmanager
+def exclusive(wait: float) -> Iterator[None]:
+    """Hold the machine-wide benchmark lock: two suites measuring at once spoil both.
+    Waits at most ``wait`` seconds for another run to finish."""
+    path = Path(tempfile.gettempdir()) / "dcp-bench.lock"
+    with open(path, "a") as f:
+        deadline = time.monotonic() + wait
+        told = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"another benchmark run holds {path}; gave up") from None
+                if not told:
+                    _log(f"waiting for another benchmark run to finish ({path})")
+                    told = True
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM: unwind like Ctrl-C, so every started process is killed by the finally."""
+    raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -310,13 +352,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         if v not in VARIANTS:
             parser.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
     command = args.command or " ".join(["python -m benchmarks.run", *(argv or sys.argv[1:])])
-    results = run_suite(
-        profile,
-        args.out,
-        variants=variants,
-        parts=[p for p in args.parts.split(",") if p],
-        command=command,
-    )
+    signal.signal(signal.SIGTERM, _terminate)
+    # The tiny profile (the smoke test) does not wait for, nor block, a real run.
+    lock = exclusive(1800.0) if profile.name != "tiny" else contextlib.nullcontext()
+    with lock:
+        results = run_suite(
+            profile,
+            args.out,
+            variants=variants,
+            parts=[p for p in args.parts.split(",") if p],
+            command=command,
+        )
     failures = sum(
         1 for sec in ("main", "clients", "sweeps") for r in results[sec] if "error" in r
     )

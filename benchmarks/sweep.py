@@ -107,9 +107,11 @@ def _measure(procs: Procs, broker: str, name: str, x: int, load: Load) -> dict[s
         load = replace(load, clients=x, window=max(1, 64 // x))
     elif name == "queued":
         load = replace(load, window=x, count=max(load.count, 3 * x))
-    c0, t0 = cpu_seconds(pid), time.perf_counter()
-    time.sleep(_IDLE_SAMPLE)
-    idle_rate = (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
+    idle_rate = 0.0
+    if name in ("workers", "services"):
+        c0, t0 = cpu_seconds(pid), time.perf_counter()
+        time.sleep(_IDLE_SAMPLE)
+        idle_rate = (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
     data: dict[str, Any] = Running(VARIANTS[broker], endpoint, pid, [wpid]).run(procs, load)
     n = max(1, int(data["requests"]))
     if name == "queued" and data["broker_peak_growth_mb"] >= 0:

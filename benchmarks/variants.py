@@ -7,6 +7,7 @@ load-generating process. All over ``tcp://127.0.0.1`` on ports picked by the ker
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 
 from .common import pid_list
@@ -23,7 +24,7 @@ START_TIMEOUT = 30.0
 @dataclass(frozen=True)
 class Variant:
     name: str
-    #: ``dcp`` (trio), ``dcp-asyncio``, ``majortomo``, ``minimal`` or ``proxy``
+    #: ``dcp`` (trio), ``dcp-asyncio``, ``majortomo``, ``majortomo-cli``, ``minimal``, ``proxy``
     broker: str
     #: ``common`` (common load generator and echo workers), ``dcp`` or ``majortomo``
     peers: str
@@ -58,6 +59,13 @@ VARIANTS: dict[str, Variant] = {
             "majortomo 0.2.0 broker, common load generator and echo workers in MDP 0.2 mode",
         ),
         Variant(
+            "majortomo-cli",
+            "majortomo-cli",
+            "common",
+            "`python -m majortomo.broker` as shipped (INFO logging of every message to stderr, "
+            "here a file), common load generator and echo workers in MDP 0.2 mode",
+        ),
+        Variant(
             "majortomo-own",
             "majortomo",
             "majortomo",
@@ -87,6 +95,18 @@ CLIENT_KINDS: dict[str, list[str]] = {
     "dcp.Client (asyncio)": ["benchmarks.dcp_peers", "--backend", "asyncio", "client"],
     "dcp.SyncClient": ["benchmarks.dcp_peers", "client", "--mode", "sync"],
 }
+
+
+#: Protocol of the common load generator and echo workers, per broker (default: dcp).
+_PROTO = {"majortomo": "mdp", "majortomo-cli": "mdp", "proxy": "proxy"}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for brokers that need one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 @dataclass(frozen=True)
@@ -132,7 +152,7 @@ class Running:
             elif peers == "majortomo":
                 kind = ["benchmarks.mdp", "client"]
             else:
-                proto = {"majortomo": "mdp", "proxy": "proxy"}.get(self.variant.broker, "dcp")
+                proto = _PROTO.get(self.variant.broker, "dcp")
                 kind = ["benchmarks.loadgen", "--proto", proto]
         return [
             *kind,
@@ -163,6 +183,12 @@ def start_broker(procs: Procs, kind: str) -> tuple[str, str, int]:
     if kind == "majortomo":
         proc = procs.start("majortomo-broker", "benchmarks.mdp", "broker", "--bind", bind)
         [endpoint] = proc.wait_ready(START_TIMEOUT)
+        return endpoint, endpoint, proc.pid
+    if kind == "majortomo-cli":
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        proc = procs.start("majortomo-cli", "majortomo.broker", "--bind-url", endpoint)
+        # It prints nothing on stdout; peers connect whenever it is up, and the warm-up
+        # waits for them.
         return endpoint, endpoint, proc.pid
     if kind == "minimal":
         proc = procs.start("minimal-broker", "benchmarks.minimal_broker", "--bind", bind)
@@ -225,6 +251,6 @@ def start(procs: Procs, variant: Variant, workers: int = WORKERS) -> Running:
         proc.wait_ready(START_TIMEOUT)
         wpid = proc.pid
     else:
-        proto = {"majortomo": "mdp", "proxy": "proxy"}.get(variant.broker, "dcp")
+        proto = _PROTO.get(variant.broker, "dcp")
         wpid = start_echo_workers(procs, worker_ep, proto, workers)
     return Running(variant, client_ep, pid, [wpid])
