@@ -166,7 +166,6 @@ class Client:
         self._batch = batch
         self._socket: AsyncSocket | None = None
         self._waiters: dict[bytes, _Waiter | _Sink] = {}
-        self._timer_scope: anyio.CancelScope | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._closed = False
         self._broken: BaseException | None = None
@@ -389,9 +388,9 @@ class Client:
         )
         self._waiters[rid] = waiter
         deadline = now + (tracker.timeout if timeout is None else timeout)
-        scope = self._timer_scope
-        if scope is not None and deadline < scope.deadline:
-            scope.deadline = deadline
+        asock = self._socket
+        if asock is not None:
+            asock.move_deadline(deadline)
         return rid, frames, deadline
 
     async def _send(self, rid: bytes, frames: list[bytes], deadline: float) -> None:
@@ -462,10 +461,7 @@ class Client:
         try:
             while True:
                 deadline = tracker.next_deadline()
-                with anyio.CancelScope(deadline=math.inf if deadline is None else deadline) as sc:
-                    self._timer_scope = sc
-                    await asock.wait_readable()
-                self._timer_scope = None
+                await asock.wait_readable(math.inf if deadline is None else deadline)
                 if asock.closed:
                     break
                 for msg in asock.drain(batch):
@@ -492,7 +488,6 @@ class Client:
             logger.exception("dcp client receive task failed")
             failure = exc
         finally:
-            self._timer_scope = None
             self._shutdown(failure)
 
     def _expire(self, asock: AsyncSocket, now: float) -> None:

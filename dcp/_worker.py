@@ -272,12 +272,7 @@ class Worker:
             deadline = core.deadline()
             if self._stop_deadline is not None:
                 deadline = min(deadline, self._stop_deadline)
-            with anyio.CancelScope(deadline=deadline) as scope:
-                self._wake_scope = scope
-                try:
-                    await asock.wait_readable()
-                finally:
-                    self._wake_scope = None
+            await asock.wait_readable(deadline)
             batch = asock.drain(_BATCH)
             now = anyio.current_time()
             for received in batch:
@@ -310,6 +305,8 @@ class Worker:
     def _wake(self) -> None:
         if self._wake_scope is not None:
             self._wake_scope.cancel()
+        if self._asock is not None:
+            self._asock.wake()
 
     # -- sockets ----------------------------------------------------------------------------
 

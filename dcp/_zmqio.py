@@ -19,6 +19,7 @@ than this adapter and it lost messages when a receive was cancelled.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 from typing import cast
 
@@ -124,22 +125,44 @@ class AsyncSocket:
         """True if a message can be read right now."""
         return bool(int(self.sock.getsockopt(_EVENTS)) & _POLLIN)
 
-    async def wait_readable(self) -> None:
-        """Wait until a message can be read (returns at once if one can).
+    async def wait_readable(self, deadline: float = math.inf) -> bool:
+        """Wait until a message can be read, ``deadline`` passes (event-loop time), or
+        :meth:`wake` is called; return at once if a message is waiting.
 
+        One cancel scope serves the deadline and the wake-ups, so a caller with a timer
+        needs no scope of its own (each one costs a few microseconds per wait).
+
+        :returns: whether a message can be read now
         :raises anyio.ClosedResourceError: the socket is closed, or was closed while waiting
         """
         if self._closed:
             raise anyio.ClosedResourceError
-        while not int(self.sock.getsockopt(_EVENTS)) & _POLLIN:
-            with anyio.CancelScope() as scope:
-                self._wait_scope = scope
-                try:
+        sock = self.sock
+        if int(sock.getsockopt(_EVENTS)) & _POLLIN:
+            return True
+        with anyio.CancelScope(deadline=deadline) as scope:
+            self._wait_scope = scope
+            try:
+                while not int(sock.getsockopt(_EVENTS)) & _POLLIN:
                     await anyio.wait_readable(self._fd)
-                finally:
-                    self._wait_scope = None
-            if self._closed:
-                raise anyio.ClosedResourceError
+                    if self.closed:
+                        break
+            finally:
+                self._wait_scope = None
+        if self.closed:
+            raise anyio.ClosedResourceError
+        return bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
+
+    def wake(self) -> None:
+        """Make a pending :meth:`wait_readable` return now (e.g. to recompute a timer)."""
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+
+    def move_deadline(self, deadline: float) -> None:
+        """Bring the deadline of a pending :meth:`wait_readable` forward to ``deadline``."""
+        scope = self._wait_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
 
     def drain(self, batch: int) -> list[Received]:
         """Read up to ``batch`` whole messages without blocking; may return an empty list.
