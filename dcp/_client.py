@@ -24,7 +24,14 @@ from ._context import get_context
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import AsyncSocket
 
-__all__ = ["Client", "Payload", "make_routing_id", "payload_parts", "service_bytes"]
+__all__ = [
+    "Client",
+    "Payload",
+    "checked_routing_id",
+    "make_routing_id",
+    "payload_parts",
+    "service_bytes",
+]
 
 logger = logging.getLogger("dcp.client")
 
@@ -40,6 +47,18 @@ def make_routing_id() -> bytes:
     """A random 16-byte zmq routing id. zmq reserves ids starting with a 0x00 byte."""
     ident = os.urandom(16)
     return ident if ident[0] else b"\x01" + ident[1:]
+
+
+def checked_routing_id(routing_id: bytes | None) -> bytes:
+    """``routing_id`` if zmq accepts it as an explicit id, a fresh random one for ``None``.
+
+    :raises ValueError: empty, longer than 255 bytes, or starting with 0x00 (reserved)
+    """
+    if routing_id is None:
+        return make_routing_id()
+    if not 0 < len(routing_id) <= 255 or routing_id[0] == 0:
+        raise ValueError("routing_id must be 1-255 bytes and not start with 0x00")
+    return routing_id
 
 
 def service_bytes(service: str | bytes) -> bytes:
@@ -145,10 +164,7 @@ class Client:
         rng: random.Random | None = None,
         remember: int = 8192,
     ) -> None:
-        if routing_id is None:
-            routing_id = make_routing_id()
-        elif not 0 < len(routing_id) <= 255 or routing_id[0] == 0:
-            raise ValueError("routing_id must be 1-255 bytes and not start with 0x00")
+        routing_id = checked_routing_id(routing_id)
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id

@@ -16,7 +16,13 @@ from types import TracebackType
 import anyio
 import zmq
 
-from ._client import Payload, _check_window, make_routing_id, payload_parts, service_bytes
+from ._client import (
+    Payload,
+    _check_window,
+    checked_routing_id,
+    payload_parts,
+    service_bytes,
+)
 from ._context import get_context
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import recv_frames, send_frames
@@ -67,10 +73,7 @@ class SyncClient:
         rng: random.Random | None = None,
         remember: int = 8192,
     ) -> None:
-        if routing_id is None:
-            routing_id = make_routing_id()
-        elif not 0 < len(routing_id) <= 255 or routing_id[0] == 0:
-            raise ValueError("routing_id must be 1-255 bytes and not start with 0x00")
+        routing_id = checked_routing_id(routing_id)
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
