@@ -105,3 +105,23 @@ def test_tiny_suite_majortomo(tmp_path: Path) -> None:
     assert {r["variant"] for r in main} == {"majortomo", "majortomo-own"}
     for rec in main:
         _check_load(rec)
+
+
+def test_wake_cost_benchmark_runs() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.wake", "--count", "50", "--rounds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [
+        line for line in proc.stdout.splitlines() if line.startswith("| ") and "us" not in line
+    ]
+    assert [row.split("|")[1].strip() for row in rows] == ["sync poll", "trio", "asyncio"]
+    for row in rows:
+        cpu, wall = (float(cell) for cell in row.split("|")[2:4])
+        assert cpu > 0
+        assert wall > 0
