@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,16 @@ def test_example_runs(name: str) -> None:
     assert proc.returncode == 0, proc.stderr
     for expected in CASES[name]:
         assert expected in proc.stdout, (expected, proc.stdout, proc.stderr)
+
+
+def test_readme_example_runs(tmp_path: Path) -> None:
+    """The README's Python example does what its comment says."""
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    [code] = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    script = tmp_path / "readme_example.py"
+    script.write_text(code)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "(b'HELLO WORLD',)\n"
