@@ -395,10 +395,14 @@ class BrokerCore:
         if len(name) > self.max_service_name:
             self._reject(peer, "service_name_too_long", f"{len(name)} bytes")
             return
-        if worker is not None and len(worker.services) >= self.max_services_per_worker:
+        service = self._services.get(name)
+        if (
+            worker is not None
+            and len(worker.services) >= self.max_services_per_worker
+            and service not in worker.services
+        ):
             self._reject(peer, "too_many_services", f"registration for {name[:64]!r}")
             return
-        service = self._services.get(name)
         if service is None:
             # Not bounded by max_services, which bounds what *requests* create: requests for
             # made-up names must not lock real workers out. Workers are bounded per worker.

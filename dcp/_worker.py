@@ -339,7 +339,7 @@ class Worker:
     def _do(self, out: Output) -> None:
         if isinstance(out, Run):
             assert self._tg is not None
-            self._tg.start_soon(self._handle, out.request)
+            self._tg.start_soon(self._handle, out.request, out.generation)
         elif isinstance(out, BrokerLost):  # pragma: no cover - only tick() returns it
             raise AssertionError(out)
         else:
@@ -347,7 +347,7 @@ class Worker:
 
     # -- handlers ---------------------------------------------------------------------------
 
-    async def _handle(self, request: Request) -> None:
+    async def _handle(self, request: Request, generation: int) -> None:
         message: Reply | Request | None = None
         with anyio.CancelScope() as scope:
             self._handler_scopes.add(scope)
@@ -355,7 +355,8 @@ class Worker:
                 message = await self._call(request)
             finally:
                 self._handler_scopes.discard(scope)
-                for out in self._core.finish(message, anyio.current_time()):
+                now = anyio.current_time()
+                for out in self._core.finish(message, now, generation=generation):
                     self._do(out)
                 if self._stop_deadline is not None:
                     self._wake()

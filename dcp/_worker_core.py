@@ -182,9 +182,13 @@ class State(enum.Enum):
 
 @attrs.frozen
 class Run:
-    """Output: start the handler for :attr:`request`."""
+    """Output: start the handler for :attr:`request`; pass :attr:`generation` back to
+    :meth:`WorkerCore.finish`."""
 
     request: Request
+    #: The registration the request came under (Rule 2: only answers to requests of the
+    #: current registration earn credit; the broker cannot match older ones).
+    generation: int = attrs.field(default=0, eq=False)
 
 
 @attrs.frozen
@@ -278,6 +282,8 @@ class WorkerCore:
         #: Type-frame width the broker uses (1, or 4 for DagBox C++); we answer in kind.
         self.width = 1
         self._in_progress = 0
+        #: Counts registrations; the broker forgets our held requests between them.
+        self._generation = 0
         #: Requests the broker may still send us, including those in flight (Rule 2).
         self._credit = 0
         self._backlog: deque[Request] = deque()
@@ -303,6 +309,7 @@ class WorkerCore:
         self._connections += 1
         self.state = State.REGISTERING
         self._last_recv = self._last_beat = now
+        self._generation += 1
         self._credit = 1
         out: list[Message] = [Register(self.service), *self._pending]
         self._pending.clear()
@@ -332,14 +339,21 @@ class WorkerCore:
             self._reregistrations += 1
             self.state = State.REGISTERING
             self._drop_backlog()
+            self._generation += 1
             self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
             return self._send(Register(self.service), now)
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
         return []
 
-    def finish(self, message: Reply | Request | None, now: float) -> list[Output]:
-        """A handler ended with ``message`` to send, or ``None`` if it was cancelled."""
+    def finish(
+        self, message: Reply | Request | None, now: float, *, generation: int | None = None
+    ) -> list[Output]:
+        """A handler ended with ``message`` to send, or ``None`` if it was cancelled.
+
+        :param generation: :attr:`Run.generation` of the handler's request (``None``: the
+            current registration)
+        """
         if self._in_progress <= 0:
             raise RuntimeError("finish() without a running handler")
         self._in_progress -= 1
@@ -353,11 +367,14 @@ class WorkerCore:
                 self._errors += 1
             else:
                 self._replies += 1
-            self._credit += 1
+            if generation is None or generation == self._generation:
+                # The broker releases the request and adds one credit. An answer to a
+                # request from before we registered again matches nothing there: no credit.
+                self._credit += 1
             out += self._send(message, now)
         if self._backlog:
             self._in_progress += 1
-            out.append(Run(self._backlog.popleft()))
+            out.append(Run(self._backlog.popleft(), self._generation))
         return out
 
     def tick(self, now: float) -> list[Output]:
@@ -434,7 +451,7 @@ class WorkerCore:
         out: list[Output] = []
         if self._in_progress < self.concurrency:
             self._in_progress += 1
-            out.append(Run(request))
+            out.append(Run(request, self._generation))
         else:
             self._backlog.append(request)
             self._backlogged += 1

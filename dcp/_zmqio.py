@@ -204,10 +204,12 @@ class AsyncSocket:
         :raises zmq.Again: the peer's queue is full (high-water mark)
         :raises zmq.ZMQError: e.g. ``EHOSTUNREACH`` from a ``ROUTER_MANDATORY`` socket
         """
-        send_frames(self.sock, frames)
-        # Our send may have consumed the edge the owner task is parked on.
-        if self._wait_scope is not None and int(self.sock.getsockopt(_EVENTS)) & _POLLIN:
-            self._wait_scope.cancel()
+        try:
+            send_frames(self.sock, frames)
+        finally:
+            # Our send, failed or not, may have consumed the edge the owner is parked on.
+            if self._wait_scope is not None and int(self.sock.getsockopt(_EVENTS)) & _POLLIN:
+                self._wait_scope.cancel()
 
     def close(self, linger: int | None = 0) -> None:
         """Wake the owner with ``ClosedResourceError`` and close the socket. Idempotent."""

@@ -904,3 +904,11 @@ def test_held_requests_are_bounded_for_a_worker_whose_answers_never_match() -> N
     assert core.statistics().rejections == {"held_overflow": 2}
     core.expire(1e9)
     assert core.statistics().redeliveries == 2  # only the two still tracked
+
+
+def test_registering_again_at_the_services_limit_is_echoed() -> None:
+    core = BrokerCore(max_services_per_worker=1)
+    feed(core, W1, Register(b"a"))
+    feed(core, W1, Register(b"a"))
+    assert take(core) == [out(W1, Register(b"a"))] * 2
+    assert core.statistics().rejections == {}

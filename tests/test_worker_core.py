@@ -539,3 +539,54 @@ def test_credit_keeps_exactly_n_busy_when_messages_cross(
     w.settle()
     assert sorted(int(r.data[0]) for r in w.replies) == list(range(requests))
     assert w.worker.statistics().backlogged == 0
+
+
+def test_answers_from_before_a_re_registration_earn_no_credit() -> None:
+    """The broker forgets a busy worker, which registers again: the answers of the handlers
+    it was running match nothing at the broker, so they must not count as credit either,
+    or the worker under-asks for good (only one of its N slots busy)."""
+    broker = BrokerCore(max_redeliveries=0)
+    worker = WorkerCore(SVC, concurrency=2)
+    running: list[Run] = []
+
+    def to_broker(outs: Sequence[Output]) -> None:
+        for out in outs:
+            if isinstance(out, Run):
+                running.append(out)
+            else:
+                assert isinstance(out, Message)
+                broker.receive([b"W", *serialize(out)], 0.0)
+        while broker.outbox:
+            batch, broker.outbox = broker.outbox, []
+            for frames in batch:
+                if frames[0] == b"W":
+                    to_broker(worker.receive(frames[1:], 0.0))
+
+    def finish(run: Run) -> None:
+        reply = result_message(run.request, b"ok")
+        to_broker(worker.finish(reply, 0.0, generation=run.generation))
+
+    def request(i: int) -> None:
+        msg = Request(SVC, None, (b"id-%d" % i,), (b"x",))
+        broker.receive([b"C", *serialize(msg)], 0.0)
+        to_broker([])
+
+    to_broker(worker.connect(0.0))
+    request(0)
+    request(1)
+    assert len(running) == 2
+    broker.expire(1e9)  # the broker forgets the busy worker...
+    broker.outbox.clear()
+    to_broker([Ping()])  # ...which hears reconnect on its next heartbeat and registers again
+    assert worker.statistics().reregistrations == 1
+    for run in running[:]:
+        running.remove(run)
+        finish(run)  # late answers: routed by the broker, matched to nothing
+    assert broker.statistics().unmatched == 2
+    for i in range(10, 16):
+        request(i)
+    assert len(running) == 2  # both slots busy again
+    while running:
+        finish(running.pop(0))
+        assert len(running) == 2 or broker.statistics().services[SVC].queued == 0
+    assert worker.statistics().backlogged == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import select
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -334,4 +335,49 @@ async def test_zero_copy_threshold_keeps_large_frames_as_zmq_buffers() -> None:
     finally:
         a.close(0)
         b.close(0)
+        ctx.term()
+
+
+@pytest.mark.anyio
+async def test_a_failed_send_still_wakes_a_parked_owner() -> None:
+    """A send that fails (here EHOSTUNREACH) also lets zmq process its commands, which can
+    eat the edge the owner waits for: the owner must be woken all the same."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    asock = AsyncSocket(router)
+    got: list[list[bytes]] = []
+    arrivals = [anyio.Event(), anyio.Event()]
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def owner() -> None:
+                while True:
+                    await asock.wait_readable()
+                    got.extend(m.frames[1:] for m in asock.drain(16))
+                    for event in arrivals[: len(got)]:
+                        event.set()
+
+            tg.start_soon(owner)
+            dealer.send(b"warm")
+            with anyio.fail_after(5):
+                await arrivals[0].wait()
+            await anyio.sleep(0.2)  # the owner is parked now
+            dealer.send(b"m1")
+            # Let it reach the router's pipe without running the event loop (on purpose).
+            time.sleep(0.05)  # noqa: ASYNC251
+            with pytest.raises(zmq.ZMQError):
+                asock.send_nowait([b"nobody", b"x"])
+            with anyio.fail_after(1):
+                await arrivals[1].wait()
+            assert got == [[b"warm"], [b"m1"]]
+            tg.cancel_scope.cancel()
+    finally:
+        router.close(0)
+        dealer.close(0)
         ctx.term()
