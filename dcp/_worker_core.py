@@ -19,7 +19,10 @@ Rule 2 (credit: ask for more work while busy, never for too much)
     PING is exact only when credit is 0 (the broker's own count can be no higher than ours,
     since ours includes requests in flight), so after receiving a request the core sends a
     PING at once if ``in_progress < N`` and credit is 0. Invariant: ``in_progress + credit
-    <= N``, so the broker never sends more than the free slots.
+    <= N``, so the broker never sends more than the free slots. An answer to a request
+    received before the current registration adds nothing: the broker forgot that request
+    when it forgot us, so the answer matches nothing there and earns no credit
+    (:attr:`Run.generation` tells them apart).
 Rule 3 (finish)
     A finished handler's REPLY (or forwarded REQUEST) is sent and adds 1 credit (Rule 2), so
     no PING follows. If the local backlog is not empty, its oldest request takes the freed
