@@ -48,18 +48,15 @@ from collections import OrderedDict, deque
 
 import attrs
 
-from ._codec import PROTOCOL, parse
+from ._codec import PROTOCOL, TYPE_FRAMES, parse
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
-from ._messages import ERROR_MARKER, MessageType, Register, Reply, Request
+from ._messages import MessageType, Register, Reply, Request, error_reply_data
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
 
 logger = logging.getLogger("dcp.broker")
 
-_T1 = {t: bytes([t.value]) for t in MessageType}
-_T4 = {t: t.value.to_bytes(4, "little") for t in MessageType}
-_TYPE_FRAMES = {1: _T1, 4: _T4}
-_REPLY_TYPE_FRAMES = (_T1[MessageType.REPLY], _T4[MessageType.REPLY])
+_REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
 
 class _Pending:
@@ -374,19 +371,7 @@ class BrokerCore:
             return
         released = self._release(worker, client, msg.metadata)
         self._replies += 1
-        self.outbox.append(
-            [
-                client,
-                b"",
-                PROTOCOL,
-                _TYPE_FRAMES[self._width_of(client)][MessageType.REPLY],
-                client,
-                b"",
-                *msg.metadata,
-                b"",
-                *msg.data,
-            ]
-        )
+        self._route_reply(client, msg.metadata, msg.data)
         self._credit(worker, released=released)
 
     def _on_register(
@@ -467,7 +452,7 @@ class BrokerCore:
                 ident,
                 b"",
                 PROTOCOL,
-                _TYPE_FRAMES[worker.width][MessageType.REQUEST],
+                TYPE_FRAMES[worker.width][MessageType.REQUEST],
                 *pending.tail,
             ]
         )
@@ -528,27 +513,19 @@ class BrokerCore:
         return 4 if peer in self._wide else 1
 
     def _send(self, peer: bytes, width: int, mtype: MessageType, *body: bytes) -> None:
-        self.outbox.append([peer, b"", PROTOCOL, _TYPE_FRAMES[width][mtype], *body])
+        self.outbox.append([peer, b"", PROTOCOL, TYPE_FRAMES[width][mtype], *body])
+
+    def _route_reply(
+        self, client: bytes, metadata: tuple[bytes, ...], data: tuple[bytes, ...]
+    ) -> None:
+        """A reply to ``client``, in its width, client address kept (protocol.md #4)."""
+        tframe = TYPE_FRAMES[self._width_of(client)][MessageType.REPLY]
+        self.outbox.append([client, b"", PROTOCOL, tframe, client, b"", *metadata, b"", *data])
 
     def _error_reply(
         self, client: bytes, metadata: tuple[bytes, ...], code: str, message: str
     ) -> None:
-        width = self._width_of(client)
-        self.outbox.append(
-            [
-                client,
-                b"",
-                PROTOCOL,
-                _TYPE_FRAMES[width][MessageType.REPLY],
-                client,
-                b"",
-                *metadata,
-                b"",
-                ERROR_MARKER,
-                code.encode(),
-                message.encode(),
-            ]
-        )
+        self._route_reply(client, metadata, error_reply_data(code, message))
 
     def _refuse(self, client: bytes, metadata: tuple[bytes, ...], code: str, message: str) -> None:
         """Refuse a request: count, log once, and tell its client with an error reply."""

@@ -32,7 +32,7 @@ from ._errors import (
 )
 from ._messages import Message, MessageType, Ping, Pong, Reconnect, Register, Reply, Request
 
-__all__ = ["PROTOCOL", "WIDTHS", "parse", "serialize"]
+__all__ = ["PROTOCOL", "TYPE_FRAMES", "WIDTHS", "parse", "serialize"]
 
 #: The protocol frame: ``DGBX`` and version 1.
 PROTOCOL = b"DGBX\x01"
@@ -42,8 +42,9 @@ _MAGIC = b"DGBX"
 WIDTHS = (1, 4)
 
 _TYPES = {t.value: t for t in MessageType}
-# Pre-built type frames, indexed [width][type], so serializing allocates no header bytes.
-_TYPE_FRAMES: dict[int, dict[MessageType, bytes]] = {
+#: Pre-built type frames, indexed ``[width][type]``, so building a message allocates no
+#: header bytes.
+TYPE_FRAMES: dict[int, dict[MessageType, bytes]] = {
     w: {t: t.value.to_bytes(w, "little") for t in MessageType} for w in WIDTHS
 }
 _HEADER_ONLY: dict[MessageType, Message] = {
@@ -147,25 +148,19 @@ def serialize(message: Message, *, width: int = 1) -> list[bytes]:
     :raises LocalProtocolError: for an unsupported width
     """
     try:
-        tframe = _TYPE_FRAMES[width][message.type]
+        tframe = TYPE_FRAMES[width][message.type]
     except KeyError:
         raise LocalProtocolError(f"type-frame width must be 1 or 4, not {width!r}") from None
     frames = [b"", PROTOCOL, tframe]
-    if isinstance(message, Request):
+    if isinstance(message, Register):
         frames.append(message.service)
+    elif isinstance(message, (Request, Reply)):
+        if isinstance(message, Request):
+            frames.append(message.service)
         if message.client is not None:
             frames.append(message.client)
         frames.append(b"")
         frames += message.metadata
         frames.append(b"")
         frames += message.data
-    elif isinstance(message, Reply):
-        if message.client is not None:
-            frames.append(message.client)
-        frames.append(b"")
-        frames += message.metadata
-        frames.append(b"")
-        frames += message.data
-    elif isinstance(message, Register):
-        frames.append(message.service)
     return frames
