@@ -1,0 +1,477 @@
+"""Chaos test: real broker, worker and client processes under load, with faults on a seeded
+schedule, and the figures that show nothing was lost or delivered twice.
+
+``python -m benchmarks.chaos [--duration S] [--workers N] [--clients N] [--seed N]
+[--json FILE]``
+
+Processes (all on ``tcp://127.0.0.1``, each started by :class:`benchmarks.procs.Procs` and
+killed by its PID whatever happens):
+
+- the broker: ``python -m dcp broker --bind tcp://127.0.0.1:PORT`` (a port picked free
+  first, so a restarted broker comes back on the same address);
+- ``--workers`` echo workers (:mod:`benchmarks.chaos_peers` ``worker``, one
+  :class:`dcp.Worker` each, trio and asyncio in turn);
+- ``--clients`` load generators (:mod:`benchmarks.chaos_peers` ``client``: even ones
+  :class:`dcp.Client` on trio or asyncio with ``--window`` tasks calling ``request()``, odd
+  ones :class:`dcp.SyncClient` ``map_unordered``), every request with a unique payload, every
+  reply checked.
+
+The run is ``--cycles`` cycles (default: one per 20 s), each split into phases:
+
+1. *steady* (20%): load only; its last seconds are the throughput baseline;
+2. *broker down*: the broker is SIGKILLed, and restarted on the same port ``--downtime``
+   seconds later; *broker recovery* lasts until 45% of the cycle;
+3. *worker kills* (to 70%): a random worker is SIGKILLed about every ``--kill-every``
+   seconds and a fresh one started in its place;
+4. *hangs* (to the end): two extra workers join, each hanging on its first request for
+   ``--hang-for`` seconds: ``hang-async`` awaits (it keeps heartbeating, so only the
+   client's retry rescues its request), ``hang-block`` stalls its process (its heartbeats
+   stop and the broker drops it and redelivers the request). Both leave at the end of the
+   cycle.
+
+Figures: requests sent, replies received (each checked against its payload), lost
+(``RequestTimeout`` or not answered by the end of the drain), wrong replies, duplicates
+delivered to the application, the clients' retries and dropped duplicate or late replies,
+handler runs (work done, at least once per request), per-fault confirmation, recovery after
+each broker restart (first reply, and 50% / 90% of the baseline throughput), and the replies
+per second of each phase. See ``docs/reliability.md``, "Chaos test".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import chaos_figures
+from .chaos_figures import Phase
+from .chaos_peers import read_events
+from .procs import Proc, ProcessFailed, Procs
+from .variants import free_port
+
+__all__ = ["Config", "Event", "main", "run", "schedule"]
+
+#: Seconds a process may take to start (import, connect, register).
+START_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """One chaos run. Times in seconds."""
+
+    duration: float = 60.0
+    #: Fault cycles; 0: one per 20 s of ``duration``.
+    cycles: int = 0
+    workers: int = 4
+    clients: int = 2
+    window: int = 16
+    seed: int = 1
+    heartbeat: float = 0.2
+    liveness: int = 3
+    #: Client: seconds per attempt, resends, first and largest backoff.
+    timeout: float = 1.5
+    retries: int = 10
+    backoff: float = 0.05
+    backoff_max: float = 1.0
+    #: Mean seconds between worker SIGKILLs in the worker-kills phase.
+    kill_every: float = 0.8
+    #: Seconds between a broker's SIGKILL and the start of its successor.
+    downtime: float = 0.5
+    hang_for: float = 2.5
+    #: Seconds a worker spends on each request.
+    work: float = 0.001
+    #: Seconds the clients get, after the load stops, for their last replies.
+    drain: float = 20.0
+    #: Seconds between starting the clients and the start of the load.
+    client_start: float = 1.5
+    bucket: float = 0.01
+    #: Extra ``dcp broker`` arguments.
+    broker_args: tuple[str, ...] = ()
+    #: Where the logs and event files go (default: a temporary directory, removed).
+    logs: str | None = None
+
+    @property
+    def n_cycles(self) -> int:
+        return self.cycles or max(1, round(self.duration / 20.0))
+
+
+@dataclass(frozen=True)
+class Event:
+    """A fault, ``t`` seconds after the load started."""
+
+    t: float
+    #: ``kill_broker``, ``start_broker``, ``kill_worker`` (``arg``: slot), ``hang`` (mode),
+    #: ``end_hangs``.
+    kind: str
+    arg: str = ""
+
+
+def schedule(cfg: Config) -> tuple[list[Event], list[Phase]]:
+    """The faults and phases of a run (seeded by ``cfg.seed``)."""
+    rng = random.Random(cfg.seed)
+    events: list[Event] = []
+    phases: list[Phase] = []
+    length = cfg.duration / cfg.n_cycles
+    for k in range(cfg.n_cycles):
+        base = k * length
+        kill = base + 0.2 * length
+        restart = kill + cfg.downtime
+        kills_start = base + 0.45 * length
+        hangs_start = base + 0.7 * length
+        end = base + length
+        phases += [
+            Phase("steady", base, kill),
+            Phase("broker down", kill, restart),
+            Phase("broker recovery", restart, kills_start),
+            Phase("worker kills", kills_start, hangs_start),
+            Phase("hangs", hangs_start, end),
+        ]
+        events += [Event(kill, "kill_broker"), Event(restart, "start_broker")]
+        t = kills_start + rng.uniform(0.2, 1.0) * cfg.kill_every
+        while t < hangs_start - 0.1:
+            events.append(Event(t, "kill_worker", str(rng.randrange(cfg.workers))))
+            t += rng.uniform(0.5, 1.5) * cfg.kill_every
+        events += [
+            Event(hangs_start, "hang", "hang-async"),
+            Event(hangs_start + 0.05, "hang", "hang-block"),
+        ]
+        if k + 1 < cfg.n_cycles:
+            events.append(Event(end - 0.05, "end_hangs"))
+    return events, phases
+
+
+@dataclass
+class _Run:
+    """The processes of one run and what happened to them."""
+
+    cfg: Config
+    procs: Procs
+    log_dir: Path
+    endpoint: str
+    t0: float = 0.0
+    broker: Proc | None = None
+    slots: list[Proc] = field(default_factory=list)
+    hangers: list[Proc] = field(default_factory=list)
+    clients: list[Proc] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    workers_started: int = 0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def start(self, name: str, *args: str) -> Proc:
+        proc = self.procs.start(name, *args)
+        self.pids.append(proc.pid)
+        return proc
+
+    def start_broker(self) -> Proc:
+        cfg = self.cfg
+        argv = [
+            "dcp",
+            "broker",
+            "--bind",
+            self.endpoint,
+            "--heartbeat-interval",
+            str(cfg.heartbeat),
+            "--liveness",
+            str(cfg.liveness),
+            *cfg.broker_args,
+        ]
+        # The dead broker's port is normally free at once; retry briefly if it is not.
+        for attempt in range(50):
+            proc = self.start("broker", *argv)
+            try:
+                proc.wait_ready(START_TIMEOUT)
+            except ProcessFailed:
+                if proc.popen.poll() is None or attempt == 49:
+                    raise
+                time.sleep(0.05)
+                continue
+            self.broker = proc
+            return proc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def start_worker(self, mode: str = "normal") -> Proc:
+        cfg = self.cfg
+        index = self.workers_started
+        self.workers_started += 1
+        backend = ("trio", "asyncio")[index % 2]
+        return self.start(
+            f"worker-{index}-{mode}",
+            "benchmarks.chaos_peers",
+            "--backend",
+            backend,
+            "worker",
+            "--endpoint",
+            self.endpoint,
+            "--events",
+            str(self.log_dir / "events.jsonl"),
+            "--mode",
+            mode,
+            "--hang-for",
+            str(cfg.hang_for),
+            "--work",
+            str(cfg.work),
+            "--heartbeat-interval",
+            str(cfg.heartbeat),
+            "--liveness",
+            str(cfg.liveness),
+        )
+
+    def start_client(self, index: int, start: float) -> Proc:
+        cfg = self.cfg
+        mode = "sync" if index % 2 else "async"
+        backend = ("trio", "asyncio")[(index // 2) % 2]
+        return self.start(
+            f"client-{index}",
+            "benchmarks.chaos_peers",
+            "--backend",
+            backend,
+            "client",
+            "--endpoint",
+            self.endpoint,
+            "--name",
+            f"c{index}",
+            "--mode",
+            mode,
+            "--start",
+            repr(start),
+            "--until",
+            repr(start + cfg.duration),
+            "--drain",
+            str(cfg.drain),
+            "--window",
+            str(cfg.window),
+            "--timeout",
+            str(cfg.timeout),
+            "--retries",
+            str(cfg.retries),
+            "--backoff",
+            str(cfg.backoff),
+            "--backoff-max",
+            str(cfg.backoff_max),
+            "--bucket",
+            str(cfg.bucket),
+        )
+
+    def check_alive(self) -> None:
+        for proc in [*self.clients, *([self.broker] if self.broker else [])]:
+            if proc.popen.poll() is not None:
+                raise ProcessFailed(
+                    f"{proc.name} (pid {proc.pid}) exited with {proc.popen.returncode}:\n"
+                    f"{proc.log_tail()}"
+                )
+
+    def sigkill(self, proc: Proc) -> int | None:
+        """SIGKILL ``proc`` by PID and reap it; its exit signal (9), or None if it had
+        already exited."""
+        if proc.popen.poll() is not None:
+            return None
+        os.kill(proc.pid, signal.SIGKILL)
+        code = proc.popen.wait(10)
+        return -code if code < 0 else None
+
+    def do(self, ev: Event) -> None:
+        t = self.now()
+        if ev.kind == "kill_broker":
+            assert self.broker is not None
+            sig = self.sigkill(self.broker)
+            self.faults.append({"kind": ev.kind, "t": t, "pid": self.broker.pid, "signal": sig})
+            self.broker = None
+        elif ev.kind == "start_broker":
+            proc = self.start_broker()
+            self.faults.append({"kind": ev.kind, "t": self.now(), "pid": proc.pid})
+        elif ev.kind == "kill_worker":
+            slot = int(ev.arg)
+            victim = self.slots[slot]
+            sig = self.sigkill(victim)
+            self.slots[slot] = self.start_worker()
+            self.faults.append({"kind": ev.kind, "t": t, "pid": victim.pid, "signal": sig})
+        elif ev.kind == "hang":
+            proc = self.start_worker(ev.arg)
+            self.hangers.append(proc)
+            self.faults.append({"kind": ev.kind, "t": t, "pid": proc.pid, "mode": ev.arg})
+        elif ev.kind == "end_hangs":
+            for proc in self.hangers:
+                if proc.popen.poll() is None:
+                    os.kill(proc.pid, signal.SIGTERM)  # reaped when the run ends
+            self.hangers.clear()
+        else:  # pragma: no cover
+            raise ValueError(ev.kind)
+
+
+def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a reused PID of another user
+        return False
+    return True
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Run the chaos test; returns its record (settings, faults, figures, leftovers)."""
+    events, phases = schedule(cfg)
+    tmp = None
+    if cfg.logs is None:
+        tmp = tempfile.TemporaryDirectory(prefix="dcp-chaos-")
+        log_dir = Path(tmp.name)
+    else:
+        log_dir = Path(cfg.logs)
+        log_dir.mkdir(parents=True, exist_ok=True)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    try:
+        with Procs(log_dir) as procs:
+            state = _Run(cfg, procs, log_dir, endpoint)
+            try:
+                records, broker_log = _drive(state, events)
+            except BaseException:
+                sys.stderr.write(procs.tails(12) + "\n")
+                raise
+        leftovers = [pid for pid in state.pids if _alive(pid)]
+        worker_events = read_events(str(log_dir / "events.jsonl"))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    phases = _actual_phases(phases, state.faults)
+    figures = chaos_figures.compute(
+        records=records,
+        worker_events=worker_events,
+        faults=state.faults,
+        phases=phases,
+        bucket=cfg.bucket,
+        duration=cfg.duration,
+        broker_stats=chaos_figures.broker_statistics(broker_log),
+    )
+    return {
+        "config": asdict(cfg),
+        "faults": state.faults,
+        "figures": figures,
+        "clients": [{k: r[k] for k in ("name", "mode", "sent", "replies")} for r in records],
+        "processes": len(state.pids),
+        "leftovers": leftovers,
+    }
+
+
+def _actual_phases(phases: list[Phase], faults: list[dict[str, Any]]) -> list[Phase]:
+    """The scheduled phases, with each broker restart at the time it really happened."""
+    restarts = iter([f["t"] for f in faults if f["kind"] == "start_broker"])
+    out: list[Phase] = []
+    for p in phases:
+        if p.name == "broker down":
+            t = next(restarts, p.end)
+            out.append(Phase(p.name, p.start, t))
+        elif p.name == "broker recovery":
+            out.append(Phase(p.name, out[-1].end, p.end))
+        else:
+            out.append(p)
+    return out
+
+
+def _drive(state: _Run, events: list[Event]) -> tuple[list[dict[str, Any]], str]:
+    cfg = state.cfg
+    state.start_broker()
+    state.slots = [state.start_worker() for _ in range(cfg.workers)]
+    for proc in state.slots:
+        proc.wait_ready(START_TIMEOUT)
+    start = time.monotonic() + cfg.client_start
+    state.clients = [state.start_client(i, start) for i in range(cfg.clients)]
+    for proc in state.clients:
+        proc.wait_ready(START_TIMEOUT)
+    state.t0 = start
+    for ev in events:
+        _sleep_until(start + ev.t)
+        state.check_alive()
+        state.do(ev)
+    _sleep_until(start + cfg.duration)
+    records = [proc.result(cfg.drain + 30.0) for proc in state.clients]
+    # A graceful stop makes the broker log its counters.
+    broker = state.broker
+    assert broker is not None
+    broker.kill(grace=5.0)
+    return records, broker.log_path.read_text(errors="replace")
+
+
+def settings_line(cfg: Config) -> str:
+    return (
+        f"{cfg.duration:.0f} s, {cfg.n_cycles} cycle(s), seed {cfg.seed}; {cfg.workers} "
+        f"workers (+2 hanging per cycle), {cfg.clients} clients x window {cfg.window}; "
+        f"heartbeat {cfg.heartbeat} s x liveness {cfg.liveness}; client timeout "
+        f"{cfg.timeout} s x {cfg.retries} retries; broker down {cfg.downtime} s; hangs "
+        f"{cfg.hang_for} s"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.chaos",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d = Config()
+    parser.add_argument("--duration", type=float, default=d.duration, help="seconds of load")
+    parser.add_argument("--cycles", type=int, default=d.cycles, help="0: one per 20 s")
+    parser.add_argument("--workers", type=int, default=d.workers)
+    parser.add_argument("--clients", type=int, default=d.clients)
+    parser.add_argument("--window", type=int, default=d.window, help="in flight per client")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--heartbeat", type=float, default=d.heartbeat, help="seconds")
+    parser.add_argument("--liveness", type=int, default=d.liveness)
+    parser.add_argument("--timeout", type=float, default=d.timeout, help="client, per attempt")
+    parser.add_argument("--retries", type=int, default=d.retries, help="client resends")
+    parser.add_argument("--kill-every", type=float, default=d.kill_every, help="seconds")
+    parser.add_argument("--downtime", type=float, default=d.downtime, help="seconds")
+    parser.add_argument("--hang-for", type=float, default=d.hang_for, help="seconds")
+    parser.add_argument("--work", type=float, default=d.work, help="seconds per request")
+    parser.add_argument("--logs", default=None, help="keep logs and events in this directory")
+    parser.add_argument("--json", default=None, help="write the record to this file")
+    args = parser.parse_args(argv)
+    cfg = Config(
+        duration=args.duration,
+        cycles=args.cycles,
+        workers=args.workers,
+        clients=args.clients,
+        window=args.window,
+        seed=args.seed,
+        heartbeat=args.heartbeat,
+        liveness=args.liveness,
+        timeout=args.timeout,
+        retries=args.retries,
+        kill_every=args.kill_every,
+        downtime=args.downtime,
+        hang_for=args.hang_for,
+        work=args.work,
+        logs=args.logs,
+    )
+    result = run(cfg)
+    result["command"] = "python -m benchmarks.chaos " + shlex.join(
+        list(argv) if argv is not None else sys.argv[1:]
+    )
+    print(chaos_figures.render(result["figures"], settings_line(cfg)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    fig = result["figures"]
+    bad = fig["lost"] or fig["wrong"] or fig["duplicates_delivered"] or result["leftovers"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The chaos test's worker and client processes (started by :mod:`benchmarks.chaos`).
+
+``python -m benchmarks.chaos_peers worker --endpoint E --events FILE [--mode M]`` runs one
+:class:`dcp.Worker`. Its handler answers ``[b"ok:" + payload, pid]`` after ``--work``
+seconds. In a hang mode the first ``--hang-count`` requests hang for ``--hang-for`` seconds
+first: ``M=hang-async`` awaits (the event loop runs on, so the worker
+keeps sending keep-alives and the broker keeps it), ``hang-block`` calls :func:`time.sleep`
+(the whole process stalls, heartbeats stop, the broker drops the worker). Every handler run
+and every hang is appended to the ``--events`` file with one ``write`` each (``O_APPEND``), so
+the lines survive a SIGKILL. It prints ``READY <pid>`` once the broker has echoed its
+registration and stops gracefully on SIGTERM.
+
+``python -m benchmarks.chaos_peers client --endpoint E --name c0 --start T --until T
+[--mode async|sync]`` sends requests with unique payloads ``<name>:<seq>`` from
+``time.monotonic()`` ``--start`` until ``--until`` (the clock is shared by every process on
+the machine), ``--window`` at a time, with the client's retries, and checks every reply: it
+must carry its own payload (else *wrong*), and no payload may reach the application twice
+(else *duplicate*). ``async`` runs :class:`dcp.Client` with ``window`` tasks calling
+``request()``; ``sync`` runs :class:`dcp.SyncClient.map_unordered`. After ``--until`` the
+requests in flight get ``--drain`` more seconds; those still open then are *unfinished*. The
+last stdout line is a JSON record (counts, the client's ``statistics()``, replies per
+``--bucket`` of time since ``--start``, a latency histogram in ms, replies per worker pid and
+the slow replies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import anyio
+import attrs
+
+import dcp
+
+from .common import ready
+
+__all__ = ["EventLog", "Tally", "main", "read_events"]
+
+#: Replies slower than this (seconds) are listed one by one in the client's record.
+SLOW = 0.3
+#: Most slow replies listed.
+MAX_SLOW = 5000
+
+
+class EventLog:
+    """Append-only JSON lines, one ``os.write`` each, so they survive SIGKILL."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, **fields: Any) -> None:
+        os.write(self._fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def read_events(path: str) -> list[dict[str, Any]]:
+    """The records of an event file (a torn last line, from a SIGKILL mid-write, is skipped)."""
+    events: list[dict[str, Any]] = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return events
+
+
+# --------------------------------------------------------------------------- worker
+
+
+async def _serve_worker(args: argparse.Namespace) -> None:
+    log = EventLog(args.events)
+    pid = os.getpid()
+    pid_bytes = str(pid).encode()
+    hangs_left = args.hang_count if args.mode != "normal" else 0
+
+    async def handler(request: dcp.Request) -> list[bytes]:
+        nonlocal hangs_left
+        payload = request.data[0] if request.data else b""
+        log.write(ev="run", id=payload.decode(errors="replace"), pid=pid)
+        if hangs_left > 0:
+            hangs_left -= 1
+            log.write(ev="hang", mode=args.mode, id=payload.decode(), pid=pid, t=time.monotonic())
+            if args.mode == "hang-block":
+                time.sleep(args.hang_for)  # noqa: ASYNC251 (the point: a stalled process)
+            else:
+                await anyio.sleep(args.hang_for)
+            log.write(ev="hang_end", id=payload.decode(), pid=pid, t=time.monotonic())
+        elif args.work > 0:
+            await anyio.sleep(args.work)
+        return [b"ok:" + payload, pid_bytes]
+
+    worker = dcp.Worker(
+        args.endpoint,
+        args.service,
+        handler,
+        concurrency=args.concurrency,
+        heartbeat_interval=args.heartbeat_interval,
+        liveness=args.liveness,
+    )
+    async with anyio.create_task_group() as tg:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            await tg.start(worker.serve)
+            log.write(ev="ready", pid=pid, t=time.monotonic())
+            ready(str(pid))
+            async for _ in signals:
+                worker.stop(grace=0.5)
+                break
+    log.write(ev="stopped", pid=pid, t=time.monotonic(), stats=attrs.asdict(worker.statistics()))
+    log.close()
+
+
+# --------------------------------------------------------------------------- client
+
+
+class Tally:
+    """What one client process saw, checked reply by reply."""
+
+    def __init__(self, name: str, start: float, bucket: float) -> None:
+        self.name = name
+        self.start = start
+        self.bucket = bucket
+        self.sent = 0
+        self.replies = 0
+        self.wrong = 0
+        self.duplicates = 0
+        self.timeouts = 0
+        self.errors: Counter[str] = Counter()
+        self.delivered: set[bytes] = set()
+        #: Replies per time bucket since ``start``.
+        self.timeline: Counter[int] = Counter()
+        #: Replies per whole millisecond of latency.
+        self.latency_ms: Counter[int] = Counter()
+        self.by_worker: Counter[str] = Counter()
+        #: ``[payload, worker pid, latency s]`` of replies slower than :data:`SLOW`.
+        self.slow: list[list[Any]] = []
+
+    def payload(self, seq: int) -> bytes:
+        self.sent += 1
+        return f"{self.name}:{seq}".encode()
+
+    def reply(self, payload: bytes, data: Sequence[bytes], sent_at: float) -> None:
+        now = time.monotonic()
+        if len(data) != 2 or data[0] != b"ok:" + payload:
+            self.wrong += 1
+            return
+        if payload in self.delivered:
+            self.duplicates += 1
+            return
+        self.delivered.add(payload)
+        self.replies += 1
+        self.timeline[int((now - self.start) / self.bucket)] += 1
+        latency = now - sent_at
+        self.latency_ms[int(latency * 1000)] += 1
+        worker = data[1].decode(errors="replace")
+        self.by_worker[worker] += 1
+        if latency >= SLOW and len(self.slow) < MAX_SLOW:
+            self.slow.append([payload.decode(), worker, round(latency, 4)])
+
+    def record(self, stats: dcp.ClientStatistics, mode: str) -> dict[str, Any]:
+        answered = self.replies + self.wrong + sum(self.errors.values()) + self.timeouts
+        return {
+            "name": self.name,
+            "mode": mode,
+            "sent": self.sent,
+            "replies": self.replies,
+            "wrong": self.wrong,
+            "duplicates": self.duplicates,
+            "timeouts": self.timeouts,
+            "unfinished": max(0, self.sent - answered),
+            "errors": dict(self.errors),
+            "stats": attrs.asdict(stats),
+            "timeline": {str(k): v for k, v in sorted(self.timeline.items())},
+            "latency_ms": {str(k): v for k, v in sorted(self.latency_ms.items())},
+            "by_worker": dict(self.by_worker),
+            "slow": self.slow,
+        }
+
+
+def _client_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "timeout": args.timeout,
+        "retries": args.retries,
+        "backoff": args.backoff,
+        "backoff_max": args.backoff_max,
+    }
+
+
+async def _wait_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        await anyio.sleep(delay)
+
+
+async def _run_async_client(args: argparse.Namespace) -> dict[str, Any]:
+    tally = Tally(args.name, args.start, args.bucket)
+    service = args.service.encode()
+    seq = itertools.count()
+    async with dcp.Client(args.endpoint, **_client_options(args)) as client:
+        ready(args.name)
+        await _wait_until(args.start)
+
+        async def loop() -> None:
+            while time.monotonic() < args.until:
+                payload = tally.payload(next(seq))
+                sent_at = time.monotonic()
+                try:
+                    response = await client.request(service, payload)
+                except dcp.RequestTimeout:
+                    tally.timeouts += 1
+                except dcp.RemoteError as exc:
+                    tally.errors[exc.code] += 1
+                else:
+                    tally.reply(payload, response.data, sent_at)
+
+        with anyio.move_on_after(args.until + args.drain - time.monotonic()):
+            async with anyio.create_task_group() as tg:
+                for _ in range(args.window):
+                    tg.start_soon(loop)
+        return tally.record(client.statistics(), f"async/{args.backend}")
+
+
+def _run_sync_client(args: argparse.Namespace) -> dict[str, Any]:
+    tally = Tally(args.name, args.start, args.bucket)
+    service = args.service.encode()
+    seq = itertools.count()
+    with dcp.SyncClient(args.endpoint, **_client_options(args)) as client:
+        ready(args.name)
+        time.sleep(max(0.0, args.start - time.monotonic()))
+        while time.monotonic() < args.until:
+            batch: list[tuple[bytes, float]] = []
+
+            def payloads(batch: list[tuple[bytes, float]] = batch) -> Iterator[bytes]:
+                while time.monotonic() < args.until:
+                    payload = tally.payload(next(seq))
+                    batch.append((payload, time.monotonic()))
+                    yield payload
+
+            try:
+                for i, response in client.map_unordered(service, payloads(), window=args.window):
+                    tally.reply(batch[i][0], response.data, batch[i][1])
+            except dcp.RequestTimeout:
+                tally.timeouts += 1  # the map's other requests in flight end unfinished
+            except dcp.RemoteError as exc:
+                tally.errors[exc.code] += 1
+        return tally.record(client.statistics(), "sync")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.chaos_peers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("worker")
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--service", default="chaos")
+    p.add_argument("--events", required=True, help="file to append events to")
+    p.add_argument("--mode", choices=["normal", "hang-async", "hang-block"], default="normal")
+    p.add_argument("--hang-count", type=int, default=1, help="requests that hang")
+    p.add_argument("--hang-for", type=float, default=3.0, help="seconds")
+    p.add_argument("--work", type=float, default=0.001, help="seconds per request")
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--liveness", type=int, default=3)
+
+    p = sub.add_parser("client")
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--service", default="chaos")
+    p.add_argument("--name", required=True, help="prefix of this client's payloads")
+    p.add_argument("--mode", choices=["async", "sync"], default="async")
+    p.add_argument("--start", type=float, required=True, help="time.monotonic() to start at")
+    p.add_argument("--until", type=float, required=True, help="time.monotonic() to stop at")
+    p.add_argument("--drain", type=float, default=20.0, help="seconds for the last replies")
+    p.add_argument("--window", type=int, default=16, help="requests in flight")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds per attempt")
+    p.add_argument("--retries", type=int, default=10)
+    p.add_argument("--backoff", type=float, default=0.05)
+    p.add_argument("--backoff-max", type=float, default=1.0)
+    p.add_argument("--bucket", type=float, default=0.01, help="timeline resolution, seconds")
+
+    args = parser.parse_args(argv)
+    if args.command == "worker":
+        anyio.run(_serve_worker, args, backend=args.backend)
+        return
+    if not math.isfinite(args.until) or args.until < args.start:
+        raise SystemExit("chaos_peers client: --until must be a time after --start")
+    if args.mode == "sync":
+        record = _run_sync_client(args)
+    else:
+        record = anyio.run(_run_async_client, args, backend=args.backend)
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
