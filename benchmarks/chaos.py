@@ -363,6 +363,7 @@ def run(cfg: Config) -> dict[str, Any]:
     )
     return {
         "config": asdict(cfg),
+        "endpoint": endpoint,
         "faults": state.faults,
         "figures": figures,
         "clients": [{k: r[k] for k in ("name", "mode", "sent", "replies")} for r in records],

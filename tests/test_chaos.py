@@ -1,0 +1,250 @@
+"""Chaos test (issue 5, "Faults"): :mod:`benchmarks.chaos` with real processes.
+
+The fast version runs in CI: one 12-second cycle (a broker SIGKILLed and restarted on the
+same port, workers SIGKILLed at random and replaced, one worker hanging with its event loop
+running and one with its process stalled), then checks that every request got its own reply
+exactly once, that each fault really happened and was recovered from, and that no process
+outlived the run. ``-m slow`` runs the long version (60 s, three cycles).
+
+The figures of :mod:`benchmarks.chaos_figures` are also checked on synthetic records, where
+the right answer is known.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dcp
+from benchmarks import chaos, chaos_figures
+from benchmarks.chaos_figures import Phase
+
+
+def _run(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "chaos.json"
+    code = chaos.main([*args, "--logs", str(tmp_path / "logs"), "--json", str(out)])
+    record: dict[str, Any] = json.loads(out.read_text())
+    assert code == 0, record["figures"]
+    return record
+
+
+def _check(record: dict[str, Any], cycles: int) -> None:
+    fig = record["figures"]
+    # Nothing lost, nothing wrong, nothing delivered twice, no error replies.
+    assert fig["lost"] == 0
+    assert fig["wrong"] == 0
+    assert fig["duplicates_delivered"] == 0
+    assert fig["errors"] == {}
+    assert fig["replies"] == fig["sent"] > 300
+    # At least once: every answered request ran at least once, some more than once.
+    assert fig["handler_runs"] >= fig["replies"]
+    assert fig["requests_run_more_than_once"] >= 1
+    # Every fault happened.
+    kinds = Counter(f["kind"] for f in record["faults"])
+    assert kinds["kill_broker"] == kinds["start_broker"] == fig["broker_restarts"] == cycles
+    assert all(f["signal"] == 9 for f in record["faults"] if f["kind"] == "kill_broker")
+    assert fig["worker_kills"] >= 2 * cycles
+    assert fig["worker_kills_confirmed"] == fig["worker_kills"]
+    # Both hangs happened, and another worker answered each hung request.
+    modes = Counter(h["mode"] for h in fig["hangs"])
+    assert modes == {"hang-async": cycles, "hang-block": cycles}
+    for hang in fig["hangs"]:
+        assert hang["rescued"], hang
+    # The async hang was rescued by the client's retry (after its attempt timeout), the
+    # blocking one by the broker's liveness check (held requests are redelivered).
+    assert fig["client_retries"] >= 1
+    assert fig["broker_last"]["expired_workers"] >= 1
+    assert fig["broker_last"]["redeliveries"] >= 1
+    # Recovery after each broker restart: replies again, then half the baseline rate.
+    assert len(fig["recoveries"]) == cycles
+    for rec in fig["recoveries"]:
+        assert rec["baseline_rate"] > 0
+        assert rec["first_reply_s"] is not None, rec
+        assert rec["to_50pct_s"] is not None, rec
+    down = [p for p in fig["phases"] if p["name"] == "broker down"]
+    assert all(p["rate"] < 50 for p in down), down
+    # Only loopback; every process started was killed and reaped.
+    assert record["endpoint"].startswith("tcp://127.0.0.1:")
+    assert record["processes"] >= 1 + 4 + 2 + 2 + fig["worker_kills"]
+    assert record["leftovers"] == []
+
+
+@pytest.mark.timeout(120)
+def test_chaos_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = _run(tmp_path, "--duration", "12", "--seed", "5")
+    _check(record, cycles=1)
+    table = capsys.readouterr().out
+    assert "| duplicates delivered to the application | 0 |" in table
+    assert "| lost (timed out or unfinished) | 0 |" in table
+    assert record["command"].startswith("python -m benchmarks.chaos --duration 12")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_chaos_long(tmp_path: Path) -> None:
+    record = _run(tmp_path, "--duration", "60", "--seed", "11")
+    _check(record, cycles=3)
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def test_schedule_is_seeded_and_faults_stay_in_their_phases() -> None:
+    cfg = chaos.Config(duration=40, seed=3, workers=5)
+    events, phases = chaos.schedule(cfg)
+    assert chaos.schedule(cfg) == (events, phases)
+    assert chaos.schedule(chaos.Config(duration=40, seed=4, workers=5))[0] != events
+    assert cfg.n_cycles == 2
+    assert [p.name for p in phases[:5]] == [
+        "steady",
+        "broker down",
+        "broker recovery",
+        "worker kills",
+        "hangs",
+    ]
+    for a, b in zip(phases, phases[1:], strict=False):
+        assert a.end == pytest.approx(b.start)
+    assert phases[-1].end == pytest.approx(40)
+    for ev in events:
+        [phase] = [p for p in phases if p.start <= ev.t < p.end]
+        expected = {
+            "kill_broker": "broker down",
+            "start_broker": "broker recovery",
+            "kill_worker": "worker kills",
+            "hang": "hangs",
+            "end_hangs": "hangs",
+        }[ev.kind]
+        assert phase.name == expected, ev
+        if ev.kind == "kill_worker":
+            assert 0 <= int(ev.arg) < 5
+    assert sum(ev.kind == "end_hangs" for ev in events) == 1  # the last cycle's run to the end
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def test_recovery_from_a_synthetic_timeline() -> None:
+    # 1000 replies/s (10 per 10 ms bucket) until the kill at 2.0 s, none until 2.5 s, then
+    # 300/s for 0.5 s, then 1000/s again.
+    timeline: dict[int, int] = {}
+    for i in range(600):
+        t = i / 100
+        if t < 2.0 or t >= 3.0:
+            timeline[i] = 10
+        elif t >= 2.5:
+            timeline[i] = 3
+    rec = chaos_figures.recovery(timeline, 0.01, kill=2.0, restart=2.4, end=6.0)
+    assert rec["baseline_rate"] == pytest.approx(1000)
+    assert rec["downtime_s"] == pytest.approx(0.4)
+    assert rec["first_reply_s"] == pytest.approx(0.1)
+    # 50% of 1000/s over 0.25 s = 125 replies: the window ending at 3.0 + 0.11 s holds
+    # 11 buckets of 10 and 14 of 3 = 152; at 3.0 + 0.09 it holds 9 x 10 + 16 x 3 = 138;
+    # at 3.08: 8 x 10 + 17 x 3 = 131; at 3.07: 7 x 10 + 18 x 3 = 124 < 125.
+    assert rec["to_50pct_s"] == pytest.approx(3.08 - 2.4)
+    assert rec["to_90pct_s"] == pytest.approx(3.0 + 0.25 * 0.9 - 2.4, abs=0.011)
+    never = chaos_figures.recovery(timeline, 0.01, kill=2.0, restart=2.4, end=2.9)
+    assert never["to_50pct_s"] is None
+    assert never["to_90pct_s"] is None
+    empty = chaos_figures.recovery({}, 0.01, kill=2.0, restart=2.4, end=6.0)
+    assert empty["first_reply_s"] is None
+    assert empty["to_50pct_s"] is None
+
+
+def test_broker_statistics_from_its_log_line() -> None:
+    stats = dcp.BrokerStatistics(
+        requests=10,
+        replies=9,
+        forwards=0,
+        dispatched=12,
+        redeliveries=2,
+        dropped_replies=1,
+        undeliverable=0,
+        reconnects_sent=3,
+        unmatched=1,
+        expired_workers=2,
+        rejections={"reply_from_non_worker": 1},
+        workers=4,
+        services={b"chaos": dcp.ServiceStatistics(workers=4, idle=4, queued=0)},
+    )
+    log = f"x dcp.cli INFO broker listening\nx dcp.cli INFO broker stopped: {stats}\n"
+    parsed = chaos_figures.broker_statistics(log)
+    assert parsed["redeliveries"] == 2
+    assert parsed["expired_workers"] == 2
+    assert parsed["requests"] == 10
+    assert parsed["rejections"] == {"reply_from_non_worker": 1}
+    assert "idle" not in parsed  # per-service figures are not counters of the broker
+    assert chaos_figures.broker_statistics("no such line") == {}
+
+
+def _client_record(name: str, **over: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "name": name,
+        "mode": "async/trio",
+        "sent": 4,
+        "replies": 4,
+        "wrong": 0,
+        "duplicates": 0,
+        "timeouts": 0,
+        "unfinished": 0,
+        "errors": {},
+        "stats": {"retries": 1, "duplicates": 1, "late": 0, "malformed": {}},
+        "timeline": {"0": 2, "150": 2},
+        "latency_ms": {"1": 3, "900": 1},
+        "by_worker": {"11": 3, "12": 1},
+        "slow": [[f"{name}:3", "12", 0.9]],
+    }
+    rec.update(over)
+    return rec
+
+
+def test_compute_and_render() -> None:
+    records = [_client_record("c0"), _client_record("c1", timeouts=1, sent=5)]
+    events = [
+        {"ev": "run", "id": "c0:3", "pid": 13},
+        {"ev": "run", "id": "c0:3", "pid": 12},
+        {"ev": "hang", "mode": "hang-async", "id": "c0:3", "pid": 13, "t": 0.0},
+        {"ev": "hang", "mode": "hang-block", "id": "c1:7", "pid": 14, "t": 0.0},
+    ]
+    faults = [
+        {"kind": "kill_broker", "t": 0.5, "signal": 9},
+        {"kind": "start_broker", "t": 1.0},
+        {"kind": "kill_worker", "t": 1.2, "signal": 9},
+        {"kind": "kill_worker", "t": 1.3, "signal": None},
+    ]
+    phases = [Phase("steady", 0, 0.5), Phase("broker down", 0.5, 1.0)]
+    phases += [Phase("broker recovery", 1.0, 2.0)]
+    fig = chaos_figures.compute(
+        records=records,
+        worker_events=events,
+        faults=faults,
+        phases=phases,
+        bucket=0.01,
+        duration=2.0,
+        broker_stats={"redeliveries": 1, "rejections": {}},
+    )
+    assert fig["sent"] == 9
+    assert fig["lost"] == 1
+    assert fig["client_retries"] == 2
+    assert fig["handler_runs"] == 2
+    assert fig["requests_run_more_than_once"] == 1
+    assert fig["worker_kills"] == 2
+    assert fig["worker_kills_confirmed"] == 1
+    assert fig["broker_restarts"] == 1
+    assert fig["per_second"] == [4, 4]
+    assert fig["latency_ms"] == {"p50": 1.0, "p99": 900.0, "p999": 900.0, "max": 900.0}
+    [rescued, unanswered] = fig["hangs"]
+    assert rescued["rescued"] and rescued["answered_by"] == 12
+    assert not unanswered["rescued"] and unanswered["answered_by"] is None
+    [rec] = fig["recoveries"]
+    assert rec["first_reply_s"] == pytest.approx(0.5)
+    assert [p["rate"] for p in fig["phases"]] == [8.0, 0.0, 4.0]
+    table = chaos_figures.render(fig, "settings")
+    assert table.startswith("settings\n")
+    assert "| lost (timed out or unfinished) | 1 |" in table
+    assert "| hung requests answered by another worker | 1 of 2 |" in table
+    assert "| hang-block | 14 | - | - |" in table
+    assert "| messages refused (last broker) | 0 |" in table
