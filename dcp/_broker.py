@@ -151,9 +151,9 @@ class Broker:
             for msg in asock.drain(batch):
                 frames = msg.frames
                 if msg.nbytes - len(frames[0]) > max_bytes:
-                    core.reject_too_large(frames[0], msg.nbytes - len(frames[0]), max_bytes)
+                    core.reject_too_large(frames, msg.nbytes - len(frames[0]), max_bytes, now)
                 elif msg.dropped_frames:
-                    core.reject_too_many_frames(frames[0], len(frames) - 1, msg.dropped_frames)
+                    core.reject_too_many_frames(frames, msg.dropped_frames, now)
                 elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
                     continue
                 else:
