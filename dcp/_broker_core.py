@@ -493,6 +493,7 @@ class BrokerCore:
                 option = parse_work_timeout(part)
                 if option is not None:
                     work_timeout = option
+                    break
         self._requests += 1
         if forward:
             self._forwards += 1

@@ -6,11 +6,6 @@ Messages go in as the ROUTER sees them (routing id first), with explicit ``now``
 from __future__ import annotations
 
 import pytest
-
-from dcp import PROTOCOL, Ping, Reconnect, Register, Reply, Request, serialize
-from dcp._broker_core import BrokerCore
-from dcp._messages import parse_work_timeout, work_timeout_option
-
 from test_broker_core import (
     C1,
     C2,
@@ -26,6 +21,10 @@ from test_broker_core import (
     take,
     workers,
 )
+
+from dcp import PROTOCOL, Ping, Reconnect, Register, Reply, Request, serialize
+from dcp._broker_core import BrokerCore
+from dcp._messages import parse_work_timeout, work_timeout_option
 
 P = PROTOCOL
 
