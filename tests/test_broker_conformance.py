@@ -258,9 +258,9 @@ async def test_bad_input_is_counted_and_the_broker_keeps_serving() -> None:
         stats = await until(broker, lambda s: sum(s.rejections.values()) >= len(BAD) + 1)
         assert stats.rejections == expected
         # Requests cut at a limit are answered too: their metadata survived the cut.
-        for code in ("too_many_frames", "message_too_large"):
+        for reason in ("too_many_frames", "message_too_large"):
             refusal = await bad.recv_frames()
-            marker, code_part, _ = error_reply_data(code, "")
+            marker, code_part, _ = error_reply_data(reason, "")
             assert refusal[:-1] == [b"", P, b"\x05", b"BAD", b"", b"", marker, code_part]
         refusal = await bad.recv_frames()
         marker, code, _ = error_reply_data("forbidden_address", "")
