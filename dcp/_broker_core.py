@@ -481,11 +481,13 @@ class BrokerCore:
             return "queue_full", f"queue for {name[:64]!r} is full"
         load = self._loads.get(client)
         if load is None:
-            load = self._loads[client] = _Load()
-        elif load.inflight >= self.max_client_inflight:
+            load = _Load()
+        if load.inflight >= self.max_client_inflight:
             return "client_limit", f"{load.inflight} requests of this client unanswered"
-        elif not idle and load.queued >= self.max_client_queued:
+        if not idle and load.queued >= self.max_client_queued:
             return "client_limit", f"{load.queued} requests of this client queued"
+        if not load.inflight:
+            self._loads[client] = load
         metadata = msg.metadata
         work_timeout = self.work_timeout
         for part in metadata:
