@@ -272,9 +272,9 @@ def test_a_foreign_address_in_a_cut_request_is_not_used() -> None:
     assert error_of(refusal)[:2] == (C1, "too_many_frames")
 
 
-@pytest.mark.parametrize("limit", ["max_client_queued", "max_client_inflight"])
-def test_a_zero_client_limit_refuses_a_new_clients_first_request(limit: str) -> None:
-    core = BrokerCore(**{limit: 0})
+@pytest.mark.parametrize("queued", [True, False])
+def test_a_zero_client_limit_refuses_a_new_clients_first_request(queued: bool) -> None:
+    core = BrokerCore(max_client_queued=0) if queued else BrokerCore(max_client_inflight=0)
     feed(core, C1, req(1))
     [refusal] = take(core)
     assert error_of(refusal) == (C1, "client_limit", req(1).metadata)
