@@ -53,7 +53,19 @@ class Broker:
     :param max_message_size: largest message accepted, all frames together, in bytes
         (-1: no limit). Larger messages are counted (``message_too_large``) and dropped;
         a single frame over it makes zmq drop the sender's connection (``MAXMSGSIZE``).
-    :param max_frames: frames per message; longer messages are counted and dropped
+    :param max_frames: frames per message; longer messages are counted and dropped (a
+        request whose metadata survived the cut gets an error reply, as for the size limit)
+    :param max_client_queued: requests of one client waiting in queues before
+        ``client_limit`` error replies
+    :param max_client_inflight: requests of one client accepted and unanswered (queued or
+        at a worker) before ``client_limit`` error replies
+    :param work_timeout: seconds a worker may hold a request that carries no work timeout
+        of its own (``None``: no limit); a worker past it is treated as lost
+    :param send_hwm: zmq's send high-water mark, in messages, per peer: a reply to a
+        client that stopped reading is dropped (counted; the client retries) once this many
+        are waiting for it, and a worker that stopped reading is treated as gone
+    :param receive_hwm: zmq's receive high-water mark, in messages, per peer: past it zmq
+        stops reading that peer's connection (back-pressure) while others are still served
     :param batch: messages handled per wake-up before yielding to other tasks
     :param context: zmq context (default: one shared per process)
     :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
@@ -68,6 +80,11 @@ class Broker:
         max_queue: int = 100_000,
         max_message_size: int = 256 * 1024 * 1024,
         max_frames: int = 4096,
+        max_client_queued: int = 10_000,
+        max_client_inflight: int = 20_000,
+        work_timeout: float | None = None,
+        send_hwm: int = 1000,
+        receive_hwm: int = 1000,
         batch: int = 256,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         **core_options: int,
@@ -80,11 +97,16 @@ class Broker:
         self._max_frames = max_frames
         self._batch = batch
         self._context = context
+        self._send_hwm = send_hwm
+        self._receive_hwm = receive_hwm
         self._core = BrokerCore(
             heartbeat_interval=heartbeat_interval,
             liveness=liveness,
             allow_foreign_address=allow_foreign_address,
             max_queue=max_queue,
+            max_client_queued=max_client_queued,
+            max_client_inflight=max_client_inflight,
+            work_timeout=work_timeout,
             **core_options,
         )
         self._socket: AsyncSocket | None = None
@@ -124,6 +146,8 @@ class Broker:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
+            sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+            sock.setsockopt(zmq.RCVHWM, self._receive_hwm)
             bound = []
             for endpoint in self._bind:
                 sock.bind(endpoint)
@@ -151,9 +175,9 @@ class Broker:
             for msg in asock.drain(batch):
                 frames = msg.frames
                 if msg.nbytes - len(frames[0]) > max_bytes:
-                    core.reject_too_large(frames[0], msg.nbytes - len(frames[0]), max_bytes)
+                    core.reject_too_large(frames, msg.nbytes - len(frames[0]), max_bytes, now)
                 elif msg.dropped_frames:
-                    core.reject_too_many_frames(frames[0], len(frames) - 1, msg.dropped_frames)
+                    core.reject_too_many_frames(frames, msg.dropped_frames, now)
                 elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
                     continue
                 else:

@@ -34,8 +34,16 @@ Rule 5 - Liveness. A worker not heard from for ``liveness x heartbeat_interval``
   error reply. A worker that sends reconnect (0x06) leaves the same way, at once (dcp
   extension); so does a worker the driver cannot send to.
 Rule 6 - Bounds and bad input. A malformed message, or one that breaks a limit, is counted by
-  reason, logged once per peer, and dropped; when its sender can be told (a request), it gets
-  a dcp error reply instead. Nothing raises out of :meth:`BrokerCore.receive`.
+  reason, logged once per peer, and dropped; when its sender can be told (a request, even one
+  cut short at a size or frame limit, if its metadata survived), it gets a dcp error reply
+  instead. Nothing raises out of :meth:`BrokerCore.receive`. Per client (the request's client
+  address), at most ``max_client_queued`` requests wait in queues and at most
+  ``max_client_inflight`` are accepted and unanswered (queued or held by workers); past
+  either, the request gets a ``client_limit`` error reply.
+Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, see
+  :func:`~dcp._messages.work_timeout_option`; else the broker's ``work_timeout``, if any).
+  A worker that holds it longer than that is treated as lost, as in Rule 5: it is sent
+  reconnect and removed, and what it held is redelivered, within ``max_redeliveries``.
 
 What the core does NOT do: socket options, message-size limits (zmq's MAXMSGSIZE in the
 driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
@@ -43,6 +51,7 @@ driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections import OrderedDict, deque
 
@@ -50,7 +59,14 @@ import attrs
 
 from ._codec import PROTOCOL, TYPE_FRAMES, parse
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
-from ._messages import MessageType, Register, Reply, Request, error_reply_data
+from ._messages import (
+    MessageType,
+    Register,
+    Reply,
+    Request,
+    error_reply_data,
+    parse_work_timeout,
+)
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
 
@@ -59,10 +75,31 @@ logger = logging.getLogger("dcp.broker")
 _REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
 
+class _Load:
+    """What the broker holds for one client address (Rule 6)."""
+
+    __slots__ = ("inflight", "queued")
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.inflight = 0
+
+
 class _Pending:
     """A request in a queue or held by a worker."""
 
-    __slots__ = ("client", "metadata", "redeliveries", "seq", "service", "tail")
+    __slots__ = (
+        "client",
+        "holder",
+        "load",
+        "metadata",
+        "redeliveries",
+        "seq",
+        "service",
+        "tail",
+        "token",
+        "work_timeout",
+    )
 
     def __init__(
         self,
@@ -71,6 +108,8 @@ class _Pending:
         client: bytes,
         metadata: tuple[bytes, ...],
         tail: list[bytes],
+        load: _Load,
+        work_timeout: float | None,
     ) -> None:
         #: Arrival order, to serve a multi-service worker the oldest request first.
         self.seq = seq
@@ -80,6 +119,12 @@ class _Pending:
         #: The frames after the type frame, ready to send: service, client, "", meta, "", data.
         self.tail = tail
         self.redeliveries = 0
+        self.load = load
+        self.work_timeout = work_timeout
+        #: The worker holding it, if any.
+        self.holder: _Worker | None = None
+        #: Counts dispatches: a work-timeout entry is live only while its token matches.
+        self.token = 0
 
 
 class _Service:
@@ -142,10 +187,14 @@ class BrokerStatistics:
     unmatched: int
     #: Workers removed because they were silent for too long.
     expired_workers: int
+    #: Workers removed because they held a request past its work timeout (Rule 7).
+    work_timeouts: int
     #: Messages refused, by reason (also malformed ones, by ProtocolError reason).
     rejections: dict[str, int]
     #: Registered workers.
     workers: int
+    #: Clients with requests accepted and not yet answered (queued or held).
+    clients: int
     #: Per-service workers, idle workers and queue depth.
     services: dict[bytes, ServiceStatistics]
 
@@ -168,6 +217,12 @@ class BrokerCore:
     :param max_held: requests tracked per worker for redelivery; past this (only a worker
         that changes metadata, so its answers match nothing, gets there) the oldest is
         no longer tracked (counted as ``held_overflow``)
+    :param max_client_queued: requests of one client waiting in queues; more get a
+        ``client_limit`` error reply
+    :param max_client_inflight: requests of one client accepted and not yet answered
+        (queued or held by a worker); more get a ``client_limit`` error reply
+    :param work_timeout: seconds a worker may hold a request that does not carry its own
+        work timeout (``None``: no limit); past it the worker is treated as lost (Rule 7)
     """
 
     def __init__(
@@ -183,9 +238,14 @@ class BrokerCore:
         max_width_peers: int = 65_536,
         max_held: int = 10_000,
         max_services_per_worker: int = 256,
+        max_client_queued: int = 10_000,
+        max_client_inflight: int = 20_000,
+        work_timeout: float | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
+        if work_timeout is not None and not 0 < work_timeout < float("inf"):
+            raise ValueError("work_timeout must be None or a positive finite number")
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
         self.allow_foreign_address = allow_foreign_address
@@ -196,6 +256,9 @@ class BrokerCore:
         self.max_width_peers = max_width_peers
         self.max_held = max_held
         self.max_services_per_worker = max_services_per_worker
+        self.max_client_queued = max_client_queued
+        self.max_client_inflight = max_client_inflight
+        self.work_timeout = work_timeout
         #: Messages to send, ROUTER-side (routing id first). The driver empties it.
         self.outbox: list[list[bytes]] = []
         self._timeout = heartbeat_interval * liveness
@@ -216,11 +279,20 @@ class BrokerCore:
         self._reconnects_sent = 0
         self._unmatched = 0
         self._undeliverable = 0
+        self._work_timeouts = 0
+        self._loads: dict[bytes, _Load] = {}
+        # Work-timeout deadlines of held requests: (when, seq, token, request), lazily
+        # deleted (an entry is live while its request's holder is set and token matches).
+        self._deadlines: list[tuple[float, int, int, _Pending]] = []
+        self._timed_held = 0
+        # The time of the call being handled (receive or expire), for work-timeout deadlines.
+        self._now = 0.0
 
     # ------------------------------------------------------------------ input
 
     def receive(self, frames: list[bytes], now: float) -> None:
         """Handle one message as received by the ROUTER (routing id first)."""
+        self._now = now
         peer = frames[0]
         try:
             msg, width = parse(frames[1:])
@@ -264,15 +336,19 @@ class BrokerCore:
         else:
             self._remove_worker(worker)
 
-    def reject_too_many_frames(self, peer: bytes, kept: int, dropped: int) -> None:
-        """The driver cut a message at its frame limit: count and log it."""
+    def reject_too_many_frames(self, frames: list[bytes], dropped: int, now: float) -> None:
+        """The driver cut a message at its frame limit, keeping ``frames`` (routing id
+        first): count and log it, and answer it with an error reply if it is a request
+        whose metadata was kept."""
+        kept = len(frames) - 1
         exc = TooManyFrames(f"{kept + dropped} frames; the limit is {kept}")
-        self._reject(peer, exc.reason, str(exc))
+        self._reject_cut(frames, exc.reason, str(exc), now)
 
-    def reject_too_large(self, peer: bytes, nbytes: int, limit: int) -> None:
-        """The driver found a message over its size limit: count and log it."""
+    def reject_too_large(self, frames: list[bytes], nbytes: int, limit: int, now: float) -> None:
+        """The driver found a message over its size limit and kept only ``frames`` of it:
+        as :meth:`reject_too_many_frames`."""
         exc = MessageTooLarge(f"{nbytes} bytes; the limit is {limit}")
-        self._reject(peer, exc.reason, str(exc))
+        self._reject_cut(frames, exc.reason, str(exc), now)
 
     def undeliverable(self, frames: list[bytes], why: str) -> None:
         """The driver could not send ``frames`` (its peer is gone, or its queue is full).
@@ -293,7 +369,24 @@ class BrokerCore:
             self._undeliverable += 1
 
     def expire(self, now: float) -> None:
-        """Remove workers silent for ``liveness x heartbeat_interval``; redeliver their work."""
+        """Remove workers silent for ``liveness x heartbeat_interval`` (Rule 5) and workers
+        holding a request past its work timeout (Rule 7); redeliver their work."""
+        self._now = now
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, token, pending = heapq.heappop(deadlines)
+            worker = pending.holder
+            if worker is None or token != pending.token:
+                continue
+            logger.warning(
+                "worker %s held a request for %r past its work timeout (%.3f s): removing it",
+                worker.ident.hex(),
+                pending.service.name[:64],
+                pending.work_timeout,
+            )
+            self._work_timeouts += 1
+            self._send(worker.ident, worker.width, MessageType.RECONNECT)
+            self._remove_worker(worker)
         order = self._by_activity
         workers = self._workers
         while order:
@@ -306,12 +399,48 @@ class BrokerCore:
             self._remove_worker(worker)
 
     def next_expiry(self) -> float | None:
-        """When the next worker will expire if it stays silent (``None``: no workers)."""
-        if not self._by_activity:
-            return None
-        return self._workers[next(iter(self._by_activity))].expiry
+        """When :meth:`expire` next has something to do, unless messages arrive first
+        (``None``: nothing to expire)."""
+        when = None
+        if self._by_activity:
+            when = self._workers[next(iter(self._by_activity))].expiry
+        deadlines = self._deadlines
+        while deadlines and (
+            deadlines[0][3].holder is None or deadlines[0][2] != deadlines[0][3].token
+        ):
+            heapq.heappop(deadlines)  # answered or redelivered: stale
+        if deadlines:
+            top = deadlines[0][0]
+            when = top if when is None or top < when else when
+        return when
 
     # ------------------------------------------------------------ handlers
+
+    def _reject_cut(self, frames: list[bytes], reason: str, detail: str, now: float) -> None:
+        """A message cut at a limit: an error reply if it is a request with its metadata."""
+        self._now = now
+        peer = frames[0]
+        try:
+            msg, width = parse(frames[1:])
+        except RemoteProtocolError:
+            msg, width = None, 1
+        if not isinstance(msg, Request):
+            self._reject(peer, reason, detail)
+            return
+        worker = self._workers.get(peer)
+        if worker is None and width == 4:
+            self._wide[peer] = None
+        client = msg.client
+        released = False
+        if worker is not None and client is not None:
+            # A worker forwarding a request it holds: that one is finished, and its client
+            # is the one to tell.
+            released = self._release(worker, client, msg.metadata)
+        elif client is None or (client != peer and not self.allow_foreign_address):
+            client = peer
+        self._refuse(client, msg.metadata, reason, detail)
+        if worker is not None:
+            self._credit(worker, released=released)
 
     def _on_request(self, peer: bytes, worker: _Worker | None, msg: Request, width: int) -> None:
         client = msg.client
@@ -347,17 +476,37 @@ class BrokerCore:
             if len(self._services) >= self.max_services:
                 return "too_many_services", f"{len(self._services)} services already known"
             service = self._services[name] = _Service(name)
-        if len(service.queue) >= self.max_queue:
+        idle = service.idle
+        if not idle and len(service.queue) >= self.max_queue:
             return "queue_full", f"queue for {name[:64]!r} is full"
+        load = self._loads.get(client)
+        if load is None:
+            load = _Load()
+        if load.inflight >= self.max_client_inflight:
+            return "client_limit", f"{load.inflight} requests of this client unanswered"
+        if not idle and load.queued >= self.max_client_queued:
+            return "client_limit", f"{load.queued} requests of this client queued"
+        if not load.inflight:
+            self._loads[client] = load
+        metadata = msg.metadata
+        work_timeout = self.work_timeout
+        for part in metadata:
+            if part[:1] == b"\xff":
+                option = parse_work_timeout(part)
+                if option is not None:
+                    work_timeout = option
+                    break
         self._requests += 1
         if forward:
             self._forwards += 1
-        tail = [name, client, b"", *msg.metadata, b"", *msg.data]
-        pending = _Pending(self._requests, service, client, msg.metadata, tail)
-        if service.idle:
-            self._dispatch(next(iter(service.idle.values())), pending)
+        load.inflight += 1
+        tail = [name, client, b"", *metadata, b"", *msg.data]
+        pending = _Pending(self._requests, service, client, metadata, tail, load, work_timeout)
+        if idle:
+            self._dispatch(next(iter(idle.values())), pending)
         else:
             service.queue.append(pending)
+            load.queued += 1
         return None
 
     def _on_reply(self, peer: bytes, worker: _Worker | None, msg: Reply) -> None:
@@ -421,7 +570,9 @@ class BrokerCore:
                     best = service
             if best is None:
                 break
-            self._dispatch(worker, best.queue.popleft())
+            pending = best.queue.popleft()
+            pending.load.queued -= 1
+            self._dispatch(worker, pending)
         if worker.credit:
             ident = worker.ident
             for service in services:
@@ -443,9 +594,24 @@ class BrokerCore:
         held = worker.held
         if len(held) >= self.max_held:
             # Only a worker that changes metadata gets here: stop tracking its oldest.
-            del held[0]
+            self._finish(held.pop(0))
             self._count("held_overflow")
         held.append(pending)
+        pending.holder = worker
+        if pending.work_timeout is not None:
+            pending.token += 1
+            self._timed_held += 1
+            deadlines = self._deadlines
+            heapq.heappush(
+                deadlines,
+                (self._now + pending.work_timeout, pending.seq, pending.token, pending),
+            )
+            if len(deadlines) > 2 * self._timed_held + 1024:
+                # Mostly answered requests' entries: keep the live ones (amortised O(1)).
+                self._deadlines = [
+                    e for e in deadlines if e[3].holder is not None and e[2] == e[3].token
+                ]
+                heapq.heapify(self._deadlines)
         self._dispatched += 1
         self.outbox.append(
             [
@@ -468,9 +634,24 @@ class BrokerCore:
         for i, pending in enumerate(worker.held):
             if pending.client == client and pending.metadata == metadata:
                 del worker.held[i]
+                self._finish(pending)
                 return True
         self._unmatched += 1
         return False
+
+    def _unhold(self, pending: _Pending) -> None:
+        """``pending`` is no longer held by a worker."""
+        pending.holder = None
+        if pending.work_timeout is not None:
+            self._timed_held -= 1
+
+    def _finish(self, pending: _Pending) -> None:
+        """The broker is done with held ``pending`` (answered, or no longer tracked)."""
+        self._unhold(pending)
+        load = pending.load
+        load.inflight -= 1
+        if not load.inflight:
+            self._loads.pop(pending.client, None)
 
     def _remove_worker(self, worker: _Worker) -> None:
         """Rule 5: forget the worker; its held requests go back to the front of the queue."""
@@ -489,6 +670,7 @@ class BrokerCore:
             pending.redeliveries += 1
             service = pending.service
             if pending.redeliveries > self.max_redeliveries:
+                self._finish(pending)
                 self._count("redelivery_limit")
                 self._error_reply(
                     pending.client,
@@ -497,12 +679,16 @@ class BrokerCore:
                     f"request given to {pending.redeliveries} workers that all went away",
                 )
                 continue
+            self._unhold(pending)
             self._redeliveries += 1
             service.queue.appendleft(pending)
+            pending.load.queued += 1
         for pending in held:
             service = pending.service
             while service.idle and service.queue:
-                self._dispatch(next(iter(service.idle.values())), service.queue.popleft())
+                queued = service.queue.popleft()
+                queued.load.queued -= 1
+                self._dispatch(next(iter(service.idle.values())), queued)
 
     # ------------------------------------------------------------- output
 
@@ -559,8 +745,10 @@ class BrokerCore:
             reconnects_sent=self._reconnects_sent,
             unmatched=self._unmatched,
             expired_workers=self._expired,
+            work_timeouts=self._work_timeouts,
             rejections=dict(self._rejections),
             workers=len(self._workers),
+            clients=len(self._loads),
             services={
                 name: ServiceStatistics(s.workers, len(s.idle), len(s.queue))
                 for name, s in self._services.items()

@@ -56,6 +56,14 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         liveness=args.liveness,
         allow_foreign_address=args.allow_foreign_address,
+        max_queue=args.max_queue,
+        max_message_size=args.max_message_size,
+        max_frames=args.max_frames,
+        max_client_queued=args.max_client_queued,
+        max_client_inflight=args.max_client_inflight,
+        work_timeout=args.work_timeout,
+        send_hwm=args.send_hwm,
+        max_redeliveries=args.max_redeliveries,
     )
 
     async def run() -> None:
@@ -187,6 +195,21 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let non-workers send requests carrying another client's address",
     )
+    limits = p.add_argument_group("limits (see docs/reliability.md)")
+    limits.add_argument(
+        "--work-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="default time a worker may hold a request before it is treated as lost",
+    )
+    limits.add_argument("--max-redeliveries", type=int, default=5, metavar="N")
+    limits.add_argument("--max-queue", type=int, default=100_000, metavar="N")
+    limits.add_argument("--max-client-queued", type=int, default=10_000, metavar="N")
+    limits.add_argument("--max-client-inflight", type=int, default=20_000, metavar="N")
+    limits.add_argument("--max-message-size", type=int, default=256 << 20, metavar="BYTES")
+    limits.add_argument("--max-frames", type=int, default=4096, metavar="N")
+    limits.add_argument("--send-hwm", type=int, default=1000, metavar="MESSAGES")
     p.set_defaults(func=_cmd_broker)
 
     p = sub.add_parser("worker", help="serve a service with an async handler function")

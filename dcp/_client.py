@@ -21,6 +21,7 @@ import anyio.lowlevel
 import zmq
 
 from ._context import get_context
+from ._messages import work_timeout_option
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import AsyncSocket
 
@@ -71,6 +72,13 @@ def payload_parts(payload: Payload) -> Sequence[bytes]:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return (bytes(payload),)
     return payload
+
+
+def request_metadata(metadata: Sequence[bytes], work_timeout: float | None) -> Sequence[bytes]:
+    """The metadata to send: dcp's request options (a work timeout), then the user's."""
+    if work_timeout is None:
+        return metadata
+    return (work_timeout_option(work_timeout), *metadata)
 
 
 def _check_window(window: int) -> None:
@@ -146,6 +154,9 @@ class Client:
     :param batch: messages handled per wake-up before letting other tasks run
     :param rng: source of the retry jitter (default: a fresh :class:`random.Random`)
     :param remember: finished request ids remembered to tell duplicate replies from unknown
+    :param work_timeout: default seconds a worker may hold a request before the broker
+        treats it as lost and gives the request to another worker (``None``: the broker's
+        default); see :doc:`reliability`
     """
 
     def __init__(
@@ -163,8 +174,13 @@ class Client:
         batch: int = 256,
         rng: random.Random | None = None,
         remember: int = 8192,
+        work_timeout: float | None = None,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
+        if work_timeout is not None:
+            work_timeout_option(work_timeout)  # check it now
+        #: Default work timeout of requests (seconds; ``None``: the broker's).
+        self.work_timeout = work_timeout
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
@@ -247,6 +263,7 @@ class Client:
         metadata: Sequence[bytes] = (),
         timeout: float | None = None,  # noqa: ASYNC109 (per attempt, not overall)
         retries: int | None = None,
+        work_timeout: float | None = None,
     ) -> Response:
         """Send a request and wait for its reply.
 
@@ -257,12 +274,14 @@ class Client:
         :param metadata: non-empty parts the worker returns unchanged in the reply
         :param timeout: seconds per attempt (default: the client's)
         :param retries: resends after timed-out attempts (default: the client's)
+        :param work_timeout: seconds a worker may hold it (default: the client's)
         :raises RequestTimeout: no reply after the last attempt
         :raises RemoteError: a dcp error reply (from a worker or the broker)
         :raises anyio.ClosedResourceError: the client is (or was, while waiting) closed
         :raises anyio.BrokenResourceError: the socket failed
         """
         waiter = _Waiter()
+        metadata = self._metadata(metadata, work_timeout)
         rid, frames, deadline = self._start(
             service_bytes(service), data, metadata, timeout, retries, waiter
         )
@@ -283,6 +302,7 @@ class Client:
         metadata: Sequence[bytes] = (),
         timeout: float | None = None,
         retries: int | None = None,
+        work_timeout: float | None = None,
     ) -> AsyncGenerator[Response, None]:
         """Request ``service`` once per payload; yield the replies in input order.
 
@@ -301,6 +321,7 @@ class Client:
         :raises ValueError: ``window`` < 1 (at once, not on iteration)
         """
         _check_window(window)
+        metadata = self._metadata(metadata, work_timeout)
         return self._map(service_bytes(service), payloads, window, metadata, timeout, retries)
 
     def map_unordered(
@@ -312,12 +333,19 @@ class Client:
         metadata: Sequence[bytes] = (),
         timeout: float | None = None,
         retries: int | None = None,
+        work_timeout: float | None = None,
     ) -> AsyncGenerator[tuple[int, Response], None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
         is the payload's position in ``payloads``)."""
         _check_window(window)
+        metadata = self._metadata(metadata, work_timeout)
         return self._map_unordered(
             service_bytes(service), payloads, window, metadata, timeout, retries
+        )
+
+    def _metadata(self, metadata: Sequence[bytes], work_timeout: float | None) -> Sequence[bytes]:
+        return request_metadata(
+            metadata, self.work_timeout if work_timeout is None else work_timeout
         )
 
     async def _map(

@@ -27,6 +27,8 @@ __all__ = [
     "Request",
     "error_reply_data",
     "parse_error_reply",
+    "parse_work_timeout",
+    "work_timeout_option",
 ]
 
 
@@ -151,4 +153,29 @@ def parse_error_reply(data: tuple[bytes, ...] | list[bytes]) -> tuple[str, str] 
             bytes(data[1]).decode("utf-8", "replace"),
             bytes(data[2]).decode("utf-8", "replace"),
         )
+    return None
+
+
+#: Metadata parts that start with this are dcp request options, read by dcp brokers (byte 0xFF
+#: again: no UTF-8 text starts with it). A client puts them right after its request id.
+OPTION_PREFIX = b"\xffDCP:"
+_WORK_TIMEOUT = OPTION_PREFIX + b"work-timeout="
+
+
+def work_timeout_option(seconds: float) -> bytes:
+    """The metadata part asking the broker to take a request back from a worker that has
+    not answered it within ``seconds`` (sent as whole milliseconds, at least 1)."""
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError("work_timeout must be a positive finite number of seconds")
+    return _WORK_TIMEOUT + str(max(1, round(seconds * 1000))).encode()
+
+
+def parse_work_timeout(part: bytes) -> float | None:
+    """The work timeout in seconds if ``part`` is a valid work-timeout option, else ``None``."""
+    if part.startswith(_WORK_TIMEOUT):
+        digits = part[len(_WORK_TIMEOUT) :]
+        if 0 < len(digits) <= 12 and digits.isdigit():
+            millis = int(digits)
+            if millis:
+                return millis / 1000
     return None

@@ -21,9 +21,11 @@ from ._client import (
     _check_window,
     checked_routing_id,
     payload_parts,
+    request_metadata,
     service_bytes,
 )
 from ._context import get_context
+from ._messages import work_timeout_option
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import recv_frames, send_frames
 
@@ -72,8 +74,13 @@ class SyncClient:
         batch: int = 256,
         rng: random.Random | None = None,
         remember: int = 8192,
+        work_timeout: float | None = None,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
+        if work_timeout is not None:
+            work_timeout_option(work_timeout)  # check it now
+        #: Default work timeout of requests (seconds; ``None``: the broker's).
+        self.work_timeout = work_timeout
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
@@ -145,6 +152,7 @@ class SyncClient:
         metadata: Sequence[bytes] = (),
         timeout: float | None = None,
         retries: int | None = None,
+        work_timeout: float | None = None,
     ) -> Response:
         """Send a request and block until its reply (see :meth:`dcp.Client.request`).
 
@@ -154,6 +162,7 @@ class SyncClient:
         :raises RemoteError: a dcp error reply
         :raises anyio.ClosedResourceError: the client is closed
         """
+        metadata = self._metadata(metadata, work_timeout)
         rid = self._start(service_bytes(service), data, metadata, timeout, retries)
         done = self._done
         try:
@@ -173,6 +182,7 @@ class SyncClient:
         metadata: Sequence[bytes] = (),
         timeout: float | None = None,
         retries: int | None = None,
+        work_timeout: float | None = None,
     ) -> Generator[Response, None, None]:
         """Request ``service`` once per payload; yield replies in input order.
 
@@ -182,6 +192,7 @@ class SyncClient:
         :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
         """
         _check_window(window)
+        metadata = self._metadata(metadata, work_timeout)
         return self._map(service_bytes(service), payloads, window, metadata, timeout, retries)
 
     def map_unordered(
@@ -193,11 +204,18 @@ class SyncClient:
         metadata: Sequence[bytes] = (),
         timeout: float | None = None,
         retries: int | None = None,
+        work_timeout: float | None = None,
     ) -> Generator[tuple[int, Response], None, None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
         _check_window(window)
+        metadata = self._metadata(metadata, work_timeout)
         return self._map_unordered(
             service_bytes(service), payloads, window, metadata, timeout, retries
+        )
+
+    def _metadata(self, metadata: Sequence[bytes], work_timeout: float | None) -> Sequence[bytes]:
+        return request_metadata(
+            metadata, self.work_timeout if work_timeout is None else work_timeout
         )
 
     def _map(

@@ -56,7 +56,7 @@ import attrs
 
 from ._codec import parse, serialize
 from ._errors import RemoteError, RemoteProtocolError, RequestTimeout
-from ._messages import Reply, Request, parse_error_reply
+from ._messages import OPTION_PREFIX, Reply, Request, parse_error_reply
 
 __all__ = ["ClientStatistics", "Expired", "Outcome", "RequestTracker", "Response"]
 
@@ -67,7 +67,7 @@ class Response:
 
     :ivar data: the reply's data parts
     :ivar metadata: the request's metadata as the worker returned it (dcp's request id
-        removed)
+        and request options removed)
     """
 
     data: tuple[bytes, ...]
@@ -295,7 +295,10 @@ class RequestTracker:
             self._errors += 1
             return rid, RemoteError(*error)
         self._replies += 1
-        return rid, Response(data, metadata[1:])
+        user = metadata[1:]
+        if user and user[0][:5] == OPTION_PREFIX:
+            user = tuple(part for part in user if not part.startswith(OPTION_PREFIX))
+        return rid, Response(data, user)
 
     # ------------------------------------------------------------------ time
 

@@ -17,7 +17,7 @@ from ._codec import serialize
 from ._context import get_context
 from ._errors import RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
-from ._messages import Message, Reply, Request
+from ._messages import Message, Reply, Request, parse_work_timeout
 from ._worker_core import (
     BrokerLost,
     Forward,
@@ -350,6 +350,11 @@ class Worker:
     async def _handle(self, request: Request, generation: int) -> None:
         message: Reply | Request | None = None
         with anyio.CancelScope() as scope:
+            work_timeout = _work_timeout(request.metadata)
+            if work_timeout is not None:
+                # The broker has given the request to another worker by then (and dropped
+                # us): free the slot rather than finish work nobody will use.
+                scope.deadline = anyio.current_time() + work_timeout
             self._handler_scopes.add(scope)
             try:
                 message = await self._call(request)
@@ -360,6 +365,12 @@ class Worker:
                     self._do(out)
                 if self._stop_deadline is not None:
                     self._wake()
+        if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
+            logger.warning(
+                "handler for service %r cancelled: past the request's work timeout (%.3f s)",
+                self.service,
+                work_timeout,
+            )
 
     async def _call(self, request: Request) -> Reply | Request:
         try:
@@ -376,3 +387,13 @@ class Worker:
     def _cancel_handlers(self) -> None:
         for scope in self._handler_scopes:
             scope.cancel()
+
+
+def _work_timeout(metadata: tuple[bytes, ...]) -> float | None:
+    """The request's work timeout option, if it carries one."""
+    for part in metadata:
+        if part[:1] == b"\xff":
+            seconds = parse_work_timeout(part)
+            if seconds is not None:
+                return seconds
+    return None

@@ -257,6 +257,11 @@ async def test_bad_input_is_counted_and_the_broker_keeps_serving() -> None:
             expected[reason] = expected.get(reason, 0) + 1
         stats = await until(broker, lambda s: sum(s.rejections.values()) >= len(BAD) + 1)
         assert stats.rejections == expected
+        # Requests cut at a limit are answered too: their metadata survived the cut.
+        for reason in ("too_many_frames", "message_too_large"):
+            refusal = await bad.recv_frames()
+            marker, code_part, _ = error_reply_data(reason, "")
+            assert refusal[:-1] == [b"", P, b"\x05", b"BAD", b"", b"", marker, code_part]
         refusal = await bad.recv_frames()
         marker, code, _ = error_reply_data("forbidden_address", "")
         assert refusal[:-1] == [b"", P, b"\x05", b"BAD", b"", b"m", b"", marker, code]

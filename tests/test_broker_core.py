@@ -727,7 +727,7 @@ def test_every_malformed_message_in_a_row() -> None:
 
 def test_too_many_frames_from_the_driver_is_counted() -> None:
     core = BrokerCore()
-    core.reject_too_many_frames(C1, 10, 5)
+    core.reject_too_many_frames([C1, b"", P, b"\x02"], 5, 0.0)
     assert core.statistics().rejections == {"too_many_frames": 1}
     assert core.outbox == []
 

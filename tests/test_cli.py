@@ -270,3 +270,13 @@ def test_demo_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     assert "  replies ok   40\n  errors       0\n" in captured.out
     assert "40/40" in captured.err  # the progress bar
+
+
+def test_broker_limits_from_the_command_line(procs: list[Proc]) -> None:
+    broker = start(procs, "broker", "--bind", "tcp://127.0.0.1:0", "--max-client-queued", "0")
+    (tcp,) = broker.read_lines(1)
+    # No worker, and no client may queue anything: refused at once with an error reply.
+    code, out, err = run("call", "--connect", tcp, "--retries", "0", "nobody", "x")
+    assert code != 0
+    assert out == ""
+    assert "client_limit" in err

@@ -47,7 +47,7 @@ from dcp._context import get_context
 pytestmark = pytest.mark.anyio
 
 #: Garbage messages really sent (EAGAIN drops excluded) in CI; ``DCP_FUZZ_COUNT`` raises it.
-FUZZ_COUNT = max(20_000, int(os.environ.get("DCP_FUZZ_COUNT", "0") or 0))
+FUZZ_COUNT = max(100_000, int(os.environ.get("DCP_FUZZ_COUNT", "0") or 0))
 SEED = int(os.environ.get("DCP_FUZZ_SEED", "20240605"))
 #: Valid echo requests, at least (more are sent while the garbage lasts).
 VALID_COUNT = 300
@@ -68,8 +68,8 @@ ALL_IDS = (*STRANGERS, *FUZZ_WORKERS, OVERSIZE, CLIENT_ID)
 #: Broker liveness: fuzz workers stay silent after the garbage; they must not expire before
 #: the final accounting.
 LIVENESS = 30
-#: Seconds allowed for the garbage phase (about 2 s per backend for 20,000 here).
-PHASE_LIMIT = 25 * max(1.0, FUZZ_COUNT / 20_000)
+#: Seconds allowed for the garbage phase (about 9 s per backend for 100,000 here).
+PHASE_LIMIT = 60 * max(1.0, FUZZ_COUNT / 100_000)
 
 #: Reasons whose count depends only on the bytes (not on the sender's role).
 BYTE_REASONS = frozenset(
