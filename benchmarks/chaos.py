@@ -53,10 +53,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import chaos_figures
+from . import chaos_deadlines, chaos_figures
+from .chaos_deadlines import DeadlineConfig
 from .chaos_figures import Phase
-from .chaos_peers import read_events
-from .procs import Proc, ProcessFailed, Procs
+from .chaos_peers import read_events, worker_argv
+from .procs import Proc, ProcessFailed, Procs, alive
 from .variants import free_port
 
 __all__ = ["Config", "Event", "main", "run", "schedule"]
@@ -83,6 +84,9 @@ class Config:
     retries: int = 10
     backoff: float = 0.05
     backoff_max: float = 1.0
+    #: Work timeout each request carries (``None``: none; the async hang then needs the
+    #: client's retry).
+    work_timeout: float | None = None
     #: Mean seconds between worker SIGKILLs in the worker-kills phase.
     kill_every: float = 0.8
     #: Seconds between a broker's SIGKILL and the start of its successor.
@@ -99,6 +103,12 @@ class Config:
     broker_args: tuple[str, ...] = ()
     #: Where the logs and event files go (default: a temporary directory, removed).
     logs: str | None = None
+
+    @property
+    def slow(self) -> float:
+        """Replies slower than this are listed one by one (a hung request's is)."""
+        shortest = min(self.timeout, self.heartbeat * self.liveness, self.work_timeout or 1.0)
+        return min(0.3, 0.5 * shortest)
 
     @property
     def n_cycles(self) -> int:
@@ -206,28 +216,17 @@ class _Run:
         cfg = self.cfg
         index = self.workers_started
         self.workers_started += 1
-        backend = ("trio", "asyncio")[index % 2]
-        return self.start(
-            f"worker-{index}-{mode}",
-            "benchmarks.chaos_peers",
-            "--backend",
-            backend,
-            "worker",
-            "--endpoint",
+        argv = worker_argv(
             self.endpoint,
-            "--events",
             str(self.log_dir / "events.jsonl"),
-            "--mode",
-            mode,
-            "--hang-for",
-            str(cfg.hang_for),
-            "--work",
-            str(cfg.work),
-            "--heartbeat-interval",
-            str(cfg.heartbeat),
-            "--liveness",
-            str(cfg.liveness),
+            backend=("trio", "asyncio")[index % 2],
+            mode=mode,
+            work=cfg.work,
+            hang_for=cfg.hang_for,
+            heartbeat=cfg.heartbeat,
+            liveness=cfg.liveness,
         )
+        return self.start(f"worker-{index}-{mode}", *argv)
 
     def start_client(self, index: int, start: float) -> Proc:
         cfg = self.cfg
@@ -263,6 +262,9 @@ class _Run:
             str(cfg.backoff_max),
             "--bucket",
             str(cfg.bucket),
+            "--slow",
+            str(cfg.slow),
+            *(["--work-timeout", str(cfg.work_timeout)] if cfg.work_timeout else []),
         )
 
     def check_alive(self) -> None:
@@ -317,16 +319,6 @@ def _sleep_until(t: float) -> None:
         time.sleep(delay)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - a reused PID of another user
-        return False
-    return True
-
-
 def run(cfg: Config) -> dict[str, Any]:
     """Run the chaos test; returns its record (settings, faults, figures, leftovers)."""
     events, phases = schedule(cfg)
@@ -346,7 +338,7 @@ def run(cfg: Config) -> dict[str, Any]:
             except BaseException:
                 sys.stderr.write(procs.tails(12) + "\n")
                 raise
-        leftovers = [pid for pid in state.pids if _alive(pid)]
+        leftovers = [pid for pid in state.pids if alive(pid)]
         worker_events = read_events(str(log_dir / "events.jsonl"))
     finally:
         if tmp is not None:
@@ -428,6 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d = Config()
+    dd = DeadlineConfig()
+    parser.add_argument("--scenario", choices=["faults", "deadlines"], default="faults")
+    parser.add_argument("--rounds", type=int, default=1, help="runs, seeds --seed, +1, ...")
     parser.add_argument("--duration", type=float, default=d.duration, help="seconds of load")
     parser.add_argument("--cycles", type=int, default=d.cycles, help="0: one per 20 s")
     parser.add_argument("--workers", type=int, default=d.workers)
@@ -438,40 +433,89 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--liveness", type=int, default=d.liveness)
     parser.add_argument("--timeout", type=float, default=d.timeout, help="client, per attempt")
     parser.add_argument("--retries", type=int, default=d.retries, help="client resends")
+    parser.add_argument(
+        "--work-timeout", type=float, default=None, help="seconds, carried by every request"
+    )
     parser.add_argument("--kill-every", type=float, default=d.kill_every, help="seconds")
     parser.add_argument("--downtime", type=float, default=d.downtime, help="seconds")
     parser.add_argument("--hang-for", type=float, default=d.hang_for, help="seconds")
     parser.add_argument("--work", type=float, default=d.work, help="seconds per request")
-    parser.add_argument("--logs", default=None, help="keep logs and events in this directory")
-    parser.add_argument("--json", default=None, help="write the record to this file")
-    args = parser.parse_args(argv)
-    cfg = Config(
-        duration=args.duration,
-        cycles=args.cycles,
-        workers=args.workers,
-        clients=args.clients,
-        window=args.window,
-        seed=args.seed,
-        heartbeat=args.heartbeat,
-        liveness=args.liveness,
-        timeout=args.timeout,
-        retries=args.retries,
-        kill_every=args.kill_every,
-        downtime=args.downtime,
-        hang_for=args.hang_for,
-        work=args.work,
-        logs=args.logs,
+    parser.add_argument(
+        "--slow-work", type=float, default=dd.slow_work, help="deadlines: the long job, s"
     )
-    result = run(cfg)
-    result["command"] = "python -m benchmarks.chaos " + shlex.join(
+    parser.add_argument(
+        "--fast-hangs",
+        type=int,
+        default=dd.fast_hangs,
+        help="deadlines: requests the hanging fast worker hangs on",
+    )
+    parser.add_argument("--logs", default=None, help="keep logs and events in this directory")
+    parser.add_argument("--json", default=None, help="write the records to this file")
+    args = parser.parse_args(argv)
+    command = "python -m benchmarks.chaos " + shlex.join(
         list(argv) if argv is not None else sys.argv[1:]
     )
-    print(chaos_figures.render(result["figures"], settings_line(cfg)))
+    runs: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        logs = None if args.logs is None else str(Path(args.logs) / f"round-{r}")
+        if args.scenario == "deadlines":
+            dcfg = DeadlineConfig(
+                slow_work=args.slow_work,
+                fast_hangs=args.fast_hangs,
+                heartbeat=args.heartbeat,
+                liveness=args.liveness,
+                logs=logs,
+            )
+            record = chaos_deadlines.run(dcfg)
+            print(f"round {r + 1}:\n{chaos_deadlines.render(record)}\n", flush=True)
+        else:
+            cfg = Config(
+                duration=args.duration,
+                cycles=args.cycles,
+                workers=args.workers,
+                clients=args.clients,
+                window=args.window,
+                seed=args.seed + r,
+                heartbeat=args.heartbeat,
+                liveness=args.liveness,
+                timeout=args.timeout,
+                retries=args.retries,
+                work_timeout=args.work_timeout,
+                kill_every=args.kill_every,
+                downtime=args.downtime,
+                hang_for=args.hang_for,
+                work=args.work,
+                logs=logs,
+            )
+            record = run(cfg)
+            table = chaos_figures.render(record["figures"], settings_line(cfg))
+            print(f"round {r + 1}: {table}\n", flush=True)
+        runs.append(record)
+    summary: dict[str, Any] = {}
+    if args.scenario == "faults" and len(runs) > 1:
+        summary = chaos_figures.summarize([rec["figures"] for rec in runs])
+        print(f"{len(runs)} rounds:\n{chaos_figures.render_summary(summary)}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    fig = result["figures"]
-    bad = fig["lost"] or fig["wrong"] or fig["duplicates_delivered"] or result["leftovers"]
-    return 1 if bad else 0
+        out = {"command": command, "scenario": args.scenario, "runs": runs, "summary": summary}
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0 if all(_passed(rec) for rec in runs) else 1
+
+
+def _passed(record: dict[str, Any]) -> bool:
+    """Whether a run kept the guarantees: nothing lost, wrong or delivered twice, no
+    process left behind (and, for the deadline scenario, the expected outcomes)."""
+    if record["leftovers"]:
+        return False
+    fig = record["figures"]
+    if record.get("scenario") == "deadlines":
+        fast = fig["fast"]
+        return bool(
+            fig["slow"].get("ok")
+            and fig["doomed"].get("error") == "redelivery_limit"
+            and fast["replies"] == fast["sent"]
+            and not (fast["wrong"] or fast["duplicates"] or fast["errors"])
+        )
+    return not (fig["lost"] or fig["wrong"] or fig["duplicates_delivered"] or fig["errors"])
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ __all__ = [
     "Phase",
     "broker_statistics",
     "compute",
+    "hangs",
     "recovery",
     "render",
 ]
@@ -120,7 +121,7 @@ def broker_statistics(log_text: str) -> dict[str, Any]:
     return out
 
 
-def _hangs(
+def hangs(
     worker_events: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """Each hang, and who answered the hung request in the end (from the slow replies)."""
@@ -141,7 +142,10 @@ def _hangs(
                 "hung_pid": ev["pid"],
                 "answered_by": None if by is None else int(by),
                 "latency_s": latency,
-                "rescued": by is not None and int(by) != int(ev["pid"]),
+                "answered": by is not None,
+                # By another process (not the hung one, registered again after the broker
+                # dropped it).
+                "elsewhere": by is not None and int(by) != int(ev["pid"]),
             }
         )
     return out
@@ -195,7 +199,7 @@ def compute(
         "worker_kills_confirmed": sum(1 for k in kills if k.get("signal") == 9),
         "broker_restarts": len(restarts),
         "recoveries": recoveries,
-        "hangs": _hangs(worker_events, records),
+        "hangs": hangs(worker_events, records),
         "broker_last": dict(broker_stats),
         "phases": [
             {
@@ -268,8 +272,9 @@ def render(fig: Mapping[str, Any], settings: str) -> str:
             f"{fig['worker_kills']} ({fig['worker_kills_confirmed']})",
         ),
         (
-            "hung requests answered by another worker",
-            f"{sum(1 for h in hangs if h['rescued'])} of {len(hangs)}",
+            "hung requests answered / by another worker process",
+            f"{sum(h['answered'] for h in hangs)} / {sum(h['elsewhere'] for h in hangs)} "
+            f"of {len(hangs)}",
         ),
         ("broker SIGKILL + restart", fig["broker_restarts"]),
         ("broker downtime, s (median)", _median([r["downtime_s"] for r in rec])),
@@ -277,7 +282,7 @@ def render(fig: Mapping[str, Any], settings: str) -> str:
         ("restart to 50% throughput, s (median)", _median_opt(rec, "to_50pct_s")),
         ("restart to 90% throughput, s (median)", _median_opt(rec, "to_90pct_s")),
         ("broker redeliveries (last broker)", fig["broker_last"].get("redeliveries")),
-        ("workers expired (last broker)", fig["broker_last"].get("expired_workers")),
+        ("workers removed: silent / past a work timeout (last broker)", _removed(fig)),
         ("messages refused (last broker)", _reasons(fig["broker_last"].get("rejections"))),
         ("latency p50 / p99 / max, ms", _lat(fig["latency_ms"])),
     ]
@@ -296,6 +301,11 @@ def render(fig: Mapping[str, Any], settings: str) -> str:
             for h in hangs
         ]
     return "\n".join(out)
+
+
+def _removed(fig: Mapping[str, Any]) -> str:
+    last = fig["broker_last"]
+    return f"{_fmt(last.get('expired_workers'))} / {_fmt(last.get('work_timeouts'))}"
 
 
 def _reasons(counts: Mapping[str, int] | None) -> str:
@@ -321,3 +331,92 @@ def _lat(lat: Mapping[str, float]) -> str:
     if not lat:
         return "-"
     return f"{lat['p50']:.0f} / {lat['p99']:.0f} / {lat['max']:.0f}"
+
+
+def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several runs' figures in one: totals of what must be 0 and of the faults, and the
+    medians (with min and max) of the rest."""
+
+    def total(key: str) -> int:
+        return sum(int(f[key]) for f in runs)
+
+    recs = [r for f in runs for r in f["recoveries"]]
+    hung = [h for f in runs for h in f["hangs"]]
+    phases: dict[str, list[float]] = {}
+    for f in runs:
+        for p in f["phases"]:
+            phases.setdefault(p["name"], []).append(p["rate"])
+    return {
+        "rounds": len(runs),
+        "sent": total("sent"),
+        "replies": total("replies"),
+        "lost": total("lost"),
+        "wrong": total("wrong"),
+        "duplicates_delivered": total("duplicates_delivered"),
+        "errors": sum(sum(f["errors"].values()) for f in runs),
+        "worker_kills": total("worker_kills"),
+        "broker_restarts": total("broker_restarts"),
+        "hangs": len(hung),
+        "hangs_answered": sum(1 for h in hung if h["answered"]),
+        "hangs_elsewhere": sum(1 for h in hung if h["elsewhere"]),
+        "spread": {
+            "overall replies/s": _spread([f["overall_rate"] for f in runs]),
+            "client retries per run": _spread([f["client_retries"] for f in runs]),
+            "requests run more than once, per run": _spread(
+                [f["requests_run_more_than_once"] for f in runs]
+            ),
+            "broker downtime, s": _spread([r["downtime_s"] for r in recs]),
+            "restart to first reply, s": _spread([r["first_reply_s"] for r in recs]),
+            "restart to 50% throughput, s": _spread([r["to_50pct_s"] for r in recs]),
+            "restart to 90% throughput, s": _spread([r["to_90pct_s"] for r in recs]),
+            **{
+                f"{mode} request answered after, s": _spread(
+                    [h["latency_s"] for h in hung if h["mode"] == mode]
+                )
+                for mode in sorted({h["mode"] for h in hung})
+            },
+            "latency p50, ms": _spread([f["latency_ms"].get("p50") for f in runs]),
+            "latency p99, ms": _spread([f["latency_ms"].get("p99") for f in runs]),
+            **{f"{name} replies/s": _spread(rates) for name, rates in phases.items()},
+        },
+    }
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, Any]:
+    present = sorted(float(v) for v in values if v is not None)
+    return {
+        "median": _median(present),
+        "min": present[0] if present else None,
+        "max": present[-1] if present else None,
+        "missing": len(values) - len(present),
+    }
+
+
+def render_summary(summary: Mapping[str, Any]) -> str:
+    """The summary of several runs as Markdown tables."""
+    s = summary
+    rows = [
+        ("requests sent / replies received (all rounds)", f"{s['sent']} / {s['replies']}"),
+        ("lost / wrong / duplicates delivered / error replies (all rounds)",
+         f"{s['lost']} / {s['wrong']} / {s['duplicates_delivered']} / {s['errors']}"),
+        ("worker SIGKILLs / broker restarts (all rounds)",
+         f"{s['worker_kills']} / {s['broker_restarts']}"),
+        ("hung requests answered / by another worker process",
+         f"{s['hangs_answered']} / {s['hangs_elsewhere']} of {s['hangs']}"),
+    ]  # fmt: skip
+    out = ["| figure (totals) | value |", "|---|---:|"]
+    out += [f"| {name} | {value} |" for name, value in rows]
+    out += ["", "| figure | median | min | max |", "|---|---:|---:|---:|"]
+    for name, sp in s["spread"].items():
+        never = f" ({sp['missing']} never)" if sp["missing"] else ""
+        cells = (_fmt_num(sp["median"]), _fmt_num(sp["min"]), _fmt_num(sp["max"]))
+        out.append(f"| {name} | {cells[0]}{never} | {cells[1]} | {cells[2]} |")
+    return "\n".join(out)
+
+
+def _fmt_num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2f}"

@@ -46,9 +46,7 @@ from .common import ready
 
 __all__ = ["EventLog", "Tally", "main", "read_events"]
 
-#: Replies slower than this (seconds) are listed one by one in the client's record.
-SLOW = 0.3
-#: Most slow replies listed.
+#: Most slow replies listed (see ``--slow``).
 MAX_SLOW = 5000
 
 
@@ -83,7 +81,50 @@ def read_events(path: str) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- worker
 
 
-async def _serve_worker(args: argparse.Namespace) -> None:
+def worker_argv(
+    endpoint: str,
+    events: str,
+    *,
+    backend: str = "trio",
+    service: str = "chaos",
+    mode: str = "normal",
+    count: int = 1,
+    work: float = 0.001,
+    hang_for: float = 3.0,
+    hang_count: int = 1,
+    heartbeat: float = 1.0,
+    liveness: int = 3,
+) -> list[str]:
+    """The arguments of ``python -m`` for a worker process."""
+    return [
+        "benchmarks.chaos_peers",
+        "--backend",
+        backend,
+        "worker",
+        "--endpoint",
+        endpoint,
+        "--events",
+        events,
+        "--service",
+        service,
+        "--mode",
+        mode,
+        "--count",
+        str(count),
+        "--work",
+        str(work),
+        "--hang-for",
+        str(hang_for),
+        "--hang-count",
+        str(hang_count),
+        "--heartbeat-interval",
+        str(heartbeat),
+        "--liveness",
+        str(liveness),
+    ]
+
+
+async def _serve_workers(args: argparse.Namespace) -> None:
     log = EventLog(args.events)
     pid = os.getpid()
     pid_bytes = str(pid).encode()
@@ -92,36 +133,50 @@ async def _serve_worker(args: argparse.Namespace) -> None:
     async def handler(request: dcp.Request) -> list[bytes]:
         nonlocal hangs_left
         payload = request.data[0] if request.data else b""
-        log.write(ev="run", id=payload.decode(errors="replace"), pid=pid)
+        rid = payload.decode(errors="replace")
+        log.write(ev="run", id=rid, pid=pid)
         if hangs_left > 0:
             hangs_left -= 1
-            log.write(ev="hang", mode=args.mode, id=payload.decode(), pid=pid, t=time.monotonic())
-            if args.mode == "hang-block":
-                time.sleep(args.hang_for)  # noqa: ASYNC251 (the point: a stalled process)
-            else:
-                await anyio.sleep(args.hang_for)
-            log.write(ev="hang_end", id=payload.decode(), pid=pid, t=time.monotonic())
+            log.write(ev="hang", mode=args.mode, id=rid, pid=pid, t=time.monotonic())
+            cancelled = True
+            try:
+                if args.mode == "hang-block":
+                    time.sleep(args.hang_for)  # noqa: ASYNC251 (the point: a stalled process)
+                else:
+                    await anyio.sleep(args.hang_for)
+                cancelled = False
+            finally:
+                # Cancelled: the worker gave up at the request's work timeout.
+                log.write(ev="hang_end", id=rid, pid=pid, t=time.monotonic(), cancelled=cancelled)
         elif args.work > 0:
             await anyio.sleep(args.work)
         return [b"ok:" + payload, pid_bytes]
 
-    worker = dcp.Worker(
-        args.endpoint,
-        args.service,
-        handler,
-        concurrency=args.concurrency,
-        heartbeat_interval=args.heartbeat_interval,
-        liveness=args.liveness,
-    )
+    workers = [
+        dcp.Worker(
+            args.endpoint,
+            args.service,
+            handler,
+            concurrency=args.concurrency,
+            heartbeat_interval=args.heartbeat_interval,
+            liveness=args.liveness,
+        )
+        for _ in range(args.count)
+    ]
     async with anyio.create_task_group() as tg:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            await tg.start(worker.serve)
-            log.write(ev="ready", pid=pid, t=time.monotonic())
+            for worker in workers:
+                await tg.start(worker.serve)
+            log.write(ev="ready", pid=pid, t=time.monotonic(), service=args.service)
             ready(str(pid))
             async for _ in signals:
-                worker.stop(grace=0.5)
+                for worker in workers:
+                    worker.stop(grace=0.5)
                 break
-    log.write(ev="stopped", pid=pid, t=time.monotonic(), stats=attrs.asdict(worker.statistics()))
+    for worker in workers:
+        log.write(
+            ev="stopped", pid=pid, t=time.monotonic(), stats=attrs.asdict(worker.statistics())
+        )
     log.close()
 
 
@@ -131,8 +186,9 @@ async def _serve_worker(args: argparse.Namespace) -> None:
 class Tally:
     """What one client process saw, checked reply by reply."""
 
-    def __init__(self, name: str, start: float, bucket: float) -> None:
+    def __init__(self, name: str, start: float, bucket: float, slow: float = 0.3) -> None:
         self.name = name
+        self.slow_after = slow
         self.start = start
         self.bucket = bucket
         self.sent = 0
@@ -147,7 +203,7 @@ class Tally:
         #: Replies per whole millisecond of latency.
         self.latency_ms: Counter[int] = Counter()
         self.by_worker: Counter[str] = Counter()
-        #: ``[payload, worker pid, latency s]`` of replies slower than :data:`SLOW`.
+        #: ``[payload, worker pid, latency s]`` of replies slower than ``slow`` seconds.
         self.slow: list[list[Any]] = []
 
     def payload(self, seq: int) -> bytes:
@@ -169,7 +225,7 @@ class Tally:
         self.latency_ms[int(latency * 1000)] += 1
         worker = data[1].decode(errors="replace")
         self.by_worker[worker] += 1
-        if latency >= SLOW and len(self.slow) < MAX_SLOW:
+        if latency >= self.slow_after and len(self.slow) < MAX_SLOW:
             self.slow.append([payload.decode(), worker, round(latency, 4)])
 
     def record(self, stats: dcp.ClientStatistics, mode: str) -> dict[str, Any]:
@@ -198,6 +254,7 @@ def _client_options(args: argparse.Namespace) -> dict[str, Any]:
         "retries": args.retries,
         "backoff": args.backoff,
         "backoff_max": args.backoff_max,
+        "work_timeout": args.work_timeout,
     }
 
 
@@ -208,7 +265,7 @@ async def _wait_until(t: float) -> None:
 
 
 async def _run_async_client(args: argparse.Namespace) -> dict[str, Any]:
-    tally = Tally(args.name, args.start, args.bucket)
+    tally = Tally(args.name, args.start, args.bucket, args.slow)
     service = args.service.encode()
     seq = itertools.count()
     async with dcp.Client(args.endpoint, **_client_options(args)) as client:
@@ -236,7 +293,7 @@ async def _run_async_client(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_sync_client(args: argparse.Namespace) -> dict[str, Any]:
-    tally = Tally(args.name, args.start, args.bucket)
+    tally = Tally(args.name, args.start, args.bucket, args.slow)
     service = args.service.encode()
     seq = itertools.count()
     with dcp.SyncClient(args.endpoint, **_client_options(args)) as client:
@@ -261,6 +318,78 @@ def _run_sync_client(args: argparse.Namespace) -> dict[str, Any]:
         return tally.record(client.statistics(), "sync")
 
 
+async def _one(
+    client: dcp.Client, service: str, payload: bytes, work_timeout: float, attempt: float
+) -> dict[str, Any]:
+    """One request, no retries: what came back and when."""
+    sent_at = time.monotonic()
+    out: dict[str, Any] = {"id": payload.decode()}
+    try:
+        response = await client.request(
+            service, payload, work_timeout=work_timeout, timeout=attempt, retries=0
+        )
+    except dcp.RemoteError as exc:
+        out.update(error=exc.code, message=exc.message)
+    except dcp.RequestTimeout:
+        out.update(error="timeout")
+    else:
+        data = response.data
+        out.update(ok=len(data) == 2 and data[0] == b"ok:" + payload, pid=int(data[1]))
+    out["latency_s"] = round(time.monotonic() - sent_at, 4)
+    return out
+
+
+async def _run_deadline_client(args: argparse.Namespace) -> dict[str, Any]:
+    """One long job (``slow``), one job no worker finishes (``doomed``) and a stream of
+    short ones (``fast``), each with its own work timeout and no client retries: every
+    rescue is the broker's."""
+    tally = Tally("fast", args.start, args.bucket, 0.5 * args.fast_work_timeout)
+    result: dict[str, Any] = {}
+    seq = itertools.count()
+    async with dcp.Client(args.endpoint, retries=0) as client:
+        ready("deadlines")
+        await _wait_until(args.start)
+
+        async def slow() -> None:
+            result["slow"] = await _one(
+                client, "slow", b"slow:0", args.slow_work_timeout, args.slow_timeout
+            )
+
+        async def doomed() -> None:
+            await anyio.sleep(0.2)
+            result["doomed"] = await _one(
+                client, "doomed", b"doomed:0", args.doomed_work_timeout, args.slow_timeout
+            )
+
+        async def fast() -> None:
+            while time.monotonic() < args.until:
+                payload = tally.payload(next(seq))
+                sent_at = time.monotonic()
+                try:
+                    response = await client.request(
+                        "fast",
+                        payload,
+                        work_timeout=args.fast_work_timeout,
+                        timeout=args.fast_timeout,
+                        retries=0,
+                    )
+                except dcp.RequestTimeout:
+                    tally.timeouts += 1
+                except dcp.RemoteError as exc:
+                    tally.errors[exc.code] += 1
+                else:
+                    tally.reply(payload, response.data, sent_at)
+
+        with anyio.move_on_after(args.until + args.drain - time.monotonic()):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow)
+                tg.start_soon(doomed)
+                for _ in range(args.window):
+                    tg.start_soon(fast)
+        result["fast"] = tally.record(client.statistics(), f"async/{args.backend}")
+    return result
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -282,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--hang-for", type=float, default=3.0, help="seconds")
     p.add_argument("--work", type=float, default=0.001, help="seconds per request")
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--count", type=int, default=1, help="workers in this process")
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--liveness", type=int, default=3)
 
@@ -299,14 +429,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--backoff", type=float, default=0.05)
     p.add_argument("--backoff-max", type=float, default=1.0)
     p.add_argument("--bucket", type=float, default=0.01, help="timeline resolution, seconds")
+    p.add_argument("--work-timeout", type=float, default=None, help="per request, seconds")
+    p.add_argument("--slow", type=float, default=0.3, help="list replies slower than this, s")
+
+    p = sub.add_parser("deadline-client")
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--start", type=float, required=True, help="time.monotonic() to start at")
+    p.add_argument("--until", type=float, required=True, help="time.monotonic() to stop at")
+    p.add_argument("--drain", type=float, default=20.0, help="seconds for the last replies")
+    p.add_argument("--window", type=int, default=8, help="fast requests in flight")
+    p.add_argument("--bucket", type=float, default=0.01, help="timeline resolution, seconds")
+    p.add_argument("--slow-work-timeout", type=float, required=True)
+    p.add_argument("--slow-timeout", type=float, required=True, help="slow and doomed jobs")
+    p.add_argument("--doomed-work-timeout", type=float, required=True)
+    p.add_argument("--fast-work-timeout", type=float, required=True)
+    p.add_argument("--fast-timeout", type=float, required=True)
 
     args = parser.parse_args(argv)
     if args.command == "worker":
-        anyio.run(_serve_worker, args, backend=args.backend)
+        anyio.run(_serve_workers, args, backend=args.backend)
         return
     if not math.isfinite(args.until) or args.until < args.start:
         raise SystemExit("chaos_peers client: --until must be a time after --start")
-    if args.mode == "sync":
+    if args.command == "deadline-client":
+        record = anyio.run(_run_deadline_client, args, backend=args.backend)
+    elif args.mode == "sync":
         record = _run_sync_client(args)
     else:
         record = anyio.run(_run_async_client, args, backend=args.backend)

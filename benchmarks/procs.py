@@ -19,9 +19,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Proc", "ProcessFailed", "Procs", "ROOT"]
+__all__ = ["Proc", "ProcessFailed", "Procs", "ROOT", "alive"]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a reused PID of another user: not ours
+        return False
+    return True
 
 
 class ProcessFailed(RuntimeError):

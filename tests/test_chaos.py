@@ -12,11 +12,13 @@ the right answer is known.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 import dcp
@@ -27,8 +29,11 @@ from benchmarks.chaos_figures import Phase
 def _run(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "chaos.json"
     code = chaos.main([*args, "--logs", str(tmp_path / "logs"), "--json", str(out)])
-    record: dict[str, Any] = json.loads(out.read_text())
+    data = json.loads(out.read_text())
+    [record] = data["runs"]
+    record["command"] = data["command"]
     assert code == 0, record["figures"]
+    assert isinstance(record, dict)
     return record
 
 
@@ -49,11 +54,12 @@ def _check(record: dict[str, Any], cycles: int) -> None:
     assert all(f["signal"] == 9 for f in record["faults"] if f["kind"] == "kill_broker")
     assert fig["worker_kills"] >= 2 * cycles
     assert fig["worker_kills_confirmed"] == fig["worker_kills"]
-    # Both hangs happened, and another worker answered each hung request.
+    # Both hangs happened, and another worker process answered each hung request.
     modes = Counter(h["mode"] for h in fig["hangs"])
     assert modes == {"hang-async": cycles, "hang-block": cycles}
     for hang in fig["hangs"]:
-        assert hang["rescued"], hang
+        assert hang["answered"], hang
+        assert hang["elsewhere"], hang
     # The async hang was rescued by the client's retry (after its attempt timeout), the
     # blocking one by the broker's liveness check (held requests are redelivered).
     assert fig["client_retries"] >= 1
@@ -83,6 +89,43 @@ def test_chaos_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert record["command"].startswith("python -m benchmarks.chaos --duration 12")
 
 
+@pytest.mark.timeout(90)
+def test_chaos_deadlines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = _run(tmp_path, "--scenario", "deadlines", "--slow-work", "3")
+    cfg = record["config"]
+    fig = record["figures"]
+    # The long job ran once, to the end, far past the fast requests' work timeout.
+    slow = fig["slow"]
+    assert slow["ok"] is True, slow
+    assert slow["runs"] == 1
+    assert 3.0 <= slow["latency_s"] < 10 * 3.0
+    # Every fast request answered, correctly, once; none needed a client retry (retries=0).
+    fast = fig["fast"]
+    assert fast["replies"] == fast["sent"] > 100
+    assert fast["timeouts"] == fast["unfinished"] == fast["wrong"] == fast["duplicates"] == 0
+    assert fast["errors"] == {}
+    assert fast["retries"] == 0
+    # The hung fast request: the broker gave it to another worker after its work timeout,
+    # and the hung worker cancelled its handler.
+    [hang] = fig["fast_hangs"]
+    assert hang["answered"], hang
+    assert hang["worker_cancelled"]
+    assert cfg["fast_work_timeout"] <= hang["latency_s"] < 10 * cfg["fast_work_timeout"] + 5
+    # The job every worker hangs on: run max_redeliveries + 1 times, then an error reply.
+    doomed = fig["doomed"]
+    assert doomed["error"] == "redelivery_limit", doomed
+    assert doomed["runs"] == cfg["max_redeliveries"] + 1 == fig["doomed_runs_expected"]
+    assert doomed["latency_s"] >= doomed["runs"] * cfg["doomed_work_timeout"]
+    broker = fig["broker_last"]
+    assert broker["work_timeouts"] >= cfg["max_redeliveries"] + 2
+    assert broker["rejections"].get("redelivery_limit") == 1
+    assert record["endpoint"].startswith("tcp://127.0.0.1:")
+    assert record["leftovers"] == []
+    table = capsys.readouterr().out
+    assert "| slow job: runs | 1 |" in table
+    assert "error `redelivery_limit`" in table
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_chaos_long(tmp_path: Path) -> None:
@@ -106,7 +149,7 @@ def test_schedule_is_seeded_and_faults_stay_in_their_phases() -> None:
         "worker kills",
         "hangs",
     ]
-    for a, b in zip(phases, phases[1:], strict=False):
+    for a, b in itertools.pairwise(phases):
         assert a.end == pytest.approx(b.start)
     assert phases[-1].end == pytest.approx(40)
     for ev in events:
@@ -155,21 +198,16 @@ def test_recovery_from_a_synthetic_timeline() -> None:
 
 
 def test_broker_statistics_from_its_log_line() -> None:
-    stats = dcp.BrokerStatistics(
+    # Every counter 0 (whatever fields the broker has by now), a few set.
+    fields: dict[str, Any] = {f.name: 0 for f in attrs.fields(dcp.BrokerStatistics)}
+    fields.update(
         requests=10,
-        replies=9,
-        forwards=0,
-        dispatched=12,
         redeliveries=2,
-        dropped_replies=1,
-        undeliverable=0,
-        reconnects_sent=3,
-        unmatched=1,
         expired_workers=2,
         rejections={"reply_from_non_worker": 1},
-        workers=4,
         services={b"chaos": dcp.ServiceStatistics(workers=4, idle=4, queued=0)},
     )
+    stats = dcp.BrokerStatistics(**fields)
     log = f"x dcp.cli INFO broker listening\nx dcp.cli INFO broker stopped: {stats}\n"
     parsed = chaos_figures.broker_statistics(log)
     assert parsed["redeliveries"] == 2
@@ -237,14 +275,14 @@ def test_compute_and_render() -> None:
     assert fig["per_second"] == [4, 4]
     assert fig["latency_ms"] == {"p50": 1.0, "p99": 900.0, "p999": 900.0, "max": 900.0}
     [rescued, unanswered] = fig["hangs"]
-    assert rescued["rescued"] and rescued["answered_by"] == 12
-    assert not unanswered["rescued"] and unanswered["answered_by"] is None
+    assert rescued["answered"] and rescued["elsewhere"] and rescued["answered_by"] == 12
+    assert not unanswered["answered"] and unanswered["answered_by"] is None
     [rec] = fig["recoveries"]
     assert rec["first_reply_s"] == pytest.approx(0.5)
     assert [p["rate"] for p in fig["phases"]] == [8.0, 0.0, 4.0]
     table = chaos_figures.render(fig, "settings")
     assert table.startswith("settings\n")
     assert "| lost (timed out or unfinished) | 1 |" in table
-    assert "| hung requests answered by another worker | 1 of 2 |" in table
+    assert "| hung requests answered / by another worker process | 1 / 1 of 2 |" in table
     assert "| hang-block | 14 | - | - |" in table
     assert "| messages refused (last broker) | 0 |" in table
