@@ -467,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 logs=logs,
             )
             record = chaos_deadlines.run(dcfg)
-            print(f"round {r + 1}:\n{chaos_deadlines.render(record)}\n", flush=True)
+            print(f"round {r + 1}:\n{chaos_deadlines.render([record])}\n", flush=True)
         else:
             cfg = Config(
                 duration=args.duration,
@@ -495,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.scenario == "faults" and len(runs) > 1:
         summary = chaos_figures.summarize([rec["figures"] for rec in runs])
         print(f"{len(runs)} rounds:\n{chaos_figures.render_summary(summary)}")
+    elif len(runs) > 1:
+        print(f"{len(runs)} rounds:\n{chaos_deadlines.render(runs)}")
     if args.json:
         out = {"command": command, "scenario": args.scenario, "runs": runs, "summary": summary}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

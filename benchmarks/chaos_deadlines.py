@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -213,42 +213,56 @@ def compute(
     }
 
 
-def render(record: Mapping[str, Any]) -> str:
-    """The figures as a Markdown table."""
+def _rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     cfg = record["config"]
     fig = record["figures"]
     slow, doomed, fast = fig["slow"], fig["doomed"], fig["fast"]
     hangs = fig["fast_hangs"]
-    rows = [
-        (
-            f"slow job ({cfg['slow_work']:g} s of work, work timeout "
-            f"{cfg['slow_work'] * 10:g} s)",
-            _outcome(slow),
-        ),
-        ("slow job: runs", slow["runs"]),
+    answered = [h for h in hangs if h["answered"]]
+    latencies = sorted(h["latency_s"] for h in answered)
+    broker = fig["broker_last"]
+    return [
+        (f"slow job ({cfg['slow_work']:g} s of work, work timeout {cfg['slow_work'] * 10:g} s)",
+         _outcome(slow)),
+        ("slow job: runs", str(slow["runs"])),
         (f"fast requests (work timeout {cfg['fast_work_timeout']:g} s): sent / answered",
          f"{fast['sent']} / {fast['replies']}"),
-        ("fast: lost / wrong / duplicates / error replies / client retries",
+        ("fast: lost / wrong / duplicates / client retries",
          f"{fast['timeouts'] + fast['unfinished']} / {fast['wrong']} / {fast['duplicates']} / "
-         f"{sum(fast['errors'].values())} / {fast['retries']}"),
-        ("fast: hung requests answered after, s (by another worker process)",
-         ", ".join(_hang(h) for h in hangs) or "-"),
-        ("fast: hung handler cancelled by its worker", sum(h["worker_cancelled"] for h in hangs)),
+         f"{fast['retries']}"),
+        ("fast: error replies", _codes(fast["errors"])),
+        ("fast: hung requests answered / by another worker process",
+         f"{len(answered)} / {sum(h['elsewhere'] for h in hangs)} of {len(hangs)}"),
+        ("fast: hung request answered after, s (median)",
+         f"{latencies[len(latencies) // 2]:.2f}" if latencies else "-"),
+        ("fast: hung handlers cancelled by their worker",
+         str(sum(h["worker_cancelled"] for h in hangs))),
         (f"doomed job (work timeout {cfg['doomed_work_timeout']:g} s, every worker hangs)",
          _outcome(doomed)),
-        (f"doomed job: runs (max_redeliveries {cfg['max_redeliveries']} + 1)", doomed["runs"]),
+        (f"doomed job: runs (max_redeliveries {cfg['max_redeliveries']} + 1)",
+         str(doomed["runs"])),
         ("broker: work timeouts / redeliveries",
-         f"{fig['broker_last'].get('work_timeouts')} / {fig['broker_last'].get('redeliveries')}"),
+         f"{broker.get('work_timeouts')} / {broker.get('redeliveries')}"),
     ]  # fmt: skip
-    out = ["| figure | value |", "|---|---:|"]
-    out += [f"| {name} | {value} |" for name, value in rows]
-    return "\n".join(out)
 
 
-def _hang(hang: Mapping[str, Any]) -> str:
-    if not hang["answered"]:
-        return "never"
-    return f"{hang['latency_s']:.2f} ({'yes' if hang['elsewhere'] else 'no'})"
+def render(records: Sequence[Mapping[str, Any]]) -> str:
+    """The figures of one or more rounds as a Markdown table (a column per round)."""
+    columns = [_rows(rec) for rec in records]
+    if len(columns) == 1:
+        head = ["| figure | value |", "|---|---:|"]
+    else:
+        rounds = " | ".join(f"round {i + 1}" for i in range(len(columns)))
+        head = [f"| figure | {rounds} |", "|---|" + "---:|" * len(columns)]
+    lines = [
+        f"| {name} | " + " | ".join(col[i][1] for col in columns) + " |"
+        for i, (name, _) in enumerate(columns[0])
+    ]
+    return "\n".join(head + lines)
+
+
+def _codes(errors: Mapping[str, int]) -> str:
+    return ", ".join(f"{code} {n}" for code, n in sorted(errors.items())) or "0"
 
 
 def _outcome(job: Mapping[str, Any]) -> str:
