@@ -57,7 +57,7 @@ from . import chaos_deadlines, chaos_figures
 from .chaos_deadlines import DeadlineConfig
 from .chaos_figures import Phase
 from .chaos_peers import read_events, worker_argv
-from .procs import Proc, ProcessFailed, Procs, alive
+from .procs import Proc, ProcessFailed, Procs, alive, count_tracebacks
 from .variants import free_port
 
 __all__ = ["Config", "Event", "main", "run", "schedule"]
@@ -339,6 +339,7 @@ def run(cfg: Config) -> dict[str, Any]:
                 sys.stderr.write(procs.tails(12) + "\n")
                 raise
         leftovers = [pid for pid in state.pids if alive(pid)]
+        tracebacks = count_tracebacks(log_dir)
         worker_events = read_events(str(log_dir / "events.jsonl"))
     finally:
         if tmp is not None:
@@ -361,6 +362,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "clients": [{k: r[k] for k in ("name", "mode", "sent", "replies")} for r in records],
         "processes": len(state.pids),
         "leftovers": leftovers,
+        "tracebacks": tracebacks,
     }
 
 
@@ -413,7 +415,22 @@ def settings_line(cfg: Config) -> str:
     )
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line. SIGTERM and SIGINT (even where a shell started it in the background
+    with SIGINT ignored) stop the run and kill its processes."""
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.chaos",
         description=__doc__,
@@ -506,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _passed(record: dict[str, Any]) -> bool:
     """Whether a run kept the guarantees: nothing lost, wrong or delivered twice, no
     process left behind (and, for the deadline scenario, the expected outcomes)."""
-    if record["leftovers"]:
+    if record["leftovers"] or record["tracebacks"]:
         return False
     fig = record["figures"]
     if record.get("scenario") == "deadlines":

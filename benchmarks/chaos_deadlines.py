@@ -31,7 +31,7 @@ from typing import Any
 
 from . import chaos_figures
 from .chaos_peers import read_events, worker_argv
-from .procs import Proc, Procs, alive
+from .procs import Proc, Procs, alive, count_tracebacks
 from .variants import free_port
 
 __all__ = ["DeadlineConfig", "render", "run"]
@@ -86,6 +86,7 @@ def run(cfg: DeadlineConfig) -> dict[str, Any]:
                 sys.stderr.write(procs.tails(12) + "\n")
                 raise
         leftovers = [pid for pid in pids if alive(pid)]
+        tracebacks = count_tracebacks(log_dir)
         worker_events = read_events(events)
     finally:
         if tmp is not None:
@@ -100,6 +101,7 @@ def run(cfg: DeadlineConfig) -> dict[str, Any]:
         "figures": figures,
         "processes": len(pids),
         "leftovers": leftovers,
+        "tracebacks": tracebacks,
     }
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Proc", "ProcessFailed", "Procs", "ROOT", "alive"]
+__all__ = ["Proc", "ProcessFailed", "Procs", "ROOT", "alive", "count_tracebacks"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +33,16 @@ def alive(pid: int) -> bool:
     except PermissionError:  # a reused PID of another user: not ours
         return False
     return True
+
+
+def count_tracebacks(log_dir: Path) -> dict[str, int]:
+    """Python tracebacks in the stderr logs of ``log_dir``, per log file that has any."""
+    counts: dict[str, int] = {}
+    for path in sorted(log_dir.glob("*.log")):
+        n = path.read_text(errors="replace").count("Traceback (most recent call last)")
+        if n:
+            counts[path.name] = n
+    return counts
 
 
 class ProcessFailed(RuntimeError):

@@ -77,6 +77,7 @@ def _check(record: dict[str, Any], cycles: int) -> None:
     assert record["endpoint"].startswith("tcp://127.0.0.1:")
     assert record["processes"] >= 1 + 4 + 2 + 2 + fig["worker_kills"]
     assert record["leftovers"] == []
+    assert record["tracebacks"] == {}
 
 
 @pytest.mark.timeout(120)
@@ -121,6 +122,7 @@ def test_chaos_deadlines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert broker["rejections"].get("redelivery_limit") == 1
     assert record["endpoint"].startswith("tcp://127.0.0.1:")
     assert record["leftovers"] == []
+    assert record["tracebacks"] == {}
     table = capsys.readouterr().out
     assert "| slow job: runs | 1 |" in table
     assert "error `redelivery_limit`" in table
