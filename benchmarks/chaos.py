@@ -446,8 +446,18 @@ def _main(argv: Sequence[str] | None) -> int:
     parser.add_argument("--clients", type=int, default=d.clients)
     parser.add_argument("--window", type=int, default=d.window, help="in flight per client")
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--heartbeat", type=float, default=d.heartbeat, help="seconds")
-    parser.add_argument("--liveness", type=int, default=d.liveness)
+    parser.add_argument(
+        "--heartbeat",
+        type=float,
+        default=None,
+        help=f"seconds (default {d.heartbeat}; deadlines: {dd.heartbeat})",
+    )
+    parser.add_argument(
+        "--liveness",
+        type=int,
+        default=None,
+        help=f"default {d.liveness} (deadlines: {dd.liveness})",
+    )
     parser.add_argument("--timeout", type=float, default=d.timeout, help="client, per attempt")
     parser.add_argument("--retries", type=int, default=d.retries, help="client resends")
     parser.add_argument(
@@ -479,8 +489,8 @@ def _main(argv: Sequence[str] | None) -> int:
             dcfg = DeadlineConfig(
                 slow_work=args.slow_work,
                 fast_hangs=args.fast_hangs,
-                heartbeat=args.heartbeat,
-                liveness=args.liveness,
+                heartbeat=dd.heartbeat if args.heartbeat is None else args.heartbeat,
+                liveness=dd.liveness if args.liveness is None else args.liveness,
                 logs=logs,
             )
             record = chaos_deadlines.run(dcfg)
@@ -493,8 +503,8 @@ def _main(argv: Sequence[str] | None) -> int:
                 clients=args.clients,
                 window=args.window,
                 seed=args.seed + r,
-                heartbeat=args.heartbeat,
-                liveness=args.liveness,
+                heartbeat=d.heartbeat if args.heartbeat is None else args.heartbeat,
+                liveness=d.liveness if args.liveness is None else args.liveness,
                 timeout=args.timeout,
                 retries=args.retries,
                 work_timeout=args.work_timeout,

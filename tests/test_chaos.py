@@ -95,10 +95,13 @@ def test_chaos_deadlines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     record = _run(tmp_path, "--scenario", "deadlines", "--slow-work", "3")
     cfg = record["config"]
     fig = record["figures"]
-    # The long job ran once, to the end, far past the fast requests' work timeout.
+    # The long job ran to the end, far past the fast requests' work timeout, and once:
+    # unless a stall of the machine made the broker drop its worker for silence (liveness,
+    # not work timeouts; delivery is at least once).
     slow = fig["slow"]
+    broker = fig["broker_last"]
     assert slow["ok"] is True, slow
-    assert slow["runs"] == 1
+    assert slow["runs"] == 1 or broker["expired_workers"] > 0, (slow, broker)
     assert 3.0 <= slow["latency_s"] < 10 * 3.0
     # Every fast request answered, correctly, once; none needed a client retry (retries=0).
     fast = fig["fast"]
@@ -117,7 +120,6 @@ def test_chaos_deadlines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert doomed["error"] == "redelivery_limit", doomed
     assert doomed["runs"] == cfg["max_redeliveries"] + 1 == fig["doomed_runs_expected"]
     assert doomed["latency_s"] >= doomed["runs"] * cfg["doomed_work_timeout"]
-    broker = fig["broker_last"]
     assert broker["work_timeouts"] >= cfg["max_redeliveries"] + 2
     assert broker["rejections"].get("redelivery_limit") == 1
     assert record["endpoint"].startswith("tcp://127.0.0.1:")
