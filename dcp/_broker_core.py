@@ -36,6 +36,14 @@ Rule 5 - Liveness. A worker not heard from for ``liveness x heartbeat_interval``
 Rule 6 - Bounds and bad input. A malformed message, or one that breaks a limit, is counted by
   reason, logged once per peer, and dropped; when its sender can be told (a request), it gets
   a dcp error reply instead. Nothing raises out of :meth:`BrokerCore.receive`.
+Rule S - Security (only with a :class:`~dcp._guard.Guard`, i.e. CURVE on; its rules S1-S4
+  are in :mod:`dcp._guard`). Each message comes with its sender's key (*principal*); one
+  the guard does not admit is counted and dropped. A registration the guard does not permit
+  is counted (``registration_refused``), logged, and answered with a reply to the worker:
+  no client address, the service as its one metadata part (none for an empty name), and the
+  data of a ``registration_refused`` error reply (dcp extension). Client addresses in
+  requests given to workers are sealed; a worker's reply or forward must carry a sealed
+  one (else ``bad_client_address``).
 
 What the core does NOT do: socket options, message-size limits (zmq's MAXMSGSIZE in the
 driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
@@ -50,6 +58,7 @@ import attrs
 
 from ._codec import PROTOCOL, TYPE_FRAMES, parse
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
+from ._guard import Guard
 from ._messages import MessageType, Register, Reply, Request, error_reply_data
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
@@ -168,6 +177,7 @@ class BrokerCore:
     :param max_held: requests tracked per worker for redelivery; past this (only a worker
         that changes metadata, so its answers match nothing, gets there) the oldest is
         no longer tracked (counted as ``held_overflow``)
+    :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
     """
 
     def __init__(
@@ -183,6 +193,7 @@ class BrokerCore:
         max_width_peers: int = 65_536,
         max_held: int = 10_000,
         max_services_per_worker: int = 256,
+        guard: Guard | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -196,6 +207,7 @@ class BrokerCore:
         self.max_width_peers = max_width_peers
         self.max_held = max_held
         self.max_services_per_worker = max_services_per_worker
+        self.guard = guard
         #: Messages to send, ROUTER-side (routing id first). The driver empties it.
         self.outbox: list[list[bytes]] = []
         self._timeout = heartbeat_interval * liveness
@@ -219,9 +231,18 @@ class BrokerCore:
 
     # ------------------------------------------------------------------ input
 
-    def receive(self, frames: list[bytes], now: float) -> None:
-        """Handle one message as received by the ROUTER (routing id first)."""
+    def receive(self, frames: list[bytes], now: float, principal: str | None = None) -> None:
+        """Handle one message as received by the ROUTER (routing id first).
+
+        :param principal: the sender's key, which the guard checks (Rule S)
+        """
         peer = frames[0]
+        guard = self.guard
+        if guard is not None:
+            refused = guard.admit(peer, principal)
+            if refused is not None:
+                self._reject(peer, refused, f"key {principal}")
+                return
         try:
             msg, width = parse(frames[1:])
         except RemoteProtocolError as exc:
@@ -258,7 +279,7 @@ class BrokerCore:
                     self._credit(worker, released=False)
         elif mtype is MessageType.REGISTER:
             assert isinstance(msg, Register)
-            self._on_register(peer, worker, msg.service, width, now)
+            self._on_register(peer, worker, msg.service, width, now, principal)
         elif worker is None:  # RECONNECT
             self._reject(peer, "unexpected_reconnect", "reconnect from a non-worker")
         else:
@@ -321,6 +342,10 @@ class BrokerCore:
         elif worker is not None:
             # A forward: the worker passes on a request it holds (matched exactly; a worker
             # naming an address without holding its request releases nothing).
+            if self.guard is not None:
+                client = self._unseal(peer, worker, client, msg.metadata)
+                if client is None:
+                    return
             released = self._release(worker, client, msg.metadata)
         elif client != peer and not self.allow_foreign_address:
             self._refuse(
@@ -352,7 +377,8 @@ class BrokerCore:
         self._requests += 1
         if forward:
             self._forwards += 1
-        tail = [name, client, b"", *msg.metadata, b"", *msg.data]
+        shown = client if self.guard is None else self.guard.seal(client)
+        tail = [name, shown, b"", *msg.metadata, b"", *msg.data]
         pending = _Pending(self._requests, service, client, msg.metadata, tail)
         if service.idle:
             self._dispatch(next(iter(service.idle.values())), pending)
@@ -369,17 +395,33 @@ class BrokerCore:
             self._reject(peer, "reply_without_client", "reply has no client address")
             self._credit(worker, released=False)
             return
+        if self.guard is not None:
+            client = self._unseal(peer, worker, client, msg.metadata)
+            if client is None:
+                return
         released = self._release(worker, client, msg.metadata)
         self._replies += 1
         self._route_reply(client, msg.metadata, msg.data)
         self._credit(worker, released=released)
 
     def _on_register(
-        self, peer: bytes, worker: _Worker | None, name: bytes, width: int, now: float
+        self,
+        peer: bytes,
+        worker: _Worker | None,
+        name: bytes,
+        width: int,
+        now: float,
+        principal: str | None,
     ) -> None:
         if len(name) > self.max_service_name:
             self._reject(peer, "service_name_too_long", f"{len(name)} bytes")
             return
+        guard = self.guard
+        if guard is not None:
+            key = None if principal is None else principal.encode("ascii", "replace")
+            if not guard.may_register(key, name):
+                self._refuse_registration(peer, width, name, principal)
+                return
         service = self._services.get(name)
         if (
             worker is not None
@@ -403,6 +445,37 @@ class BrokerCore:
             service.workers += 1
         self._send(peer, width, MessageType.REGISTER, name)
         self._credit(worker, released=False)
+
+    def _unseal(
+        self, peer: bytes, worker: _Worker, sealed: bytes, metadata: tuple[bytes, ...]
+    ) -> bytes | None:
+        """Rule S: the client address sealed in a worker's reply or forward, or ``None``
+        (counted, logged, and the worker's credit kept) if it is not one the broker made."""
+        assert self.guard is not None
+        client = self.guard.unseal(sealed)
+        if client is None:
+            self._reject(peer, "bad_client_address", "not a client address the broker gave")
+            self._credit(worker, released=False)
+        return client
+
+    def _refuse_registration(
+        self, peer: bytes, width: int, name: bytes, principal: str | None
+    ) -> None:
+        """Rule S: count, log, and tell the worker (a reply with no client address)."""
+        detail = f"key {principal} may not register {name[:64]!r}"
+        self._reject(peer, "registration_refused", detail)
+        self.outbox.append(
+            [
+                peer,
+                b"",
+                PROTOCOL,
+                TYPE_FRAMES[width][MessageType.REPLY],
+                b"",
+                *((name,) if name else ()),
+                b"",
+                *error_reply_data("registration_refused", detail),
+            ]
+        )
 
     # ------------------------------------------------------------- routing
 
