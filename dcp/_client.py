@@ -21,6 +21,7 @@ import anyio.lowlevel
 import zmq
 
 from ._context import get_context
+from ._security import CurveClient, configure_client_socket
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import AsyncSocket
 
@@ -146,6 +147,9 @@ class Client:
     :param batch: messages handled per wake-up before letting other tasks run
     :param rng: source of the retry jitter (default: a fresh :class:`random.Random`)
     :param remember: finished request ids remembered to tell duplicate replies from unknown
+    :param security: CURVE keys (see ``docs/security.md``; default: no security). A broker
+        that does not accept the key, or is not the one whose key is given, never
+        completes the handshake: requests time out.
     """
 
     def __init__(
@@ -163,9 +167,11 @@ class Client:
         batch: int = 256,
         rng: random.Random | None = None,
         remember: int = 8192,
+        security: CurveClient | None = None,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
         self.endpoint = endpoint
+        self._security = security
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
         self._tracker = RequestTracker(
@@ -196,6 +202,7 @@ class Client:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
+            configure_client_socket(sock, self._security)
             sock.connect(self.endpoint)
         except BaseException:
             sock.close(0)

@@ -24,6 +24,7 @@ from ._client import (
     service_bytes,
 )
 from ._context import get_context
+from ._security import CurveClient, configure_client_socket
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import recv_frames, send_frames
 
@@ -72,6 +73,7 @@ class SyncClient:
         batch: int = 256,
         rng: random.Random | None = None,
         remember: int = 8192,
+        security: CurveClient | None = None,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
         self.endpoint = endpoint
@@ -94,6 +96,7 @@ class SyncClient:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, routing_id)
+            configure_client_socket(sock, security)
             sock.connect(endpoint)
         except BaseException:
             sock.close(0)
