@@ -50,7 +50,11 @@ def z85_key(key: KeyLike) -> bytes:
 
     :raises ValueError: not a z85-encoded 32-byte key nor 32 raw bytes
     """
-    raw = key.encode("ascii", "replace") if isinstance(key, str) else bytes(key)
+    if isinstance(key, str):
+        if not key.isascii():
+            raise ValueError("a CURVE key is 40 characters of z85 text or 32 raw bytes")
+        key = key.encode("ascii")
+    raw = bytes(key)
     if len(raw) == 32:
         return z85.encode(raw)
     if len(raw) == 40:
