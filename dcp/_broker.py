@@ -158,7 +158,7 @@ class Broker:
             try:
                 zap.bind()
             except BaseException:
-                if own_ctx is not None:
+                if own_ctx is not None:  # pragma: no cover - a new context has no handler
                     own_ctx.term()
                 raise
         self._zap = zap

@@ -59,6 +59,8 @@ class ZapHandler:
         self._allow = allow
         self._socket: AsyncSocket | None = None
         self._logged: OrderedDict[bytes, None] = OrderedDict()
+        #: Keys whose denial was logged, remembered to log each one once (LRU).
+        self.max_logged = 4096
         #: Handshakes allowed, denied (unknown key or not CURVE), and malformed requests.
         self.allowed = 0
         self.denied = 0
@@ -82,11 +84,9 @@ class ZapHandler:
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Answer requests until cancelled or :meth:`close` (binds first if needed)."""
-        if self._socket is None:
-            self.bind()
+        """Answer requests until cancelled or :meth:`close` (call :meth:`bind` first)."""
         asock = self._socket
-        assert asock is not None
+        assert asock is not None, "bind() first"
         task_status.started()
         try:
             while True:
@@ -143,7 +143,7 @@ class ZapHandler:
         if what in self._logged:
             return
         self._logged[what] = None
-        if len(self._logged) > 4096:
+        if len(self._logged) > self.max_logged:
             self._logged.popitem(last=False)
         logger.warning(
             "ZAP: denied %s from %s (%s)",

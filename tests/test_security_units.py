@@ -1,5 +1,6 @@
-"""Security without sockets: keys and key files, the guard (S1-S4), ZAP answers, and the
-broker and worker cores with a guard (explicit ``now``, frames in, frames out).
+"""Security, piece by piece: keys and key files, the guard (S1-S4), ZAP answers (and the
+ZAP task on inproc), and the broker and worker cores with a guard (explicit ``now``, frames
+in, frames out).
 
 The live tests (real CURVE over tcp, both backends) are in ``test_security.py``.
 """
@@ -11,9 +12,11 @@ import os
 import stat
 from pathlib import Path
 
+import anyio
 import pytest
 import zmq
 import zmq.auth
+from _raw import wait_for
 from zmq.utils import z85
 
 from dcp import (
@@ -385,3 +388,63 @@ def test_worker_core_ignores_other_replies() -> None:
     assert core.receive(serialize(Reply(b"C", (ECHO,), error_reply_data("x", "y"))), 0.1) == []
     assert core.statistics().unexpected == 4
     assert core.state is State.REGISTERING
+
+
+def test_zap_denials_are_logged_once_per_key_within_a_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handler = ZapHandler(zmq.Context.instance(), lambda key: False)
+    handler.max_logged = 1
+    alice, bob = z85.decode(ALICE[0]), z85.decode(BOB[0])
+    with caplog.at_level(logging.WARNING, logger="dcp.broker"):
+        for raw in [alice, alice, bob, alice]:
+            handler.answer(zap_request(b"CURVE", raw))
+    assert len(caplog.records) == 3  # alice, bob (alice forgotten), alice again
+    assert handler.denied == 4
+
+
+@pytest.mark.anyio
+async def test_zap_handler_task_drains_in_batches_and_stops_on_close() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    handler = ZapHandler(ctx, lambda key: True)
+    handler.close()  # before bind: nothing to close
+    handler.bind()
+    client: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    client.connect("inproc://zeromq.zap.01")
+    try:
+        raw = z85.decode(ALICE[0])
+        for i in range(150):  # more than one batch
+            client.send_multipart(
+                zap_request(b"CURVE", raw)[1:3] + [b"%d" % i] + [b""] * 3 + [b"CURVE", raw]
+            )
+        async with anyio.create_task_group() as tg:
+            await tg.start(handler.serve)
+            await wait_for(lambda: handler.allowed == 150)
+            handler.close()  # the task ends by itself
+        assert client.recv_multipart()[3] == b"200"
+    finally:
+        client.close(0)
+        ctx.term()
+
+
+def test_async_socket_reads_user_ids_only_when_asked() -> None:
+    from dcp._zmqio import AsyncSocket
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    server: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+    sender: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    try:
+        server.bind("inproc://uid")
+        sender.connect("inproc://uid")
+        sender.send(b"x")
+        sender.send(b"y")
+        asocket = AsyncSocket(server, user_ids=True)
+        assert server.poll(5000)
+        received = asocket.drain(1) + AsyncSocket(server).drain(1)
+        # inproc has no handshake, hence no user id.
+        assert [(r.frames[1:], r.user_id) for r in received] == [([b"x"], None), ([b"y"], None)]
+    finally:
+        sender.close(0)
+        server.close(0)
+        ctx.term()
