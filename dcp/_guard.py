@@ -23,9 +23,12 @@ Rule S4 - Client addresses are sealed. The client address in a request given to 
 
 The seal is deterministic authenticated encryption in the SIV style, built from keyed
 BLAKE2b as the pseudo-random function: ``tag = BLAKE2b-128(k1, address)``, ``sealed = tag ||
-address XOR BLAKE2b(k2, tag || block)...``. Unsealing decrypts and recomputes the tag; a
-forged or altered alias fails. It is deterministic: a worker can tell that two requests come
-from the same client, nothing more.
+address XOR keystream``, the keystream being ``BLAKE2b-512(k2, tag || block number)``
+blocks. Unsealing decrypts and recomputes the tag; a forged or altered address fails. It is
+deterministic: a worker can tell that two requests come from the same client, nothing more.
+The most recent ``cache`` pairs are remembered both ways, so a busy client costs two dict
+lookups per request instead of four hashes (only :meth:`Guard.seal` fills the cache, so a
+cached entry is genuine).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Guard:
     :param may_register: ``may_register(key, service)`` for registrations (key: z85 bytes)
     :param seal_key: 32 or more secret random bytes for sealing client addresses
     :param max_bound: routing-id bindings remembered (least recently used out)
+    :param cache: sealed addresses remembered (oldest out)
     """
 
     def __init__(
@@ -55,14 +59,21 @@ class Guard:
         seal_key: bytes,
         *,
         max_bound: int = 65_536,
+        cache: int = 4096,
     ) -> None:
         if len(seal_key) < 32:
             raise ValueError("seal_key needs at least 32 bytes")
         self.may_register = may_register
         self.max_bound = max_bound
-        self._tag_key = hashlib.blake2b(b"dcp seal tag", key=seal_key[:64]).digest()
-        self._stream_key = hashlib.blake2b(b"dcp seal stream", key=seal_key[:64]).digest()
+        tag_key = hashlib.blake2b(b"dcp seal tag", key=seal_key[:64]).digest()
+        stream_key = hashlib.blake2b(b"dcp seal stream", key=seal_key[:64]).digest()
+        # Keyed once; copying a keyed state is cheaper than keying a new one.
+        self._tag = hashlib.blake2b(key=tag_key, digest_size=_TAG)
+        self._stream = hashlib.blake2b(key=stream_key)
         self._owners: OrderedDict[bytes, str] = OrderedDict()
+        self.cache = cache
+        self._sealed: dict[bytes, bytes] = {}
+        self._unsealed: dict[bytes, bytes] = {}
 
     # ---------------------------------------------------------- S1, S2
 
@@ -93,29 +104,42 @@ class Guard:
 
     def seal(self, address: bytes) -> bytes:
         """The sealed form of a client address, as given to workers."""
-        tag = hashlib.blake2b(address, key=self._tag_key, digest_size=_TAG).digest()
-        return tag + self._xor(tag, address)
+        sealed = self._sealed.get(address)
+        if sealed is None:
+            tag = self._mac(address)
+            sealed = tag + self._xor(tag, address)
+            if self.cache:
+                if len(self._sealed) >= self.cache:
+                    oldest = next(iter(self._sealed))
+                    del self._unsealed[self._sealed.pop(oldest)]
+                self._sealed[address] = sealed
+                self._unsealed[sealed] = address
+        return sealed
 
     def unseal(self, sealed: bytes) -> bytes | None:
         """The address sealed in ``sealed``, or ``None`` if it was not made by :meth:`seal`."""
+        address = self._unsealed.get(sealed)
+        if address is not None:
+            return address
         if len(sealed) <= _TAG:
             return None
         tag = sealed[:_TAG]
         address = self._xor(tag, sealed[_TAG:])
-        expected = hashlib.blake2b(address, key=self._tag_key, digest_size=_TAG).digest()
-        return address if hmac.compare_digest(tag, expected) else None
+        return address if hmac.compare_digest(tag, self._mac(address)) else None
+
+    def _mac(self, address: bytes) -> bytes:
+        h = self._tag.copy()
+        h.update(address)
+        return h.digest()
 
     def _xor(self, tag: bytes, data: bytes) -> bytes:
         n = len(data)
-        key = self._stream_key
-        if n <= _BLOCK:
-            stream = hashlib.blake2b(tag, key=key, digest_size=n).digest()
-        else:
-            blocks = [
-                hashlib.blake2b(tag + i.to_bytes(4, "little"), key=key).digest()
-                for i in range((n + _BLOCK - 1) // _BLOCK)
-            ]
-            stream = b"".join(blocks)[:n]
+        blocks = []
+        for i in range((n + _BLOCK - 1) // _BLOCK):
+            h = self._stream.copy()
+            h.update(tag + i.to_bytes(4, "little"))
+            blocks.append(h.digest())
+        stream = b"".join(blocks)[:n]
         return (int.from_bytes(data, "little") ^ int.from_bytes(stream, "little")).to_bytes(
             n, "little"
         )

@@ -203,6 +203,18 @@ def test_sealed_addresses_round_trip_and_reveal_nothing(size: int) -> None:
     assert other.unseal(sealed) is None
 
 
+@pytest.mark.parametrize("cache", [0, 1, 4096])
+def test_the_seal_cache_changes_nothing_but_speed(cache: int) -> None:
+    guard = Guard(lambda key, service: True, b"k" * 32, cache=cache)
+    uncached = Guard(lambda key, service: True, b"k" * 32, cache=0)
+    addresses = [b"\x01a", b"\x01b", b"\x01a", b"\x01c" * 30]
+    sealed = [guard.seal(a) for a in addresses]
+    assert sealed == [uncached.seal(a) for a in addresses]
+    assert [guard.unseal(s) for s in sealed] == addresses
+    assert [uncached.unseal(s) for s in sealed] == addresses
+    assert len(guard._sealed) == len(guard._unsealed) == min(cache, 3)
+
+
 def test_unseal_refuses_what_is_not_a_sealed_address() -> None:
     guard = make_guard()
     for junk in [b"", b"x", b"x" * 16, b"x" * 17, os.urandom(40)]:
