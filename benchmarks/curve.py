@@ -1,8 +1,8 @@
 """What CURVE costs: the dcp broker, dcp.Worker and dcp.Client with and without security.
 
-``python -m benchmarks.curve [--quick] [--rounds N] [--json FILE]``, or ``--micro`` for the
-broker's own added cost alone, in process: a request/reply cycle through the sans-IO core
-with and without the guard, and reading one message's sender key.
+``python -m benchmarks.curve [--quick | --tiny] [--rounds N] [--json FILE]``, or
+``--micro`` for the broker's own added cost alone, in process: a request/reply cycle
+through the sans-IO core with and without the guard, and reading one message's sender key.
 
 Per round and load, both modes run in a rotated order, each on fresh processes: ``dcp
 broker`` (trio; with ``--keys``/``--allow-*`` for CURVE), one process with 4 echo
@@ -44,6 +44,7 @@ FULL_LOADS = (
     Load(65_536, 16, 100, 3_000, 2.0),
 )
 QUICK_LOADS = (Load(16, 64, 200, 5_000, 1.0), Load(16, 1, 100, 1_000, 1.0))
+TINY_LOADS = (Load(16, 64, 20, 200, 0.5),)
 COLUMNS = ("rate", "p50_us", "broker_cpu_us", "broker_thread_cpu_us")
 
 
@@ -215,7 +216,8 @@ def micro(rounds: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.curve", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="short loads (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="short loads")
+    parser.add_argument("--tiny", action="store_true", help="one tiny load (a smoke test)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the raw records here")
     parser.add_argument("--micro", action="store_true", help="in-process costs only")
@@ -223,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.micro:
         print(micro(args.rounds))
         return
-    results = run(QUICK_LOADS if args.quick else FULL_LOADS, args.rounds)
+    loads = TINY_LOADS if args.tiny else QUICK_LOADS if args.quick else FULL_LOADS
+    results = run(loads, args.rounds)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
     print(table(results))
