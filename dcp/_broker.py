@@ -143,71 +143,68 @@ class Broker:
         if self._socket is not None:
             raise RuntimeError("this broker is already serving")
         security = self._security
-        ctx = self._context
-        own_ctx = None
-        if ctx is None:
-            # A context has one ZAP handler: a secure broker keeps its own.
-            ctx = own_ctx = zmq.Context() if security is not None else None
-        if ctx is None:
-            ctx = get_context()
-        zap = None
-        if security is not None:
-            # Bound before the broker's socket, closed after it: no handshake goes unchecked
-            # (and ZAP_ENFORCE_DOMAIN refuses any that finds no handler).
-            zap = ZapHandler(ctx, security.may_connect)
-            try:
+        # Cleanups run last in, first out: the socket, then the ZAP handler, then the context.
+        with contextlib.ExitStack() as cleanup:
+            ctx = self._context
+            if ctx is None and security is not None:
+                # A context has one ZAP handler: a secure broker keeps a context of its own.
+                ctx = zmq.Context()
+                cleanup.callback(ctx.term)
+            elif ctx is None:
+                ctx = get_context()
+            zap = None
+            if security is not None:
+                # Bound before the broker's socket and closed after it: no handshake goes
+                # unchecked (and with ZAP_ENFORCE_DOMAIN, libzmq refuses one that finds no
+                # handler).
+                zap = ZapHandler(ctx, security.may_connect)
                 zap.bind()
-            except BaseException:
-                if own_ctx is not None:  # pragma: no cover - a new context has no handler
-                    own_ctx.term()
-                raise
-        self._zap = zap
-        sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
-        # +1: the ROUTER adds the routing-id frame, which the limit does not count.
-        asock = AsyncSocket(
-            sock,
-            max_frames=self._max_frames + 1,
-            # Routing ids are at most 255 bytes; the exact check is in _receive_loop.
-            max_bytes=self._max_message_size + 255 if self._max_message_size >= 0 else 0,
-            # Large data parts are forwarded as zmq's own buffers, never copied in Python.
-            zero_copy_threshold=_ZERO_COPY_THRESHOLD,
-            # With CURVE, each message's sender key (the ZAP user id) goes to the core.
-            user_ids=security is not None,
-        )
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
-            if security is None:
-                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            else:
-                # No handover: a connection that claims a routing id in use is refused.
-                # zmq heartbeats free the id of a dead connection within the liveness time.
-                configure_server_socket(sock, security)
-                interval = max(1, round(self.heartbeat_interval * 1000))
-                sock.setsockopt(zmq.HEARTBEAT_IVL, interval)
-                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, interval * self._core.liveness)
-            bound = []
-            for endpoint in self._bind:
-                sock.bind(endpoint)
-                bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
-            self._socket = asock
-            self.endpoints = bound
-            logger.info("broker bound to %s%s", ", ".join(bound), " (CURVE)" if security else "")
-            async with anyio.create_task_group() as tg:
-                if zap is not None:
-                    tg.start_soon(zap.serve)
-                tg.start_soon(self._expire_loop)
-                task_status.started(bound)
-                await self._receive_loop(asock)
-        finally:
-            self._socket = None
-            self.endpoints = []
-            asock.close(0)
-            if zap is not None:
-                zap.close()
-            if own_ctx is not None:
-                own_ctx.term()
+                cleanup.callback(zap.close)
+            self._zap = zap
+            sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+            # +1: the ROUTER adds the routing-id frame, which the limit does not count.
+            asock = AsyncSocket(
+                sock,
+                max_frames=self._max_frames + 1,
+                # Routing ids are at most 255 bytes; the exact check is in _receive_loop.
+                max_bytes=self._max_message_size + 255 if self._max_message_size >= 0 else 0,
+                # Large data parts are forwarded as zmq's own buffers, never copied in Python.
+                zero_copy_threshold=_ZERO_COPY_THRESHOLD,
+                # With CURVE, each message's sender key (the ZAP user id) goes to the core.
+                user_ids=security is not None,
+            )
+            cleanup.callback(asock.close, 0)
+            try:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
+                if security is None:
+                    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+                else:
+                    # No handover: a connection that claims a routing id in use is refused.
+                    # zmq heartbeats free the id of a dead connection within the liveness.
+                    configure_server_socket(sock, security)
+                    interval = max(1, round(self.heartbeat_interval * 1000))
+                    sock.setsockopt(zmq.HEARTBEAT_IVL, interval)
+                    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, interval * self._core.liveness)
+                bound = []
+                for endpoint in self._bind:
+                    sock.bind(endpoint)
+                    bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+                self._socket = asock
+                self.endpoints = bound
+                logger.info(
+                    "broker bound to %s%s", ", ".join(bound), " (CURVE)" if security else ""
+                )
+                async with anyio.create_task_group() as tg:
+                    if zap is not None:
+                        tg.start_soon(zap.serve)
+                    tg.start_soon(self._expire_loop)
+                    task_status.started(bound)
+                    await self._receive_loop(asock)
+            finally:
+                self._socket = None
+                self.endpoints = []
 
     async def _receive_loop(self, asock: AsyncSocket) -> None:
         core = self._core

@@ -147,7 +147,7 @@ class ZapHandler:
             self._logged.popitem(last=False)
         logger.warning(
             "ZAP: denied %s from %s (%s)",
-            what.decode("ascii", "replace"),
-            address.decode("ascii", "replace") or "?",
+            what[:64].decode("ascii", "replace"),
+            address[:64].decode("ascii", "replace") or "?",
             why,
         )
