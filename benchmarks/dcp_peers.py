@@ -8,6 +8,8 @@ result record.
 ``python -m benchmarks.dcp_peers workers --endpoint ... --count 4`` runs ``count``
 :class:`dcp.Worker` echo workers in one process and prints ``READY`` once all registered.
 
+``--keys FILE --server-key FILE`` (before the command) turns CURVE on for either.
+
 Requests are sent with no retries and a per-attempt timeout longer than the whole run, so a
 reply the broker loses shows up as lost, not as a silent retry.
 """
@@ -92,9 +94,11 @@ async def _async_phase(
     return latencies, 0, errors
 
 
-async def _run_async(s: LoadSettings) -> Result:
+async def _run_async(s: LoadSettings, security: dcp.CurveClient | None = None) -> Result:
     probe = Probe(s.broker_pid, s.worker_pids)
-    async with dcp.Client(s.endpoint, timeout=s.warmup_timeout, retries=0) as client:
+    async with dcp.Client(
+        s.endpoint, timeout=s.warmup_timeout, retries=0, security=security
+    ) as client:
         _, lost, _ = await _async_phase(client, s, s.warmup, s.warmup_timeout, s.warmup_timeout)
         if lost:
             raise SystemExit("dcp client: warm-up requests lost")
@@ -156,10 +160,18 @@ async def _echo(request: dcp.Request) -> Sequence[bytes]:
     return request.data
 
 
-async def _run_workers(endpoint: str, service: str, count: int, concurrency: int) -> None:
+async def _run_workers(
+    endpoint: str,
+    service: str,
+    count: int,
+    concurrency: int,
+    security: dcp.CurveClient | None = None,
+) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(count):
-            worker = dcp.Worker(endpoint, service, _echo, concurrency=concurrency)
+            worker = dcp.Worker(
+                endpoint, service, _echo, concurrency=concurrency, security=security
+            )
             await tg.start(worker.serve)
         ready(str(count))
         await anyio.sleep_forever()
@@ -168,6 +180,8 @@ async def _run_workers(endpoint: str, service: str, count: int, concurrency: int
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dcp_peers", description=__doc__)
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
+    parser.add_argument("--keys", help="CURVE: this peer's NAME.key_secret file")
+    parser.add_argument("--server-key", help="CURVE: the broker's NAME.key file")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("client")
     p.add_argument("--mode", choices=["async", "sync"], default="async")
@@ -179,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=1)
     args = parser.parse_args(argv)
     raise_fd_limit()
+    security = None
+    if args.keys is not None:
+        security = dcp.CurveClient.from_files(args.keys, server=args.server_key)
     if args.command == "workers":
         anyio.run(
             _run_workers,
@@ -186,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.service,
             args.count,
             args.concurrency,
+            security,
             backend=args.backend,
         )
         return
@@ -193,9 +211,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if settings.clients != 1:
         raise SystemExit("dcp_peers client: one client per process")
     if args.mode == "sync":
+        if security is not None:
+            raise SystemExit("dcp_peers client: --keys with --mode async only")
         result = _run_sync(settings)
     else:
-        result = anyio.run(_run_async, settings, backend=args.backend)
+        result = anyio.run(_run_async, settings, security, backend=args.backend)
     result.extra["mode"] = f"{args.mode}/{args.backend}" if args.mode == "async" else "sync"
     emit(result)
 

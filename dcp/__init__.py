@@ -19,6 +19,7 @@ from ._errors import MissingEnvelopeDelimiter as MissingEnvelopeDelimiter
 from ._errors import MissingMetadataDelimiter as MissingMetadataDelimiter
 from ._errors import MissingServiceName as MissingServiceName
 from ._errors import ProtocolError as ProtocolError
+from ._errors import RegistrationRefused as RegistrationRefused
 from ._errors import RemoteError as RemoteError
 from ._errors import RemoteProtocolError as RemoteProtocolError
 from ._errors import RequestTimeout as RequestTimeout
@@ -36,6 +37,8 @@ from ._messages import Reconnect as Reconnect
 from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
+from ._security import CurveClient as CurveClient
+from ._security import CurveServer as CurveServer
 from ._sync_client import SyncClient as SyncClient
 from ._tracker import ClientStatistics as ClientStatistics
 from ._tracker import Response as Response
@@ -54,6 +57,8 @@ __all__ = [
     "BrokerStatistics",
     "Client",
     "ClientStatistics",
+    "CurveClient",
+    "CurveServer",
     "DCPError",
     "Forward",
     "LocalProtocolError",
@@ -69,6 +74,7 @@ __all__ = [
     "ProtocolError",
     "Reconnect",
     "Register",
+    "RegistrationRefused",
     "RemoteError",
     "RemoteProtocolError",
     "Reply",

@@ -5,15 +5,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 from types import TracebackType
 
 import anyio
 import anyio.abc
+import attrs
 import zmq
 
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._context import get_context
 from ._exceptions import BaseExceptionGroup, single_error
+from ._guard import Guard
+from ._security import CurveServer, configure_server_socket
+from ._zap import ZapHandler
 from ._zmqio import AsyncSocket
 
 __all__ = ["Broker"]
@@ -44,6 +49,14 @@ class Broker:
     ``MAXMSGSIZE`` (zmq disconnects a peer that sends a frame larger than the whole
     message limit; it may reconnect).
 
+    With ``security`` (CURVE, see ``docs/security.md``) the socket is a CURVE server whose
+    handshakes a ZAP handler task checks against the allow-lists; every message is
+    attributed to its sender's key, registrations need permission, client addresses are
+    sealed before workers see them, ``ROUTER_HANDOVER`` is off (a routing id in use cannot
+    be taken over) and zmq heartbeats drop dead connections after ``liveness x
+    heartbeat_interval``. Without a ``context``, a secure broker uses a zmq context of its
+    own (a context has one ZAP handler). inproc endpoints have no handshake and are refused.
+
     :param endpoints: zmq endpoints to bind (``tcp://host:0`` picks a free port)
     :param heartbeat_interval: seconds between worker heartbeats (agreed with workers)
     :param liveness: heartbeats a worker may miss before its requests are redelivered
@@ -67,7 +80,9 @@ class Broker:
     :param receive_hwm: zmq's receive high-water mark, in messages, per peer: past it zmq
         stops reading that peer's connection (back-pressure) while others are still served
     :param batch: messages handled per wake-up before yielding to other tasks
-    :param context: zmq context (default: one shared per process)
+    :param context: zmq context (default: one shared per process; with ``security``, one of
+        the broker's own)
+    :param security: CURVE keys and allow-lists (default: no security)
     :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
     """
 
@@ -87,10 +102,13 @@ class Broker:
         receive_hwm: int = 1000,
         batch: int = 256,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        security: CurveServer | None = None,
         **core_options: int,
     ) -> None:
         if not endpoints:
             raise ValueError("a broker needs at least one endpoint to bind")
+        if security is not None and any(e.startswith("inproc://") for e in endpoints):
+            raise ValueError("inproc:// has no CURVE handshake: a secure broker cannot bind it")
         self._bind: tuple[str, ...] = endpoints
         self.heartbeat_interval = heartbeat_interval
         self._max_message_size = max_message_size
@@ -99,6 +117,11 @@ class Broker:
         self._context = context
         self._send_hwm = send_hwm
         self._receive_hwm = receive_hwm
+        self._security = security
+        self._zap: ZapHandler | None = None
+        guard = None
+        if security is not None:
+            guard = Guard(security.may_register, os.urandom(32))
         self._core = BrokerCore(
             heartbeat_interval=heartbeat_interval,
             liveness=liveness,
@@ -107,6 +130,7 @@ class Broker:
             max_client_queued=max_client_queued,
             max_client_inflight=max_client_inflight,
             work_timeout=work_timeout,
+            guard=guard,
             **core_options,
         )
         self._socket: AsyncSocket | None = None
@@ -116,8 +140,18 @@ class Broker:
 
     def statistics(self) -> BrokerStatistics:
         """Counters (requests, replies, forwards, redeliveries, rejections by reason) and
-        gauges (workers, per-service queue depth)."""
-        return self._core.statistics()
+        gauges (workers, per-service queue depth). With CURVE, ``rejections`` also counts
+        handshakes the ZAP handler denied (``zap_denied``) and malformed ZAP requests
+        (``zap_malformed``)."""
+        stats = self._core.statistics()
+        zap = self._zap
+        if zap is not None and (zap.denied or zap.malformed):
+            rejections = dict(stats.rejections)
+            for reason, count in (("zap_denied", zap.denied), ("zap_malformed", zap.malformed)):
+                if count:
+                    rejections[reason] = count
+            stats = attrs.evolve(stats, rejections=rejections)
+        return stats
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED
@@ -130,39 +164,71 @@ class Broker:
         """
         if self._socket is not None:
             raise RuntimeError("this broker is already serving")
-        ctx = self._context if self._context is not None else get_context()
-        sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
-        # +1: the ROUTER adds the routing-id frame, which the limit does not count.
-        asock = AsyncSocket(
-            sock,
-            max_frames=self._max_frames + 1,
-            # Routing ids are at most 255 bytes; the exact check is in _receive_loop.
-            max_bytes=self._max_message_size + 255 if self._max_message_size >= 0 else 0,
-            # Large data parts are forwarded as zmq's own buffers, never copied in Python.
-            zero_copy_threshold=_ZERO_COPY_THRESHOLD,
-        )
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
-            sock.setsockopt(zmq.SNDHWM, self._send_hwm)
-            sock.setsockopt(zmq.RCVHWM, self._receive_hwm)
-            bound = []
-            for endpoint in self._bind:
-                sock.bind(endpoint)
-                bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
-            self._socket = asock
-            self.endpoints = bound
-            logger.info("broker bound to %s", ", ".join(bound))
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._expire_loop)
-                task_status.started(bound)
-                await self._receive_loop(asock)
-        finally:
-            self._socket = None
-            self.endpoints = []
-            asock.close(0)
+        security = self._security
+        # Cleanups run last in, first out: the socket, then the ZAP handler, then the context.
+        with contextlib.ExitStack() as cleanup:
+            ctx = self._context
+            if ctx is None and security is not None:
+                # A context has one ZAP handler: a secure broker keeps a context of its own.
+                ctx = zmq.Context()
+                cleanup.callback(ctx.term)
+            elif ctx is None:
+                ctx = get_context()
+            zap = None
+            if security is not None:
+                # Bound before the broker's socket and closed after it: no handshake goes
+                # unchecked (and with ZAP_ENFORCE_DOMAIN, libzmq refuses one that finds no
+                # handler).
+                zap = ZapHandler(ctx, security.may_connect)
+                zap.bind()
+                cleanup.callback(zap.close)
+            self._zap = zap
+            sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+            # +1: the ROUTER adds the routing-id frame, which the limit does not count.
+            asock = AsyncSocket(
+                sock,
+                max_frames=self._max_frames + 1,
+                # Routing ids are at most 255 bytes; the exact check is in _receive_loop.
+                max_bytes=self._max_message_size + 255 if self._max_message_size >= 0 else 0,
+                # Large data parts are forwarded as zmq's own buffers, never copied in Python.
+                zero_copy_threshold=_ZERO_COPY_THRESHOLD,
+                # With CURVE, each message's sender key (the ZAP user id) goes to the core.
+                user_ids=security is not None,
+            )
+            cleanup.callback(asock.close, 0)
+            try:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
+                sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+                sock.setsockopt(zmq.RCVHWM, self._receive_hwm)
+                if security is None:
+                    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+                else:
+                    # No handover: a connection that claims a routing id in use is refused.
+                    # zmq heartbeats free the id of a dead connection within the liveness.
+                    configure_server_socket(sock, security)
+                    interval = max(1, round(self.heartbeat_interval * 1000))
+                    sock.setsockopt(zmq.HEARTBEAT_IVL, interval)
+                    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, interval * self._core.liveness)
+                bound = []
+                for endpoint in self._bind:
+                    sock.bind(endpoint)
+                    bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+                self._socket = asock
+                self.endpoints = bound
+                logger.info(
+                    "broker bound to %s%s", ", ".join(bound), " (CURVE)" if security else ""
+                )
+                async with anyio.create_task_group() as tg:
+                    if zap is not None:
+                        tg.start_soon(zap.serve)
+                    tg.start_soon(self._expire_loop)
+                    task_status.started(bound)
+                    await self._receive_loop(asock)
+            finally:
+                self._socket = None
+                self.endpoints = []
 
     async def _receive_loop(self, asock: AsyncSocket) -> None:
         core = self._core
@@ -175,13 +241,15 @@ class Broker:
             for msg in asock.drain(batch):
                 frames = msg.frames
                 if msg.nbytes - len(frames[0]) > max_bytes:
-                    core.reject_too_large(frames, msg.nbytes - len(frames[0]), max_bytes, now)
+                    core.reject_too_large(
+                        frames, msg.nbytes - len(frames[0]), max_bytes, now, msg.user_id
+                    )
                 elif msg.dropped_frames:
-                    core.reject_too_many_frames(frames, msg.dropped_frames, now)
+                    core.reject_too_many_frames(frames, msg.dropped_frames, now, msg.user_id)
                 elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
                     continue
                 else:
-                    receive(frames, now)
+                    receive(frames, now, msg.user_id)
             self._flush(asock)
             # Let other tasks run between batches, however busy the socket is. (With no
             # input left, wait_readable parks, which lets them run: no extra pass then.)

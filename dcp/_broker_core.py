@@ -44,6 +44,14 @@ Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, s
   :func:`~dcp._messages.work_timeout_option`; else the broker's ``work_timeout``, if any).
   A worker that holds it longer than that is treated as lost, as in Rule 5: it is sent
   reconnect and removed, and what it held is redelivered, within ``max_redeliveries``.
+Rule S - Security (only with a :class:`~dcp._guard.Guard`, i.e. CURVE on; its rules S1-S4
+  are in :mod:`dcp._guard`). Each message comes with its sender's key (*principal*); one
+  the guard does not admit is counted and dropped. A registration the guard does not permit
+  is counted (``registration_refused``), logged, and answered with a reply to the worker:
+  no client address, the service as its one metadata part (none for an empty name), and the
+  data of a ``registration_refused`` error reply (dcp extension). Client addresses in
+  requests given to workers are sealed; a worker's reply or forward must carry a sealed
+  one (else ``bad_client_address``).
 
 What the core does NOT do: socket options, message-size limits (zmq's MAXMSGSIZE in the
 driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
@@ -59,6 +67,7 @@ import attrs
 
 from ._codec import PROTOCOL, TYPE_FRAMES, parse
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
+from ._guard import Guard
 from ._messages import (
     MessageType,
     Register,
@@ -223,6 +232,7 @@ class BrokerCore:
         (queued or held by a worker); more get a ``client_limit`` error reply
     :param work_timeout: seconds a worker may hold a request that does not carry its own
         work timeout (``None``: no limit); past it the worker is treated as lost (Rule 7)
+    :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
     """
 
     def __init__(
@@ -241,6 +251,7 @@ class BrokerCore:
         max_client_queued: int = 10_000,
         max_client_inflight: int = 20_000,
         work_timeout: float | None = None,
+        guard: Guard | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -259,6 +270,7 @@ class BrokerCore:
         self.max_client_queued = max_client_queued
         self.max_client_inflight = max_client_inflight
         self.work_timeout = work_timeout
+        self.guard = guard
         #: Messages to send, ROUTER-side (routing id first). The driver empties it.
         self.outbox: list[list[bytes]] = []
         self._timeout = heartbeat_interval * liveness
@@ -290,10 +302,19 @@ class BrokerCore:
 
     # ------------------------------------------------------------------ input
 
-    def receive(self, frames: list[bytes], now: float) -> None:
-        """Handle one message as received by the ROUTER (routing id first)."""
+    def receive(self, frames: list[bytes], now: float, principal: str | None = None) -> None:
+        """Handle one message as received by the ROUTER (routing id first).
+
+        :param principal: the sender's key, which the guard checks (Rule S)
+        """
         self._now = now
         peer = frames[0]
+        guard = self.guard
+        if guard is not None:
+            refused = guard.admit(peer, principal)
+            if refused is not None:
+                self._reject(peer, refused, f"key {principal}")
+                return
         try:
             msg, width = parse(frames[1:])
         except RemoteProtocolError as exc:
@@ -330,25 +351,34 @@ class BrokerCore:
                     self._credit(worker, released=False)
         elif mtype is MessageType.REGISTER:
             assert isinstance(msg, Register)
-            self._on_register(peer, worker, msg.service, width, now)
+            self._on_register(peer, worker, msg.service, width, now, principal)
         elif worker is None:  # RECONNECT
             self._reject(peer, "unexpected_reconnect", "reconnect from a non-worker")
         else:
             self._remove_worker(worker)
 
-    def reject_too_many_frames(self, frames: list[bytes], dropped: int, now: float) -> None:
+    def reject_too_many_frames(
+        self, frames: list[bytes], dropped: int, now: float, principal: str | None = None
+    ) -> None:
         """The driver cut a message at its frame limit, keeping ``frames`` (routing id
         first): count and log it, and answer it with an error reply if it is a request
         whose metadata was kept."""
         kept = len(frames) - 1
         exc = TooManyFrames(f"{kept + dropped} frames; the limit is {kept}")
-        self._reject_cut(frames, exc.reason, str(exc), now)
+        self._reject_cut(frames, exc.reason, str(exc), now, principal)
 
-    def reject_too_large(self, frames: list[bytes], nbytes: int, limit: int, now: float) -> None:
+    def reject_too_large(
+        self,
+        frames: list[bytes],
+        nbytes: int,
+        limit: int,
+        now: float,
+        principal: str | None = None,
+    ) -> None:
         """The driver found a message over its size limit and kept only ``frames`` of it:
         as :meth:`reject_too_many_frames`."""
         exc = MessageTooLarge(f"{nbytes} bytes; the limit is {limit}")
-        self._reject_cut(frames, exc.reason, str(exc), now)
+        self._reject_cut(frames, exc.reason, str(exc), now, principal)
 
     def undeliverable(self, frames: list[bytes], why: str) -> None:
         """The driver could not send ``frames`` (its peer is gone, or its queue is full).
@@ -416,10 +446,18 @@ class BrokerCore:
 
     # ------------------------------------------------------------ handlers
 
-    def _reject_cut(self, frames: list[bytes], reason: str, detail: str, now: float) -> None:
+    def _reject_cut(
+        self, frames: list[bytes], reason: str, detail: str, now: float, principal: str | None
+    ) -> None:
         """A message cut at a limit: an error reply if it is a request with its metadata."""
         self._now = now
         peer = frames[0]
+        guard = self.guard
+        if guard is not None:
+            refused = guard.admit(peer, principal)
+            if refused is not None:
+                self._reject(peer, refused, f"key {principal}")
+                return
         try:
             msg, width = parse(frames[1:])
         except RemoteProtocolError:
@@ -435,6 +473,10 @@ class BrokerCore:
         if worker is not None and client is not None:
             # A worker forwarding a request it holds: that one is finished, and its client
             # is the one to tell.
+            if guard is not None:
+                client = self._unseal(peer, worker, client, msg.metadata)
+                if client is None:
+                    return
             released = self._release(worker, client, msg.metadata)
         elif client is None or (client != peer and not self.allow_foreign_address):
             client = peer
@@ -450,6 +492,10 @@ class BrokerCore:
         elif worker is not None:
             # A forward: the worker passes on a request it holds (matched exactly; a worker
             # naming an address without holding its request releases nothing).
+            if self.guard is not None:
+                client = self._unseal(peer, worker, client, msg.metadata)
+                if client is None:
+                    return
             released = self._release(worker, client, msg.metadata)
         elif client != peer and not self.allow_foreign_address:
             self._refuse(
@@ -500,7 +546,8 @@ class BrokerCore:
         if forward:
             self._forwards += 1
         load.inflight += 1
-        tail = [name, client, b"", *metadata, b"", *msg.data]
+        shown = client if self.guard is None else self.guard.seal(client)
+        tail = [name, shown, b"", *metadata, b"", *msg.data]
         pending = _Pending(self._requests, service, client, metadata, tail, load, work_timeout)
         if idle:
             self._dispatch(next(iter(idle.values())), pending)
@@ -518,17 +565,33 @@ class BrokerCore:
             self._reject(peer, "reply_without_client", "reply has no client address")
             self._credit(worker, released=False)
             return
+        if self.guard is not None:
+            client = self._unseal(peer, worker, client, msg.metadata)
+            if client is None:
+                return
         released = self._release(worker, client, msg.metadata)
         self._replies += 1
         self._route_reply(client, msg.metadata, msg.data)
         self._credit(worker, released=released)
 
     def _on_register(
-        self, peer: bytes, worker: _Worker | None, name: bytes, width: int, now: float
+        self,
+        peer: bytes,
+        worker: _Worker | None,
+        name: bytes,
+        width: int,
+        now: float,
+        principal: str | None,
     ) -> None:
         if len(name) > self.max_service_name:
             self._reject(peer, "service_name_too_long", f"{len(name)} bytes")
             return
+        guard = self.guard
+        if guard is not None:
+            key = None if principal is None else principal.encode("ascii", "replace")
+            if not guard.may_register(key, name):
+                self._refuse_registration(peer, width, name, principal)
+                return
         service = self._services.get(name)
         if (
             worker is not None
@@ -552,6 +615,37 @@ class BrokerCore:
             service.workers += 1
         self._send(peer, width, MessageType.REGISTER, name)
         self._credit(worker, released=False)
+
+    def _unseal(
+        self, peer: bytes, worker: _Worker, sealed: bytes, metadata: tuple[bytes, ...]
+    ) -> bytes | None:
+        """Rule S: the client address sealed in a worker's reply or forward, or ``None``
+        (counted, logged, and the worker's credit kept) if it is not one the broker made."""
+        assert self.guard is not None
+        client = self.guard.unseal(sealed)
+        if client is None:
+            self._reject(peer, "bad_client_address", "not a client address the broker gave")
+            self._credit(worker, released=False)
+        return client
+
+    def _refuse_registration(
+        self, peer: bytes, width: int, name: bytes, principal: str | None
+    ) -> None:
+        """Rule S: count, log, and tell the worker (a reply with no client address)."""
+        detail = f"key {principal} may not register {name[:64]!r}"
+        self._reject(peer, "registration_refused", detail)
+        self.outbox.append(
+            [
+                peer,
+                b"",
+                PROTOCOL,
+                TYPE_FRAMES[width][MessageType.REPLY],
+                b"",
+                *((name,) if name else ()),
+                b"",
+                *error_reply_data("registration_refused", detail),
+            ]
+        )
 
     # ------------------------------------------------------------- routing
 

@@ -1,4 +1,5 @@
-"""The ``dcp`` command line: ``dcp broker``, ``dcp worker``, ``dcp call``, ``dcp demo``."""
+"""The ``dcp`` command line: ``dcp broker``, ``dcp worker``, ``dcp call``, ``dcp demo``,
+``dcp keys``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+
+if TYPE_CHECKING:
+    from ._security import CurveClient, CurveServer
 
 __all__ = ["main"]
 
@@ -48,6 +52,41 @@ async def _until_signal(
         tg.start_soon(body)
 
 
+def _server_security(args: argparse.Namespace) -> CurveServer | None:
+    """The broker's CURVE settings from ``--keys``, ``--allow-client``, ``--allow-worker``."""
+    from ._security import CurveServer
+
+    if args.keys is None:
+        if args.allow_client or args.allow_worker or args.allow_any_client:
+            raise SystemExit("dcp broker: --allow-client/--allow-worker need --keys")
+        return None
+    workers: dict[str | bytes, list[str]] = {}
+    for spec in args.allow_worker:
+        service, sep, path = spec.partition("=")
+        if not sep or not path:
+            raise SystemExit(f"dcp broker: --allow-worker takes SERVICE=PATH, not {spec!r}")
+        workers.setdefault(service, []).append(path)
+    clients = None if args.allow_any_client else args.allow_client
+    try:
+        return CurveServer.from_files(args.keys, clients=clients, workers=workers)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"dcp broker: {exc}") from None
+
+
+def _client_security(args: argparse.Namespace) -> CurveClient | None:
+    """A client's or worker's CURVE settings from ``--keys`` and ``--server-key``."""
+    from ._security import CurveClient
+
+    if args.keys is None and args.server_key is None:
+        return None
+    if args.keys is None or args.server_key is None:
+        raise SystemExit(f"dcp {args.command}: --keys and --server-key go together")
+    try:
+        return CurveClient.from_files(args.keys, server=args.server_key)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"dcp {args.command}: {exc}") from None
+
+
 def _cmd_broker(args: argparse.Namespace) -> int:
     from ._broker import Broker
 
@@ -64,6 +103,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         work_timeout=args.work_timeout,
         send_hwm=args.send_hwm,
         max_redeliveries=args.max_redeliveries,
+        security=_server_security(args),
     )
 
     async def run() -> None:
@@ -100,6 +140,8 @@ def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from ._errors import RegistrationRefused
+    from ._exceptions import BaseExceptionGroup, single_error
     from ._worker import Worker
 
     handler = _load_handler(args.handler)
@@ -110,6 +152,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         heartbeat_interval=args.heartbeat_interval,
         liveness=args.liveness,
+        security=_client_security(args),
     )
 
     async def run() -> None:
@@ -119,7 +162,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     def stop() -> None:
         worker.stop(grace=args.grace)
 
-    anyio.run(_until_signal, run, stop, backend=args.backend)
+    try:
+        try:
+            anyio.run(_until_signal, run, stop, backend=args.backend)
+        except BaseExceptionGroup as group:
+            raise single_error(group) from None
+    except RegistrationRefused as exc:
+        print(f"dcp worker: {exc}", file=sys.stderr)
+        return 3
     logger.info("worker stopped: %s", worker.statistics())
     return 0
 
@@ -133,7 +183,12 @@ def _cmd_call(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         nonlocal code
-        async with Client(args.connect, timeout=args.timeout, retries=args.retries) as client:
+        async with Client(
+            args.connect,
+            timeout=args.timeout,
+            retries=args.retries,
+            security=_client_security(args),
+        ) as client:
             try:
                 reply = await client.request(args.service.encode(), *data)
             except DCPError as exc:
@@ -165,6 +220,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     anyio.run(run, backend=args.backend)
     return 0
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from ._security import write_key_pair
+
+    try:
+        public, secret = write_key_pair(args.dir, args.name, overwrite=args.force)
+    except (OSError, ValueError) as exc:
+        print(f"dcp keys: {exc}", file=sys.stderr)
+        return 1
+    print(public)
+    print(secret)
+    return 0
+
+
+def _add_client_security(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("CURVE security (docs/security.md)")
+    g.add_argument("--keys", metavar="FILE", help="this peer's NAME.key_secret file")
+    g.add_argument("--server-key", metavar="FILE", help="the broker's public NAME.key file")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -210,6 +284,30 @@ def _build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-message-size", type=int, default=256 << 20, metavar="BYTES")
     limits.add_argument("--max-frames", type=int, default=4096, metavar="N")
     limits.add_argument("--send-hwm", type=int, default=1000, metavar="MESSAGES")
+    g = p.add_argument_group("CURVE security (docs/security.md)")
+    g.add_argument(
+        "--keys", metavar="FILE", help="the broker's NAME.key_secret file: turns CURVE on"
+    )
+    g.add_argument(
+        "--allow-client",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a public .key file, or a directory of them, whose keys may connect (repeatable)",
+    )
+    g.add_argument(
+        "--allow-any-client",
+        action="store_true",
+        help="let any key connect (encryption without client authentication)",
+    )
+    g.add_argument(
+        "--allow-worker",
+        action="append",
+        default=[],
+        metavar="SERVICE=PATH",
+        help="keys in PATH (.key file or directory; '*': any connected key) may register "
+        "SERVICE ('*': any service); they may also connect (repeatable)",
+    )
     p.set_defaults(func=_cmd_broker)
 
     p = sub.add_parser("worker", help="serve a service with an async handler function")
@@ -226,6 +324,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, time running requests get to finish (a second signal: now)",
     )
+    _add_client_security(p)
     p.set_defaults(func=_cmd_worker)
 
     p = sub.add_parser("call", help="send one request and print the reply's data parts")
@@ -234,6 +333,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=2, metavar="N")
     p.add_argument("service", metavar="SERVICE")
     p.add_argument("data", nargs="*", metavar="DATA", help="data parts (UTF-8)")
+    _add_client_security(p)
     p.set_defaults(func=_cmd_call)
 
     p = sub.add_parser("demo", help="embedded broker, a DAG of workers, clients under load")
@@ -242,6 +342,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=32, metavar="N", help="in flight per client")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser(
+        "keys", help="generate a CURVE key pair: NAME.key (public), NAME.key_secret (0600)"
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--dir", default=".", metavar="DIR", help="where to write (default: .)")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=_cmd_keys)
     return parser
 
 

@@ -22,6 +22,7 @@ import zmq
 
 from ._context import get_context
 from ._messages import work_timeout_option
+from ._security import CurveClient, configure_client_socket
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import AsyncSocket
 
@@ -157,6 +158,9 @@ class Client:
     :param work_timeout: default seconds a worker may hold a request before the broker
         treats it as lost and gives the request to another worker (``None``: the broker's
         default); see :doc:`reliability`
+    :param security: CURVE keys (see ``docs/security.md``; default: no security). A broker
+        that does not accept the key, or is not the one whose key is given, never
+        completes the handshake: requests time out.
     """
 
     def __init__(
@@ -175,6 +179,7 @@ class Client:
         rng: random.Random | None = None,
         remember: int = 8192,
         work_timeout: float | None = None,
+        security: CurveClient | None = None,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
         if work_timeout is not None:
@@ -182,6 +187,7 @@ class Client:
         #: Default work timeout of requests (seconds; ``None``: the broker's).
         self.work_timeout = work_timeout
         self.endpoint = endpoint
+        self._security = security
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
         self._tracker = RequestTracker(
@@ -212,6 +218,7 @@ class Client:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
+            configure_client_socket(sock, self._security)
             sock.connect(self.endpoint)
         except BaseException:
             sock.close(0)

@@ -22,6 +22,7 @@ __all__ = [
     "MissingMetadataDelimiter",
     "MissingServiceName",
     "ProtocolError",
+    "RegistrationRefused",
     "RemoteError",
     "RemoteProtocolError",
     "RequestTimeout",
@@ -148,4 +149,18 @@ class RemoteError(DCPError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
+        self.message = message
+
+
+class RegistrationRefused(DCPError):
+    """The broker refused to let this worker register its service (dcp extension: a
+    ``registration_refused`` error reply; see ``docs/security.md``).
+
+    :ivar service: the service the worker tried to register
+    :ivar message: the broker's explanation
+    """
+
+    def __init__(self, service: bytes, message: str) -> None:
+        super().__init__(f"the broker refused the registration for {service!r}: {message}")
+        self.service = service
         self.message = message

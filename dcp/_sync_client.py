@@ -26,6 +26,7 @@ from ._client import (
 )
 from ._context import get_context
 from ._messages import work_timeout_option
+from ._security import CurveClient, configure_client_socket
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import recv_frames, send_frames
 
@@ -75,6 +76,7 @@ class SyncClient:
         rng: random.Random | None = None,
         remember: int = 8192,
         work_timeout: float | None = None,
+        security: CurveClient | None = None,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
         if work_timeout is not None:
@@ -101,6 +103,7 @@ class SyncClient:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, routing_id)
+            configure_client_socket(sock, security)
             sock.connect(endpoint)
         except BaseException:
             sock.close(0)

@@ -13,15 +13,18 @@ import anyio.abc
 import attrs
 import zmq
 
+from ._client import make_routing_id
 from ._codec import serialize
 from ._context import get_context
-from ._errors import RemoteProtocolError
+from ._errors import RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
 from ._messages import Message, Reply, Request, parse_work_timeout
+from ._security import CurveClient, configure_client_socket
 from ._worker_core import (
     BrokerLost,
     Forward,
     Output,
+    Refused,
     Run,
     State,
     WorkerCore,
@@ -93,6 +96,11 @@ class Worker:
     :param reconnect_min: first reconnect delay, in seconds
     :param reconnect_max: longest reconnect delay, in seconds
     :param context: zmq context (default: one shared per process)
+    :param security: CURVE keys (see ``docs/security.md``; default: no security)
+
+    A broker that refuses the registration (a secure broker whose allow-list does not let
+    this worker's key serve ``service``) makes :meth:`serve` raise
+    :exc:`dcp.RegistrationRefused`, and ``async with`` raise it on entry.
     """
 
     #: Default seconds that running handlers get to finish when the worker stops.
@@ -110,8 +118,11 @@ class Worker:
         reconnect_min: float = 0.1,
         reconnect_max: float = 5.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        security: CurveClient | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._security = security
+        self._refused: RegistrationRefused | None = None
         self.service = service.encode() if isinstance(service, str) else bytes(service)
         self._handler = handler
         self._context = context
@@ -211,6 +222,7 @@ class Worker:
         Cancellation cancels the running handlers and closes the socket (linger 0) at once.
 
         :raises RuntimeError: this worker is serving or has served already
+        :raises RegistrationRefused: the broker refused the registration
         """
         if self._serving:
             raise RuntimeError("a Worker can serve only once")
@@ -228,6 +240,8 @@ class Worker:
         finally:
             self._tg = None
             self._done.set()
+        if self._refused is not None:
+            raise self._refused
 
     # -- the serving task -------------------------------------------------------------------
 
@@ -282,6 +296,15 @@ class Worker:
                     logger.warning("malformed message from broker (%s): %s", exc.reason, exc)
                     continue
                 for out in outs:
+                    if isinstance(out, Refused):
+                        logger.error(
+                            "broker %s refused the registration for %r: %s",
+                            self.endpoint,
+                            self.service,
+                            out.message,
+                        )
+                        self._refused = RegistrationRefused(self.service, out.message)
+                        return None
                     self._do(out)
                 if core.state is State.READY and self._task_status is not None:
                     self._task_status.started()
@@ -315,6 +338,9 @@ class Worker:
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
+            # An explicit random id: a secure broker refuses zmq-generated (guessable) ones.
+            sock.setsockopt(zmq.ROUTING_ID, make_routing_id())
+            configure_client_socket(sock, self._security)
             sock.connect(self.endpoint)
         except BaseException:
             sock.close(0)
@@ -340,7 +366,7 @@ class Worker:
         if isinstance(out, Run):
             assert self._tg is not None
             self._tg.start_soon(self._handle, out.request, out.generation)
-        elif isinstance(out, BrokerLost):  # pragma: no cover - only tick() returns it
+        elif isinstance(out, (BrokerLost, Refused)):  # pragma: no cover - handled by _session
             raise AssertionError(out)
         else:
             self._send(out)

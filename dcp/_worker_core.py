@@ -61,6 +61,11 @@ Rule 9 (stopping)
     drops the backlog and every request that still arrives, and lets running handlers
     finish. :meth:`WorkerCore.leave` returns a RECONNECT for the broker (dcp extension: "I am
     leaving; requeue what I hold"), so whatever was dropped is served by another worker.
+Rule 10 (refused registration)
+    A REPLY without a client address whose data is a ``registration_refused`` error reply
+    and whose metadata names our service (dcp extension, sent by a secure broker) means we
+    may not serve: the core becomes CLOSED and returns :class:`Refused`. Any other REPLY is
+    counted as unexpected and ignored.
 
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
@@ -95,6 +100,7 @@ __all__ = [
     "BrokerLost",
     "Forward",
     "Output",
+    "Refused",
     "Run",
     "State",
     "WorkerCore",
@@ -201,8 +207,16 @@ class BrokerLost:
     delay: float
 
 
+@attrs.frozen
+class Refused:
+    """Output: the broker refused our registration (Rule 10); stop serving."""
+
+    #: The broker's explanation.
+    message: str
+
+
 #: What the core asks the I/O layer to do.
-Output: TypeAlias = Message | Run | BrokerLost
+Output: TypeAlias = Message | Run | BrokerLost | Refused
 
 
 @attrs.frozen
@@ -345,6 +359,17 @@ class WorkerCore:
             self._generation += 1
             self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
             return self._send(Register(self.service), now)
+        if isinstance(msg, Reply) and msg.client is None:
+            refusal = parse_error_reply(msg.data)
+            if (
+                refusal is not None
+                and refusal[0] == "registration_refused"
+                and msg.metadata == ((self.service,) if self.service else ())
+            ):
+                self.state = State.CLOSED
+                self.stopping = True
+                self._drop_backlog()
+                return [Refused(refusal[1])]
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
         return []

@@ -77,14 +77,23 @@ class Received:
     :ivar frames: its frames, cut at the frame and byte limits
     :ivar dropped_frames: how many frames were read and discarded past those limits
     :ivar nbytes: the size of the whole message as received, in bytes
+    :ivar user_id: the connection's ZAP user id (with CURVE: the peer's public key), if
+        the socket reads user ids and the connection has one
     """
 
-    __slots__ = ("dropped_frames", "frames", "nbytes")
+    __slots__ = ("dropped_frames", "frames", "nbytes", "user_id")
 
-    def __init__(self, frames: list[bytes], dropped_frames: int, nbytes: int = 0) -> None:
+    def __init__(
+        self,
+        frames: list[bytes],
+        dropped_frames: int,
+        nbytes: int = 0,
+        user_id: str | None = None,
+    ) -> None:
         self.frames = frames
         self.dropped_frames = dropped_frames
         self.nbytes = nbytes
+        self.user_id = user_id
 
 
 class AsyncSocket:
@@ -102,6 +111,7 @@ class AsyncSocket:
         max_frames: int = 0,
         max_bytes: int = 0,
         zero_copy_threshold: int = 0,
+        user_ids: bool = False,
     ) -> None:
         self.sock = sock
         #: Frames of at least this many bytes are kept as :class:`zmq.Frame` objects (a
@@ -113,6 +123,8 @@ class AsyncSocket:
         self.max_frames = max_frames
         #: Frames that take a message beyond this many bytes are discarded (0: no limit).
         self.max_bytes = max_bytes
+        #: Read each message's ZAP user id into :attr:`Received.user_id` (about 0.3 us).
+        self.user_ids = user_ids
         self._fd: int = sock.FD
         self._wait_scope: anyio.CancelScope | None = None
         self._closed = False
@@ -175,11 +187,19 @@ class AsyncSocket:
         out: list[Received] = []
         max_frames = self.max_frames or _UNLIMITED
         max_bytes = self.max_bytes or _UNLIMITED
+        user_ids = self.user_ids
+        user_id = None
         for _ in range(batch):
             try:
                 frame = recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            if user_ids:
+                # Metadata of the connection the message came on (every frame has it).
+                try:
+                    user_id = cast(str, frame.get("User-Id"))
+                except zmq.ZMQError:  # no handshake metadata (e.g. inproc)
+                    user_id = None
             zero_copy = self.zero_copy_threshold
             nbytes = len(frame)
             # A zmq.Frame stands in for bytes where it is kept: it has len(), truthiness and
@@ -195,7 +215,7 @@ class AsyncSocket:
                     dropped += 1
                 else:
                     frames.append(frame.bytes if size < zero_copy else cast(bytes, frame))
-            out.append(Received(frames, dropped, nbytes))
+            out.append(Received(frames, dropped, nbytes, user_id))
         return out
 
     def send_nowait(self, frames: Sequence[bytes]) -> None:

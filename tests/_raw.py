@@ -16,6 +16,7 @@ import zmq
 
 from dcp import Message, parse, serialize
 from dcp._context import get_context
+from dcp._security import CurveClient, configure_client_socket
 
 __all__ = ["POLL", "Peers", "RawPeer", "wait_for"]
 
@@ -92,10 +93,18 @@ class Peers:
         self.endpoint = endpoint
         self._peers: list[RawPeer] = []
 
-    def __call__(self, ident: bytes, *, width: int = 1, rcvhwm: int | None = None) -> RawPeer:
+    def __call__(
+        self,
+        ident: bytes,
+        *,
+        width: int = 1,
+        rcvhwm: int | None = None,
+        security: CurveClient | None = None,
+    ) -> RawPeer:
         sock: zmq.Socket[bytes] = get_context().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTING_ID, ident)
+        configure_client_socket(sock, security)
         if rcvhwm is not None:
             sock.setsockopt(zmq.RCVHWM, rcvhwm)
         sock.connect(self.endpoint)

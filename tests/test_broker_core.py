@@ -27,7 +27,7 @@ from dcp import (
     serialize,
 )
 from dcp._broker_core import BrokerCore, ServiceStatistics
-from dcp._messages import ERROR_MARKER, parse_error_reply
+from dcp._messages import ERROR_MARKER, parse_error_reply, work_timeout_option
 
 W1, W2, W3 = b"W1", b"W2", b"W3"
 C1, C2 = b"C1", b"C2"
@@ -791,7 +791,10 @@ def test_dagbox_reference_reconnect() -> None:
 
 _PEERS = [W1, W2, C1, C2]
 _SERVICES = [b"a", b"b"]
-_parts = st.lists(st.sampled_from([b"m", b"n", b"x" * 3]), max_size=2)
+_parts = st.lists(
+    st.sampled_from([b"m", b"n", b"x" * 3, work_timeout_option(1.0), work_timeout_option(3.0)]),
+    max_size=2,
+)
 _messages = st.one_of(
     st.builds(Register, st.sampled_from(_SERVICES)),
     st.just(Ping()),
@@ -829,8 +832,17 @@ _steps = st.lists(
 @hypothesis_given(_steps)
 def test_any_traffic_keeps_the_routing_invariants(steps: list[tuple[object, ...]]) -> None:
     """Whatever arrives: nothing raises, every message sent parses (replies go to their
-    client), no idle worker waits beside a non-empty queue, nothing is dispatched twice."""
-    core = BrokerCore(heartbeat_interval=1.0, liveness=5, max_queue=3, max_redeliveries=1)
+    client), no idle worker waits beside a non-empty queue, nothing is dispatched twice,
+    and the per-client counts match the requests queued and held."""
+    core = BrokerCore(
+        heartbeat_interval=1.0,
+        liveness=5,
+        max_queue=3,
+        max_redeliveries=1,
+        max_client_queued=2,
+        max_client_inflight=3,
+        work_timeout=2.0,
+    )
     now = 0.0
     for step in steps:
         now += 0.5
@@ -857,6 +869,14 @@ def test_any_traffic_keeps_the_routing_invariants(steps: list[tuple[object, ...]
             assert not (service.idle and service.queued), (name, service)
             assert service.idle <= service.workers
         assert stats.dispatched <= stats.requests + stats.redeliveries
+        held = [p for w in core._workers.values() for p in w.held]
+        queued = [p for svc in core._services.values() for p in svc.queue]
+        for client, load in core._loads.items():
+            assert load.inflight == sum(p.client == client for p in held + queued) > 0
+            assert load.queued == sum(p.client == client for p in queued)
+        assert all(p.client in core._loads for p in held + queued)
+        assert all(p.holder is not None for p in held)
+        assert core._timed_held == len(held)  # every request has a work timeout here
 
 
 # ------------------------------------------------- which request an answer finishes

@@ -22,6 +22,12 @@ CASES = {
         "forwards seen by the broker: 6",
     ],
     "sync_client.py": ["7 squared is 49", "squares: [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]"],
+    "secure.py": [
+        "alice got HELLO",
+        "mallory got no answer: her key is on no list",
+        "the worker may not serve payroll",
+        "broker refused: registration_refused, zap_denied",
+    ],
 }
 
 

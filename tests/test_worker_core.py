@@ -29,6 +29,7 @@ from dcp._worker_core import (
     BrokerLost,
     Forward,
     Output,
+    Refused,
     Run,
     State,
     WorkerCore,
@@ -367,7 +368,7 @@ class Wired:
                 self.running.append(out.request)
                 self.max_running = max(self.max_running, len(self.running))
                 assert len(self.running) == self.worker.in_progress
-            elif isinstance(out, BrokerLost):  # pragma: no cover - the broker never dies
+            elif isinstance(out, (BrokerLost, Refused)):  # pragma: no cover - never here
                 raise AssertionError(out)
             else:
                 self.broker.receive([b"W", *serialize(out)], self.now)

@@ -1,0 +1,132 @@
+"""``dcp keys`` and the CURVE flags of ``dcp broker``, ``dcp worker`` and ``dcp call``, as
+real subprocesses (killed by PID at the end), plus in-process argument errors."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq.auth
+from test_cli import HANDLER, Proc, run, start
+
+from dcp._cli import main
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+def test_keys_command(tmp_path: Path) -> None:
+    code, out, err = run("keys", "alice", "--dir", str(tmp_path))
+    assert (code, err) == (0, "")
+    public, secret = tmp_path / "alice.key", tmp_path / "alice.key_secret"
+    assert out.splitlines() == [str(public), str(secret)]
+    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    key, secret_key = zmq.auth.load_certificate(secret)
+    assert secret_key is not None and zmq.auth.load_certificate(public) == (key, None)
+    code, out, err = run("keys", "alice", "--dir", str(tmp_path))
+    assert (code, out) == (1, "")
+    assert err == f"dcp keys: {public} exists (overwrite it with --force)\n"
+    assert run("keys", "alice", "--dir", str(tmp_path), "--force")[0] == 0
+    assert zmq.auth.load_certificate(public)[0] != key
+
+
+def test_secure_broker_worker_and_call(procs: list[Proc], tmp_path: Path) -> None:
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    for directory, name in [
+        (tmp_path, "broker"),
+        (tmp_path, "worker"),
+        (tmp_path, "stranger"),
+        (clients, "alice"),
+    ]:
+        assert main(["keys", name, "--dir", str(directory)]) == 0
+    broker = start(
+        procs, "broker", "--bind", "tcp://127.0.0.1:0",
+        "--keys", str(tmp_path / "broker.key_secret"),
+        "--allow-client", str(clients),
+        "--allow-worker", f"echo={tmp_path / 'worker.key'}",
+    )  # fmt: skip
+    [tcp] = broker.read_lines(1)
+
+    def peer(name: str, directory: Path = tmp_path) -> list[str]:
+        return [
+            "--keys", str(directory / f"{name}.key_secret"),
+            "--server-key", str(tmp_path / "broker.key"),
+        ]  # fmt: skip
+
+    worker = start(
+        procs, "worker", "--connect", tcp, "--service", "echo", HANDLER, *peer("worker")
+    )
+    code, out, err = run("call", "--connect", tcp, "echo", "hello", *peer("alice", clients))
+    assert (code, out, err) == (0, "HELLO\n", "")
+    # A key on no list gets no answer; a worker key may not serve another service.
+    code, out, err = run(
+        "call", "--connect", tcp, "--timeout", "0.3", "--retries", "0", "echo", "x",
+        *peer("stranger"),
+    )  # fmt: skip
+    assert (code, out) == (1, "")
+    assert "RequestTimeout" in err
+    code, _, err = run(
+        "worker", "--connect", tcp, "--service", "payroll", HANDLER, *peer("worker")
+    )
+    assert code == 3
+    assert "dcp worker: the broker refused the registration for b'payroll'" in err
+    assert "Traceback" not in err
+    worker.kill()
+    broker.kill()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["broker", "--bind", "tcp://127.0.0.1:0", "--allow-client", "x"], "need --keys"),
+        (["broker", "--bind", "tcp://127.0.0.1:0", "--allow-any-client"], "need --keys"),
+        (
+            ["broker", "--bind", "tcp://127.0.0.1:0", "--keys", "K", "--allow-worker", "echo"],
+            "--allow-worker takes SERVICE=PATH, not 'echo'",
+        ),
+        (["broker", "--bind", "tcp://127.0.0.1:0", "--keys", "/no/such"], "dcp broker:"),
+        (
+            ["call", "--connect", "tcp://127.0.0.1:1", "--keys", "K", "echo"],
+            "dcp call: --keys and --server-key go together",
+        ),
+        (
+            ["worker", "--connect", "tcp://127.0.0.1:1", "--service", "s", HANDLER,
+             "--server-key", "K"],
+            "dcp worker: --keys and --server-key go together",
+        ),
+        (
+            ["call", "--connect", "tcp://127.0.0.1:1", "--keys", "/no/such", "--server-key",
+             "/no/such", "echo"],
+            "dcp call:",
+        ),
+    ],
+)  # fmt: skip
+def test_security_argument_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert isinstance(info.value.code, str) and message in info.value.code
+
+
+def test_any_client_and_wildcard_flags(tmp_path: Path) -> None:
+    from dcp._cli import _build_parser, _server_security
+
+    main(["keys", "broker", "--dir", str(tmp_path)])
+    args = _build_parser().parse_args(
+        [
+            "broker", "--bind", "tcp://127.0.0.1:0",
+            "--keys", str(tmp_path / "broker.key_secret"),
+            "--allow-any-client", "--allow-worker", "*=*",
+        ]
+    )  # fmt: skip
+    security = _server_security(args)
+    assert security is not None and security.clients is None
+    assert security.workers == {b"*": frozenset([b"*"])}
