@@ -15,7 +15,10 @@ Run it with ``scripts/bench`` (or ``python -m benchmarks.run``); it writes
 - :mod:`benchmarks.variants`: which broker, workers and load generator make each variant;
 - :mod:`benchmarks.sweep`: scaling sweeps of the dcp broker (minimal broker as control);
 - :mod:`benchmarks.report`: the tables, targets and plots;
-- :mod:`benchmarks.profile_broker`: the dcp broker under cProfile with the common load.
+- :mod:`benchmarks.profile_broker`: the dcp broker under cProfile with the common load;
+- :mod:`benchmarks.chaos`: the chaos test (faults and deadlines; not a benchmark, its figures
+  are in ``docs/reliability.md``), with :mod:`benchmarks.chaos_peers` (its workers and
+  clients), :mod:`benchmarks.chaos_deadlines` and :mod:`benchmarks.chaos_figures`.
 
 Every process is started by :mod:`benchmarks.procs` and killed by its PID when the step that
 started it ends, whatever happens.

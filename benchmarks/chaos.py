@@ -2,7 +2,9 @@
 schedule, and the figures that show nothing was lost or delivered twice.
 
 ``python -m benchmarks.chaos [--duration S] [--workers N] [--clients N] [--seed N]
-[--json FILE]``
+[--rounds N] [--work-timeout S] [--json FILE]``; ``--scenario deadlines`` runs
+:mod:`benchmarks.chaos_deadlines` instead. ``--rounds`` repeats the run with the next seeds
+and prints medians.
 
 Processes (all on ``tcp://127.0.0.1``, each started by :class:`benchmarks.procs.Procs` and
 killed by its PID whatever happens):
@@ -25,7 +27,8 @@ The run is ``--cycles`` cycles (default: one per 20 s), each split into phases:
    seconds and a fresh one started in its place;
 4. *hangs* (to the end): two extra workers join, each hanging on its first request for
    ``--hang-for`` seconds: ``hang-async`` awaits (it keeps heartbeating, so only the
-   client's retry rescues its request), ``hang-block`` stalls its process (its heartbeats
+   client's retry rescues its request, or the broker with ``--work-timeout``), ``hang-block``
+   stalls its process (its heartbeats
    stop and the broker drops it and redelivers the request). Both leave at the end of the
    cycle.
 
