@@ -44,6 +44,9 @@ Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, s
   :func:`~dcp._messages.work_timeout_option`; else the broker's ``work_timeout``, if any).
   A worker that holds it longer than that is treated as lost, as in Rule 5: it is sent
   reconnect and removed, and what it held is redelivered, within ``max_redeliveries``.
+  The same peer may register again at once, but gets no work for ``liveness x
+  heartbeat_interval`` (*quarantine*), so a worker that hangs on every request cannot take
+  the redelivered request straight back while others could serve it.
 Rule S - Security (only with a :class:`~dcp._guard.Guard`, i.e. CURVE on; its rules S1-S4
   are in :mod:`dcp._guard`). Each message comes with its sender's key (*principal*); one
   the guard does not admit is counted and dropped. A registration the guard does not permit
@@ -297,6 +300,8 @@ class BrokerCore:
         # deleted (an entry is live while its request's holder is set and token matches).
         self._deadlines: list[tuple[float, int, int, _Pending]] = []
         self._timed_held = 0
+        # Rule 7: peers removed for a work timeout, and until when they get no work.
+        self._quarantine: dict[bytes, float] = {}
         # The time of the call being handled (receive or expire), for work-timeout deadlines.
         self._now = 0.0
 
@@ -415,8 +420,16 @@ class BrokerCore:
                 pending.work_timeout,
             )
             self._work_timeouts += 1
+            self._quarantine[worker.ident] = now + self._timeout
             self._send(worker.ident, worker.width, MessageType.RECONNECT)
             self._remove_worker(worker)
+        if self._quarantine:
+            for ident, until in list(self._quarantine.items()):
+                if until <= now:
+                    del self._quarantine[ident]
+                    released = self._workers.get(ident)
+                    if released is not None and released.credit:
+                        self._use_credit(released)
         order = self._by_activity
         workers = self._workers
         while order:
@@ -441,6 +454,9 @@ class BrokerCore:
             heapq.heappop(deadlines)  # answered or redelivered: stale
         if deadlines:
             top = deadlines[0][0]
+            when = top if when is None or top < when else when
+        if self._quarantine:
+            top = min(self._quarantine.values())
             when = top if when is None or top < when else when
         return when
 
@@ -655,6 +671,11 @@ class BrokerCore:
             worker.credit += 1
         elif worker.credit < 1:
             worker.credit = 1
+        if self._quarantine and worker.ident in self._quarantine:
+            return  # Rule 7: it may register and heartbeat, but gets no work for now
+        self._use_credit(worker)
+
+    def _use_credit(self, worker: _Worker) -> None:
         # Serve the oldest requests across the worker's services (usually just one).
         services = worker.services
         while worker.credit:

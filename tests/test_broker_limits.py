@@ -22,8 +22,8 @@ from test_broker_core import (
     workers,
 )
 
-from dcp import PROTOCOL, Ping, Reconnect, Register, Reply, Request, serialize
-from dcp._broker_core import BrokerCore
+from dcp import PROTOCOL, Ping, Pong, Reconnect, Register, Reply, Request, serialize
+from dcp._broker_core import BrokerCore, ServiceStatistics
 from dcp._messages import parse_work_timeout, work_timeout_option
 
 P = PROTOCOL
@@ -143,14 +143,14 @@ def test_the_brokers_default_work_timeout_applies_to_requests_without_one() -> N
     assert take(core) == [out(W1, Reconnect())]
     # Both went back to the queue; nothing is left to time out.
     assert core.statistics().services[ECHO].queued == 2
-    assert core.next_expiry() is None
+    assert core.next_expiry() == 302.0  # only W1's quarantine (liveness 300 s) is left
 
 
 def test_work_timeouts_count_towards_the_redelivery_limit() -> None:
     core = BrokerCore(heartbeat_interval=100.0, max_redeliveries=1)
     feed(core, C1, timed(1, 1.0), now=0.0)
-    for now in (0.0, 1.0):
-        workers(core, W1)  # registers again after each reconnect
+    for now, worker in ((0.0, W1), (1.0, W2)):
+        feed(core, worker, Register(ECHO), now=now)
         core.expire(now + 1.0)
     sent = take(core)
     assert error_of(sent[-1]) == (C1, "redelivery_limit", timed(1, 1.0).metadata)
@@ -279,3 +279,31 @@ def test_a_zero_client_limit_refuses_a_new_clients_first_request(queued: bool) -
     [refusal] = take(core)
     assert error_of(refusal) == (C1, "client_limit", req(1).metadata)
     assert core.statistics().clients == 0
+
+
+def test_a_worker_dropped_for_a_work_timeout_gets_no_work_for_a_while() -> None:
+    """Quarantine: a worker that hangs on every request registers again at once, but the
+    request it held goes to another worker, and it gets work again only later."""
+    core = BrokerCore(heartbeat_interval=1.0, liveness=3)
+    workers(core, W1)
+    feed(core, C1, timed(1, 0.5), now=0.0)
+    take(core)
+    core.expire(0.5)
+    assert take(core) == [out(W1, Reconnect())]
+    feed(core, W1, Register(ECHO), now=0.6)  # back at once: echoed, but no work
+    assert take(core) == [out(W1, Register(ECHO))]
+    feed(core, W1, Ping(), now=0.7)
+    assert take(core) == [out(W1, Pong())]
+    assert core.statistics().services[ECHO] == ServiceStatistics(workers=1, idle=0, queued=1)
+    assert core.next_expiry() == 3.5
+    feed(core, W2, Register(ECHO), now=1.0)  # another worker takes the request
+    assert take(core) == [out(W2, Register(ECHO)), out(W2, timed(1, 0.5, C1))]
+    feed(core, W2, Reply(C1, timed(1, 0.5).metadata, (b"r1",)), now=1.1)
+    feed(core, W2, Reconnect(), now=1.2)  # W2 leaves
+    take(core)
+    feed(core, C2, req(2), now=1.3)
+    assert take(core) == []  # queued: W1 is still in quarantine
+    core.expire(3.4)
+    assert take(core) == []
+    core.expire(3.5)  # quarantine over: W1 uses the credit it was given
+    assert take(core) == [given(W1, 2, C2)]
