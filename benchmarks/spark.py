@@ -231,6 +231,9 @@ def loop_rate(
             if proc.poll() is None:
                 proc.kill()
             proc.wait(10)
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
     seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
     return Measure(
         sum(int(r["rows"]) for r in results),
