@@ -377,7 +377,8 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                         f"other load {m.other_load:.2f} CPUs)",
                         flush=True,
                     )
-    return {"records": records, "settings": vars(args), "machine": _machine()}
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    return {"records": records, "settings": settings, "machine": _machine(), "when": _now()}
 
 
 def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -398,10 +399,15 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "loop_cpu": statistics.median(r["side_us_per_row"] for r in loop.values()),
                 "spark_cpu": statistics.median(r["side_us_per_row"] for r in spark.values()),
                 "other_load": max(r["other_load"] for r in mine),
+                "other_load_median": statistics.median(r["other_load"] for r in mine),
                 "errors": sum(r["errors"] for r in mine),
             }
         )
     return rows
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
 def _machine() -> str:
@@ -435,8 +441,8 @@ def render_section(results: dict[str, Any], command: str) -> str:
         "```",
         "",
         f"{settings['rows']:,} rows of {settings['payload']} B, window {settings['window']} "
-        f"per stream, {settings['rounds']} round(s), on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. {results['machine']}.",
+        f"per stream, {settings['rounds']} round(s), on {results['when']}. "
+        f"{results['machine']}.",
         "",
         '- *loop*: S processes, each one SyncClient running `client.map("echo", payloads,',
         "  window=W)` over its share of the rows, started together; rate = rows / (last end -",
@@ -449,7 +455,7 @@ def render_section(results: dict[str, Any], command: str) -> str:
         "",
         "| streams S | loop rows/s | dcp.spark rows/s | dcp.spark / loop | "
         f"target >= {TARGET}x | loop CPU us/row | dcp.spark CPU us/row | "
-        "rows without the expected reply | other load (CPUs, max) |",
+        "rows without the expected reply | other load (CPUs, median / max) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in summarise(results["records"]):
@@ -459,7 +465,7 @@ def render_section(results: dict[str, Any], command: str) -> str:
             f"| {row['streams']} | {row['loop']:,.0f} | {row['spark']:,.0f} | "
             f"{row['ratio']:.2f}x (rounds: {per_round}) | {verdict} | "
             f"{row['loop_cpu']:.1f} | {row['spark_cpu']:.1f} | {row['errors']} | "
-            f"{row['other_load']:.2f} |"
+            f"{row['other_load_median']:.2f} / {row['other_load']:.2f} |"
         )
     lines += [
         "",
@@ -467,7 +473,8 @@ def render_section(results: dict[str, Any], command: str) -> str:
         "loops), or the Spark JVM and its Python workers (during the action). *Other load*:",
         "work done meanwhile by processes other than the broker, the echo worker, the",
         "measured side and the benchmark itself (`/proc/stat`); above ~0.25 CPU on this",
-        "2-CPU machine the rates are skewed.",
+        "2-CPU machine the rates are skewed, and single-round ratios swing widely: read the",
+        "medians, and the CPU per row, which the other load disturbs much less.",
         "",
         "The broker is the bottleneck on both sides (about 100 us of broker CPU per request,",
         "see above), and the two cores are shared by the broker, the echo worker and the",
@@ -495,14 +502,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="2,000 rows, 1 round, no page")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--no-page", action="store_true", help="print only")
+    parser.add_argument("--json", type=Path, default=None, help="save the raw records here")
+    parser.add_argument(
+        "--render", type=Path, default=None, metavar="JSON", help="only rewrite the page "
+        "section from the records a --json run saved"
+    )  # fmt: skip
     args = parser.parse_args(argv)
     command = "python -m benchmarks.spark" + (" " + " ".join(argv) if argv else "")
     if args.tiny:
         args.rows, args.rounds, args.no_page = 2000, 1, True
-    with tempfile.TemporaryDirectory(prefix="dcp-bench-spark-") as tmp:
-        results = run(args, Path(tmp))
-    settings = results["settings"]
-    settings["page"] = str(settings["page"])
+    if args.render is not None:  # the page section again, from a saved run
+        results = json.loads(args.render.read_text())
+        command = results["command"]
+    else:
+        with tempfile.TemporaryDirectory(prefix="dcp-bench-spark-") as tmp:
+            results = run(args, Path(tmp))
+        results["command"] = command
+        if args.json is not None:
+            args.json.write_text(json.dumps(results, indent=1) + "\n")
     for row in summarise(results["records"]):
         print(
             f"streams {row['streams']}: loop {row['loop']:,.0f} rows/s, dcp.spark "
@@ -510,7 +527,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"CPU us/row loop {row['loop_cpu']:.1f} vs dcp.spark {row['spark_cpu']:.1f}, "
             f"errors {row['errors']}"
         )
-    print(json.dumps(results))
     if not args.no_page:
         page: Path = args.page
         text = page.read_text() if page.exists() else "# Performance\n"

@@ -58,15 +58,16 @@ async def normalise(request: dcp.Request) -> dcp.Forward:
 
 
 async def score(request: dcp.Request) -> bytes:
-    """``{"indent", "text"}`` -> the record the job stores (JSON)."""
+    """``{"indent", "text"}`` -> the record the job stores (JSON): a toy complexity score
+    from the nesting, the keywords, the distinct operators and the tokens of the code."""
     record = json.loads(request.data[0])
     text: str = record["text"]
     if len(text) > MAX_LENGTH:
         raise ValueError(f"line too long: {len(text)} characters (max {MAX_LENGTH})")
     tokens = _TOKEN.findall(text.split("#", 1)[0])  # code only, not comments
     keywords = sum(1 for t in tokens if keyword.iskeyword(t))
-    operators = sum(1 for t in tokens if not (t[0].isalnum() or t[0] == "_"))
-    value = 0.25 * record["indent"] / 4 + keywords + 0.5 * operators + 0.1 * len(tokens)
+    operators = {t for t in tokens if not (t[0].isalnum() or t[0] == "_")}
+    value = 0.25 * record["indent"] / 4 + keywords + 0.5 * len(operators) + 0.1 * len(tokens)
     out = {"text": text, "tokens": len(tokens), "keywords": keywords, "score": round(value, 2)}
     return json.dumps(out).encode()
 

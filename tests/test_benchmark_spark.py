@@ -20,7 +20,7 @@ def test_tiny_spark_benchmark(spark: SparkSession, tmp_path: Path) -> None:
     with Procs(tmp_path) as procs:
         endpoint = start_services(procs)
         pids = [p.pid for p in procs.procs]
-        for streams in (1, 2):
+        for streams in (2,):  # the two-task case; one stream is the same code
             loop = loop_rate(endpoint, rows=1000, streams=streams, window=32, size=16,
                              service_pids=pids)  # fmt: skip
             sp = spark_rate(spark, endpoint, rows=1000, streams=streams, window=32, size=16,
@@ -33,15 +33,17 @@ def test_tiny_spark_benchmark(spark: SparkSession, tmp_path: Path) -> None:
                 records.append({"round": 0, "streams": streams, "side": side,
                                 "rate": m.rate, "side_us_per_row": m.side_us_per_row,
                                 "other_load": m.other_load, "errors": m.errors})  # fmt: skip
-    assert [row["streams"] for row in summarise(records)] == [1, 2]
+    [row] = summarise(records)
+    assert row["streams"] == 2 and row["errors"] == 0
     results = {
         "records": records,
         "settings": {"rows": 1000, "payload": 16, "window": 32, "rounds": 1},
         "machine": "test machine",
+        "when": "now",
     }
     section = render_section(results, "python -m benchmarks.spark --tiny")
     assert "$ python -m benchmarks.spark --tiny" in section
-    assert section.count("\n| 1 |") == section.count("\n| 2 |") == 1
+    assert section.count("\n| 2 |") == 1
 
 
 def test_page_sections_are_replaced_and_kept() -> None:
