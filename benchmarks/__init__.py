@@ -16,6 +16,10 @@ Run it with ``scripts/bench`` (or ``python -m benchmarks.run``); it writes
 - :mod:`benchmarks.sweep`: scaling sweeps of the dcp broker (minimal broker as control);
 - :mod:`benchmarks.report`: the tables, targets and plots;
 - :mod:`benchmarks.profile_broker`: the dcp broker under cProfile with the common load.
+- :mod:`benchmarks.spark`: ``dcp.spark`` rows/s against the plain ``SyncClient`` loop
+  outside Spark (``python -m benchmarks.spark``; its own section of the page);
+- :mod:`benchmarks.sections`: page sections written by another benchmark, kept when the page
+  is regenerated.
 
 Every process is started by :mod:`benchmarks.procs` and killed by its PID when the step that
 started it ends, whatever happens.

@@ -2,7 +2,7 @@
 same machine, same number of concurrent request streams.
 
 ``python -m benchmarks.spark [--rows 100000] [--rounds 3] [--window 64] [--payload 16]
-[--tiny] [--page docs/performance.md | --no-page]``
+[--tiny] [--page docs/performance.md | --no-page] [--json FILE] [--render FILE]``
 
 Everything runs on 127.0.0.1: ``dcp broker`` (trio) and one echo-worker process with 4 DCP
 worker sockets (:mod:`benchmarks.echo_worker`); both are killed by PID at the end. Then, for
@@ -25,7 +25,8 @@ Figures are medians over rounds; ratios are medians of same-round ratios. The ma
 cores are shared by the broker, the workers and the measured side, so both sides compete
 with the same broker for CPU. Without ``--no-page`` (and not in ``--tiny`` mode) the figures
 are written into ``docs/performance.md`` as its ``spark`` section
-(:mod:`benchmarks.sections`).
+(:mod:`benchmarks.sections`) and the raw records into ``docs/perf/spark.json``;
+``--render docs/perf/spark.json`` rewrites the section from them.
 """
 
 from __future__ import annotations
@@ -502,13 +503,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="2,000 rows, 1 round, no page")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--no-page", action="store_true", help="print only")
-    parser.add_argument("--json", type=Path, default=None, help="save the raw records here")
+    parser.add_argument(
+        "--json", type=Path, default=None,
+        help="save the raw records here (default with a page: perf/spark.json beside it)",
+    )  # fmt: skip
     parser.add_argument(
         "--render", type=Path, default=None, metavar="JSON", help="only rewrite the page "
         "section from the records a --json run saved"
     )  # fmt: skip
     args = parser.parse_args(argv)
-    command = "python -m benchmarks.spark" + (" " + " ".join(argv) if argv else "")
+    command = f"python -m benchmarks.spark --rows {args.rows} --rounds {args.rounds}"
+    if (args.window, args.payload) != (64, 16):
+        command += f" --window {args.window} --payload {args.payload}"
     if args.tiny:
         args.rows, args.rounds, args.no_page = 2000, 1, True
     if args.render is not None:  # the page section again, from a saved run
@@ -518,7 +524,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="dcp-bench-spark-") as tmp:
             results = run(args, Path(tmp))
         results["command"] = command
+        if args.json is None and not args.no_page:
+            args.json = args.page.parent / "perf" / "spark.json"
         if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(results, indent=1) + "\n")
     for row in summarise(results["records"]):
         print(
