@@ -18,7 +18,11 @@ Run it with ``scripts/bench`` (or ``python -m benchmarks.run``); it writes
 - :mod:`benchmarks.profile_broker`: the dcp broker under cProfile with the common load;
 - :mod:`benchmarks.chaos`: the chaos test (faults and deadlines; not a benchmark, its figures
   are in ``docs/reliability.md``), with :mod:`benchmarks.chaos_peers` (its workers and
-  clients), :mod:`benchmarks.chaos_deadlines` and :mod:`benchmarks.chaos_figures`.
+  clients), :mod:`benchmarks.chaos_deadlines` and :mod:`benchmarks.chaos_figures`;
+- :mod:`benchmarks.spark`: ``dcp.spark`` rows/s against the plain ``SyncClient`` loop
+  outside Spark (``python -m benchmarks.spark``; its own section of the page);
+- :mod:`benchmarks.sections`: page sections written by another benchmark, kept when the page
+  is regenerated.
 
 Every process is started by :mod:`benchmarks.procs` and killed by its PID when the step that
 started it ends, whatever happens.

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .sections import kept_sections
+
 __all__ = ["Target", "evaluate_targets", "main", "write"]
 
 Rec = dict[str, Any]
@@ -723,7 +725,8 @@ def write(results: Rec, out_dir: Path) -> Path:
     perf.mkdir(parents=True, exist_ok=True)
     plots = _plots(results, perf)
     page = out_dir / "performance.md"
-    page.write_text(render(results, plots))
+    kept = kept_sections(page.read_text()) if page.exists() else ""
+    page.write_text(render(results, plots) + kept)
     return page
 
 

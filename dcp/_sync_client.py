@@ -10,8 +10,9 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from types import TracebackType
+from typing import TypeVar
 
 import anyio
 import zmq
@@ -31,6 +32,8 @@ from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
 from ._zmqio import recv_frames, send_frames
 
 __all__ = ["SyncClient"]
+
+_T = TypeVar("_T")
 
 _POLLIN = zmq.POLLIN
 _POLLOUT = zmq.POLLOUT
@@ -195,8 +198,31 @@ class SyncClient:
         :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
         """
         _check_window(window)
+        return self._map(
+            service_bytes(service), payloads, window, metadata, timeout, retries, _result
+        )
+
+    def map_outcomes(
+        self,
+        service: str | bytes,
+        payloads: Iterable[Payload],
+        *,
+        window: int = 64,
+        metadata: Sequence[bytes] = (),
+        timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+    ) -> Generator[Outcome, None, None]:
+        """Like :meth:`map`, but yield every request's outcome instead of raising failures:
+        a :class:`~dcp.Response`, or the :exc:`~dcp.RemoteError` or
+        :exc:`~dcp.RequestTimeout` that :meth:`map` would raise. One failure does not stop
+        the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
+        """
+        _check_window(window)
         metadata = self._metadata(metadata, work_timeout)
-        return self._map(service_bytes(service), payloads, window, metadata, timeout, retries)
+        return self._map(
+            service_bytes(service), payloads, window, metadata, timeout, retries, _outcome
+        )
 
     def map_unordered(
         self,
@@ -229,7 +255,8 @@ class SyncClient:
         metadata: Sequence[bytes],
         timeout: float | None,
         retries: int | None,
-    ) -> Generator[Response, None, None]:
+        take: Callable[[Outcome], _T],
+    ) -> Generator[_T, None, None]:
         order: deque[bytes] = deque()
         done = self._done
         pump = self._pump
@@ -238,13 +265,13 @@ class SyncClient:
                 if len(order) >= window:
                     while order[0] not in done:
                         pump()
-                    yield _result(done.pop(order.popleft()))
+                    yield take(done.pop(order.popleft()))
                 rid = self._start(service, payload_parts(payload), metadata, timeout, retries)
                 order.append(rid)
             while order:
                 while order[0] not in done:
                     pump()
-                yield _result(done.pop(order.popleft()))
+                yield take(done.pop(order.popleft()))
         finally:
             for rid in order:
                 self._forget(rid)
@@ -369,3 +396,7 @@ def _result(outcome: Outcome) -> Response:
     if isinstance(outcome, Response):
         return outcome
     raise outcome
+
+
+def _outcome(outcome: Outcome) -> Outcome:
+    return outcome

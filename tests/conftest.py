@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @pytest.fixture(
@@ -22,3 +28,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """One local[2] SparkSession for the whole run (see ``_spark_session.py``); skipped only
+    when Java is missing. Stopped, JVM included, at the end of the run."""
+    from _spark_session import environment, java_missing, start_session, stop_session
+
+    reason = java_missing()
+    if reason:
+        pytest.skip(reason)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in environment().items():
+            patch.setenv(name, value)
+        session = start_session(tmp_path_factory.mktemp("spark"))
+        try:
+            yield session
+        finally:
+            stop_session(session)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = EXAMPLES.parent
 
 CASES = {
     "broker_trio.py": ["hello -> HELLO", "trio -> TRIO", "requests=3 replies=3"],
@@ -31,8 +33,21 @@ CASES = {
 }
 
 
+#: Examples with their own test below.
+OWN_TESTS = {"spark_pipeline.py"}
+
+
+def _env() -> dict[str, str]:
+    """This checkout's ``dcp`` first, whatever is installed (also for the processes an
+    example starts, e.g. Spark's executors)."""
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(ROOT) if not path else os.pathsep.join([str(ROOT), path])
+    return env
+
+
 def test_every_example_is_covered() -> None:
-    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(CASES)
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted({*CASES, *OWN_TESTS})
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -43,6 +58,7 @@ def test_example_runs(name: str) -> None:
         text=True,
         timeout=30,
         check=False,
+        env=_env(),
     )
     assert proc.returncode == 0, proc.stderr
     for expected in CASES[name]:
@@ -60,3 +76,34 @@ def test_readme_example_runs(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "(b'HELLO WORLD',)\n"
+
+
+@pytest.mark.timeout(150)
+def test_spark_pipeline_example(tmp_path: Path) -> None:
+    """The Spark example on a small slice of its dataset (it starts its own JVM)."""
+    from _spark_session import java_missing
+
+    reason = java_missing()
+    if reason:
+        pytest.skip(reason)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "spark_pipeline.py"), "--rows", "3000",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=140, check=False, env=_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "dataset: 3,000 lines of the Python standard library" in out, out
+    assert re.search(r"rows: 3,000 in [\d.]+ s: [\d,]+ rows/s through normalise -> score", out)
+    assert "errors: 0" in out
+    assert "most complex lines:" in out
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "scored")
+    assert table.num_rows == 3000
+    assert set(table.column_names) == {
+        "path", "lineno", "line", "text", "tokens", "keywords", "score", "error"
+    }  # fmt: skip
+    rows = table.to_pylist()
+    assert all(r["error"] is None and r["text"] == " ".join(r["line"].split()).lower()
+               for r in rows)  # fmt: skip

@@ -154,6 +154,33 @@ def test_map_error_and_early_exit_forget_outstanding_requests() -> None:
             client.map("echo", [], window=0)
 
 
+def _bad_or_silent(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    if req.data == (b"mute",):
+        return []
+    return _bad_is_an_error(req, attempt)
+
+
+def test_map_outcomes_yields_failures_in_place_and_goes_on() -> None:
+    payloads = [b"a", b"bad", b"b", b"mute", b"c", b"bad", b"d"]
+    with (
+        FakeBroker(_bad_or_silent) as broker,
+        SyncClient(broker.endpoint, timeout=0.2, retries=0) as client,
+    ):
+        got = list(client.map_outcomes("echo", payloads, window=3))
+        assert_clean(client)
+        assert [o.data[0] if isinstance(o, Response) else type(o) for o in got] == [
+            b"a", RemoteError, b"b", RequestTimeout, b"c", RemoteError, b"d"
+        ]  # fmt: skip
+        assert isinstance(got[1], RemoteError) and got[1].code == "bad_input"
+        # Closing early forgets the outstanding requests, as map() does.
+        gen = client.map_outcomes("echo", [b"x"] * 50, window=10)
+        assert next(gen) == Response((b"x",))
+        gen.close()
+        assert_clean(client)
+        with pytest.raises(ValueError, match="window"):
+            client.map_outcomes("echo", [], window=0)
+
+
 def test_malformed_replies_are_counted() -> None:
     with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
         # A ROUTER drops messages to a peer it has not heard from yet: talk first.
