@@ -33,6 +33,8 @@ class Recorder:
     lock: threading.Lock = attrs.field(factory=threading.Lock)
     #: Every request id (first metadata part) seen, in arrival order.
     ids: list[bytes] = attrs.field(factory=list)
+    #: The metadata parts after the request id, per request.
+    options: list[tuple[bytes, ...]] = attrs.field(factory=list)
     payloads: list[bytes] = attrs.field(factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -40,6 +42,7 @@ class Recorder:
     def clear(self) -> None:
         with self.lock:
             self.ids.clear()
+            self.options.clear()
             self.payloads.clear()
             self.in_flight = self.max_in_flight = 0
 
@@ -65,6 +68,7 @@ def _handler(recorder: Recorder) -> Callable[[dcp.Request], Awaitable[bytes | li
         data = request.data[0] if request.data else b""
         with recorder.lock:
             recorder.ids.append(request.metadata[0])
+            recorder.options.append(request.metadata[1:])
             recorder.payloads.append(data)
             recorder.in_flight += 1
             recorder.max_in_flight = max(recorder.max_in_flight, recorder.in_flight)

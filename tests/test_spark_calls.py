@@ -67,6 +67,15 @@ def test_every_row_answered_in_order_across_batches(rec: Services) -> None:
     assert open_sockets() == before
 
 
+def test_a_work_timeout_travels_with_every_request(rec: Services) -> None:
+    call = ServiceCall(rec.endpoint, "svc", work_timeout=2.5)
+    out = list(call_arrays(call, chunks([b"a", b"b", b"c"], 2, pa.binary())))
+    assert pa.concat_arrays([v for v, _ in out]).to_pylist() == [b"A", b"B", b"C"]
+    assert rec.recorder.options == [(b"\xffDCP:work-timeout=2500",)] * 3
+    with pytest.raises(ValueError, match="work_timeout"):
+        ServiceCall(rec.endpoint, "svc", work_timeout=0)
+
+
 def test_nulls_empty_and_all_null_arrays_are_not_sent(rec: Services) -> None:
     arrays = [
         pa.array([None, None], type=pa.string()),

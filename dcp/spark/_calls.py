@@ -95,6 +95,8 @@ class ServiceCall:
     :param window: requests in flight per task
     :param timeout: seconds per attempt (``math.inf``: no timeout)
     :param retries: resends after a timed-out attempt (same request id)
+    :param work_timeout: seconds a worker may hold one row's request before the broker
+        gives it to another worker (``None``: the broker's default)
     :param on_error: what a failed row does (see the module docstring)
     :param output_type: ``"binary"`` (the reply's bytes) or ``"string"`` (UTF-8)
     """
@@ -104,6 +106,9 @@ class ServiceCall:
     window: int = attrs.field(default=64, validator=attrs.validators.ge(1))
     timeout: float = attrs.field(default=10.0, validator=_positive)
     retries: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    work_timeout: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive)
+    )
     on_error: OnError = attrs.field(default="raise", validator=_one_of)
     output_type: OutputType = attrs.field(default="binary", validator=_one_of)
 
@@ -190,7 +195,12 @@ def call_arrays(
     raising = call.on_error == "raise"
     column = call.on_error == "column"
     with (
-        SyncClient(call.broker, timeout=call.timeout, retries=call.retries) as client,
+        SyncClient(
+            call.broker,
+            timeout=call.timeout,
+            retries=call.retries,
+            work_timeout=call.work_timeout,
+        ) as client,
         contextlib.closing(
             client.map_outcomes(call.service, payloads(), window=call.window)
         ) as outcomes,

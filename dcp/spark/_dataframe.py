@@ -31,6 +31,7 @@ def map_service(
     window: int = 64,
     timeout: float = 10.0,
     retries: int = 3,
+    work_timeout: float | None = None,
     on_error: OnError = "raise",
     output_type: OutputType = "binary",
     error_col: str | None = None,
@@ -54,6 +55,8 @@ def map_service(
     :param window: requests in flight per task
     :param timeout: seconds per attempt
     :param retries: resends of a timed-out request, with the same request id
+    :param work_timeout: seconds a worker may hold one row's request before the broker
+        treats it as lost and gives the row to another worker (see docs/reliability.md)
     :param on_error: a failed row (error reply, timeout, reply that is not one part) fails
         the task (``"raise"``), gives null (``"null"``), or gives null and its error text
         (``"code: message"``) in ``error_col`` (``"column"``)
@@ -69,6 +72,7 @@ def map_service(
         window=window,
         timeout=timeout,
         retries=retries,
+        work_timeout=work_timeout,
         on_error=on_error,
         output_type=output_type,
     )
@@ -98,6 +102,7 @@ def service_column(
     window: int = 64,
     timeout: float = 10.0,
     retries: int = 3,
+    work_timeout: float | None = None,
     on_error: OnError = "raise",
     output_type: OutputType = "binary",
 ) -> Column:
@@ -119,6 +124,7 @@ def service_column(
         window=window,
         timeout=timeout,
         retries=retries,
+        work_timeout=work_timeout,
         on_error=on_error,
         output_type=output_type,
     )
