@@ -19,6 +19,8 @@ Run it with ``scripts/bench`` (or ``python -m benchmarks.run``); it writes
 - :mod:`benchmarks.chaos`: the chaos test (faults and deadlines; not a benchmark, its figures
   are in ``docs/reliability.md``), with :mod:`benchmarks.chaos_peers` (its workers and
   clients), :mod:`benchmarks.chaos_deadlines` and :mod:`benchmarks.chaos_figures`;
+- :mod:`benchmarks.ab`: the dcp broker from two git revisions side by side (did a change
+  cost anything?);
 - :mod:`benchmarks.spark`: ``dcp.spark`` rows/s against the plain ``SyncClient`` loop
   outside Spark (``python -m benchmarks.spark``; its own section of the page);
 - :mod:`benchmarks.sections`: page sections written by another benchmark, kept when the page

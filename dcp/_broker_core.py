@@ -314,12 +314,8 @@ class BrokerCore:
         """
         self._now = now
         peer = frames[0]
-        guard = self.guard
-        if guard is not None:
-            refused = guard.admit(peer, principal)
-            if refused is not None:
-                self._reject(peer, refused, f"key {principal}")
-                return
+        if self.guard is not None and not self._admitted(peer, principal):
+            return
         try:
             msg, width = parse(frames[1:])
         except RemoteProtocolError as exc:
@@ -469,11 +465,8 @@ class BrokerCore:
         self._now = now
         peer = frames[0]
         guard = self.guard
-        if guard is not None:
-            refused = guard.admit(peer, principal)
-            if refused is not None:
-                self._reject(peer, refused, f"key {principal}")
-                return
+        if guard is not None and not self._admitted(peer, principal):
+            return
         try:
             msg, width = parse(frames[1:])
         except RemoteProtocolError:
@@ -631,6 +624,16 @@ class BrokerCore:
             service.workers += 1
         self._send(peer, width, MessageType.REGISTER, name)
         self._credit(worker, released=False)
+
+    def _admitted(self, peer: bytes, principal: str | None) -> bool:
+        """Rule S: whether the guard admits a message from ``peer`` under ``principal``
+        (if not, it is counted and logged)."""
+        assert self.guard is not None
+        refused = self.guard.admit(peer, principal)
+        if refused is not None:
+            self._reject(peer, refused, f"key {principal}")
+            return False
+        return True
 
     def _unseal(
         self, peer: bytes, worker: _Worker, sealed: bytes, metadata: tuple[bytes, ...]

@@ -156,3 +156,28 @@ def test_curve_micro_benchmark_functions() -> None:
     assert 0 < curve._core_cycle_us(False, 200) < 10_000
     assert 0 < curve._core_cycle_us(True, 200) < 10_000
     assert 0 < curve._user_id_us(100) < 10_000
+
+
+def test_ab_benchmark_compares_two_checkouts() -> None:
+    """``benchmarks.ab`` against HEAD (present in any clone): one tiny round, a table."""
+    command = [sys.executable, "-m", "benchmarks.ab", "--base", "HEAD", "--rounds", "1"]
+    command += ["--windows", "4", "--count", "200", "--duration", "0.5"]
+    proc = subprocess.run(
+        command,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 4 |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["broker_cpu_us", "p50_us", "rate"]
+    for row in rows:
+        base, head = (float(cell.replace(",", "")) for cell in row.split("|")[3:5])
+        assert base > 0 and head > 0
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
+    )
+    assert "dcp-ab-" not in listed.stdout  # its checkout was removed

@@ -1,0 +1,149 @@
+"""The dcp broker from two source trees, side by side: did a change cost anything?
+
+``python -m benchmarks.ab --base REV [--head REV] [--rounds 8] [--windows 1,64]``
+
+Each revision is checked out in a temporary ``git worktree`` (``--head`` defaults to the
+working tree itself). Every round starts, for each window and in alternating order, a fresh
+``python -m dcp broker`` from each tree, the common echo workers (4 sockets) and the common
+load generator, all from *this* checkout, over ``tcp://127.0.0.1``; only the broker's code
+differs. It prints the medians of broker CPU per request (all threads, from ``/proc``),
+p50 latency and throughput, and the median of the same-round ratios head / base. Every
+process is killed by its PID when its run ends; the worktrees are removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from .procs import ROOT
+
+__all__ = ["main"]
+
+FIGURES = ("broker_cpu_us", "p50_us", "rate")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def _tree(rev: str | None) -> Iterator[Path]:
+    """A checkout of ``rev`` (``None``: this working tree), removed afterwards."""
+    if rev is None:
+        yield ROOT
+        return
+    with tempfile.TemporaryDirectory(prefix="dcp-ab-") as tmp:
+        path = Path(tmp) / "tree"
+        git = ["git", "-C", str(ROOT)]
+        subprocess.run([*git, "worktree", "add", "--detach", "-q", str(path), rev], check=True)
+        try:
+            yield path
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+def run_once(tree: Path, window: int, count: int, duration: float) -> dict[str, float]:
+    """One broker from ``tree`` under the common load: the load generator's figures."""
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    py = sys.executable
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    broker = subprocess.Popen(
+        [py, "-m", "dcp", "broker", "--bind", endpoint],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    procs = [broker]
+    try:
+        assert broker.stdout is not None
+        broker.stdout.readline()  # the bound endpoint: it is listening
+        worker = subprocess.Popen(
+            [py, "-m", "benchmarks.echo_worker", "--endpoint", endpoint, "--sockets", "4"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        procs.append(worker)
+        assert worker.stdout is not None
+        worker.stdout.readline()  # READY
+        command = [py, "-m", "benchmarks.loadgen", "--endpoint", endpoint]
+        command += ["--window", str(window), "--count", str(count)]
+        command += ["--duration", str(duration), "--broker-pid", str(broker.pid)]
+        load = subprocess.run(
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        result: dict[str, float] = json.loads(load.stdout.strip().splitlines()[-1])
+        if result.get("lost"):
+            raise RuntimeError(f"{result['lost']} requests lost")
+        return result
+    finally:
+        for proc in procs:
+            _kill(proc)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__)
+    parser.add_argument("--base", required=True, help="git revision to compare against")
+    parser.add_argument("--head", default=None, help="git revision (default: working tree)")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--windows", default="1,64", help="comma-separated")
+    parser.add_argument("--count", type=int, default=4000, help="most requests per run")
+    parser.add_argument("--duration", type=float, default=2.0, help="most seconds per run")
+    args = parser.parse_args(argv)
+    windows = [int(w) for w in args.windows.split(",")]
+    names = ("base", "head")
+    records: dict[tuple[str, int], list[dict[str, float]]] = {}
+    with _tree(args.base) as base, _tree(args.head) as head:
+        trees = {"base": base, "head": head}
+        for rnd in range(args.rounds):
+            for window in windows:
+                for name in names if rnd % 2 == 0 else names[::-1]:
+                    rec = run_once(trees[name], window, args.count, args.duration)
+                    records.setdefault((name, window), []).append(rec)
+                    print(
+                        f"round {rnd} window {window} {name}: "
+                        + ", ".join(f"{f} {rec[f]:.1f}" for f in FIGURES),
+                        file=sys.stderr,
+                    )
+    print(f"base {args.base}, head {args.head or 'working tree'}, {args.rounds} rounds")
+    print("| window | figure | base | head | head / base (median of rounds) |")
+    print("|---|---|---|---|---|")
+    for window in windows:
+        a, b = records[("base", window)], records[("head", window)]
+        for figure in FIGURES:
+            ratio = statistics.median(y[figure] / x[figure] for x, y in zip(a, b, strict=True))
+            print(
+                f"| {window} | {figure} | {statistics.median(x[figure] for x in a):,.1f} "
+                f"| {statistics.median(y[figure] for y in b):,.1f} | {ratio:.2f}x |"
+            )
+
+
+if __name__ == "__main__":
+    main()
