@@ -327,13 +327,8 @@ class BrokerCore:
             worker.width = width
             worker.expiry = now + self._timeout
             self._by_activity.move_to_end(peer)
-        elif width == 4:
-            self._wide[peer] = None
-            self._wide.move_to_end(peer)
-            if len(self._wide) > self.max_width_peers:
-                self._wide.popitem(last=False)
-        elif peer in self._wide:
-            del self._wide[peer]
+        else:
+            self._remember_width(peer, width)
 
         mtype = msg.type
         if mtype is MessageType.REQUEST:
@@ -475,18 +470,17 @@ class BrokerCore:
             self._reject(peer, reason, detail)
             return
         worker = self._workers.get(peer)
-        if worker is None and width == 4:
-            self._wide[peer] = None
+        if worker is None:
+            self._remember_width(peer, width)
         client = msg.client
         released = False
         if worker is not None and client is not None:
             # A worker forwarding a request it holds: that one is finished, and its client
             # is the one to tell.
-            if guard is not None:
-                client = self._unseal(peer, worker, client, msg.metadata)
-                if client is None:
-                    return
-            released = self._release(worker, client, msg.metadata)
+            answered = self._answered(peer, worker, client, msg.metadata)
+            if answered is None:
+                return
+            client, released = answered
         elif client is None or (client != peer and not self.allow_foreign_address):
             client = peer
         self._refuse(client, msg.metadata, reason, detail)
@@ -501,11 +495,10 @@ class BrokerCore:
         elif worker is not None:
             # A forward: the worker passes on a request it holds (matched exactly; a worker
             # naming an address without holding its request releases nothing).
-            if self.guard is not None:
-                client = self._unseal(peer, worker, client, msg.metadata)
-                if client is None:
-                    return
-            released = self._release(worker, client, msg.metadata)
+            answered = self._answered(peer, worker, client, msg.metadata)
+            if answered is None:
+                return
+            client, released = answered
         elif client != peer and not self.allow_foreign_address:
             self._refuse(
                 peer,
@@ -574,11 +567,10 @@ class BrokerCore:
             self._reject(peer, "reply_without_client", "reply has no client address")
             self._credit(worker, released=False)
             return
-        if self.guard is not None:
-            client = self._unseal(peer, worker, client, msg.metadata)
-            if client is None:
-                return
-        released = self._release(worker, client, msg.metadata)
+        answered = self._answered(peer, worker, client, msg.metadata)
+        if answered is None:
+            return
+        client, released = answered
         self._replies += 1
         self._route_reply(client, msg.metadata, msg.data)
         self._credit(worker, released=released)
@@ -634,6 +626,31 @@ class BrokerCore:
             self._reject(peer, refused, f"key {principal}")
             return False
         return True
+
+    def _remember_width(self, peer: bytes, width: int) -> None:
+        """Remember a non-worker peer's type width (an LRU of 4-byte peers), to answer in
+        kind."""
+        wide = self._wide
+        if width == 4:
+            wide[peer] = None
+            wide.move_to_end(peer)
+            if len(wide) > self.max_width_peers:
+                wide.popitem(last=False)
+        elif peer in wide:
+            del wide[peer]
+
+    def _answered(
+        self, peer: bytes, worker: _Worker, client: bytes, metadata: tuple[bytes, ...]
+    ) -> tuple[bytes, bool] | None:
+        """A worker's reply or forward names ``client``: the client's real address
+        (unsealed in secure mode) and whether it finished a request the worker held; or
+        ``None`` if the address is not one the broker gave (Rule S, counted)."""
+        if self.guard is not None:
+            unsealed = self._unseal(peer, worker, client, metadata)
+            if unsealed is None:
+                return None
+            client = unsealed
+        return client, self._release(worker, client, metadata)
 
     def _unseal(
         self, peer: bytes, worker: _Worker, sealed: bytes, metadata: tuple[bytes, ...]

@@ -307,3 +307,11 @@ def test_a_worker_dropped_for_a_work_timeout_gets_no_work_for_a_while() -> None:
     assert take(core) == []
     core.expire(3.5)  # quarantine over: W1 uses the credit it was given
     assert take(core) == [given(W1, 2, C2)]
+
+
+def test_cut_requests_from_4_byte_peers_keep_the_width_memory_bounded() -> None:
+    core = BrokerCore(max_width_peers=2)
+    for peer in (b"P1", b"P2", b"P3"):
+        core.reject_too_many_frames([peer, *serialize(req(1), width=4)], 5, 0.0)
+    assert [frames[3] for frames in take(core)] == [b"\x05\x00\x00\x00"] * 3
+    assert list(core._wide) == [b"P2", b"P3"]
