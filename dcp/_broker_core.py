@@ -77,7 +77,7 @@ from ._messages import (
     Reply,
     Request,
     error_reply_data,
-    parse_work_timeout,
+    request_work_timeout,
 )
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
@@ -537,13 +537,9 @@ class BrokerCore:
         if not load.inflight:
             self._loads[client] = load
         metadata = msg.metadata
-        work_timeout = self.work_timeout
-        for part in metadata:
-            if part[:1] == b"\xff":
-                option = parse_work_timeout(part)
-                if option is not None:
-                    work_timeout = option
-                    break
+        work_timeout = request_work_timeout(metadata)
+        if work_timeout is None:
+            work_timeout = self.work_timeout
         self._requests += 1
         if forward:
             self._forwards += 1

@@ -28,6 +28,7 @@ __all__ = [
     "error_reply_data",
     "parse_error_reply",
     "parse_work_timeout",
+    "request_work_timeout",
     "work_timeout_option",
 ]
 
@@ -178,4 +179,14 @@ def parse_work_timeout(part: bytes) -> float | None:
             millis = int(digits)
             if millis:
                 return millis / 1000
+    return None
+
+
+def request_work_timeout(metadata: tuple[bytes, ...]) -> float | None:
+    """The work timeout a request's metadata carries (the first valid option), if any."""
+    for part in metadata:
+        if part[:1] == b"\xff":  # cheap test first: most parts are not options
+            seconds = parse_work_timeout(part)
+            if seconds is not None:
+                return seconds
     return None

@@ -18,7 +18,7 @@ from ._codec import serialize
 from ._context import get_context
 from ._errors import RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
-from ._messages import Message, Reply, Request, parse_work_timeout
+from ._messages import Message, Reply, Request, request_work_timeout
 from ._security import CurveClient, configure_client_socket
 from ._worker_core import (
     BrokerLost,
@@ -376,7 +376,7 @@ class Worker:
     async def _handle(self, request: Request, generation: int) -> None:
         message: Reply | Request | None = None
         with anyio.CancelScope() as scope:
-            work_timeout = _work_timeout(request.metadata)
+            work_timeout = request_work_timeout(request.metadata)
             if work_timeout is not None:
                 # The broker has given the request to another worker by then (and dropped
                 # us): free the slot rather than finish work nobody will use.
@@ -413,13 +413,3 @@ class Worker:
     def _cancel_handlers(self) -> None:
         for scope in self._handler_scopes:
             scope.cancel()
-
-
-def _work_timeout(metadata: tuple[bytes, ...]) -> float | None:
-    """The request's work timeout option, if it carries one."""
-    for part in metadata:
-        if part[:1] == b"\xff":
-            seconds = parse_work_timeout(part)
-            if seconds is not None:
-                return seconds
-    return None
