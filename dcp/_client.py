@@ -75,8 +75,13 @@ def payload_parts(payload: Payload) -> Sequence[bytes]:
     return payload
 
 
-def request_metadata(metadata: Sequence[bytes], work_timeout: float | None) -> Sequence[bytes]:
-    """The metadata to send: dcp's request options (a work timeout), then the user's."""
+def request_metadata(
+    metadata: Sequence[bytes], work_timeout: float | None, default: float | None
+) -> Sequence[bytes]:
+    """The metadata to send: dcp's request options (``work_timeout``, else the client's
+    ``default``), then the user's."""
+    if work_timeout is None:
+        work_timeout = default
     if work_timeout is None:
         return metadata
     return (work_timeout_option(work_timeout), *metadata)
@@ -288,7 +293,7 @@ class Client:
         :raises anyio.BrokenResourceError: the socket failed
         """
         waiter = _Waiter()
-        metadata = self._metadata(metadata, work_timeout)
+        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         rid, frames, deadline = self._start(
             service_bytes(service), data, metadata, timeout, retries, waiter
         )
@@ -328,7 +333,7 @@ class Client:
         :raises ValueError: ``window`` < 1 (at once, not on iteration)
         """
         _check_window(window)
-        metadata = self._metadata(metadata, work_timeout)
+        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map(service_bytes(service), payloads, window, metadata, timeout, retries)
 
     def map_unordered(
@@ -345,14 +350,9 @@ class Client:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
         is the payload's position in ``payloads``)."""
         _check_window(window)
-        metadata = self._metadata(metadata, work_timeout)
+        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map_unordered(
             service_bytes(service), payloads, window, metadata, timeout, retries
-        )
-
-    def _metadata(self, metadata: Sequence[bytes], work_timeout: float | None) -> Sequence[bytes]:
-        return request_metadata(
-            metadata, self.work_timeout if work_timeout is None else work_timeout
         )
 
     async def _map(

@@ -168,7 +168,7 @@ class SyncClient:
         :raises RemoteError: a dcp error reply
         :raises anyio.ClosedResourceError: the client is closed
         """
-        metadata = self._metadata(metadata, work_timeout)
+        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         rid = self._start(service_bytes(service), data, metadata, timeout, retries)
         done = self._done
         try:
@@ -198,6 +198,7 @@ class SyncClient:
         :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
         """
         _check_window(window)
+        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map(
             service_bytes(service), payloads, window, metadata, timeout, retries, _result
         )
@@ -219,7 +220,7 @@ class SyncClient:
         the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
         """
         _check_window(window)
-        metadata = self._metadata(metadata, work_timeout)
+        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map(
             service_bytes(service), payloads, window, metadata, timeout, retries, _outcome
         )
@@ -237,14 +238,9 @@ class SyncClient:
     ) -> Generator[tuple[int, Response], None, None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
         _check_window(window)
-        metadata = self._metadata(metadata, work_timeout)
+        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map_unordered(
             service_bytes(service), payloads, window, metadata, timeout, retries
-        )
-
-    def _metadata(self, metadata: Sequence[bytes], work_timeout: float | None) -> Sequence[bytes]:
-        return request_metadata(
-            metadata, self.work_timeout if work_timeout is None else work_timeout
         )
 
     def _map(

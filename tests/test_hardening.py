@@ -18,6 +18,7 @@ from test_integration import HB, eventually, fast_worker
 
 import dcp
 from dcp._context import get_context
+from dcp._messages import work_timeout_option
 
 pytestmark = pytest.mark.anyio
 
@@ -229,3 +230,44 @@ async def test_a_worker_that_stops_reading_is_dropped_and_its_work_redelivered(
                 tg.cancel_scope.cancel()
         finally:
             stalled.close(0)
+
+
+async def test_every_request_path_carries_the_work_timeout() -> None:
+    """``work_timeout`` per call, and the client's default, reach the worker as the option
+    on every way of sending (and come back without it)."""
+    seen: list[tuple[bytes, ...]] = []
+
+    async def record(request: dcp.Request) -> bytes:
+        seen.append(request.metadata[1:])  # after dcp's request id
+        return b"ok"
+
+    option = work_timeout_option(1.5)
+    default = work_timeout_option(9.0)
+    with anyio.fail_after(20):
+        async with (
+            dcp.Broker("tcp://127.0.0.1:0", heartbeat_interval=HB) as broker,
+            anyio.create_task_group() as tg,
+        ):
+            endpoint = broker.endpoints[0]
+            await tg.start(fast_worker(endpoint, "svc", record).serve)
+            async with dcp.Client(endpoint, timeout=5, work_timeout=9.0) as client:
+                response = await client.request("svc", b"x", metadata=(b"u",), work_timeout=1.5)
+                assert response.metadata == (b"u",)
+                await client.request("svc", b"x")
+                assert [r.data async for r in client.map("svc", [b"x"], work_timeout=1.5)]
+                async for _ in client.map_unordered("svc", [b"x"], work_timeout=1.5):
+                    pass
+            assert seen == [(option, b"u"), (default,), (option,), (option,)]
+            seen.clear()
+
+            def sync_calls() -> None:
+                with dcp.SyncClient(endpoint, timeout=5, work_timeout=9.0) as sync:
+                    sync.request("svc", b"x", work_timeout=1.5)
+                    sync.request("svc", b"x")
+                    list(sync.map("svc", [b"x"], work_timeout=1.5))
+                    list(sync.map_outcomes("svc", [b"x"], work_timeout=1.5))
+                    list(sync.map_unordered("svc", [b"x"], work_timeout=1.5))
+
+            await anyio.to_thread.run_sync(sync_calls)
+            assert seen == [(option,), (default,), (option,), (option,), (option,)]
+            tg.cancel_scope.cancel()
