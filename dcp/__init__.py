@@ -6,9 +6,6 @@ from ._broker import Broker as Broker
 from ._broker_core import BrokerStatistics as BrokerStatistics
 from ._broker_core import ServiceStatistics as ServiceStatistics
 from ._client import Client as Client
-from ._codec import PROTOCOL as PROTOCOL
-from ._codec import parse as parse
-from ._codec import serialize as serialize
 from ._errors import BadProtocolFrame as BadProtocolFrame
 from ._errors import BadTypeFrame as BadTypeFrame
 from ._errors import DCPError as DCPError
@@ -45,6 +42,9 @@ from ._tracker import Response as Response
 from ._worker import Worker as Worker
 from ._worker_core import Forward as Forward
 from ._worker_core import WorkerStatistics as WorkerStatistics
+from .wire.dcp1 import PROTOCOL as PROTOCOL
+from .wire.dcp1 import parse as parse
+from .wire.dcp1 import serialize as serialize
 
 __version__ = "0.1.0.dev0"
 

@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 from types import TracebackType
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -103,7 +104,7 @@ class Broker:
         batch: int = 256,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         security: CurveServer | None = None,
-        **core_options: int,
+        **core_options: Any,
     ) -> None:
         if not endpoints:
             raise ValueError("a broker needs at least one endpoint to bind")
@@ -202,15 +203,17 @@ class Broker:
                 sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
                 sock.setsockopt(zmq.SNDHWM, self._send_hwm)
                 sock.setsockopt(zmq.RCVHWM, self._receive_hwm)
+                # zmq heartbeats drop a dead connection within the liveness, so a send to a
+                # busy worker that does not beat itself (MDP, DagBox C++) fails once its
+                # connection is gone (peers Rule L3), and in secure mode its id is freed.
+                interval = max(1, round(self.heartbeat_interval * 1000))
+                sock.setsockopt(zmq.HEARTBEAT_IVL, interval)
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, interval * self._core.liveness)
                 if security is None:
                     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
                 else:
                     # No handover: a connection that claims a routing id in use is refused.
-                    # zmq heartbeats free the id of a dead connection within the liveness.
                     configure_server_socket(sock, security)
-                    interval = max(1, round(self.heartbeat_interval * 1000))
-                    sock.setsockopt(zmq.HEARTBEAT_IVL, interval)
-                    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, interval * self._core.liveness)
                 bound = []
                 for endpoint in self._bind:
                     sock.bind(endpoint)

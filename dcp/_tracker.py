@@ -54,9 +54,9 @@ from typing import NamedTuple
 
 import attrs
 
-from ._codec import parse, serialize
 from ._errors import RemoteError, RemoteProtocolError, RequestTimeout
 from ._messages import OPTION_PREFIX, Reply, Request, parse_error_reply
+from .wire.dcp1 import parse, serialize
 
 __all__ = ["ClientStatistics", "Expired", "Outcome", "RequestTracker", "Response"]
 

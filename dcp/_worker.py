@@ -14,7 +14,6 @@ import attrs
 import zmq
 
 from ._client import make_routing_id
-from ._codec import serialize
 from ._context import get_context
 from ._errors import RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
@@ -33,6 +32,7 @@ from ._worker_core import (
     result_message,
 )
 from ._zmqio import AsyncSocket
+from .wire.dcp1 import serialize
 
 __all__ = ["Forward", "Handler", "Worker", "WorkerStatistics"]
 

@@ -82,7 +82,6 @@ from typing import TypeAlias
 
 import attrs
 
-from ._codec import parse
 from ._errors import RemoteProtocolError
 from ._messages import (
     Message,
@@ -95,6 +94,7 @@ from ._messages import (
     error_reply_data,
     parse_error_reply,
 )
+from .wire.dcp1 import parse
 
 __all__ = [
     "BrokerLost",

@@ -27,9 +27,9 @@ import anyio.from_thread
 import zmq
 
 from dcp._broker import Broker
-from dcp._codec import parse, serialize
 from dcp._context import get_context
 from dcp._messages import Ping, Register, Reply, Request, error_reply_data
+from dcp.wire.dcp1 import parse, serialize
 
 #: A policy answers (request, attempt number for its id) with replies to send:
 #: (delay in seconds, data parts) pairs. An empty list drops the request.

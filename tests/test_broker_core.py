@@ -401,8 +401,14 @@ def test_only_the_most_recent_four_byte_peers_are_remembered() -> None:
     for n, client in enumerate(clients):
         feed(core, W1, answer(n, client))
     sent = [m for m in take(core) if m[0] in clients]
-    # A was pushed out by C: it is answered in the spec's 1 byte; B and C in 4.
-    assert [m[3] for m in sent] == [b"\x05", b"\x05\x00\x00\x00", b"\x05\x00\x00\x00"]
+    # An accepted request keeps its client's dialect: each is answered in 4 bytes.
+    assert [m[3] for m in sent] == [b"\x05\x00\x00\x00"] * 3
+    # An answer that matches no request goes by what is remembered: A was pushed out by C,
+    # so it is answered in the spec's 1 byte; C in 4.
+    for client in (b"A", b"C"):
+        feed(core, W1, answer(9, client))
+    sent = [m for m in take(core) if m[0] in clients]
+    assert [m[3] for m in sent] == [b"\x05", b"\x05\x00\x00\x00"]
 
 
 def test_reply_from_a_non_worker_is_rejected() -> None:
@@ -433,6 +439,7 @@ def test_silent_worker_expires_and_its_request_goes_to_another() -> None:
     workers(core, W1, W2)
     feed(core, C1, req(1))
     assert take(core) == [given(W1, 1, C1)]
+    feed(core, W1, Pong())  # W1 beats while busy: silence means it hung (Rule L3)
     feed(core, W2, Ping(), now=2.5)
     take(core)
     assert core.next_expiry() == 3.0
@@ -445,6 +452,8 @@ def test_silent_worker_expires_and_its_request_goes_to_another() -> None:
     assert (stats.dispatched, stats.requests) == (2, 1)
     assert core.next_expiry() == 5.5
     core.expire(5.5)
+    assert take(core) == [out(W2, Pong())]  # W2 never beat while busy: probed (Rule L3)
+    core.expire(2.5 + 60.0)  # silent for the whole busy timeout
     assert core.next_expiry() is None
     assert core.statistics().services == {ECHO: ServiceStatistics(0, 0, 1)}
 
@@ -455,6 +464,8 @@ def test_expired_workers_request_goes_to_the_front_of_the_queue() -> None:
     for n in range(1, 5):
         feed(core, C1, req(n))
     assert take(core) == [given(W1, 1, C1), given(W2, 2, C1)]
+    feed(core, W1, Pong())  # a worker that beats while busy (Rule L3)
+    take(core)
     feed(core, W2, answer(2, C1), now=2.0)
     assert take(core) == [out(C1, answer(2, C1)), given(W2, 3, C1)]
     core.expire(3.0)
@@ -470,11 +481,14 @@ def test_redelivery_limit_answers_the_client_with_an_error() -> None:
     core = BrokerCore(heartbeat_interval=1.0, liveness=1, max_redeliveries=1)
     workers(core, W1)
     feed(core, C1, req(1), 4)
+    feed(core, W1, Pong())  # workers that beat while busy (Rule L3)
     take(core)
     core.expire(1.0)
     assert core.statistics().redeliveries == 1
     feed(core, W2, Register(ECHO), now=1.0)
     assert take(core) == [out(W2, Register(ECHO)), given(W2, 1, C1)]
+    feed(core, W2, Pong(), now=1.0)
+    take(core)
     core.expire(2.0)
     [sent] = take(core)
     assert error_of(sent) == (C1, "redelivery_limit", (b"m1",))
@@ -482,6 +496,57 @@ def test_redelivery_limit_answers_the_client_with_an_error() -> None:
     stats = core.statistics()
     assert stats.rejections == {"redelivery_limit": 1}
     assert (stats.redeliveries, stats.expired_workers) == (1, 2)
+
+
+def test_a_busy_worker_that_never_beats_is_probed_not_expired() -> None:
+    """Rule L3: MDP and DagBox C++ workers send nothing while they work. Such a worker keeps
+    its request past the idle liveness; it is probed with a pong each liveness window."""
+    core = BrokerCore(heartbeat_interval=1.0, liveness=3, busy_timeout=60.0)
+    workers(core, W1)
+    feed(core, C1, req(1))
+    assert take(core) == [given(W1, 1, C1)]
+    for t in (3.0, 6.0, 9.0):
+        assert core.next_expiry() == t
+        core.expire(t)
+        assert take(core) == [out(W1, Pong())]
+    assert core.statistics().workers == 1
+    feed(core, W1, answer(1, C1), now=10.0)
+    assert take(core)[0] == out(C1, answer(1, C1))
+    stats = core.statistics()
+    assert (stats.replies, stats.redeliveries, stats.expired_workers) == (1, 0, 0)
+    # Idle again, it keeps to the idle liveness.
+    core.expire(13.0)
+    assert core.statistics().workers == 0
+
+
+def test_a_probe_that_cannot_be_sent_removes_the_busy_worker() -> None:
+    core = BrokerCore(heartbeat_interval=1.0, liveness=3)
+    workers(core, W1, W2)
+    feed(core, C1, req(1))
+    feed(core, W2, Ping(), now=0.0)
+    take(core)
+    core.expire(3.0)
+    [probe] = [m for m in take(core) if m[0] == W1]
+    core.undeliverable(probe, "gone")  # the driver's send failed: the connection is gone
+    stats = core.statistics()
+    assert (stats.workers, stats.redeliveries) == (0, 1)
+    assert stats.rejections == {"worker_unreachable_gone": 1}
+
+
+def test_a_busy_silent_worker_expires_after_the_busy_timeout_or_work_timeout() -> None:
+    core = BrokerCore(heartbeat_interval=1.0, liveness=3, busy_timeout=10.0)
+    workers(core, W1, W2)
+    feed(core, C1, req(1))
+    feed(core, C1, Request(ECHO, None, (b"m2", work_timeout_option(20)), (b"d2",)))
+    take(core)
+    for t in (3.0, 6.0, 9.0):
+        core.expire(t)
+    assert core.statistics().workers == 2
+    core.expire(12.0)  # W1: silent for 12 s > 10 s; W2 holds a 20 s job: probed
+    assert core.statistics().workers == 1
+    assert core.statistics().expired_workers == 1
+    core.expire(21.0)  # W2 past its request's work timeout (Rule 7)
+    assert core.statistics().work_timeouts == 1
 
 
 def test_worker_reconnect_means_leaving_and_redelivers() -> None:
@@ -658,12 +723,14 @@ def test_statistics_figures() -> None:
 
 P = PROTOCOL
 MALFORMED: list[tuple[str, list[bytes]]] = [
-    ("too_few_frames", []),
-    ("too_few_frames", [b""]),
+    # No DCP or MDP header: the dialect is not known (Rule 6).
+    ("unknown_protocol", []),
+    ("unknown_protocol", [b""]),
+    ("unknown_protocol", [b"x", P, b"\x02"]),
+    ("unknown_protocol", [b"", b"", b"\x02"]),
+    ("unknown_protocol", [b"", b"MDPX01", b"\x02"]),
     ("too_few_frames", [b"", P]),
-    ("missing_envelope_delimiter", [b"x", P, b"\x02"]),
-    ("bad_protocol_frame", [b"", b"MDPC01", b"\x02"]),
-    ("bad_protocol_frame", [b"", b"", b"\x02"]),
+    ("bad_protocol_frame", [b"", b"DGBX", b"\x02"]),
     ("unsupported_version", [b"", b"DGBX\x02", b"\x02"]),
     ("bad_type_frame", [b"", P, b""]),
     ("bad_type_frame", [b"", P, b"\x02\x00"]),
@@ -869,14 +936,14 @@ def test_any_traffic_keeps_the_routing_invariants(steps: list[tuple[object, ...]
             assert not (service.idle and service.queued), (name, service)
             assert service.idle <= service.workers
         assert stats.dispatched <= stats.requests + stats.redeliveries
-        held = [p for w in core._workers.values() for p in w.held]
+        held = [p for w in core.sessions.workers.values() for p in w.held]
         queued = [p for svc in core._services.values() for p in svc.queue]
         for client, load in core._loads.items():
             assert load.inflight == sum(p.client == client for p in held + queued) > 0
             assert load.queued == sum(p.client == client for p in queued)
         assert all(p.client in core._loads for p in held + queued)
         assert all(p.holder is not None for p in held)
-        assert core._timed_held == len(held)  # every request has a work timeout here
+        assert core._deadlines.live == len(held)  # every request has a work timeout here
 
 
 # ------------------------------------------------- which request an answer finishes

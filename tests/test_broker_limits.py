@@ -314,4 +314,4 @@ def test_cut_requests_from_4_byte_peers_keep_the_width_memory_bounded() -> None:
     for peer in (b"P1", b"P2", b"P3"):
         core.reject_too_many_frames([peer, *serialize(req(1), width=4)], 5, 0.0)
     assert [frames[3] for frames in take(core)] == [b"\x05\x00\x00\x00"] * 3
-    assert list(core._wide) == [b"P2", b"P3"]
+    assert list(core.sessions._dialects) == [b"P2", b"P3"]

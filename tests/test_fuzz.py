@@ -43,6 +43,8 @@ import zmq
 
 import dcp
 from dcp._context import get_context
+from dcp.wire import mdp
+from dcp.wire.sniff import Family, sniff
 
 pytestmark = pytest.mark.anyio
 
@@ -74,10 +76,10 @@ PHASE_LIMIT = 60 * max(1.0, FUZZ_COUNT / 100_000)
 #: Reasons whose count depends only on the bytes (not on the sender's role).
 BYTE_REASONS = frozenset(
     {
+        "unknown_protocol",
         "too_few_frames",
         "too_many_frames",
         "message_too_large",
-        "missing_envelope_delimiter",
         "bad_protocol_frame",
         "unsupported_version",
         "bad_type_frame",
@@ -95,6 +97,7 @@ REQUIRED_REASONS = BYTE_REASONS | {
     "unexpected_reconnect",
     "service_name_too_long",
     "reply_without_client",
+    "dialect_mismatch",
 }
 
 SKIP = "skip"
@@ -112,6 +115,11 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
         return REJECT, "message_too_large"
     if len(frames) > MAX_FRAMES:
         return REJECT, "too_many_frames"
+    family = sniff(frames)
+    if family is None:
+        return REJECT, "unknown_protocol"
+    if family is Family.MDP:
+        return classify_mdp(frames, worker=worker)
     try:
         msg, _ = dcp.parse(frames)
     except dcp.RemoteProtocolError as exc:
@@ -147,6 +155,31 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
     return (SKIP, "") if worker else (REJECT, "unexpected_reconnect")
 
 
+def classify_mdp(frames: Sequence[bytes], *, worker: bool) -> tuple[str, str]:
+    """:func:`classify` for a Majordomo-shaped message (fuzz workers speak DCP)."""
+    try:
+        event, _ = mdp.parse(frames)
+    except dcp.RemoteProtocolError as exc:
+        return REJECT, exc.reason
+    if worker:
+        return REJECT, "dialect_mismatch"
+    if isinstance(event, mdp.ClientRequest):
+        if event.service[:4] == b"mmi.":
+            return SILENT, ""  # answered by the broker, counted nowhere
+        if len(event.service) > 1024:
+            return REJECT, "service_name_too_long"
+        if event.service not in GARBAGE_SERVICES:
+            return SKIP, ""
+        return ACCEPTED, ""
+    if isinstance(event, mdp.WorkerReady):
+        if len(event.service) > 1024:
+            return REJECT, "service_name_too_long"
+        return SKIP, ""  # a stranger would become a worker
+    if isinstance(event, mdp.WorkerDisconnect):
+        return SILENT, ""
+    return RECONNECT, ""  # an MDP worker command from a stranger: DISCONNECT
+
+
 class Garbage:
     """Seeded generator of garbage frames for one peer."""
 
@@ -179,7 +212,27 @@ class Garbage:
                 dcp.Reconnect(),
             ]
         )
+        if r.random() < 0.25:
+            return self.valid_mdp(peer, service, client or peer, data)
         return dcp.serialize(msg, width=r.choice((1, 4)))
+
+    def valid_mdp(
+        self, peer: bytes, service: bytes, client: bytes, data: tuple[bytes, ...]
+    ) -> list[bytes]:
+        """A well-formed Majordomo message of any form and command."""
+        r = self.rng
+        form = r.choice(list(mdp.Form))
+        envelope = r.random() < 0.5
+        c = mdp.peer(form, envelope=envelope, worker=False)
+        w = mdp.peer(form, envelope=envelope, worker=True)
+        kind = r.randrange(6)
+        if kind <= 1:
+            return c.client_request(r.choice([service, b"mmi.service", b"mmi.x"]), data)
+        if kind == 2:
+            return w.worker_ready(r.choice([*WORKER_SERVICES, LONG_NAME]))
+        if kind == 3:
+            return w.worker_answer(client, data, final=form is mdp.Form.V01 or r.random() < 0.5)
+        return w.worker_heartbeat() if kind == 4 else w.worker_disconnect()
 
     def piece(self, peer: bytes) -> bytes:
         r = self.rng
@@ -191,7 +244,9 @@ class Garbage:
         if kind == 2:
             return r.randrange(8).to_bytes(r.choice((1, 4)), "little")
         if kind == 3:
-            return r.choice([*GARBAGE_SERVICES, ECHO, b"DGBX", b"DGBX\x02", b"DGBX\x01\x01"])
+            return r.choice(
+                [*GARBAGE_SERVICES, ECHO, b"DGBX", b"DGBX\x02", b"DGBX\x01\x01", *mdp.HEADERS]
+            )
         if kind == 4:
             return r.choice([peer, self.address()])
         return self.blob()
@@ -348,7 +403,8 @@ async def send_garbage(endpoint: str, rng: random.Random, tally: Tally) -> None:
                     frames = gen.mutate(gen.valid(ident), ident)
                 else:
                     frames = gen.valid(ident)
-                    if WIDTH.get(ident, 1) == 4 and rng.random() < 0.8 and len(frames) > 2:
+                    dcp_frames = len(frames) > 2 and frames[1] == dcp.PROTOCOL
+                    if WIDTH.get(ident, 1) == 4 and rng.random() < 0.8 and dcp_frames:
                         frames[2] = frames[2][0].to_bytes(4, "little")
                 outcome, reason = classify(frames, ident, worker=worker)
             if not peers[ident].try_send(frames):

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from dcp import LocalProtocolError, RemoteError, RequestTimeout
-from dcp._codec import parse, serialize
 from dcp._messages import Ping, Reply, Request, error_reply_data
 from dcp._tracker import RequestTracker, Response
+from dcp.wire.dcp1 import parse, serialize
 
 
 def reply_frames(

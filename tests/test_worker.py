@@ -19,7 +19,6 @@ import zmq
 
 from dcp._broker import Broker
 from dcp._client import Client
-from dcp._codec import PROTOCOL, parse, serialize
 from dcp._context import get_context
 from dcp._errors import RemoteError
 from dcp._messages import (
@@ -35,6 +34,7 @@ from dcp._messages import (
 )
 from dcp._worker import Worker
 from dcp._worker_core import Forward
+from dcp.wire.dcp1 import PROTOCOL, parse, serialize
 
 pytestmark = pytest.mark.anyio
 

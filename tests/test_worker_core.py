@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp._broker_core import BrokerCore
-from dcp._codec import parse, serialize
 from dcp._errors import RemoteProtocolError
 from dcp._messages import (
     ERROR_MARKER,
@@ -37,6 +36,7 @@ from dcp._worker_core import (
     error_reply,
     result_message,
 )
+from dcp.wire.dcp1 import parse, serialize
 
 SVC = b"echo"
 CLIENT = b"\x01client"

@@ -15,24 +15,29 @@ peer can be answered in the width it uses; :func:`serialize` writes either.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import typing
 
-from ._errors import (
-    BadProtocolFrame,
-    BadTypeFrame,
-    LocalProtocolError,
-    MissingClientDelimiter,
-    MissingEnvelopeDelimiter,
-    MissingMetadataDelimiter,
-    MissingServiceName,
-    TooFewFrames,
-    UnexpectedFrames,
-    UnknownMessageType,
-    UnsupportedVersion,
-)
-from ._messages import Message, MessageType, Ping, Pong, Reconnect, Register, Reply, Request
+from .. import _errors
+from .._messages import Message, MessageType, Ping, Pong, Reconnect, Register, Reply, Request
 
-__all__ = ["PROTOCOL", "TYPE_FRAMES", "WIDTHS", "parse", "serialize"]
+if typing.TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = [
+    "PROTOCOL",
+    "TYPE_FRAMES",
+    "WIDTHS",
+    "Message",
+    "MessageType",
+    "Ping",
+    "Pong",
+    "Reconnect",
+    "Register",
+    "Reply",
+    "Request",
+    "parse",
+    "serialize",
+]
 
 #: The protocol frame: ``DGBX`` and version 1.
 PROTOCOL = b"DGBX\x01"
@@ -63,14 +68,14 @@ def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
     """
     n = len(frames)
     if n < 3:
-        raise TooFewFrames(f"{n} frame(s); the DCP header needs 3")
+        raise _errors.TooFewFrames(f"{n} frame(s); the DCP header needs 3")
     if frames[0]:
-        raise MissingEnvelopeDelimiter("first frame must be empty")
+        raise _errors.MissingEnvelopeDelimiter("first frame must be empty")
     proto = frames[1]
     if proto != PROTOCOL:
         if len(proto) == 5 and proto[:4] == _MAGIC:
-            raise UnsupportedVersion(f"DCP version {proto[4]}; only 1 is supported")
-        raise BadProtocolFrame(
+            raise _errors.UnsupportedVersion(f"DCP version {proto[4]}; only 1 is supported")
+        raise _errors.BadProtocolFrame(
             f"protocol frame {bytes(memoryview(proto)[:16])!r} is not b'DGBX\\x01'"
         )
     tframe = frames[2]
@@ -80,14 +85,14 @@ def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
     elif width == 4:
         code = int.from_bytes(tframe, "little")
     else:
-        raise BadTypeFrame(f"type frame is {width} bytes; expected 1 (or 4, DagBox C++)")
+        raise _errors.BadTypeFrame(f"type frame is {width} bytes; expected 1 (or 4, DagBox C++)")
     mtype = _TYPES.get(code)
     if mtype is None:
-        raise UnknownMessageType(f"message type {code:#x}")
+        raise _errors.UnknownMessageType(f"message type {code:#x}")
 
     if mtype is MessageType.REQUEST:
         if n < 4:
-            raise MissingServiceName("request without a service frame")
+            raise _errors.MissingServiceName("request without a service frame")
         client, meta, data = _split_body(frames, 4)
         return Request(_small(frames[3]), client, meta, data), width
     if mtype is MessageType.REPLY:
@@ -95,12 +100,16 @@ def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
         return Reply(client, meta, data), width
     if mtype is MessageType.REGISTER:
         if n == 3:
-            raise MissingServiceName("registration without a service frame")
+            raise _errors.MissingServiceName("registration without a service frame")
         if n > 4:
-            raise UnexpectedFrames(f"registration has {n - 4} frame(s) after the service name")
+            raise _errors.UnexpectedFrames(
+                f"registration has {n - 4} frame(s) after the service name"
+            )
         return Register(_small(frames[3])), width
     if n > 3:
-        raise UnexpectedFrames(f"{mtype.name.lower()} must be header-only; got {n - 3} more")
+        raise _errors.UnexpectedFrames(
+            f"{mtype.name.lower()} must be header-only; got {n - 3} more"
+        )
     return _HEADER_ONLY[mtype], width
 
 
@@ -110,13 +119,13 @@ def _split_body(
     """Split ``[client] "" metadata... "" data...`` starting at index ``i``."""
     n = len(frames)
     if i >= n:
-        raise MissingClientDelimiter("no client-address delimiter")
+        raise _errors.MissingClientDelimiter("no client-address delimiter")
     client: bytes | None
     if frames[i]:
         client = _small(frames[i])
         i += 1
         if i >= n or frames[i]:
-            raise MissingClientDelimiter("client address not followed by an empty frame")
+            raise _errors.MissingClientDelimiter("client address not followed by an empty frame")
     else:
         client = None
     i += 1
@@ -125,7 +134,7 @@ def _split_body(
     while j < n and frames[j]:
         j += 1
     if j >= n:
-        raise MissingMetadataDelimiter("no empty frame after the metadata parts")
+        raise _errors.MissingMetadataDelimiter("no empty frame after the metadata parts")
     meta = tuple(frames[i:j])
     for part in meta:
         if part.__class__ is not bytes:
@@ -150,7 +159,9 @@ def serialize(message: Message, *, width: int = 1) -> list[bytes]:
     try:
         tframe = TYPE_FRAMES[width][message.type]
     except KeyError:
-        raise LocalProtocolError(f"type-frame width must be 1 or 4, not {width!r}") from None
+        raise _errors.LocalProtocolError(
+            f"type-frame width must be 1 or 4, not {width!r}"
+        ) from None
     frames = [b"", PROTOCOL, tframe]
     if isinstance(message, Register):
         frames.append(message.service)

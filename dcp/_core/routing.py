@@ -1,0 +1,493 @@
+"""Protocol-blind routing: per-service queues, least-recently-used idle workers, credit, held
+requests, redelivery and work timeouts. Sans-IO.
+
+This module does not know which wire protocol a peer speaks. It sees worker sessions
+(:mod:`.peers`), service names, client addresses, a request's *metadata* (opaque parts the
+client's dialect supplies and gets back in the answer; empty for MDP clients), its data parts,
+and the client's dialect; it writes through each peer's :class:`~.dialects.Dialect`, which
+turns a decision into frames. The dialect handlers in :mod:`dcp._broker_core` call it.
+
+Rule 1 - Credit. A worker has *credit*: how many more requests it may be given. Registering,
+  or asking for work (a DCP ping, or a request sent without finishing a held one) set it to at
+  least 1: idle heartbeats do not pile up credit. An answer that finishes a held request adds
+  1 (that request's slot is free again). Each request given to the worker takes 1. So a plain
+  worker holds one request until it answers, and a dcp worker with N slots keeps N busy by
+  pinging only when it has no credit left and a slot free.
+Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit and nothing
+  queued for its services waits in its services' idle lists; the least recently used idle
+  worker gets the next request; a worker serving several services takes the oldest request
+  among them. A request is *held* by the worker it was given to until that worker answers it
+  or leaves. An answer is matched by client address and, for dialects that carry it,
+  metadata (DCP workers must pass it on unchanged); an answer that matches nothing releases
+  nothing (guessing could release a request the worker is still running, which would then
+  not be redelivered if it died).
+Rule 5 - Redelivery. A worker that leaves, or is removed (liveness, unreachable, Rule 7),
+  gives back what it held: to the *front* of its service's queue (the DCP spec allows losing
+  it; we do not), at most ``max_redeliveries`` times, after which the client gets a
+  ``redelivery_limit`` error reply.
+Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, see
+  :func:`~dcp._messages.work_timeout_option`; else the broker's ``work_timeout``, if any).
+  A worker that holds it longer than that is treated as lost, as in Rule 5: it is expelled
+  and removed, and what it held is redelivered. The same peer may register again at once but
+  gets no work for ``liveness x heartbeat_interval`` (quarantine, peers Rule L4), so a worker
+  that hangs on every request cannot take the redelivered request straight back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+from .._guard import Guard
+from .._messages import request_work_timeout
+from .._stats import BrokerCounters
+from .._util import DeadlineHeap, LogOnce
+from . import admission, directory
+from .admission import Limits, Load
+from .dialects import Dialect
+from .peers import Session, Sessions
+
+__all__ = ["Pending", "Routing", "Service"]
+
+logger = logging.getLogger("dcp.broker")
+
+
+class Pending:
+    """A request in a queue or held by a worker."""
+
+    __slots__ = (
+        "client",
+        "data",
+        "holder",
+        "load",
+        "metadata",
+        "origin",
+        "redeliveries",
+        "seq",
+        "service",
+        "shown",
+        "token",
+        "work_timeout",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        service: Service,
+        client: bytes,
+        shown: bytes,
+        origin: Dialect,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        load: Load,
+        work_timeout: float | None,
+    ) -> None:
+        #: Arrival order, to serve a multi-service worker the oldest request first.
+        self.seq = seq
+        self.service = service
+        #: The client's address, and the address workers see (sealed in secure mode).
+        self.client = client
+        self.shown = shown
+        #: The client's dialect, to answer it in kind.
+        self.origin = origin
+        self.metadata = metadata
+        self.data = data
+        self.redeliveries = 0
+        self.load = load
+        self.work_timeout = work_timeout
+        #: The worker holding it, if any.
+        self.holder: Session | None = None
+        #: Counts dispatches: a work-timeout entry is live only while its token matches.
+        self.token = 0
+
+
+class Service:
+    __slots__ = ("idle", "name", "queue", "workers")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.queue: deque[Pending] = deque()
+        #: Ready workers, least recently used first.
+        self.idle: OrderedDict[bytes, Session] = OrderedDict()
+        self.workers = 0
+
+
+def _deadline_live(pending: Pending, token: int) -> bool:
+    return pending.holder is not None and token == pending.token
+
+
+class Routing:
+    """Queues, credit, held requests, redelivery and work timeouts (the module's rules).
+
+    The broker core (:class:`~dcp._broker_core.BrokerCore`) is a subclass that adds the
+    dialects; this class only sees sessions, names, addresses, metadata and data.
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Limits,
+        sessions: Sessions,
+        work_timeout: float | None,
+        quarantine: float,
+        guard: Guard | None,
+    ) -> None:
+        self.limits = limits
+        self.sessions = sessions
+        self.work_timeout = work_timeout
+        self.guard = guard
+        self._quarantine_for = quarantine
+        #: Messages to send, ROUTER-side (routing id first). The driver empties it.
+        self.outbox: list[list[bytes]] = []
+        self.counters = BrokerCounters()
+        self._services: dict[bytes, Service] = {}
+        self._loads: dict[bytes, Load] = {}
+        # Work-timeout deadlines of held requests (Rule 7).
+        self._deadlines: DeadlineHeap[Pending] = DeadlineHeap(_deadline_live)
+        self._log_once = LogOnce(logger)
+        # The time of the call being handled, for work-timeout deadlines.
+        self._now = 0.0
+
+    # -------------------------------------------------------------- requests
+
+    def submit(
+        self,
+        client: bytes,
+        origin: Dialect,
+        name: bytes,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        *,
+        forward: bool,
+    ) -> tuple[str, str] | None:
+        """Queue or dispatch a request (admission rules in :mod:`.admission`); on refusal,
+        return ``(code, message)`` (the caller tells the client)."""
+        limits = self.limits
+        service = self._services.get(name)
+        if service is None:
+            refused = admission.new_service_refusal(limits, len(self._services), name)
+            if refused is not None:
+                return refused
+            service = self._services[name] = Service(name)
+        idle = service.idle
+        load = self._loads.get(client)
+        if load is None:
+            load = Load()
+        refused = admission.refusal(limits, len(service.queue), bool(idle), load, name)
+        if refused is not None:
+            return refused
+        if not load.inflight:
+            self._loads[client] = load
+        work_timeout = request_work_timeout(metadata)
+        if work_timeout is None:
+            work_timeout = self.work_timeout
+        counters = self.counters
+        counters.requests += 1
+        if forward:
+            counters.forwards += 1
+        load.inflight += 1
+        shown = client if self.guard is None else self.guard.seal(client)
+        pending = Pending(
+            counters.requests, service, client, shown, origin, metadata, data, load, work_timeout
+        )
+        if idle:
+            self._dispatch(next(iter(idle.values())), pending)
+        else:
+            service.queue.append(pending)
+            load.queued += 1
+        return None
+
+    def release(
+        self, worker: Session, client: bytes, metadata: tuple[bytes, ...] | None
+    ) -> Pending | None:
+        """Rule 2: ``worker`` answered the request it held for ``client`` with ``metadata``
+        (``None``: the dialect carries none; the oldest such request matches). Returns it,
+        no longer held, or ``None`` (counted as unmatched) if none matches."""
+        held = worker.held
+        for i, pending in enumerate(held):
+            if pending.client == client and (metadata is None or pending.metadata == metadata):
+                del held[i]
+                self._finish(pending)
+                return pending
+        self.counters.unmatched += 1
+        return None
+
+    def find_held(self, worker: Session, client: bytes) -> Pending | None:
+        """The oldest request ``worker`` holds for ``client`` (for partial answers)."""
+        for pending in worker.held:
+            if pending.client == client:
+                return pending
+        return None
+
+    # ---------------------------------------------------------------- credit
+
+    def credit(self, worker: Session, *, released: bool) -> None:
+        """Rule 1: grant credit (+1 for a finished request, else at least 1), then use it."""
+        if released:
+            worker.credit += 1
+        elif worker.credit < 1:
+            worker.credit = 1
+        quarantine = self.sessions.quarantine
+        if quarantine and worker.ident in quarantine:
+            return  # Rule 7: it may register and heartbeat, but gets no work for now
+        self._use_credit(worker)
+
+    def _use_credit(self, worker: Session) -> None:
+        # Serve the oldest requests across the worker's services (usually just one).
+        services = worker.services
+        while worker.credit:
+            best: Service | None = None
+            for service in services:
+                if service.queue and (best is None or service.queue[0].seq < best.queue[0].seq):
+                    best = service
+            if best is None:
+                break
+            pending = best.queue.popleft()
+            pending.load.queued -= 1
+            self._dispatch(worker, pending)
+        if worker.credit:
+            ident = worker.ident
+            for service in services:
+                if ident not in service.idle:
+                    service.idle[ident] = worker
+
+    def _dispatch(self, worker: Session, pending: Pending) -> None:
+        """Give ``pending`` to ``worker``, taking one credit; a worker left with credit goes
+        to the back of the idle lists (least recently used first)."""
+        worker.credit -= 1
+        ident = worker.ident
+        for service in worker.services:
+            idle = service.idle
+            if ident in idle:
+                if worker.credit:
+                    idle.move_to_end(ident)
+                else:
+                    del idle[ident]
+        held = worker.held
+        if len(held) >= self.limits.max_held:
+            # Only a worker that changes metadata gets here: stop tracking its oldest.
+            self._finish(held.pop(0))
+            self.counters.count("held_overflow")
+        held.append(pending)
+        pending.holder = worker
+        if pending.work_timeout is not None:
+            pending.token += 1
+            self._deadlines.live += 1
+            self._deadlines.push(self._now + pending.work_timeout, pending.token, pending)
+        self.counters.dispatched += 1
+        self.outbox.append(
+            worker.dialect.request(
+                ident, pending.service.name, pending.shown, pending.metadata, pending.data
+            )
+        )
+
+    def _unhold(self, pending: Pending) -> None:
+        """``pending`` is no longer held by a worker."""
+        pending.holder = None
+        if pending.work_timeout is not None:
+            self._deadlines.live -= 1
+
+    def _finish(self, pending: Pending) -> None:
+        """The broker is done with held ``pending`` (answered, or no longer tracked)."""
+        self._unhold(pending)
+        load = pending.load
+        load.inflight -= 1
+        if not load.inflight:
+            self._loads.pop(pending.client, None)
+
+    # --------------------------------------------------------------- workers
+
+    def add_service(self, worker: Session, name: bytes) -> Service:
+        """``worker`` provides ``name`` (created if new; not bounded by ``max_services``)."""
+        service = self._services.get(name)
+        if service is None:
+            service = self._services[name] = Service(name)
+        if service not in worker.services:
+            worker.services.append(service)
+            service.workers += 1
+        return service
+
+    def register(
+        self,
+        peer: bytes,
+        worker: Session | None,
+        name: bytes,
+        dialect: Dialect,
+        now: float,
+        principal: str | None,
+    ) -> Session | None:
+        """A registration for ``name`` (any dialect): confirmed, or refused and told.
+        Returns the worker's session, or ``None`` if refused."""
+        if len(name) > self.limits.max_service_name:
+            self.reject(peer, "service_name_too_long", f"{len(name)} bytes")
+            if worker is None and dialect.beats:
+                self.outbox.append(dialect.expel(peer))
+            return None
+        if directory.is_reserved(name):
+            self._refuse_registration(
+                peer, dialect, name, "reserved_service", f"{name[:64]!r} is the broker's own"
+            )
+            return None
+        guard = self.guard
+        if guard is not None:
+            key = None if principal is None else principal.encode("ascii", "replace")
+            if not guard.may_register(key, name):
+                detail = f"key {principal} may not register {name[:64]!r}"
+                self._refuse_registration(peer, dialect, name, "registration_refused", detail)
+                return None
+        if worker is not None:
+            services = worker.services
+            if len(services) >= self.limits.max_services_per_worker and not any(
+                s.name == name for s in services
+            ):
+                self.reject(peer, "too_many_services", f"registration for {name[:64]!r}")
+                return None
+        else:
+            worker = self.sessions.add(peer, dialect, now)
+            logger.info("worker %s (%s) registered for %r", peer.hex(), dialect.name, name)
+        self.add_service(worker, name)
+        confirmation = dialect.registered(peer, name)
+        if confirmation is not None:
+            self.outbox.append(confirmation)
+        self.credit(worker, released=False)
+        return worker
+
+    def _refuse_registration(
+        self, peer: bytes, dialect: Dialect, name: bytes, reason: str, detail: str
+    ) -> None:
+        """Count, log, and tell the worker (DCP: a ``registration_refused`` error reply)."""
+        self.reject(peer, reason, detail)
+        self.outbox.append(dialect.refused(peer, name, "registration_refused", detail))
+
+    def serves(self, name: bytes) -> bool:
+        """Whether some registered worker provides ``name``."""
+        service = self._services.get(name)
+        return service is not None and service.workers > 0
+
+    def remove_worker(self, worker: Session) -> None:
+        """Rule 5: forget the worker; its held requests go back to the front of the queue."""
+        ident = worker.ident
+        self.sessions.remove(worker)
+        held, worker.held = worker.held, []
+        for service in worker.services:
+            service.workers -= 1
+            service.idle.pop(ident, None)
+            if not service.workers and not service.queue and not held:
+                # Nobody provides it and nothing waits for it: forget it (bounds memory).
+                del self._services[service.name]
+        worker.services = []
+        limit = self.limits.max_redeliveries
+        for pending in reversed(held):
+            pending.redeliveries += 1
+            if pending.redeliveries > limit:
+                self._finish(pending)
+                self.counters.count("redelivery_limit")
+                self.error_reply(
+                    pending,
+                    "redelivery_limit",
+                    f"request given to {pending.redeliveries} workers that all went away",
+                )
+                continue
+            self._unhold(pending)
+            self.counters.redeliveries += 1
+            pending.service.queue.appendleft(pending)
+            pending.load.queued += 1
+        for pending in held:
+            service = pending.service
+            while service.idle and service.queue:
+                queued = service.queue.popleft()
+                queued.load.queued -= 1
+                self._dispatch(next(iter(service.idle.values())), queued)
+
+    def time_out_work(self, now: float) -> None:
+        """Rule 7: expel and remove every worker holding a request past its work timeout."""
+        deadlines = self._deadlines
+        quarantine = self.sessions.quarantine
+        while (pending := deadlines.pop(now)) is not None:
+            worker = pending.holder
+            assert worker is not None
+            logger.warning(
+                "worker %s held a request for %r past its work timeout (%.3f s): removing it",
+                worker.ident.hex(),
+                pending.service.name[:64],
+                pending.work_timeout,
+            )
+            self.counters.work_timeouts += 1
+            quarantine[worker.ident] = now + self._quarantine_for
+            self.outbox.append(worker.dialect.expel(worker.ident))
+            self.remove_worker(worker)
+        if quarantine:
+            workers = self.sessions.workers
+            for ident, until in list(quarantine.items()):
+                if until <= now:
+                    del quarantine[ident]
+                    released = workers.get(ident)
+                    if released is not None and released.credit:
+                        self._use_credit(released)
+
+    def next_work_deadline(self) -> float | None:
+        """The earliest work-timeout deadline or quarantine end (``None``: none)."""
+        when = self._deadlines.next_due()
+        quarantine = self.sessions.quarantine
+        if quarantine:
+            top = min(quarantine.values())
+            when = top if when is None or top < when else when
+        return when
+
+    # ---------------------------------------------------------------- output
+    def answered(
+        self, peer: bytes, worker: Session, client: bytes, metadata: tuple[bytes, ...] | None
+    ) -> tuple[bytes, Pending | None] | None:
+        """A worker's answer (or forward) names ``client``: the client's real address
+        (unsealed in secure mode) and the held request it finishes (``None``: none, counted
+        as unmatched); or ``None`` if the address is not one the broker gave (security Rule
+        S4: counted, logged, and the worker's credit kept)."""
+        guard = self.guard
+        if guard is not None:
+            unsealed = guard.unseal(client)
+            if unsealed is None:
+                self.reject(peer, "bad_client_address", "not a client address the broker gave")
+                self.credit(worker, released=False)
+                return None
+            client = unsealed
+        return client, self.release(worker, client, metadata)
+
+    def answer_directly(
+        self,
+        client: bytes,
+        origin: Dialect,
+        name: bytes,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+    ) -> None:
+        """Rule D1 (:mod:`.directory`): the broker answers an ``mmi.*`` request itself."""
+        code = directory.answer(name, data, self.serves)
+        self.outbox.append(origin.reply(client, name, metadata, (code,)))
+
+    def error_reply(self, pending: Pending, code: str, message: str) -> None:
+        self.outbox.append(
+            pending.origin.error(
+                pending.client, pending.service.name, pending.metadata, code, message
+            )
+        )
+
+    def refuse(
+        self,
+        client: bytes,
+        origin: Dialect,
+        name: bytes,
+        metadata: tuple[bytes, ...],
+        code: str,
+        message: str,
+    ) -> None:
+        """Refuse a request: count, log once, and tell its client with an error reply."""
+        self.reject(client, code, message)
+        self.outbox.append(origin.error(client, name, metadata, code, message))
+
+    def reject(self, peer: bytes, reason: str, detail: str) -> None:
+        """Count a refused message, and log it once per peer and reason."""
+        self.counters.count(reason)
+        self._log_once(
+            (peer, reason), "rejected message from peer %s: %s (%s)", peer.hex(), reason, detail
+        )

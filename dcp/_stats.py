@@ -1,0 +1,99 @@
+"""The broker's counters: the cores increment them, ``statistics()`` (and later metrics and
+info services) read them, from this one place."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["BrokerCounters", "BrokerStatistics", "ServiceStatistics"]
+
+
+class BrokerCounters:
+    """Monotonic event counts of one broker (plain attributes: incrementing one is as cheap
+    as it gets on the per-message path)."""
+
+    __slots__ = (
+        "dispatched",
+        "dropped_replies",
+        "expired",
+        "forwards",
+        "partials",
+        "reconnects_sent",
+        "redeliveries",
+        "rejections",
+        "replies",
+        "requests",
+        "undeliverable",
+        "unmatched",
+        "work_timeouts",
+    )
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.replies = 0
+        self.partials = 0
+        self.forwards = 0
+        self.dispatched = 0
+        self.redeliveries = 0
+        self.dropped_replies = 0
+        self.undeliverable = 0
+        self.reconnects_sent = 0
+        self.unmatched = 0
+        self.expired = 0
+        self.work_timeouts = 0
+        #: Messages refused, by reason.
+        self.rejections: dict[str, int] = {}
+
+    def count(self, reason: str) -> None:
+        """Count one refusal for ``reason``."""
+        self.rejections[reason] = self.rejections.get(reason, 0) + 1
+
+
+@attrs.frozen
+class ServiceStatistics:
+    """Per-service figures from :meth:`BrokerCore.statistics`."""
+
+    #: Registered workers providing the service.
+    workers: int
+    #: Of those, how many are idle (have credit, nothing queued for them).
+    idle: int
+    #: Requests waiting in the queue.
+    queued: int
+
+
+@attrs.frozen
+class BrokerStatistics:
+    """Counters and gauges of a broker, as returned by ``statistics()``."""
+
+    #: Requests accepted (queued or dispatched), including forwards.
+    requests: int
+    #: Replies routed to a client (final ones; see :attr:`partials`).
+    replies: int
+    #: Requests sent by registered workers carrying a client address (forwarding).
+    forwards: int
+    #: Requests given to a worker (first deliveries and redeliveries).
+    dispatched: int
+    #: Held requests put back at the front of a queue because their worker went away.
+    redeliveries: int
+    #: Replies dropped because their client was gone or could not take them.
+    dropped_replies: int
+    #: Other messages (echoes, pongs, reconnects) dropped for the same reasons.
+    undeliverable: int
+    #: Reconnect messages sent to peers that pinged without being registered.
+    reconnects_sent: int
+    #: Replies and forwards from workers that matched no request they held (still routed).
+    unmatched: int
+    #: Workers removed because they were silent for too long.
+    expired_workers: int
+    #: Workers removed because they held a request past its work timeout (Rule 7).
+    work_timeouts: int
+    #: Messages refused, by reason (also malformed ones, by ProtocolError reason).
+    rejections: dict[str, int]
+    #: Registered workers.
+    workers: int
+    #: Clients with requests accepted and not yet answered (queued or held).
+    clients: int
+    #: Per-service workers, idle workers and queue depth.
+    services: dict[bytes, ServiceStatistics]
+    #: Partial replies (MDP/0.2 PARTIAL) routed to a client.
+    partials: int = 0

@@ -1,0 +1,95 @@
+"""Small primitives the sans-IO cores share (written once, used by several cores)."""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["DeadlineHeap", "LogOnce"]
+
+T = TypeVar("T")
+
+
+class DeadlineHeap(Generic[T]):
+    """Deadlines of items with lazy deletion: cancelling one is O(1) (its owner stops counting
+    it as live), popping skips dead entries, and the heap is rebuilt from its live entries
+    when dead ones outnumber them (amortised O(1) per push).
+
+    An entry is ``(when, token, item)``; ``is_live(item, token)`` says whether it still
+    stands (the owner bumps an item's token to make its older entries stale).
+
+    :param is_live: whether an entry still stands
+    """
+
+    __slots__ = ("_heap", "_is_live", "_seq", "live")
+
+    def __init__(self, is_live: Callable[[T, int], bool]) -> None:
+        self._heap: list[tuple[float, int, int, T]] = []
+        self._is_live = is_live
+        self._seq = 0
+        #: Entries the owner counts as live; it adds one per push and removes one when it
+        #: makes an entry stale. Only used to decide when to compact.
+        self.live = 0
+
+    def push(self, when: float, token: int, item: T) -> None:
+        """Add a deadline (the caller adds 1 to :attr:`live`)."""
+        self._seq += 1
+        heap = self._heap
+        heapq.heappush(heap, (when, self._seq, token, item))
+        if len(heap) > 2 * self.live + 1024:
+            is_live = self._is_live
+            self._heap = heap = [e for e in heap if is_live(e[3], e[2])]
+            heapq.heapify(heap)
+
+    def pop(self, now: float) -> T | None:
+        """Remove and return the live item with the earliest deadline if that is ``<= now``
+        (``None``: nothing due). One at a time: acting on one item may make others stale."""
+        heap = self._heap
+        is_live = self._is_live
+        while heap and heap[0][0] <= now:
+            _, _, token, item = heapq.heappop(heap)
+            if is_live(item, token):
+                return item
+        return None
+
+    def next_due(self) -> float | None:
+        """The earliest live deadline (``None``: none), dropping stale entries on the way."""
+        heap = self._heap
+        is_live = self._is_live
+        while heap:
+            when, _, token, item = heap[0]
+            if is_live(item, token):
+                return when
+            heapq.heappop(heap)
+        return None
+
+    def __len__(self) -> int:
+        """Entries held, stale ones included."""
+        return len(self._heap)
+
+
+class LogOnce:
+    """Logs a warning once per key among the ``size`` most recent keys (so a peer that
+    repeats a mistake a million times is logged once, and memory stays bounded)."""
+
+    __slots__ = ("_logger", "_seen", "size")
+
+    def __init__(self, logger: logging.Logger, size: int = 4096) -> None:
+        self._logger = logger
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self.size = size
+
+    def __call__(self, key: Hashable, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` at WARNING unless ``key`` was logged recently; whether it
+        logged."""
+        seen = self._seen
+        if key in seen:
+            return False
+        seen[key] = None
+        if len(seen) > self.size:
+            seen.popitem(last=False)
+        self._logger.warning(msg, *args)
+        return True
