@@ -153,6 +153,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         liveness=args.liveness,
         security=_client_security(args),
+        type_width=args.type_width,
     )
 
     async def run() -> None:
@@ -188,6 +189,7 @@ def _cmd_call(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             retries=args.retries,
             security=_client_security(args),
+            type_width=args.type_width,
         ) as client:
             try:
                 reply = await client.request(args.service.encode(), *data)
@@ -213,6 +215,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             clients=args.clients,
             window=args.window,
             progress=not args.no_progress,
+            type_width=args.type_width,
         )
         print(summary.render(), flush=True)
         if summary.errors:
@@ -239,6 +242,17 @@ def _add_client_security(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("CURVE security (docs/security.md)")
     g.add_argument("--keys", metavar="FILE", help="this peer's NAME.key_secret file")
     g.add_argument("--server-key", metavar="FILE", help="the broker's public NAME.key file")
+
+
+def _add_type_width(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--type-width",
+        type=int,
+        choices=[1, 4],
+        default=1,
+        help=f"type-frame width of {what}: 1 byte (the DCP spec; default) or 4 (a "
+        "little-endian int, for the DagBox C++ reference broker, which aborts on 1-byte types)",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -324,6 +338,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, time running requests get to finish (a second signal: now)",
     )
+    _add_type_width(p, "every message the worker sends")
     _add_client_security(p)
     p.set_defaults(func=_cmd_worker)
 
@@ -333,6 +348,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=2, metavar="N")
     p.add_argument("service", metavar="SERVICE")
     p.add_argument("data", nargs="*", metavar="DATA", help="data parts (UTF-8)")
+    _add_type_width(p, "the request")
     _add_client_security(p)
     p.set_defaults(func=_cmd_call)
 
@@ -341,6 +357,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=4, metavar="N")
     p.add_argument("--window", type=int, default=32, metavar="N", help="in flight per client")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_type_width(p, "what the clients and workers send")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser(

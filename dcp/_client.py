@@ -166,6 +166,11 @@ class Client:
     :param security: CURVE keys (see ``docs/security.md``; default: no security). A broker
         that does not accept the key, or is not the one whose key is given, never
         completes the handshake: requests time out.
+    :param type_width: width of the type frame of every request: 1 (the spec, default) or 4
+        (a little-endian ``int``, as the DagBox C++ reference writes it; its broker aborts on
+        1-byte types). Replies are read in either width.
+    :raises ValueError: a bad option (e.g. ``type_width`` not 1 or 4), before any socket
+        exists
     """
 
     def __init__(
@@ -185,6 +190,7 @@ class Client:
         remember: int = 8192,
         work_timeout: float | None = None,
         security: CurveClient | None = None,
+        type_width: int = 1,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
         if work_timeout is not None:
@@ -204,6 +210,7 @@ class Client:
             jitter=jitter,
             rng=rng,
             remember=remember,
+            type_width=type_width,
         )
         self._context = context
         self._batch = batch

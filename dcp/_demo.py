@@ -137,8 +137,13 @@ async def run_demo(
     statisticians: int = 2,
     progress: bool = True,
     seed: int = 1,
+    type_width: int = 1,
 ) -> DemoSummary:
-    """Run the demo and return its summary (the CLI prints it)."""
+    """Run the demo and return its summary (the CLI prints it).
+
+    :param type_width: type-frame width the clients and workers write (1 or 4); the
+        embedded dcp broker reads both and answers each peer in kind
+    """
     rng = random.Random(seed)
     sentences = [_sentence(rng) for _ in range(requests)]
     latencies: list[float] = []
@@ -158,10 +163,13 @@ async def run_demo(
         endpoint = broker.endpoints[0]
         workers = [
             *(
-                Worker(endpoint, b"normalize", normalize, concurrency=4)
+                Worker(endpoint, b"normalize", normalize, concurrency=4, type_width=type_width)
                 for _ in range(normalizers)
             ),
-            *(Worker(endpoint, b"stats", stats, concurrency=4) for _ in range(statisticians)),
+            *(
+                Worker(endpoint, b"stats", stats, concurrency=4, type_width=type_width)
+                for _ in range(statisticians)
+            ),
         ]
         async with anyio.create_task_group() as tg:
             for worker in workers:
@@ -171,7 +179,9 @@ async def run_demo(
 
             async def one_client(chunk: Sequence[bytes]) -> None:
                 nonlocal errors
-                async with Client(endpoint, timeout=10.0, retries=2) as client:
+                async with Client(
+                    endpoint, timeout=10.0, retries=2, type_width=type_width
+                ) as client:
                     queue = list(chunk)
 
                     async def lane() -> None:

@@ -60,7 +60,8 @@ class SyncClient:
     attempt's deadline; then the attempt counts as lost and the retry rule takes over.
     While a send waits, replies are not read (they queue in zmq).
 
-    Parameters are those of :class:`dcp.Client`.
+    Parameters are those of :class:`dcp.Client` (``type_width=4`` for the DagBox C++
+    reference broker); a bad one raises :exc:`ValueError` before the socket is created.
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class SyncClient:
         remember: int = 8192,
         work_timeout: float | None = None,
         security: CurveClient | None = None,
+        type_width: int = 1,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
         if work_timeout is not None:
@@ -98,6 +100,7 @@ class SyncClient:
             jitter=jitter,
             rng=rng,
             remember=remember,
+            type_width=type_width,
         )
         self._batch = batch
         self._pid = os.getpid()

@@ -56,9 +56,16 @@ import attrs
 
 from ._errors import RemoteError, RemoteProtocolError, RequestTimeout
 from ._messages import OPTION_PREFIX, Reply, Request, parse_error_reply
-from .wire.dcp1 import parse, serialize
+from .wire.dcp1 import WIDTHS, parse, serialize
 
-__all__ = ["ClientStatistics", "Expired", "Outcome", "RequestTracker", "Response"]
+__all__ = [
+    "ClientStatistics",
+    "Expired",
+    "Outcome",
+    "RequestTracker",
+    "Response",
+    "check_type_width",
+]
 
 
 @attrs.frozen
@@ -149,6 +156,8 @@ class RequestTracker:
     :param rng: source of jitter (default: a fresh :class:`random.Random`)
     :param remember: how many finished ids to remember to tell duplicates from unknowns
     :param id_prefix: 8 bytes that start every id (default: random)
+    :param type_width: type-frame width of the requests it builds: 1 (the spec) or 4 (the
+        DagBox C++ reference broker). Replies are parsed in either width.
     """
 
     def __init__(
@@ -163,7 +172,9 @@ class RequestTracker:
         rng: random.Random | None = None,
         remember: int = 8192,
         id_prefix: bytes | None = None,
+        type_width: int = 1,
     ) -> None:
+        check_type_width(type_width)
         _check_timeout(timeout)
         _check_retries(retries)
         if backoff < 0 or backoff_max < 0 or backoff_factor < 1:
@@ -182,6 +193,8 @@ class RequestTracker:
         self.backoff_factor = backoff_factor
         self.backoff_max = backoff_max
         self.jitter = jitter
+        #: Type-frame width of every request built (1 or 4).
+        self.type_width = type_width
         self._rng = rng if rng is not None else random.Random()
         self._prefix = id_prefix
         self._counter = 0
@@ -231,7 +244,7 @@ class RequestTracker:
             _check_retries(retries)
         self._counter += 1
         rid = self._prefix + self._counter.to_bytes(8, "big")
-        frames = serialize(Request(service, None, (rid, *metadata), data))
+        frames = serialize(Request(service, None, (rid, *metadata), data), width=self.type_width)
         pending = _Pending(frames, timeout, retries)
         self._pending[rid] = pending
         self._requests += 1
@@ -406,6 +419,17 @@ class RequestTracker:
             del finished[order.popleft()]
         finished[rid] = answered
         order.append(rid)
+
+
+def check_type_width(type_width: int) -> None:
+    """Check a ``type_width`` option: 1 (the spec) or 4 (the DagBox C++ reference).
+
+    :raises ValueError: any other value
+    """
+    if type_width not in WIDTHS:
+        raise ValueError(
+            f"type_width must be 1 or 4 (4: the DagBox C++ reference broker), not {type_width!r}"
+        )
 
 
 def _check_timeout(timeout: float) -> None:

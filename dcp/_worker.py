@@ -97,10 +97,18 @@ class Worker:
     :param reconnect_max: longest reconnect delay, in seconds
     :param context: zmq context (default: one shared per process)
     :param security: CURVE keys (see ``docs/security.md``; default: no security)
+    :param type_width: width of the type frame the worker writes: 1 (the spec, default) or 4
+        (a little-endian ``int``, for the DagBox C++ reference broker, which aborts on 1-byte
+        types). With 1 the worker answers in whatever width the broker last wrote; with 4
+        every message (registration, heartbeats, replies, forwards, the leaving Reconnect)
+        is 4 bytes from the first one on, whatever the broker writes: the explicit setting
+        wins. Messages from the broker are read in either width.
 
     A broker that refuses the registration (a secure broker whose allow-list does not let
     this worker's key serve ``service``) makes :meth:`serve` raise
-    :exc:`dcp.RegistrationRefused`, and ``async with`` raise it on entry.
+    :exc:`dcp.RegistrationRefused`, and ``async with`` raise it on entry. A bad option (e.g.
+    ``type_width`` not 1 or 4) raises :exc:`ValueError` at construction, before any socket
+    exists.
     """
 
     #: Default seconds that running handlers get to finish when the worker stops.
@@ -119,6 +127,7 @@ class Worker:
         reconnect_max: float = 5.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         security: CurveClient | None = None,
+        type_width: int = 1,
     ) -> None:
         self.endpoint = endpoint
         self._security = security
@@ -133,6 +142,7 @@ class Worker:
             liveness=liveness,
             reconnect_min=reconnect_min,
             reconnect_max=reconnect_max,
+            type_width=type_width,
         )
         self._asock: AsyncSocket | None = None
         self._tg: anyio.abc.TaskGroup | None = None

@@ -66,6 +66,12 @@ Rule 10 (refused registration)
     and whose metadata names our service (dcp extension, sent by a secure broker) means we
     may not serve: the core becomes CLOSED and returns :class:`Refused`. Any other REPLY is
     counted as unexpected and ignored.
+Rule 11 (type-frame width)
+    Messages from the broker are read in either width (1 byte, the spec; 4 bytes
+    little-endian, the DagBox C++ reference). With ``type_width=1`` we start in 1 byte and
+    then write in the width of the broker's last message. With ``type_width=4`` every
+    message is written in 4 bytes from the first REGISTER on, whatever the broker writes: the
+    explicit setting wins (a DagBox broker aborts on a 1-byte type; a dcp broker reads both).
 
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
@@ -94,6 +100,7 @@ from ._messages import (
     error_reply_data,
     parse_error_reply,
 )
+from ._tracker import check_type_width
 from .wire.dcp1 import parse
 
 __all__ = [
@@ -264,6 +271,8 @@ class WorkerCore:
     :param heartbeat_interval: ``I``, in seconds
     :param liveness: ``L``; the broker is gone after ``L * I`` seconds of silence
     :param random: source of jitter in ``[0, 1)``
+    :param type_width: type-frame width of what we send (Rule 11): 1 (the spec) follows the
+        broker; 4 (the DagBox C++ reference) is kept whatever the broker writes
     """
 
     def __init__(
@@ -276,7 +285,9 @@ class WorkerCore:
         reconnect_min: float = 0.1,
         reconnect_max: float = 5.0,
         random: Callable[[], float] = _random.random,
+        type_width: int = 1,
     ) -> None:
+        check_type_width(type_width)
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not heartbeat_interval > 0:
@@ -296,8 +307,10 @@ class WorkerCore:
         self.state = State.DISCONNECTED
         #: True once :meth:`stop` was called.
         self.stopping = False
-        #: Type-frame width the broker uses (1, or 4 for DagBox C++); we answer in kind.
-        self.width = 1
+        #: The type-frame width we were told to write (Rule 11).
+        self.type_width = type_width
+        #: The type-frame width of what we send now (Rule 11).
+        self.width = type_width
         self._in_progress = 0
         #: Counts registrations; the broker forgets our held requests between them.
         self._generation = 0
@@ -342,10 +355,12 @@ class WorkerCore:
             return []
         self._last_recv = now
         try:
-            msg, self.width = parse(frames)
+            msg, width = parse(frames)
         except RemoteProtocolError:
             self._malformed += 1
             raise
+        if self.type_width == 1:
+            self.width = width  # Rule 11: answer in kind
         if isinstance(msg, Request):
             return self._on_request(msg, now)
         if isinstance(msg, Register) and msg.service == self.service:

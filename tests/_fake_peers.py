@@ -7,6 +7,8 @@
   :class:`dcp.Broker`.
 - :func:`broker_in_thread`: a real :class:`dcp.Broker` on an event loop in another thread, for
   the blocking client.
+- :class:`DagBoxBroker`: a plain ROUTER standing in for the DagBox C++ reference broker,
+  which writes 4-byte type frames and aborts on any other width.
 
 Every loop is bounded in time; sockets are created, used and closed in their own thread.
 """
@@ -19,7 +21,7 @@ import queue
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 
@@ -28,7 +30,16 @@ import zmq
 
 from dcp._broker import Broker
 from dcp._context import get_context
-from dcp._messages import Ping, Register, Reply, Request, error_reply_data
+from dcp._messages import (
+    Message,
+    Ping,
+    Pong,
+    Reconnect,
+    Register,
+    Reply,
+    Request,
+    error_reply_data,
+)
 from dcp.wire.dcp1 import parse, serialize
 
 #: A policy answers (request, attempt number for its id) with replies to send:
@@ -250,6 +261,130 @@ class RawWorker:
             self._error = exc
         finally:
             sock.close(0)
+
+
+class DagBoxBroker:
+    """A ROUTER standing in for the DagBox C++ reference broker, in its own thread.
+
+    DagBox writes the type frame as a 4-byte little-endian ``int`` and aborts on a message
+    whose type frame is anything else. So does this: the first such message stops it, and
+    leaving the ``with`` block raises an :exc:`AssertionError` that names it (even when the
+    test failed otherwise, e.g. timed out because the stand-in had stopped).
+
+    Routing is the least that lets a request through, with readiness as one flag per worker
+    (as DagBox keeps it): a registration is echoed and makes the worker ready; a ping is
+    answered with a pong and makes it ready; a request (client address inserted when
+    missing) is queued for its service and given to a ready worker, and one from a worker
+    (a forward) makes that worker ready; a reply goes to its client address and makes its
+    worker ready; a reconnect forgets the worker.
+
+    :param answer_width: type-frame width of what it writes: 4, as DagBox; 1 to check that a
+        peer told to write 4 keeps doing so whatever its broker writes
+    """
+
+    def __init__(self, *, answer_width: int = 4) -> None:
+        self.answer_width = answer_width
+        self.endpoint = ""
+        #: Type-frame widths of every message received, counted.
+        self.widths: Counter[int] = Counter()
+        #: Every message received, with its sender's routing id, in order.
+        self.seen: list[tuple[bytes, Message]] = []
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._error: BaseException | None = None
+
+    def received(self, kind: type[Message]) -> list[bytes]:
+        """Routing ids of the senders of every ``kind`` message received so far, in order."""
+        return [ident for ident, msg in list(self.seen) if isinstance(msg, kind)]
+
+    def __enter__(self) -> DagBoxBroker:
+        self._thread.start()
+        assert self._ready.wait(5), "DagBox stand-in did not start"
+        if self._error is not None:  # pragma: no cover - setup failure
+            raise self._error
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        assert not self._thread.is_alive()
+        if self._error is not None:
+            raise self._error  # the test's own failure, if any, is its __context__
+
+    def _run(self) -> None:
+        sock = get_context().socket(zmq.ROUTER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind("tcp://127.0.0.1:0")
+            self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._ready.set()
+            self._loop(sock)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            sock.close(0)
+            self._ready.set()
+
+    def _loop(self, sock: zmq.Socket[bytes]) -> None:
+        services: dict[bytes, bytes] = {}  # worker -> its service
+        ready: dict[bytes, deque[bytes]] = {}  # service -> ready workers, oldest first
+        queued: dict[bytes, deque[Request]] = {}  # service -> requests waiting
+
+        def send(ident: bytes, msg: Message) -> None:
+            sock.send_multipart([ident, *serialize(msg, width=self.answer_width)])
+
+        def make_ready(ident: bytes) -> None:
+            service = services.get(ident)
+            if service is not None and ident not in ready.setdefault(service, deque()):
+                ready[service].append(ident)
+
+        end = time.monotonic() + _LIFETIME
+        while not self._stop.is_set() and time.monotonic() < end:
+            if not sock.poll(2):
+                continue
+            while True:
+                try:
+                    ident, *frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                width = len(frames[2]) if len(frames) > 2 else 0
+                self.widths[width] += 1
+                if width != 4:
+                    raise AssertionError(
+                        f"DagBox aborts: {ident!r} sent a {width}-byte type frame: {frames!r}"
+                    )
+                msg, _ = parse(frames)
+                self.seen.append((ident, msg))
+                if isinstance(msg, Register):
+                    services[ident] = msg.service
+                    send(ident, msg)
+                    make_ready(ident)
+                elif isinstance(msg, Ping):
+                    send(ident, Pong())
+                    make_ready(ident)
+                elif isinstance(msg, Request):
+                    client = ident if msg.client is None else msg.client
+                    request = Request(msg.service, client, msg.metadata, msg.data)
+                    queued.setdefault(msg.service, deque()).append(request)
+                    make_ready(ident)
+                elif isinstance(msg, Reply):
+                    if msg.client is not None:
+                        send(msg.client, msg)
+                    make_ready(ident)
+                elif isinstance(msg, Reconnect):
+                    service = services.pop(ident, None)
+                    if service is not None and ident in ready.get(service, ()):
+                        ready[service].remove(ident)
+            for service, waiting in queued.items():
+                idle = ready.get(service)
+                while waiting and idle:
+                    send(idle.popleft(), waiting.popleft())
 
 
 @contextlib.contextmanager

@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fake_peers import DagBoxBroker
 
 from dcp._cli import main
+from dcp._messages import Reconnect, Register, Reply, Request
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLER = "tests.cli_handlers:echo"
@@ -150,6 +152,31 @@ def test_worker_and_call_through_the_broker(
     assert code == 0, err
 
 
+def test_worker_and_call_with_type_width_4_through_a_dagbox_broker(procs: list[Proc]) -> None:
+    """``--type-width 4``: every message either process writes has a 4-byte type frame, as
+    the DagBox C++ reference broker needs (the stand-in fails the test on any other)."""
+    with DagBoxBroker() as dagbox:
+        worker = start(
+            procs, "worker", "--connect", dagbox.endpoint, "--service", "echo",
+            "--type-width", "4", HANDLER,
+        )  # fmt: skip
+        code, out, err = run(
+            "call", "--connect", dagbox.endpoint, "--type-width", "4", "echo", "hello", "world"
+        )
+        assert (code, out, err) == (0, "HELLO\nWORLD\n", "")
+        worker.popen.send_signal(signal.SIGTERM)
+        code, _, err = worker.finish(10)
+        assert code == 0, err
+        deadline = time.monotonic() + 5
+        while not dagbox.received(Reconnect) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert set(dagbox.widths) == {4}
+    (worker_id,) = dagbox.received(Register)
+    assert dagbox.received(Reply) == [worker_id]
+    assert dagbox.received(Reconnect) == [worker_id]
+    assert len(dagbox.received(Request)) == 1
+
+
 def test_worker_finishes_its_request_on_sigterm(procs: list[Proc], tmp_path: Path) -> None:
     """SIGTERM is a graceful stop: the request in progress is answered, then it leaves."""
     _, tcp = start_broker(procs, tmp_path)
@@ -235,6 +262,8 @@ def test_bad_handler_spec_is_a_clear_error(spec: str, message: str) -> None:
         (["call", "echo"], "required: --connect"),
         (["call", "--connect", "tcp://x:1", "--timeout", "soon", "echo"], "invalid float"),
         (["--backend", "curio", "demo"], "invalid choice: 'curio'"),
+        (["call", "--connect", "tcp://x:1", "--type-width", "2", "echo"], "invalid choice: 2"),
+        (["worker", "--type-width", "one", HANDLER], "invalid int value: 'one'"),
         (["fly"], "invalid choice: 'fly'"),
     ],
 )
@@ -265,8 +294,10 @@ def test_call_timeout_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert captured.err == "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s\n"
 
 
-def test_demo_in_process(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--requests", "40", "--clients", "2", "--window", "4"]) == 0
+@pytest.mark.parametrize("width", ["1", "4"])
+def test_demo_in_process(width: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--requests", "40", "--clients", "2", "--window", "4", "--type-width", width]
+    assert main(argv) == 0
     captured = capsys.readouterr()
     assert "  replies ok   40\n  errors       0\n" in captured.out
     assert "40/40" in captured.err  # the progress bar
