@@ -207,10 +207,13 @@ class BrokerCore(Majordomo):
                 self.counters.reconnects_sent += 1
             else:
                 self.outbox.append(dialect.beat(peer))
-                if worker.held:
-                    worker.beats_busy = True
                 if mtype is MessageType.PING:
+                    if worker.held:
+                        worker.beats_busy = True
                     self.credit(worker, released=False)
+                else:
+                    # A worker's pong is a dcp keep-alive: dcp workers beat while busy.
+                    worker.beats_busy = True
         elif mtype is MessageType.REGISTER:
             assert isinstance(msg, Register)
             self.register(peer, worker, msg.service, dialect, now, principal)

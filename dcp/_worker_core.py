@@ -10,7 +10,10 @@ Rule 1 (registration)
     Each connection starts with REGISTER. The broker's echo makes the core READY and resets
     the reconnect backoff. Registering is itself a readiness signal (the broker marks a newly
     registered worker ready, as MDP does with READY), so no PING follows the echo; with a
-    broker that does not, the first heartbeat (a PING, Rule 5) asks for work.
+    broker that does not, the first heartbeat (a PING, Rule 5) asks for work. A PONG follows
+    the echo instead: a keep-alive that asks for nothing and tells a dcp broker this worker
+    beats while busy, so that its silence while busy means it hung (the broker's peers Rule
+    L3; workers that never beat while busy are given a longer busy timeout).
 Rule 2 (credit: ask for more work while busy, never for too much)
     The core tracks ``credit``: how many requests the broker may still send us, counting
     those already on their way. It mirrors the broker's rule (see :mod:`dcp._broker_core`,
@@ -366,7 +369,8 @@ class WorkerCore:
         if isinstance(msg, Register) and msg.service == self.service:
             self.state = State.READY
             self._failures = 0
-            return []
+            # Rule 1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
+            return self._send(Pong(), now)
         if isinstance(msg, Reconnect):
             self._reregistrations += 1
             self.state = State.REGISTERING

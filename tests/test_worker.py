@@ -100,6 +100,8 @@ class FakeBroker:
         ident, msg = await self.expect(Register, limit)
         assert msg == Register(SVC)
         self.send(ident, msg)
+        # The keep-alive that says the worker beats while busy (worker core Rule 1).
+        _, pong = await self.expect(Pong, limit)
         return ident
 
     def send(self, ident: bytes, msg: Message) -> None:
@@ -170,6 +172,8 @@ async def test_serve_starts_only_after_the_echo(fake: FakeBroker) -> None:
             await started.wait()
         assert registered(worker)
         # No PING after the echo: the registration already told the broker we are ready.
+        # A PONG instead: a keep-alive saying the worker beats while busy (core Rule 1).
+        await fake.expect(Pong)
         await fake.expect_silence(0.1)
         tg.cancel_scope.cancel()
 
@@ -375,6 +379,7 @@ async def test_reconnect_message_reregisters_at_once(fake: FakeBroker) -> None:
         fake.send(ident, Reconnect())
         assert await fake.recv_raw(limit=1) == [ident, b"", PROTOCOL, T_REGISTER, SVC]
         fake.send(ident, Register(SVC))
+        await fake.expect(Pong)
         fake.send(ident, req(7, b"x"))
         _, msg = await fake.expect(Reply)
         assert msg == Reply(CLIENT, (b"rid-7", b"m2"), (b"X",))

@@ -55,7 +55,8 @@ def ready(n: int = 1, now: float = 0.0) -> WorkerCore:
     w = core(n)
     assert w.connect(now) == [Register(SVC)]
     assert state(w) is State.REGISTERING
-    assert w.receive(serialize(Register(SVC)), now) == []
+    # The echo: READY, and a PONG that says the worker beats while busy (Rule 1).
+    assert w.receive(serialize(Register(SVC)), now) == [Pong()]
     assert state(w) is State.READY
     return w
 
@@ -75,8 +76,9 @@ def test_registration_is_echoed_then_ready_without_ping() -> None:
     # Waiting for the echo: only the liveness deadline counts.
     assert w.deadline() == 5.0 + 3 * 1.0
     assert w.tick(6.5) == []
-    # The registration itself is a readiness signal: the echo asks for nothing more.
-    assert deliver(w, Register(SVC), 6.5) == []
+    # The registration itself is a readiness signal: the echo asks for no work. A PONG
+    # (asks for nothing) tells the broker this worker beats while busy.
+    assert deliver(w, Register(SVC), 6.5) == [Pong()]
     assert state(w) is State.READY
     with pytest.raises(RuntimeError):
         w.connect(7.0)
@@ -239,7 +241,7 @@ def test_reconnect_from_broker_reregisters_at_once() -> None:
     # Results still go out while re-registering.
     reply = result_message(req(1), b"r")
     assert w.finish(reply, 0.6) == [reply]
-    assert deliver(w, Register(SVC), 0.7) == []
+    assert deliver(w, Register(SVC), 0.7) == [Pong()]
     assert state(w) is State.READY
 
 
