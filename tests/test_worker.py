@@ -101,7 +101,7 @@ class FakeBroker:
         assert msg == Register(SVC)
         self.send(ident, msg)
         # The keep-alive that says the worker beats while busy (worker core Rule 1).
-        _, pong = await self.expect(Pong, limit)
+        await self.expect(Pong, limit)
         return ident
 
     def send(self, ident: bytes, msg: Message) -> None:
