@@ -44,7 +44,6 @@ worker and a resend can both run a request: services should be idempotent).
 
 from __future__ import annotations
 
-import heapq
 import math
 import os
 import random
@@ -56,7 +55,8 @@ import attrs
 
 from ._errors import RemoteError, RemoteProtocolError, RequestTimeout
 from ._messages import OPTION_PREFIX, Reply, Request, parse_error_reply
-from .wire.dcp1 import WIDTHS, parse, serialize
+from ._util import DeadlineHeap
+from .wire.dcp1 import check_type_width, parse, serialize
 
 __all__ = [
     "ClientStatistics",
@@ -64,7 +64,6 @@ __all__ = [
     "Outcome",
     "RequestTracker",
     "Response",
-    "check_type_width",
 ]
 
 
@@ -199,7 +198,8 @@ class RequestTracker:
         self._prefix = id_prefix
         self._counter = 0
         self._pending: dict[bytes, _Pending] = {}
-        self._heap: list[tuple[float, int, bytes]] = []
+        # Deadlines by request id; an entry stands while its generation is the request's.
+        self._heap: DeadlineHeap[bytes] = DeadlineHeap(self._deadline_live)
         self._gen = 0
         # Finished ids: True = answered (a reply is a duplicate), False = timed out or
         # cancelled (a reply is late). Oldest forgotten first.
@@ -317,15 +317,7 @@ class RequestTracker:
 
     def next_deadline(self) -> float | None:
         """When :meth:`expire` next has something to do (``None``: nothing pending expires)."""
-        heap = self._heap
-        pending = self._pending
-        while heap:
-            _, gen, rid = heap[0]
-            p = pending.get(rid)
-            if p is not None and p.gen == gen:
-                return heap[0][0]
-            heapq.heappop(heap)
-        return None
+        return self._heap.next_due()
 
     def expire(self, now: float) -> Expired:
         """Act on every deadline that is ``<= now``: resend, or fail (Rule 3)."""
@@ -333,11 +325,8 @@ class RequestTracker:
         failed: list[tuple[bytes, RequestTimeout]] = []
         heap = self._heap
         pending = self._pending
-        while heap and heap[0][0] <= now:
-            _, gen, rid = heapq.heappop(heap)
-            p = pending.get(rid)
-            if p is None or p.gen != gen:
-                continue
+        while (rid := heap.pop(now)) is not None:
+            p = pending[rid]
             if p.resending:
                 p.resending = False
                 p.attempt += 1
@@ -402,13 +391,12 @@ class RequestTracker:
         self._gen += 1
         p.gen = self._gen
         heap = self._heap
-        heapq.heappush(heap, (deadline, self._gen, rid))
-        if len(heap) > 2 * len(self._pending) + 1024:
-            # Too many stale entries: rebuild from the live deadlines.
-            heap[:] = [
-                (q.deadline, q.gen, r) for r, q in self._pending.items() if q.deadline != math.inf
-            ]
-            heapq.heapify(heap)
+        heap.live = len(self._pending)  # compaction keeps about twice this many entries
+        heap.push(deadline, self._gen, rid)
+
+    def _deadline_live(self, rid: bytes, gen: int) -> bool:
+        p = self._pending.get(rid)
+        return p is not None and p.gen == gen
 
     def _finish(self, rid: bytes, *, answered: bool) -> None:
         if not self._remember:
@@ -419,17 +407,6 @@ class RequestTracker:
             del finished[order.popleft()]
         finished[rid] = answered
         order.append(rid)
-
-
-def check_type_width(type_width: int) -> None:
-    """Check a ``type_width`` option: 1 (the spec) or 4 (the DagBox C++ reference).
-
-    :raises ValueError: any other value
-    """
-    if type_width not in WIDTHS:
-        raise ValueError(
-            f"type_width must be 1 or 4 (4: the DagBox C++ reference broker), not {type_width!r}"
-        )
 
 
 def _check_timeout(timeout: float) -> None:

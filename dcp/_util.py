@@ -66,6 +66,11 @@ class DeadlineHeap(Generic[T]):
             heapq.heappop(heap)
         return None
 
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._heap.clear()
+        self.live = 0
+
     def __len__(self) -> int:
         """Entries held, stale ones included."""
         return len(self._heap)

@@ -103,8 +103,7 @@ from ._messages import (
     error_reply_data,
     parse_error_reply,
 )
-from ._tracker import check_type_width
-from .wire.dcp1 import parse
+from .wire.dcp1 import check_type_width, parse
 
 __all__ = [
     "BrokerLost",

@@ -20,7 +20,6 @@ dropped otherwise; nothing here raises because of what a peer sent.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 
 import anyio
@@ -28,6 +27,7 @@ import anyio.abc
 import zmq
 from zmq.utils import z85
 
+from ._util import LogOnce
 from ._zmqio import AsyncSocket
 
 __all__ = ["ZAP_ENDPOINT", "ZapHandler"]
@@ -58,9 +58,8 @@ class ZapHandler:
         self._context = context
         self._allow = allow
         self._socket: AsyncSocket | None = None
-        self._logged: OrderedDict[bytes, None] = OrderedDict()
-        #: Keys whose denial was logged, remembered to log each one once (LRU).
-        self.max_logged = 4096
+        #: Logs each denied key once among the most recent 4,096 (LRU).
+        self._log_once = LogOnce(logger)
         #: Handshakes allowed, denied (unknown key or not CURVE), and malformed requests.
         self.allowed = 0
         self.denied = 0
@@ -140,12 +139,8 @@ class ZapHandler:
             logger.warning("ZAP: dropped a malformed request (%s)", why)
 
     def _log_denial(self, what: bytes, address: bytes, why: str) -> None:
-        if what in self._logged:
-            return
-        self._logged[what] = None
-        if len(self._logged) > self.max_logged:
-            self._logged.popitem(last=False)
-        logger.warning(
+        self._log_once(
+            what,
             "ZAP: denied %s from %s (%s)",
             what[:64].decode("ascii", "replace"),
             address[:64].decode("ascii", "replace") or "?",

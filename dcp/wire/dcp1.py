@@ -35,6 +35,7 @@ __all__ = [
     "Register",
     "Reply",
     "Request",
+    "check_type_width",
     "parse",
     "serialize",
 ]
@@ -148,6 +149,17 @@ def _small(frame: bytes) -> bytes:
     buffers, which is right for data parts but not for names, addresses and metadata,
     which are compared and hashed."""
     return frame if frame.__class__ is bytes else bytes(frame)
+
+
+def check_type_width(type_width: int) -> None:
+    """Check a ``type_width`` option: 1 (the spec) or 4 (the DagBox C++ reference).
+
+    :raises ValueError: any other value
+    """
+    if type_width not in WIDTHS:
+        raise ValueError(
+            f"type_width must be 1 or 4 (4: the DagBox C++ reference broker), not {type_width!r}"
+        )
 
 
 def serialize(message: Message, *, width: int = 1) -> list[bytes]:
