@@ -103,6 +103,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         work_timeout=args.work_timeout,
         send_hwm=args.send_hwm,
         max_redeliveries=args.max_redeliveries,
+        busy_timeout=args.busy_timeout,
+        mdp_timeout=args.mdp_timeout,
         security=_server_security(args),
     )
 
@@ -290,6 +292,21 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="default time a worker may hold a request before it is treated as lost",
+    )
+    limits.add_argument(
+        "--busy-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="silence allowed from a busy worker that never beats while it works (MDP, "
+        "DagBox C++); it is probed meanwhile",
+    )
+    limits.add_argument(
+        "--mdp-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="silence allowed from an idle Majordomo worker",
     )
     limits.add_argument("--max-redeliveries", type=int, default=5, metavar="N")
     limits.add_argument("--max-queue", type=int, default=100_000, metavar="N")

@@ -18,10 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 from _fake_peers import DagBoxBroker
 
 from dcp._cli import main
 from dcp._messages import Reconnect, Register, Reply, Request
+from dcp.wire import mdp
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLER = "tests.cli_handlers:echo"
@@ -311,3 +313,31 @@ def test_broker_limits_from_the_command_line(procs: list[Proc]) -> None:
     assert code != 0
     assert out == ""
     assert "client_limit" in err
+
+
+def test_broker_mdp_timeout_from_the_command_line(procs: list[Proc]) -> None:
+    """An idle Majordomo worker silent for --mdp-timeout is gone: mmi.service says 404."""
+    broker = start(procs, "broker", "--bind", "tcp://127.0.0.1:0", "--mdp-timeout", "0.5")
+    (tcp,) = broker.read_lines(1)
+    ctx = zmq.Context.instance()
+    worker, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.REQ)
+    try:
+        for sock in (worker, client):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, 5000)
+            sock.connect(tcp)
+        worker.send_multipart(
+            mdp.peer(mdp.Form.V01, envelope=True, worker=True).worker_ready(b"w")
+        )
+        answers = []
+        for delay in (0.2, 1.5):  # within the timeout, then well past it
+            time.sleep(delay)
+            client.send_multipart([b"MDPC01", b"mmi.service", b"w"])
+            answers.append(client.recv_multipart())
+        assert answers == [
+            [b"MDPC01", b"mmi.service", b"200"],
+            [b"MDPC01", b"mmi.service", b"404"],
+        ]
+    finally:
+        worker.close(0)
+        client.close(0)
