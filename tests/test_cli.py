@@ -319,7 +319,7 @@ def test_broker_mdp_timeout_from_the_command_line(procs: list[Proc]) -> None:
     """An idle Majordomo worker silent for --mdp-timeout is gone: mmi.service says 404."""
     broker = start(procs, "broker", "--bind", "tcp://127.0.0.1:0", "--mdp-timeout", "0.5")
     (tcp,) = broker.read_lines(1)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     worker, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.REQ)
     try:
         for sock in (worker, client):
