@@ -33,7 +33,8 @@ logger = logging.getLogger("dcp.broker")
 
 
 class Broker:
-    """A DCP v1 broker, run as a task in any anyio task group (trio or asyncio).
+    """A DCP v1 broker, run as a task in any anyio task group (trio or asyncio), that also
+    serves Majordomo peers (MDP/0.1, MDP/0.2, majortomo) on the same endpoints.
 
     ::
 

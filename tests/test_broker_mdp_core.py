@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dcp._broker_core import BrokerCore
+from dcp._guard import Guard
 from dcp._messages import Register, Reply, Request, parse_error_reply
 from dcp.wire import mdp
 from dcp.wire.dcp1 import parse, serialize
@@ -224,3 +225,31 @@ def test_a_dead_busy_mdp_worker_is_found_by_a_failed_heartbeat() -> None:
     alive = b"W2" if dead == b"W1" else b"W1"
     assert take(core) == [[alive, *V02W.worker_request(b"C", [b"job"])]]
     assert core.statistics().redeliveries == 1
+
+
+def test_mdp_workers_in_secure_mode_see_and_return_sealed_addresses() -> None:
+    """Security Rule S4 holds for Majordomo workers too: the client address they get is
+    sealed, and a forged one in a FINAL or PARTIAL is refused."""
+    key = "k" * 40  # any principal: the test's guard lets every key register
+    core = BrokerCore(guard=Guard(lambda key, service: True, b"s" * 32))
+
+    def feed_as(peer: bytes, frames: list[bytes]) -> None:
+        core.receive([peer, *frames], 0.0, key)
+
+    feed_as(b"W", V02W.worker_ready(ECHO))
+    feed_as(b"C", V02C.client_request(ECHO, [b"x"]))
+    [given] = take(core)
+    sealed = given[3]
+    assert given == [b"W", *V02W.worker_request(sealed, [b"x"])]
+    assert sealed != b"C"
+    assert core.guard is not None and core.guard.unseal(sealed) == b"C"
+    for final in (False, True):
+        feed_as(b"W", V02W.worker_answer(b"C", [b"forged"], final=final))
+    assert take(core) == []
+    assert core.statistics().rejections == {"bad_client_address": 2}
+    feed_as(b"W", V02W.worker_answer(sealed, [b"p"], final=False))
+    feed_as(b"W", V02W.worker_answer(sealed, [b"f"], final=True))
+    assert take(core) == [
+        [b"C", *V02C.client_answer(ECHO, [b"p"], final=False)],
+        [b"C", *V02C.client_answer(ECHO, [b"f"], final=True)],
+    ]

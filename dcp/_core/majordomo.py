@@ -92,11 +92,9 @@ class Majordomo(Routing):
     def _on_answer(self, peer: bytes, worker: Session, event: mdp.WorkerAnswer) -> None:
         if not event.final:
             client = event.client
-            guard = self.guard
-            if guard is not None:
-                unsealed = guard.unseal(client)
+            if self.guard is not None:
+                unsealed = self.unseal(peer, client)
                 if unsealed is None:
-                    self.reject(peer, "bad_client_address", "not a client address the broker gave")
                     return
                 client = unsealed
             pending = self.find_held(worker, client)

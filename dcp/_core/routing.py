@@ -443,15 +443,22 @@ class Routing:
         (unsealed in secure mode) and the held request it finishes (``None``: none, counted
         as unmatched); or ``None`` if the address is not one the broker gave (security Rule
         S4: counted, logged, and the worker's credit kept)."""
-        guard = self.guard
-        if guard is not None:
-            unsealed = guard.unseal(client)
+        if self.guard is not None:
+            unsealed = self.unseal(peer, client)
             if unsealed is None:
-                self.reject(peer, "bad_client_address", "not a client address the broker gave")
                 self.credit(worker, released=False)
                 return None
             client = unsealed
         return client, self.release(worker, client, metadata)
+
+    def unseal(self, peer: bytes, sealed: bytes) -> bytes | None:
+        """Security Rule S4: the client address sealed in a worker's message, or ``None``
+        (counted and logged) if the broker did not seal it."""
+        assert self.guard is not None
+        client = self.guard.unseal(sealed)
+        if client is None:
+            self.reject(peer, "bad_client_address", "not a client address the broker gave")
+        return client
 
     def answer_directly(
         self,
