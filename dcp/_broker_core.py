@@ -49,7 +49,7 @@ import logging
 from collections.abc import Sequence
 
 from ._core.admission import Limits
-from ._core.dialects import DcpDialect, Dialect, dcp_dialect
+from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
 from ._core.majordomo import Majordomo
 from ._core.peers import Session, Sessions
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
@@ -57,7 +57,7 @@ from ._guard import Guard
 from ._messages import MessageType, Register, Reply, Request
 from ._stats import BrokerStatistics, ServiceStatistics
 from .wire import mdp
-from .wire.dcp1 import TYPE_FRAMES, parse
+from .wire.dcp1 import PROTOCOL, TYPE_FRAMES, parse
 from .wire.sniff import Family, sniff
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
@@ -162,8 +162,12 @@ class BrokerCore(Majordomo):
         if self.guard is not None and not self._admitted(peer, principal):
             return
         body = frames[1:]
-        family = sniff(body)
         worker = self.sessions.workers.get(peer)
+        # Most traffic is DCP v1: test for it before sniffing (the hot path).
+        if len(body) > 2 and body[1] == PROTOCOL and not body[0]:
+            family: Family | None = Family.DCP
+        else:
+            family = sniff(body)
         if family is Family.DCP:
             self._on_dcp(peer, body, worker, now, principal)
         elif family is Family.MDP:
@@ -184,14 +188,16 @@ class BrokerCore(Majordomo):
         except RemoteProtocolError as exc:
             self.reject(peer, exc.reason, str(exc))
             return
-        dialect = dcp_dialect(width)
+        dialect = DCP1 if width == 1 else DCP4
         if worker is not None:
             if worker.dialect.__class__ is not DcpDialect:
                 self.reject(peer, "dialect_mismatch", f"DCP from a {worker.dialect.name} worker")
                 return
-            # Answer in the type width it last used.
+            # Answer in the type width it last used; peers Rule L1 (Sessions.heard, inlined).
             worker.dialect = dialect
-            self.sessions.heard(worker, now)
+            worker.heard = now
+            worker.expiry = now + worker.timeout
+            worker.order.move_to_end(peer)
         else:
             self.sessions.remember(peer, dialect)
         mtype = msg.type

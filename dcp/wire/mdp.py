@@ -127,7 +127,7 @@ class WorkerDisconnect:
 Event = ClientRequest | WorkerReady | WorkerAnswer | WorkerHeartbeat | WorkerDisconnect
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class MdpPeer:
     """How one MDP peer frames its messages, so that it is answered in kind."""
 
