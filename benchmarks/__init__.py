@@ -12,6 +12,8 @@ Run it with ``scripts/bench`` (or ``python -m benchmarks.run``); it writes
 - :mod:`benchmarks.proxy`: ``zmq.proxy`` (ROUTER/DEALER forwarding in C);
 - :mod:`benchmarks.dcp_peers`: load from dcp's own clients, and dcp's own workers;
 - :mod:`benchmarks.mdp`: the majortomo 0.2.0 broker, its own client and its own workers;
+- :mod:`benchmarks.mdp_peers`: MDP peers through the dcp broker against the same peers
+  through majortomo's (its own section of the page);
 - :mod:`benchmarks.variants`: which broker, workers and load generator make each variant;
 - :mod:`benchmarks.sweep`: scaling sweeps of the dcp broker (minimal broker as control);
 - :mod:`benchmarks.report`: the tables, targets and plots;

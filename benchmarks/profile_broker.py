@@ -1,11 +1,13 @@
 """Profile the dcp broker under the common load: where does its CPU per request go?
 
-``python -m benchmarks.profile_broker [--payload 16] [--window 64] [--seconds 3] [--backend trio]``
+``python -m benchmarks.profile_broker [--payload 16] [--window 64] [--seconds 3] [--backend trio]
+[--proto dcp|mdp]``
 
 Runs ``dcp broker`` under :mod:`cProfile` (in its own process, over tcp://127.0.0.1) with
-the 4 common echo workers, drives it with the common load generator, stops it with SIGTERM
-(the CLI stops cleanly, so the profile is written) and prints the top functions by own
-time. ``--out FILE`` keeps the raw profile for ``python -m pstats`` or snakeviz.
+the 4 common echo workers, drives it with the common load generator (both speaking DCP, or
+MDP 0.2 with ``--proto mdp``), stops it with SIGTERM (the CLI stops cleanly, so the profile
+is written) and prints the top functions by own time. ``--out FILE`` keeps the raw profile
+for ``python -m pstats`` or snakeviz.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
+    parser.add_argument("--proto", choices=["dcp", "mdp"], default="dcp", help="the peers'")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--sort", default="tottime", help="pstats sort key")
     parser.add_argument("--out", type=Path, default=None, help="keep the raw profile here")
@@ -52,9 +55,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "tcp://127.0.0.1:0",
             )
             [endpoint] = broker.wait_ready(30)
-            wpid = start_echo_workers(procs, endpoint, "dcp", 4)
+            wpid = start_echo_workers(procs, endpoint, args.proto, 4)
             load = Load(args.payload, args.window, 200, 10**9, args.seconds)
-            result = Running(VARIANTS["dcp"], endpoint, broker.pid, [wpid]).run(procs, load)
+            variant = VARIANTS["dcp-mdp" if args.proto == "mdp" else "dcp"]
+            result = Running(variant, endpoint, broker.pid, [wpid]).run(procs, load)
             broker.popen.send_signal(signal.SIGTERM)
             broker.popen.wait(30)
         print(

@@ -688,6 +688,9 @@ def render(results: Rec, plots: Sequence[str]) -> str:
         "broker carry 29 frames against DCP's 37 (no metadata delimiters, no service frame "
         "to the worker, no client-address frame back to the client), and each frame is a "
         "receive or a send in Python.",
+        "- *dcp-mdp* and *dcp-majortomo-own* run the peers of *majortomo* and "
+        "*majortomo-own* (MDP 0.2, majortomo's variant) through `dcp broker`: only the "
+        "broker differs (`python -m benchmarks.mdp_peers` measures just these pairs).",
         "- The minimal broker does no heartbeat expiry, redelivery, validation, limits or "
         "statistics: it is the floor of per-request Python work, not a usable broker.",
         "- zmq.proxy does no routing by service and no readiness: its figures are the cost "

@@ -29,6 +29,14 @@ class Variant:
     #: ``common`` (common load generator and echo workers), ``dcp`` or ``majortomo``
     peers: str
     description: str
+    #: Wire protocol of the common peers (``dcp``, ``mdp`` or ``proxy``); empty: the one
+    #: the broker speaks (``mdp`` for majortomo, ``proxy`` for zmq.proxy, else ``dcp``).
+    proto: str = ""
+
+    @property
+    def common_proto(self) -> str:
+        """What the common load generator and echo workers speak in this variant."""
+        return self.proto or _PROTO.get(self.broker, "dcp")
 
 
 VARIANTS: dict[str, Variant] = {
@@ -71,6 +79,21 @@ VARIANTS: dict[str, Variant] = {
             "majortomo",
             "majortomo 0.2.0 broker, its Client (one per request in flight) and Worker "
             "(one thread each)",
+        ),
+        Variant(
+            "dcp-mdp",
+            "dcp",
+            "common",
+            "`dcp broker` (trio), common load generator and echo workers in MDP 0.2 mode "
+            "(majortomo's variant, as in *majortomo*)",
+            proto="mdp",
+        ),
+        Variant(
+            "dcp-majortomo-own",
+            "dcp",
+            "majortomo",
+            "`dcp broker` (trio), majortomo's Client (one per request in flight) and Worker "
+            "(one thread each), as in *majortomo-own*",
         ),
         Variant(
             "minimal",
@@ -152,8 +175,7 @@ class Running:
             elif peers == "majortomo":
                 kind = ["benchmarks.mdp", "client"]
             else:
-                proto = _PROTO.get(self.variant.broker, "dcp")
-                kind = ["benchmarks.loadgen", "--proto", proto]
+                kind = ["benchmarks.loadgen", "--proto", self.variant.common_proto]
         return [
             *kind,
             "--endpoint",
@@ -251,6 +273,5 @@ def start(procs: Procs, variant: Variant, workers: int = WORKERS) -> Running:
         proc.wait_ready(START_TIMEOUT)
         wpid = proc.pid
     else:
-        proto = _PROTO.get(variant.broker, "dcp")
-        wpid = start_echo_workers(procs, worker_ep, proto, workers)
+        wpid = start_echo_workers(procs, worker_ep, variant.common_proto, workers)
     return Running(variant, client_ep, pid, [wpid])

@@ -109,6 +109,59 @@ def test_tiny_suite_majortomo(tmp_path: Path) -> None:
         _check_load(rec)
 
 
+@pytest.mark.timeout(90)
+def test_mdp_peers_through_the_dcp_broker(tmp_path: Path) -> None:
+    """``benchmarks.mdp_peers --tiny``: majortomo's Client and Worker, and the common peers
+    in MDP mode, answered through the dcp broker as through majortomo's; the page section."""
+    if importlib.util.find_spec("majortomo") is None:
+        pytest.skip("majortomo is not installed (pip install -e '.[bench]')")
+    from benchmarks.variants import VARIANTS
+
+    records = tmp_path / "mdp_peers.json"
+    command = [sys.executable, "-m", "benchmarks.mdp_peers", "--tiny", "--json", str(records)]
+    proc = subprocess.run(
+        command,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=80,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(records.read_text())
+    main = results["main"]
+    pairs = {("majortomo", "dcp-mdp"), ("majortomo-own", "dcp-majortomo-own")}
+    assert {r["variant"] for r in main} == {v for pair in pairs for v in pair}
+    for theirs, ours in pairs:
+        assert VARIANTS[ours].broker == "dcp"
+        assert VARIANTS[ours].peers == VARIANTS[theirs].peers
+    assert VARIANTS["dcp-mdp"].common_proto == VARIANTS["majortomo"].common_proto == "mdp"
+    for rec in main:
+        _check_load(rec)
+        assert (rec["payload"], rec["window"]) in {(16, 64), (16, 1)}
+    assert sum(r["requests"] for r in main if r["variant"] == "dcp-majortomo-own") > 0
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| 64 |", "| 1 |"))]
+    assert len(rows) == 4
+    # The section again from the saved records, into a page that keeps its other parts.
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\nGenerated.\n")
+    render = [sys.executable, "-m", "benchmarks.mdp_peers", "--render", str(records)]
+    proc = subprocess.run(
+        [*render, "--page", str(page)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = page.read_text()
+    assert text.startswith("# Performance\n\nGenerated.\n")
+    assert "<!-- section: mdp-peers -->" in text
+    assert "$ python -m benchmarks.mdp_peers --tiny" in text
+
+
 def test_wake_cost_benchmark_runs() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.wake", "--count", "50", "--rounds", "1"],
