@@ -11,6 +11,11 @@ Majordomo ones; both drive the protocol-blind routing core (:mod:`dcp._core.rout
 admits requests (:mod:`dcp._core.admission`), answers ``mmi.*`` (:mod:`dcp._core.directory`)
 and writes to each peer in its dialect (:mod:`dcp._core.dialects`).
 
+Output convention (the same for every dcp core: this one, :class:`~dcp._worker_core.WorkerCore`
+and :class:`~dcp._tracker.RequestTracker`): input methods take ``now`` and append what to send
+to ``outbox`` (here ROUTER frames, routing id first), returning only their own answer, if any;
+the driver drains it after each call or batch (``out, core.outbox = core.outbox, []``).
+
 DCP rules (this module):
 
 Rule 3 - Addresses. A request without a client address gets the sender's address inserted.

@@ -441,9 +441,11 @@ class Client:
             raise RuntimeError("use 'async with Client(...)' before sending requests")
         tracker = self._tracker
         now = anyio.current_time()
-        rid, frames = tracker.request(
+        rid = tracker.request(
             service, data, now, metadata=metadata, timeout=timeout, retries=retries
         )
+        out, tracker.outbox = tracker.outbox, []
+        (frames,) = out  # the request's first attempt; sent (or waited for) by _send
         self._waiters[rid] = waiter
         deadline = now + (tracker.timeout if timeout is None else timeout)
         asock = self._socket
@@ -550,8 +552,9 @@ class Client:
 
     def _expire(self, asock: AsyncSocket, now: float) -> None:
         tracker = self._tracker
-        resend, failed = tracker.expire(now)
-        for frames in resend:
+        failed = tracker.expire(now)
+        out, tracker.outbox = tracker.outbox, []
+        for frames in out:
             try:
                 asock.send_nowait(frames)
             except zmq.Again:

@@ -322,9 +322,11 @@ class SyncClient:
             raise RuntimeError("a SyncClient cannot be used in a forked child; create one there")
         tracker = self._tracker
         now = time.monotonic()
-        rid, frames = tracker.request(
+        rid = tracker.request(
             service, data, now, metadata=metadata, timeout=timeout, retries=retries
         )
+        out, tracker.outbox = tracker.outbox, []
+        (frames,) = out  # the request's first attempt
         try:
             self._send(frames, now + (tracker.timeout if timeout is None else timeout))
         except BaseException:
@@ -381,8 +383,9 @@ class SyncClient:
         if deadline is not None:
             now = time.monotonic()
             if deadline <= now:
-                resend, failed = tracker.expire(now)
-                for frames in resend:
+                failed = tracker.expire(now)
+                out, tracker.outbox = tracker.outbox, []
+                for frames in out:
                     try:
                         send_frames(self._sock, frames)
                     except zmq.Again:

@@ -5,6 +5,12 @@ and when to give up. It knows nothing of sockets, anyio or clocks: every call th
 time takes ``now`` (seconds, any monotonic clock), and the driver (:class:`dcp.Client`,
 :class:`dcp.SyncClient`) sends what it is told to and wakes it at :meth:`next_deadline`.
 
+Output convention (the same for every dcp core): input methods take ``now`` and append the
+frames to send to :attr:`RequestTracker.outbox`; the driver drains it after each call or batch
+(``out, tracker.outbox = tracker.outbox, []``). Only what is sent goes there: a method's own
+answer (:meth:`~RequestTracker.request`'s id, :meth:`~RequestTracker.receive`'s outcome,
+:meth:`~RequestTracker.expire`'s failed requests) is its return value.
+
 Rules:
 
 Rule 1 - Ids. Every request gets a 16-byte id: 8 random bytes per tracker, then an 8-byte
@@ -49,7 +55,6 @@ import os
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 import attrs
 
@@ -60,7 +65,6 @@ from .wire.dcp1 import check_type_width, parse, serialize
 
 __all__ = [
     "ClientStatistics",
-    "Expired",
     "Outcome",
     "RequestTracker",
     "Response",
@@ -110,15 +114,6 @@ class ClientStatistics:
     send_waits: int = 0
     #: Resends not made because zmq's queue was full (the attempt then times out again).
     resends_dropped: int = 0
-
-
-class Expired(NamedTuple):
-    """What :meth:`RequestTracker.expire` decided."""
-
-    #: Frames to send again (a request's next attempt).
-    resend: list[list[bytes]]
-    #: Requests that ran out of attempts, with the error to report.
-    failed: list[tuple[bytes, RequestTimeout]]
 
 
 #: How a request ended: a result, an error reply, or a timeout.
@@ -194,6 +189,9 @@ class RequestTracker:
         self.jitter = jitter
         #: Type-frame width of every request built (1 or 4).
         self.type_width = type_width
+        #: Frames to send, in order (see the output convention in the module docstring):
+        #: first attempts from :meth:`request`, resends from :meth:`expire`.
+        self.outbox: list[list[bytes]] = []
         self._rng = rng if rng is not None else random.Random()
         self._prefix = id_prefix
         self._counter = 0
@@ -225,12 +223,12 @@ class RequestTracker:
         metadata: Sequence[bytes] = (),
         timeout: float | None = None,
         retries: int | None = None,
-    ) -> tuple[bytes, list[bytes]]:
-        """Start a request; the caller sends the returned frames.
+    ) -> bytes:
+        """Start a request: its frames (one message) go to :attr:`outbox`.
 
         :param timeout: seconds for each attempt (default: the tracker's)
         :param retries: resends after timed-out attempts (default: the tracker's)
-        :returns: the request id and the frames to send
+        :returns: the request id
         :raises LocalProtocolError: a metadata part is empty
         :raises ValueError: a bad ``timeout`` or ``retries``
         """
@@ -249,7 +247,8 @@ class RequestTracker:
         self._pending[rid] = pending
         self._requests += 1
         self._schedule(rid, pending, now + timeout)
-        return rid, frames
+        self.outbox.append(frames)
+        return rid
 
     def cancel(self, request_id: bytes) -> bool:
         """Forget a request at once (Rule 4). ``False`` if it was not pending."""
@@ -319,9 +318,13 @@ class RequestTracker:
         """When :meth:`expire` next has something to do (``None``: nothing pending expires)."""
         return self._heap.next_due()
 
-    def expire(self, now: float) -> Expired:
-        """Act on every deadline that is ``<= now``: resend, or fail (Rule 3)."""
-        resend: list[list[bytes]] = []
+    def expire(self, now: float) -> list[tuple[bytes, RequestTimeout]]:
+        """Act on every deadline that is ``<= now``: resend (to :attr:`outbox`), or fail
+        (Rule 3).
+
+        :returns: the requests that ran out of attempts, with the error to report
+        """
+        resend = self.outbox
         failed: list[tuple[bytes, RequestTimeout]] = []
         heap = self._heap
         pending = self._pending
@@ -343,7 +346,7 @@ class RequestTracker:
             else:
                 p.resending = True
                 self._schedule(rid, p, now + self.backoff_delay(p.attempt))
-        return Expired(resend, failed)
+        return failed
 
     def backoff_delay(self, attempt: int) -> float:
         """The delay before resending after attempt number ``attempt`` (1-based) timed out."""

@@ -259,8 +259,10 @@ class Worker:
         core = self._core
         while self._stop_deadline is None:
             self._open()
-            for msg in core.connect(anyio.current_time()):
-                self._send(msg)
+            core.connect(anyio.current_time())
+            outs, core.outbox = core.outbox, []
+            for out in outs:
+                self._do(out)
             lost = await self._session()
             if lost is None:
                 return
@@ -273,6 +275,7 @@ class Worker:
             await self._wait(deadline)
         self._cancel_handlers()
         core.leave()
+        core.outbox = []  # disconnected: nothing to send
 
     async def _session(self) -> BrokerLost | None:
         """Serve one connection; ``None`` once we left gracefully, else why it ended."""
@@ -285,11 +288,15 @@ class Worker:
                 core.in_progress == 0 or now >= self._stop_deadline
             ):
                 self._cancel_handlers()
-                for msg in core.leave():
-                    self._send(msg)
+                core.leave()
+                outs, core.outbox = core.outbox, []
+                for out in outs:
+                    self._do(out)
                 self._close(_LEAVE_LINGER_MS)
                 return None
-            for out in core.tick(now):
+            core.tick(now)
+            outs, core.outbox = core.outbox, []
+            for out in outs:
                 if isinstance(out, BrokerLost):
                     return out
                 self._do(out)
@@ -301,10 +308,11 @@ class Worker:
             now = anyio.current_time()
             for received in batch:
                 try:
-                    outs = core.receive(received.frames, now)
+                    core.receive(received.frames, now)
                 except RemoteProtocolError as exc:
                     logger.warning("malformed message from broker (%s): %s", exc.reason, exc)
                     continue
+                outs, core.outbox = core.outbox, []
                 for out in outs:
                     if isinstance(out, Refused):
                         logger.error(
@@ -396,8 +404,10 @@ class Worker:
                 message = await self._call(request)
             finally:
                 self._handler_scopes.discard(scope)
-                now = anyio.current_time()
-                for out in self._core.finish(message, now, generation=generation):
+                core = self._core
+                core.finish(message, anyio.current_time(), generation=generation)
+                outs, core.outbox = core.outbox, []
+                for out in outs:
                     self._do(out)
                 if self._stop_deadline is not None:
                     self._wake()

@@ -1,8 +1,15 @@
 """The sans-IO state machine of a dcp worker: registration, credit, heartbeats, liveness.
 
 :class:`WorkerCore` takes whole multipart messages from the broker (``list[bytes]``, DEALER
-side) and the current time ``now``, and returns what the I/O layer must do: messages to send,
-handlers to start (:class:`Run`), or a lost broker to reconnect to (:class:`BrokerLost`).
+side) and the current time ``now``, and tells the I/O layer what to do: messages to send,
+handlers to start (:class:`Run`), a lost broker to reconnect to (:class:`BrokerLost`), or a
+refusal (:class:`Refused`).
+
+Output convention (the same for every dcp core): input methods (:meth:`~WorkerCore.connect`,
+:meth:`~WorkerCore.receive`, :meth:`~WorkerCore.finish`, :meth:`~WorkerCore.tick`,
+:meth:`~WorkerCore.leave`) take ``now`` where time matters, return nothing, and append their
+outputs (:data:`Output`), in order, to :attr:`WorkerCore.outbox`; the driver drains it after
+each call or batch (``out, core.outbox = core.outbox, []``) and acts on them in order.
 
 The rules (``N`` is the concurrency; ``I`` the heartbeat interval; ``L`` the liveness):
 
@@ -47,7 +54,7 @@ Rule 5 (heartbeat)
     a dcp keep-alive that refreshes the broker's liveness without asking for work.
 Rule 6 (broker liveness)
     No message of any kind from the broker for ``L * I`` (also while waiting for the echo):
-    the broker is gone. The core becomes DISCONNECTED and returns :class:`BrokerLost` with
+    the broker is gone. The core becomes DISCONNECTED and emits :class:`BrokerLost` with
     the backoff delay (exponential from ``reconnect_min`` to ``reconnect_max``, with jitter);
     the I/O layer closes the socket, waits, and calls :meth:`WorkerCore.connect` again.
 Rule 7 (requests in progress across reconnects)
@@ -62,12 +69,12 @@ Rule 8 (Reconnect from the broker)
 Rule 9 (stopping)
     After :meth:`WorkerCore.stop` the core asks for no more work (heartbeats are PONGs),
     drops the backlog and every request that still arrives, and lets running handlers
-    finish. :meth:`WorkerCore.leave` returns a RECONNECT for the broker (dcp extension: "I am
+    finish. :meth:`WorkerCore.leave` emits a RECONNECT for the broker (dcp extension: "I am
     leaving; requeue what I hold"), so whatever was dropped is served by another worker.
 Rule 10 (refused registration)
     A REPLY without a client address whose data is a ``registration_refused`` error reply
     and whose metadata names our service (dcp extension, sent by a secure broker) means we
-    may not serve: the core becomes CLOSED and returns :class:`Refused`. Any other REPLY is
+    may not serve: the core becomes CLOSED and emits :class:`Refused`. Any other REPLY is
     counted as unexpected and ignored.
 Rule 11 (type-frame width)
     Messages from the broker are read in either width (1 byte, the spec; 4 bytes
@@ -224,7 +231,7 @@ class Refused:
     message: str
 
 
-#: What the core asks the I/O layer to do.
+#: What the core asks the I/O layer to do (the items of :attr:`WorkerCore.outbox`).
 Output: TypeAlias = Message | Run | BrokerLost | Refused
 
 
@@ -305,6 +312,9 @@ class WorkerCore:
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
         self._random = random
+        #: What the I/O layer must do, in order: messages to send and commands (see the
+        #: output convention in the module docstring). The driver drains it after each call.
+        self.outbox: list[Output] = []
         #: Where we stand with the broker.
         self.state = State.DISCONNECTED
         #: True once :meth:`stop` was called.
@@ -334,8 +344,8 @@ class WorkerCore:
 
     # -- inputs -------------------------------------------------------------------------
 
-    def connect(self, now: float) -> list[Message]:
-        """A fresh connection: REGISTER, then results that finished while disconnected."""
+    def connect(self, now: float) -> None:
+        """A fresh connection: send REGISTER, then results that finished while disconnected."""
         if self.state is not State.DISCONNECTED:
             raise RuntimeError(f"connect() in state {self.state.name}")
         self._connections += 1
@@ -343,18 +353,19 @@ class WorkerCore:
         self._last_recv = self._last_beat = now
         self._generation += 1
         self._credit = 1
-        out: list[Message] = [Register(self.service), *self._pending]
+        outbox = self.outbox
+        outbox.append(Register(self.service))
+        outbox += self._pending
         self._pending.clear()
         self._last_send = now
-        return out
 
-    def receive(self, frames: Sequence[bytes], now: float) -> list[Output]:
+    def receive(self, frames: Sequence[bytes], now: float) -> None:
         """A message from the broker.
 
         :raises RemoteProtocolError: it does not parse (it still proves the broker alive)
         """
         if self.state not in (State.REGISTERING, State.READY):
-            return []
+            return
         self._last_recv = now
         try:
             msg, width = parse(frames)
@@ -364,19 +375,22 @@ class WorkerCore:
         if self.type_width == 1:
             self.width = width  # Rule 11: answer in kind
         if isinstance(msg, Request):
-            return self._on_request(msg, now)
+            self._on_request(msg, now)
+            return
         if isinstance(msg, Register) and msg.service == self.service:
             self.state = State.READY
             self._failures = 0
             # Rule 1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
-            return self._send(Pong(), now)
+            self._send(Pong(), now)
+            return
         if isinstance(msg, Reconnect):
             self._reregistrations += 1
             self.state = State.REGISTERING
             self._drop_backlog()
             self._generation += 1
             self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
-            return self._send(Register(self.service), now)
+            self._send(Register(self.service), now)
+            return
         if isinstance(msg, Reply) and msg.client is None:
             refusal = parse_error_reply(msg.data)
             if (
@@ -387,14 +401,14 @@ class WorkerCore:
                 self.state = State.CLOSED
                 self.stopping = True
                 self._drop_backlog()
-                return [Refused(refusal[1])]
+                self.outbox.append(Refused(refusal[1]))
+                return
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
-        return []
 
     def finish(
         self, message: Reply | Request | None, now: float, *, generation: int | None = None
-    ) -> list[Output]:
+    ) -> None:
         """A handler ended with ``message`` to send, or ``None`` if it was cancelled.
 
         :param generation: :attr:`Run.generation` of the handler's request (``None``: the
@@ -403,7 +417,6 @@ class WorkerCore:
         if self._in_progress <= 0:
             raise RuntimeError("finish() without a running handler")
         self._in_progress -= 1
-        out: list[Output] = []
         if message is None:
             self._cancelled += 1
         else:
@@ -417,16 +430,15 @@ class WorkerCore:
                 # The broker releases the request and adds one credit. An answer to a
                 # request from before we registered again matches nothing there: no credit.
                 self._credit += 1
-            out += self._send(message, now)
+            self._send(message, now)
         if self._backlog:
             self._in_progress += 1
-            out.append(Run(self._backlog.popleft(), self._generation))
-        return out
+            self.outbox.append(Run(self._backlog.popleft(), self._generation))
 
-    def tick(self, now: float) -> list[Output]:
+    def tick(self, now: float) -> None:
         """Time passed: maybe a heartbeat (Rule 5), maybe the broker is gone (Rule 6)."""
         if self.state not in (State.REGISTERING, State.READY):
-            return []
+            return
         if now >= self._last_recv + self.liveness * self.heartbeat_interval:
             self.state = State.DISCONNECTED
             self._drop_backlog()
@@ -434,13 +446,13 @@ class WorkerCore:
                 self._failures, self.reconnect_min, self.reconnect_max, self._random()
             )
             self._failures += 1
-            return [BrokerLost(delay)]
-        if self.state is State.READY and now >= self._heartbeat_due():
+            self.outbox.append(BrokerLost(delay))
+        elif self.state is State.READY and now >= self._heartbeat_due():
             if self._has_free_slot() and (self._credit == 0 or self._in_progress == 0):
                 self._credit = max(self._credit, 1)
-                return self._send(Ping(), now)
-            return self._send(Pong(), now)
-        return []
+                self._send(Ping(), now)
+            else:
+                self._send(Pong(), now)
 
     def deadline(self) -> float:
         """When :meth:`tick` next has something to do (``inf`` if never)."""
@@ -456,16 +468,14 @@ class WorkerCore:
         self.stopping = True
         self._drop_backlog()
 
-    def leave(self) -> list[Message]:
+    def leave(self) -> None:
         """Leave for good: a RECONNECT for the broker if we are (being) registered."""
-        out: list[Message] = []
         if self.state in (State.REGISTERING, State.READY):
-            out.append(Reconnect())
+            self.outbox.append(Reconnect())
         self.stopping = True
         self.state = State.CLOSED
         self._drop_backlog()
         self._pending.clear()
-        return out
 
     def statistics(self) -> WorkerStatistics:
         """A snapshot of the counters."""
@@ -487,25 +497,23 @@ class WorkerCore:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _on_request(self, request: Request, now: float) -> list[Output]:
+    def _on_request(self, request: Request, now: float) -> None:
         self._received += 1
         if self._credit:
             self._credit -= 1
         if self.stopping:
             self._dropped += 1
-            return []
-        out: list[Output] = []
+            return
         if self._in_progress < self.concurrency:
             self._in_progress += 1
-            out.append(Run(request, self._generation))
+            self.outbox.append(Run(request, self._generation))
         else:
             self._backlog.append(request)
             self._backlogged += 1
         # Rule 2: ask for more if a slot is free and no request is owed to us already.
         if self.state is State.READY and self._has_free_slot() and self._credit == 0:
             self._credit = 1
-            out += self._send(Ping(), now)
-        return out
+            self._send(Ping(), now)
 
     def _has_free_slot(self) -> bool:
         return not self.stopping and self._in_progress < self.concurrency
@@ -514,15 +522,14 @@ class WorkerCore:
         quiet = min(self._last_send, self._last_recv)
         return max(self._last_beat, quiet) + self.heartbeat_interval
 
-    def _send(self, message: Message, now: float) -> list[Output]:
+    def _send(self, message: Message, now: float) -> None:
         if self.state in (State.REGISTERING, State.READY):
             self._last_send = now
             if isinstance(message, (Ping, Pong)):
                 self._last_beat = now
-            return [message]
-        if self.state is State.DISCONNECTED and isinstance(message, (Reply, Request)):
+            self.outbox.append(message)
+        elif self.state is State.DISCONNECTED and isinstance(message, (Reply, Request)):
             self._pending.append(message)  # Rule 7: sent after the next REGISTER
-        return []
 
     def _drop_backlog(self) -> None:
         self._dropped += len(self._backlog)

@@ -143,17 +143,26 @@ def test_a_width_other_than_1_or_4_is_refused_before_any_socket(width: int) -> N
         WorkerCore(b"svc", type_width=width)
 
 
+def take(tracker: RequestTracker) -> list[list[bytes]]:
+    out, tracker.outbox = tracker.outbox, []
+    return out
+
+
 def test_tracker_builds_requests_and_resends_in_its_width() -> None:
     tracker = RequestTracker(type_width=4, timeout=1.0, retries=1, jitter=0.0, backoff=0.1)
-    rid, frames = tracker.request(b"svc", [b"x"], 0.0)
+    rid = tracker.request(b"svc", [b"x"], 0.0)
+    (frames,) = take(tracker)
     assert frames[2] == FOUR
     msg, width = parse(frames)
     assert (msg, width) == (Request(b"svc", None, (rid,), (b"x",)), 4)
-    assert tracker.expire(1.0).resend == []  # the backoff delay starts
-    (resend,) = tracker.expire(1.1).resend
+    tracker.expire(1.0)
+    assert take(tracker) == []  # the backoff delay starts
+    tracker.expire(1.1)
+    (resend,) = take(tracker)
     assert resend[2] == FOUR
     # Replies are read in either width.
-    rid2, _ = tracker.request(b"svc", [b"y"], 0.0)
+    rid2 = tracker.request(b"svc", [b"y"], 0.0)
+    take(tracker)
     for r, w in ((rid, 1), (rid2, 4)):
         got = tracker.receive(serialize(Reply(None, (r,), (b"ok",)), width=w))
         assert got is not None and got[0] == r

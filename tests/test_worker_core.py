@@ -46,6 +46,12 @@ def core(n: int = 1, **kw: float) -> WorkerCore:
     return WorkerCore(SVC, concurrency=n, random=lambda: 0.0, **kw)  # type: ignore[arg-type]
 
 
+def take(w: WorkerCore) -> list[Output]:
+    """Drain the core's outbox (what its last calls asked for)."""
+    out, w.outbox = w.outbox, []
+    return out
+
+
 def state(w: WorkerCore) -> State:
     """``w.state``, read through a call so mypy does not narrow it between steps."""
     return w.state
@@ -53,10 +59,12 @@ def state(w: WorkerCore) -> State:
 
 def ready(n: int = 1, now: float = 0.0) -> WorkerCore:
     w = core(n)
-    assert w.connect(now) == [Register(SVC)]
+    w.connect(now)
+    assert take(w) == [Register(SVC)]
     assert state(w) is State.REGISTERING
     # The echo: READY, and a PONG that says the worker beats while busy (Rule 1).
-    assert w.receive(serialize(Register(SVC)), now) == [Pong()]
+    w.receive(serialize(Register(SVC)), now)
+    assert take(w) == [Pong()]
     assert state(w) is State.READY
     return w
 
@@ -66,16 +74,19 @@ def req(i: int, client: bytes = CLIENT) -> Request:
 
 
 def deliver(w: WorkerCore, msg: Message, now: float) -> list[Output]:
-    return w.receive(serialize(msg), now)
+    w.receive(serialize(msg), now)
+    return take(w)
 
 
 def test_registration_is_echoed_then_ready_without_ping() -> None:
     w = core(3)
     assert w.deadline() == math.inf
-    assert w.connect(5.0) == [Register(SVC)]
+    w.connect(5.0)
+    assert take(w) == [Register(SVC)]
     # Waiting for the echo: only the liveness deadline counts.
     assert w.deadline() == 5.0 + 3 * 1.0
-    assert w.tick(6.5) == []
+    w.tick(6.5)
+    assert take(w) == []
     # The registration itself is a readiness signal: the echo asks for no work. A PONG
     # (asks for nothing) tells the broker this worker beats while busy.
     assert deliver(w, Register(SVC), 6.5) == [Pong()]
@@ -84,9 +95,20 @@ def test_registration_is_echoed_then_ready_without_ping() -> None:
         w.connect(7.0)
 
 
+def test_outbox_keeps_outputs_in_order_until_the_driver_drains_it() -> None:
+    w = core(2)
+    w.connect(0.0)
+    w.receive(serialize(Register(SVC)), 0.0)
+    w.receive(serialize(req(1)), 0.1)
+    assert w.outbox == [Register(SVC), Pong(), Run(req(1)), Ping()]
+    out, w.outbox = w.outbox, []
+    assert len(out) == 4 and w.outbox == []
+
+
 def test_echo_for_another_service_is_unexpected() -> None:
     w = core()
     w.connect(0.0)
+    take(w)
     assert deliver(w, Register(b"other"), 0.1) == []
     assert state(w) is State.REGISTERING
     assert w.statistics().unexpected == 1
@@ -100,7 +122,8 @@ def test_request_runs_and_asks_for_more_while_a_slot_is_free() -> None:
     assert deliver(w, req(3), 1.0) == [Run(req(3))]
     assert w.in_progress == 3
     # A reply is a readiness signal by itself: no PING after it.
-    out = w.finish(Reply(CLIENT, (b"id-1", b"m2"), (b"r",)), 2.0)
+    w.finish(Reply(CLIENT, (b"id-1", b"m2"), (b"r",)), 2.0)
+    out = take(w)
     assert out == [Reply(CLIENT, (b"id-1", b"m2"), (b"r",))]
     assert w.in_progress == 2
 
@@ -118,10 +141,12 @@ def test_backlog_when_a_request_arrives_while_full() -> None:
     st1 = w.statistics()
     assert (st1.in_progress, st1.backlog, st1.backlogged) == (1, 1, 1)
     reply = result_message(req(1), b"done")
-    assert w.finish(reply, 0.3) == [reply, Run(req(2))]
+    w.finish(reply, 0.3)
+    assert take(w) == [reply, Run(req(2))]
     assert w.in_progress == 1
     assert w.statistics().backlog == 0
-    assert w.finish(None, 0.4) == []
+    w.finish(None, 0.4)
+    assert take(w) == []
     stats = w.statistics()
     assert (stats.received, stats.replies, stats.cancelled, stats.in_progress) == (2, 1, 1, 0)
 
@@ -145,37 +170,48 @@ def test_counters_split_replies_errors_forwards() -> None:
 def test_idle_heartbeat_is_a_ping_every_interval() -> None:
     w = ready(n=2, now=0.0)
     assert w.deadline() == 1.0
-    assert w.tick(0.99) == []
-    assert w.tick(1.0) == [Ping()]
+    w.tick(0.99)
+    assert take(w) == []
+    w.tick(1.0)
+    assert take(w) == [Ping()]
     assert w.deadline() == 2.0
     # The broker answers: liveness refreshed, next beat one interval after the ping.
     assert deliver(w, Pong(), 1.01) == []
-    assert w.tick(1.5) == []
-    assert w.tick(2.0) == [Ping()]
+    w.tick(1.5)
+    assert take(w) == []
+    w.tick(2.0)
+    assert take(w) == [Ping()]
 
 
 def test_full_worker_heartbeats_with_pong() -> None:
     w = ready(n=1, now=0.0)
     deliver(w, req(1), 0.0)
-    assert w.tick(1.0) == [Pong()]
+    w.tick(1.0)
+    assert take(w) == [Pong()]
     deliver(w, Pong(), 1.0)
-    assert w.tick(2.0) == [Pong()]
+    w.tick(2.0)
+    assert take(w) == [Pong()]
 
 
 def test_stopping_worker_heartbeats_with_pong_and_drops_new_requests() -> None:
     w = ready(n=2, now=0.0)
     deliver(w, req(1), 0.0)
     w.stop()
-    assert w.tick(1.0) == [Pong()]
+    w.tick(1.0)
+    assert take(w) == [Pong()]
     assert deliver(w, req(2), 1.1) == []
     s = w.statistics()
     assert (s.received, s.dropped, s.in_progress) == (2, 1, 1)
     reply = result_message(req(1), b"ok")
-    assert w.finish(reply, 1.2) == [reply]
-    assert w.leave() == [Reconnect()]
+    w.finish(reply, 1.2)
+    assert take(w) == [reply]
+    w.leave()
+    assert take(w) == [Reconnect()]
     assert state(w) is State.CLOSED
-    assert w.tick(100.0) == []
-    assert w.receive(serialize(req(3)), 100.0) == []
+    w.tick(100.0)
+    assert take(w) == []
+    w.receive(serialize(req(3)), 100.0)
+    assert take(w) == []
 
 
 def test_replies_alone_do_not_suppress_heartbeats() -> None:
@@ -185,12 +221,17 @@ def test_replies_alone_do_not_suppress_heartbeats() -> None:
         deliver(w, req(i), 0.0)
     # A reply went out at 0.9, but nothing came in since 0.0: beat at 1.0 all the same.
     w.finish(result_message(req(0), b"r"), 0.9)
+    take(w)
     # The reply already earned one request for the freed slot (Rule 2): a keep-alive, then.
-    assert w.tick(1.0) == [Pong()]
+    w.tick(1.0)
+    assert take(w) == [Pong()]
     # Only once per interval, even though the broker stays quiet.
     w.finish(result_message(req(1), b"r"), 1.5)
-    assert w.tick(1.9) == []
-    assert w.tick(2.0) == [Pong()]
+    take(w)
+    w.tick(1.9)
+    assert take(w) == []
+    w.tick(2.0)
+    assert take(w) == [Pong()]
 
 
 def test_heartbeat_not_sent_while_traffic_flows_both_ways() -> None:
@@ -199,35 +240,47 @@ def test_heartbeat_not_sent_while_traffic_flows_both_ways() -> None:
     for i in range(10):
         t += 0.5
         assert deliver(w, req(i), t) == [Run(req(i))]
-        assert w.tick(t) == []
+        w.tick(t)
+        assert take(w) == []
         w.finish(result_message(req(i), b"r"), t)
+        take(w)
     # ... and a beat at most once per interval when the broker goes quiet.
-    assert w.tick(t + 0.99) == []
-    assert w.tick(t + 1.0) == [Ping()]
-    assert w.tick(t + 1.5) == []
+    w.tick(t + 0.99)
+    assert take(w) == []
+    w.tick(t + 1.0)
+    assert take(w) == [Ping()]
+    w.tick(t + 1.5)
+    assert take(w) == []
 
 
 def test_broker_silence_is_broker_lost_with_backoff() -> None:
     w = ready(n=1, now=0.0)
     deliver(w, req(1), 0.0)
     deliver(w, req(2), 0.0)  # backlog
-    assert w.tick(2.0) == [Pong()]
+    w.tick(2.0)
+    assert take(w) == [Pong()]
     assert w.deadline() == 3.0
-    assert w.tick(3.0) == [BrokerLost(0.05 * 2)]  # reconnect_min (0.1) x (0.5 + 0/2)
+    w.tick(3.0)
+    assert take(w) == [BrokerLost(0.05 * 2)]  # reconnect_min (0.1) x (0.5 + 0/2)
     assert state(w) is State.DISCONNECTED
     assert w.deadline() == math.inf
     s = w.statistics()
     assert (s.backlog, s.dropped, s.in_progress) == (0, 1, 1)
     # The running handler finishes while disconnected: its reply waits for the next socket.
     reply = result_message(req(1), b"late")
-    assert w.finish(reply, 3.5) == []
-    assert w.connect(4.0) == [Register(SVC), reply]
+    w.finish(reply, 3.5)
+    assert take(w) == []
+    w.connect(4.0)
+    assert take(w) == [Register(SVC), reply]
     assert w.statistics().reconnects == 1
     # Waiting for the echo also times out; the delay doubles.
-    assert w.tick(7.0) == [BrokerLost(0.1)]
-    assert w.connect(7.1) == [Register(SVC)]
+    w.tick(7.0)
+    assert take(w) == [BrokerLost(0.1)]
+    w.connect(7.1)
+    assert take(w) == [Register(SVC)]
     deliver(w, Register(SVC), 7.2)
-    assert w.tick(10.2) == [BrokerLost(0.1)]  # reset by the echo
+    w.tick(10.2)
+    assert take(w) == [BrokerLost(0.1)]  # reset by the echo
 
 
 def test_reconnect_from_broker_reregisters_at_once() -> None:
@@ -240,7 +293,8 @@ def test_reconnect_from_broker_reregisters_at_once() -> None:
     assert (s.reregistrations, s.backlog, s.dropped, s.in_progress) == (1, 0, 1, 1)
     # Results still go out while re-registering.
     reply = result_message(req(1), b"r")
-    assert w.finish(reply, 0.6) == [reply]
+    w.finish(reply, 0.6)
+    assert take(w) == [reply]
     assert deliver(w, Register(SVC), 0.7) == [Pong()]
     assert state(w) is State.READY
 
@@ -250,7 +304,8 @@ def test_malformed_message_is_counted_and_proves_liveness() -> None:
     with pytest.raises(RemoteProtocolError):
         w.receive([b"", b"XXXX\x01", b"\x02"], 2.5)
     assert w.statistics().malformed == 1
-    assert w.tick(3.0) == [Ping()]  # not lost: the garbage arrived at 2.5
+    w.tick(3.0)
+    assert take(w) == [Ping()]  # not lost: the garbage arrived at 2.5
 
 
 def test_unexpected_reply_and_ping_are_ignored() -> None:
@@ -269,10 +324,13 @@ def test_four_byte_type_width_is_answered_in_kind() -> None:
 
 def test_leave_before_registration_and_when_disconnected() -> None:
     w = core()
-    assert w.leave() == []
+    w.leave()
+    assert take(w) == []
     w2 = core()
     w2.connect(0.0)
-    assert w2.leave() == [Reconnect()]
+    take(w2)
+    w2.leave()
+    assert take(w2) == [Reconnect()]
 
 
 def test_stop_drops_backlog() -> None:
@@ -282,7 +340,8 @@ def test_stop_drops_backlog() -> None:
     w.stop()
     assert w.statistics().backlog == 0
     # The freed slot does not start anything any more.
-    assert w.finish(None, 0.1) == []
+    w.finish(None, 0.1)
+    assert take(w) == []
 
 
 @pytest.mark.parametrize(
@@ -361,7 +420,8 @@ class Wired:
         self.running: list[Request] = []
         self.max_running = 0
         self.replies: list[Reply] = []
-        self.outs(list(self.worker.connect(self.now)))
+        self.worker.connect(self.now)
+        self.outs(take(self.worker))
         self.pump()
 
     def outs(self, outs: list[Output]) -> None:
@@ -382,7 +442,8 @@ class Wired:
             batch, self.broker.outbox = self.broker.outbox, []
             for frames in batch:
                 if frames[0] == b"W":
-                    self.outs(self.worker.receive(frames[1:], self.now))
+                    self.worker.receive(frames[1:], self.now)
+                    self.outs(take(self.worker))
                 else:
                     assert frames[0] == b"C"
                     msg, _ = parse(frames[1:])
@@ -397,12 +458,14 @@ class Wired:
 
     def finish(self, index: int) -> None:
         request = self.running.pop(index)
-        self.outs(self.worker.finish(result_message(request, request.data[0]), self.now))
+        self.worker.finish(result_message(request, request.data[0]), self.now)
+        self.outs(take(self.worker))
         self.pump()
 
     def advance(self, dt: float) -> None:
         self.now += dt
-        self.outs(self.worker.tick(self.now))
+        self.worker.tick(self.now)
+        self.outs(take(self.worker))
         self.broker.expire(self.now)
         self.pump()
 
@@ -452,17 +515,22 @@ def test_wired_never_exceeds_n_and_answers_everything(
 def test_nothing_is_sent_or_kept_after_leave() -> None:
     w = ready(n=1)
     deliver(w, req(1), 0.0)
-    assert w.leave() == [Reconnect()]
-    assert w.finish(result_message(req(1), b"late"), 0.1) == []
+    w.leave()
+    assert take(w) == [Reconnect()]
+    w.finish(result_message(req(1), b"late"), 0.1)
+    assert take(w) == []
     assert w.deadline() == math.inf
     assert w.statistics().replies == 1
 
 
 def test_heartbeats_are_not_kept_while_disconnected() -> None:
     w = ready(n=1, now=0.0)
-    assert w.tick(3.0) == [BrokerLost(0.1)]
-    assert w.receive(serialize(Pong()), 3.1) == []  # a stale socket's message
-    assert w.connect(3.2) == [Register(SVC)]
+    w.tick(3.0)
+    assert take(w) == [BrokerLost(0.1)]
+    w.receive(serialize(Pong()), 3.1)
+    assert take(w) == []  # a stale socket's message
+    w.connect(3.2)
+    assert take(w) == [Register(SVC)]
 
 
 class Crossed:
@@ -476,7 +544,8 @@ class Crossed:
         self.to_worker: deque[list[bytes]] = deque()
         self.running: list[Request] = []
         self.replies: list[Reply] = []
-        self.do(self.worker.connect(0.0))
+        self.worker.connect(0.0)
+        self.do(take(self.worker))
 
     def do(self, outs: Sequence[Output]) -> None:
         for out in outs:
@@ -501,10 +570,12 @@ class Crossed:
             self.broker.receive(self.to_broker.popleft(), 0.0)
             self.collect()
         elif kind == "down" and self.to_worker:
-            self.do(self.worker.receive(self.to_worker.popleft(), 0.0))
+            self.worker.receive(self.to_worker.popleft(), 0.0)
+            self.do(take(self.worker))
         elif kind == "fin" and self.running:
             request = self.running.pop(k % len(self.running))
-            self.do(self.worker.finish(result_message(request, request.data[0]), 0.0))
+            self.worker.finish(result_message(request, request.data[0]), 0.0)
+            self.do(take(self.worker))
 
     def settle(self) -> None:
         while self.to_broker or self.to_worker:
@@ -563,18 +634,21 @@ def test_answers_from_before_a_re_registration_earn_no_credit() -> None:
             batch, broker.outbox = broker.outbox, []
             for frames in batch:
                 if frames[0] == b"W":
-                    to_broker(worker.receive(frames[1:], 0.0))
+                    worker.receive(frames[1:], 0.0)
+                    to_broker(take(worker))
 
     def finish(run: Run) -> None:
         reply = result_message(run.request, b"ok")
-        to_broker(worker.finish(reply, 0.0, generation=run.generation))
+        worker.finish(reply, 0.0, generation=run.generation)
+        to_broker(take(worker))
 
     def request(i: int) -> None:
         msg = Request(SVC, None, (b"id-%d" % i,), (b"x",))
         broker.receive([b"C", *serialize(msg)], 0.0)
         to_broker([])
 
-    to_broker(worker.connect(0.0))
+    worker.connect(0.0)
+    to_broker(take(worker))
     request(0)
     request(1)
     assert len(running) == 2
