@@ -34,13 +34,13 @@ from ._messages import Reconnect as Reconnect
 from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
+from ._results import Forward as Forward
 from ._security import CurveClient as CurveClient
 from ._security import CurveServer as CurveServer
 from ._sync_client import SyncClient as SyncClient
 from ._tracker import ClientStatistics as ClientStatistics
 from ._tracker import Response as Response
 from ._worker import Worker as Worker
-from ._worker_core import Forward as Forward
 from ._worker_core import WorkerStatistics as WorkerStatistics
 from .wire.dcp1 import PROTOCOL as PROTOCOL
 from .wire.dcp1 import parse as parse

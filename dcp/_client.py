@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import random
 from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Sequence
@@ -20,111 +19,28 @@ import anyio
 import anyio.lowlevel
 import zmq
 
+from ._calls import (
+    Payload,
+    check_window,
+    checked_routing_id,
+    payload_parts,
+    request_metadata,
+    service_bytes,
+)
 from ._context import get_context
 from ._messages import work_timeout_option
 from ._security import CurveClient, configure_client_socket
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
+from ._waiters import Sink, Waiter
 from ._zmqio import AsyncSocket
 
-__all__ = [
-    "Client",
-    "Payload",
-    "checked_routing_id",
-    "make_routing_id",
-    "payload_parts",
-    "service_bytes",
-]
+__all__ = ["Client"]
 
 logger = logging.getLogger("dcp.client")
-
-#: One request's data: a single part, or a sequence of parts.
-Payload = bytes | Sequence[bytes]
 
 # Waiting out a full send queue (zmq high-water mark): first pause and largest pause.
 _SEND_PAUSE = 0.001
 _SEND_PAUSE_MAX = 0.05
-
-
-def make_routing_id() -> bytes:
-    """A random 16-byte zmq routing id. zmq reserves ids starting with a 0x00 byte."""
-    ident = os.urandom(16)
-    return ident if ident[0] else b"\x01" + ident[1:]
-
-
-def checked_routing_id(routing_id: bytes | None) -> bytes:
-    """``routing_id`` if zmq accepts it as an explicit id, a fresh random one for ``None``.
-
-    :raises ValueError: empty, longer than 255 bytes, or starting with 0x00 (reserved)
-    """
-    if routing_id is None:
-        return make_routing_id()
-    if not 0 < len(routing_id) <= 255 or routing_id[0] == 0:
-        raise ValueError("routing_id must be 1-255 bytes and not start with 0x00")
-    return routing_id
-
-
-def service_bytes(service: str | bytes) -> bytes:
-    """The service name as sent: ``str`` is encoded as UTF-8."""
-    return service.encode() if isinstance(service, str) else service
-
-
-def payload_parts(payload: Payload) -> Sequence[bytes]:
-    """The data parts of a ``map`` payload: ``bytes`` is one part."""
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return (bytes(payload),)
-    return payload
-
-
-def request_metadata(
-    metadata: Sequence[bytes], work_timeout: float | None, default: float | None
-) -> Sequence[bytes]:
-    """The metadata to send: dcp's request options (``work_timeout``, else the client's
-    ``default``), then the user's."""
-    if work_timeout is None:
-        work_timeout = default
-    if work_timeout is None:
-        return metadata
-    return (work_timeout_option(work_timeout), *metadata)
-
-
-def _check_window(window: int) -> None:
-    if window < 1:
-        raise ValueError(f"window must be >= 1, not {window!r}")
-
-
-class _Waiter:
-    """Where the receive task puts the outcome of one :meth:`Client.request`."""
-
-    __slots__ = ("event", "outcome")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        #: ``None`` until delivered, and also when the client closed.
-        self.outcome: Outcome | None = None
-
-    def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
-        self.outcome = outcome
-        self.event.set()
-
-
-class _Sink:
-    """Where the receive task puts the outcomes of one ``map`` call's requests."""
-
-    __slots__ = ("done", "event")
-
-    def __init__(self) -> None:
-        self.done: dict[bytes, Outcome | None] = {}
-        self.event: anyio.Event | None = None
-
-    def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
-        self.done[rid] = outcome
-        if self.event is not None:
-            self.event.set()
-
-    async def wait(self) -> None:
-        """Wait for the next delivery (call only when the one you need is not in ``done``)."""
-        event = self.event = anyio.Event()
-        await event.wait()
 
 
 class Client:
@@ -215,7 +131,7 @@ class Client:
         self._context = context
         self._batch = batch
         self._socket: AsyncSocket | None = None
-        self._waiters: dict[bytes, _Waiter | _Sink] = {}
+        self._waiters: dict[bytes, Waiter | Sink] = {}
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._closed = False
         self._broken: BaseException | None = None
@@ -299,7 +215,7 @@ class Client:
         :raises anyio.ClosedResourceError: the client is (or was, while waiting) closed
         :raises anyio.BrokenResourceError: the socket failed
         """
-        waiter = _Waiter()
+        waiter = Waiter()
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         rid, frames, deadline = self._start(
             service_bytes(service), data, metadata, timeout, retries, waiter
@@ -339,7 +255,7 @@ class Client:
         :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
         :raises ValueError: ``window`` < 1 (at once, not on iteration)
         """
-        _check_window(window)
+        check_window(window)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map(service_bytes(service), payloads, window, metadata, timeout, retries)
 
@@ -356,7 +272,7 @@ class Client:
     ) -> AsyncGenerator[tuple[int, Response], None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
         is the payload's position in ``payloads``)."""
-        _check_window(window)
+        check_window(window)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map_unordered(
             service_bytes(service), payloads, window, metadata, timeout, retries
@@ -371,7 +287,7 @@ class Client:
         attempt_timeout: float | None,
         retries: int | None,
     ) -> AsyncGenerator[Response, None]:
-        sink = _Sink()
+        sink = Sink()
         order: deque[bytes] = deque()
         done = sink.done
         try:
@@ -401,7 +317,7 @@ class Client:
         attempt_timeout: float | None,
         retries: int | None,
     ) -> AsyncGenerator[tuple[int, Response], None]:
-        sink = _Sink()
+        sink = Sink()
         inflight: dict[bytes, int] = {}
         done = sink.done
         try:
@@ -433,7 +349,7 @@ class Client:
         metadata: Sequence[bytes],
         timeout: float | None,
         retries: int | None,
-        waiter: _Waiter | _Sink,
+        waiter: Waiter | Sink,
     ) -> tuple[bytes, list[bytes], float]:
         if self._closed:
             raise self._closed_error()

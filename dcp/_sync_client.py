@@ -17,9 +17,9 @@ from typing import TypeVar
 import anyio
 import zmq
 
-from ._client import (
+from ._calls import (
     Payload,
-    _check_window,
+    check_window,
     checked_routing_id,
     payload_parts,
     request_metadata,
@@ -200,7 +200,7 @@ class SyncClient:
 
         :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
         """
-        _check_window(window)
+        check_window(window)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map(
             service_bytes(service), payloads, window, metadata, timeout, retries, _result
@@ -222,7 +222,7 @@ class SyncClient:
         :exc:`~dcp.RequestTimeout` that :meth:`map` would raise. One failure does not stop
         the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
         """
-        _check_window(window)
+        check_window(window)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map(
             service_bytes(service), payloads, window, metadata, timeout, retries, _outcome
@@ -240,7 +240,7 @@ class SyncClient:
         work_timeout: float | None = None,
     ) -> Generator[tuple[int, Response], None, None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
-        _check_window(window)
+        check_window(window)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map_unordered(
             service_bytes(service), payloads, window, metadata, timeout, retries

@@ -13,23 +13,21 @@ import anyio.abc
 import attrs
 import zmq
 
-from ._client import make_routing_id
+from ._calls import make_routing_id
 from ._context import get_context
 from ._errors import RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
 from ._messages import Message, Reply, Request, request_work_timeout
+from ._results import Forward, error_reply, result_message
 from ._security import CurveClient, configure_client_socket
 from ._worker_core import (
     BrokerLost,
-    Forward,
     Output,
     Refused,
     Run,
     State,
     WorkerCore,
     WorkerStatistics,
-    error_reply,
-    result_message,
 )
 from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize

@@ -32,8 +32,8 @@ from dcp._messages import (
     Request,
     parse_error_reply,
 )
+from dcp._results import Forward
 from dcp._worker import Worker
-from dcp._worker_core import Forward
 from dcp.wire.dcp1 import PROTOCOL, parse, serialize
 
 pytestmark = pytest.mark.anyio

@@ -24,17 +24,15 @@ from dcp._messages import (
     Request,
     parse_error_reply,
 )
+from dcp._results import Forward, error_reply, result_message
 from dcp._worker_core import (
     BrokerLost,
-    Forward,
     Output,
     Refused,
     Run,
     State,
     WorkerCore,
     backoff_delay,
-    error_reply,
-    result_message,
 )
 from dcp.wire.dcp1 import parse, serialize
 

@@ -28,7 +28,7 @@ from typing import Literal, get_args
 import attrs
 import pyarrow as pa
 
-from .._client import service_bytes
+from .._calls import service_bytes
 from .._errors import DCPError, RemoteError, RequestTimeout
 from .._sync_client import SyncClient
 from .._tracker import Outcome, Response
