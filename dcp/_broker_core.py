@@ -242,14 +242,10 @@ class BrokerCore(Majordomo):
         if client is None:
             client = peer
         elif worker is not None:
-            # A forward: the worker passes on a request it holds (matched exactly; a worker
-            # naming an address without holding its request releases nothing).
-            answered = self.answered(peer, worker, client, msg.metadata)
-            if answered is None:
+            forwarded = self._forwarded(peer, worker, client, msg.metadata)
+            if forwarded is None:
                 return
-            client, finished = answered
-            released = finished is not None
-            origin = finished.origin if finished is not None else self.sessions.dialect_of(client)
+            client, origin, released = forwarded
         elif client != peer:
             if not self.allow_foreign_address:
                 self.refuse(
@@ -273,6 +269,21 @@ class BrokerCore(Majordomo):
                 self.refuse(client, origin, name, msg.metadata, *refused)
         if worker is not None:
             self.credit(worker, released=released)
+
+    def _forwarded(
+        self, peer: bytes, worker: Session, client: bytes, metadata: tuple[bytes, ...]
+    ) -> tuple[bytes, Dialect, bool] | None:
+        """A worker's forward names ``client``: the client's real address, its dialect, and
+        whether the forward finished a request the worker held (matched exactly; a worker
+        naming an address without holding its request releases nothing); ``None`` if the
+        address is not one the broker gave (Rule S)."""
+        answered = self.answered(peer, worker, client, metadata)
+        if answered is None:
+            return None
+        client, finished = answered
+        if finished is not None:
+            return client, finished.origin, True
+        return client, self.sessions.dialect_of(client), False
 
     def _on_reply(self, peer: bytes, worker: Session | None, msg: Reply) -> None:
         if worker is None:
@@ -356,14 +367,11 @@ class BrokerCore(Majordomo):
         origin: Dialect = dialect
         released = False
         if worker is not None and client is not None:
-            # A worker forwarding a request it holds: that one is finished, and its client
-            # is the one to tell.
-            answered = self.answered(peer, worker, client, msg.metadata)
-            if answered is None:
+            # A worker forwarding a request it holds: its client is the one to tell.
+            forwarded = self._forwarded(peer, worker, client, msg.metadata)
+            if forwarded is None:
                 return
-            client, finished = answered
-            released = finished is not None
-            origin = finished.origin if finished is not None else self.sessions.dialect_of(client)
+            client, origin, released = forwarded
         elif client is None or (client != peer and not self.allow_foreign_address):
             client = peer
         self.refuse(client, origin, msg.service, msg.metadata, reason, detail)

@@ -175,58 +175,57 @@ async def test_majortomo_client_and_worker_through_dcp() -> None:
         assert stats.partials == 2
 
 
+@asynccontextmanager
+async def raw_worker_with_a_call(
+    broker: dcp.Broker, endpoint: str, form: mdp.MdpPeer, data: bytes
+) -> AsyncIterator[tuple[RawPeer, list[bytes], list[dcp.Response]]]:
+    """A raw MDP worker that registered and got a dcp client's request (its frames), the
+    call running in the background (no retries: only the broker can rescue it); the
+    client's responses once the block is left."""
+    with Peers(endpoint) as peers:
+        worker = peers(b"W1")
+        worker.send_frames(form.worker_ready(ECHO))
+        await until(broker, lambda s: s.workers == 1)
+        replies: list[dcp.Response] = []
+        async with (
+            dcp.Client(endpoint, timeout=10, retries=0) as client,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def call() -> None:
+                replies.append(await client.request(ECHO, data))
+
+            tg.start_soon(call)
+            request = await recv_skipping_heartbeats(worker)
+            yield worker, request, replies
+
+
 async def test_a_busy_silent_mdp_worker_keeps_its_request() -> None:
-    """A raw MDP/0.1 worker that sends nothing for 4 s while it works (3x the idle
+    """A raw MDP/0.1 worker that sends nothing for 4 s while it works (4x the idle
     timeout): its request is not taken away, and its reply arrives once."""
-    async with serving(heartbeat_interval=0.25, liveness=2, mdp_timeout=1.0) as (
-        broker,
-        endpoint,
-    ):
-        with Peers(endpoint) as peers:
-            worker = peers(b"W")
-            worker.send_frames(V01W.worker_ready(ECHO))
-            await until(broker, lambda s: s.workers == 1)
-            async with (
-                dcp.Client(endpoint, timeout=10, retries=0) as client,
-                anyio.create_task_group() as tg,
-            ):
-                replies: list[dcp.Response] = []
-
-                async def call() -> None:
-                    replies.append(await client.request(ECHO, b"slow"))
-
-                tg.start_soon(call)
-                request = await recv_skipping_heartbeats(worker)
-                assert request[4:] == [b"", b"slow"]
-                await anyio.sleep(4.0)  # busy, silent
-                worker.send_frames(V01W.worker_answer(request[3], [b"done"], final=True))
-            assert [r.data for r in replies] == [(b"done",)]
+    options = {"heartbeat_interval": 0.25, "liveness": 2, "mdp_timeout": 1.0}
+    async with serving(**options) as (broker, endpoint):
+        async with raw_worker_with_a_call(broker, endpoint, V01W, b"slow") as (
+            worker,
+            request,
+            replies,
+        ):
+            assert request[4:] == [b"", b"slow"]
+            await anyio.sleep(4.0)  # busy, silent
+            worker.send_frames(V01W.worker_answer(request[3], [b"done"], final=True))
+        assert [r.data for r in replies] == [(b"done",)]
         stats = broker.statistics()
         assert (stats.replies, stats.redeliveries, stats.expired_workers) == (1, 0, 0)
 
 
 async def test_a_killed_busy_mdp_worker_request_is_redelivered() -> None:
     async with serving(heartbeat_interval=0.25, liveness=2) as (broker, endpoint):
-        with Peers(endpoint) as peers:
-            doomed = peers(b"W1")
-            doomed.send_frames(V02W.worker_ready(ECHO))
-            await until(broker, lambda s: s.workers == 1)
-            async with (
-                dcp.Client(endpoint, timeout=10, retries=0) as client,
-                anyio.create_task_group() as tg,
-            ):
-                replies: list[dcp.Response] = []
-
-                async def call() -> None:
-                    replies.append(await client.request(ECHO, b"job"))
-
-                tg.start_soon(call)
-                await recv_skipping_heartbeats(doomed)
-                doomed.close()  # dies holding the request, without a word
-                started = anyio.current_time()
-                async with dcp.Worker(endpoint, ECHO, shout):
-                    await until(broker, lambda s: s.replies == 1)
-                elapsed = anyio.current_time() - started
-            assert [r.data for r in replies] == [(b"JOB",)]
-            assert elapsed < 3.0
+        async with raw_worker_with_a_call(broker, endpoint, V02W, b"job") as (doomed, _, got):
+            doomed.close()  # dies holding the request, without a word
+            started = anyio.current_time()
+            async with dcp.Worker(endpoint, ECHO, shout):
+                await until(broker, lambda s: s.replies == 1)
+            elapsed = anyio.current_time() - started
+        assert [r.data for r in got] == [(b"JOB",)]
+        assert elapsed < 3.0
         assert broker.statistics().redeliveries == 1
