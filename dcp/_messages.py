@@ -18,6 +18,7 @@ from ._errors import LocalProtocolError
 __all__ = [
     "ERROR_MARKER",
     "NO_WAIT_OPTION",
+    "REQUEST_ID_PREFIX",
     "Message",
     "MessageType",
     "Ping",
@@ -167,6 +168,9 @@ OPTION_PREFIX = b"\xffDCP:"
 _WORK_TIMEOUT = OPTION_PREFIX + b"work-timeout="
 
 
+#: A dcp client's request id (the first metadata part) starts with this, so a worker can tell
+#: it, like the options, from the caller's own metadata.
+REQUEST_ID_PREFIX = OPTION_PREFIX + b"id="
 _EXPIRES_IN = OPTION_PREFIX + b"expires-in="
 #: Request option: answer at once with a ``no_workers`` error reply if no worker serves the
 #: service when the request arrives, instead of queueing it (NATS's "no responders").
