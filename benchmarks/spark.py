@@ -248,6 +248,10 @@ def loop_rate(
         other = machine.other_load(side_cpu)
     finally:
         for proc in procs:
+            # It exits once it has printed its result (killing it then could cut short what
+            # it writes on exit, e.g. coverage data); a stuck one is killed.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
             if proc.poll() is None:
                 proc.kill()
             proc.wait(10)
