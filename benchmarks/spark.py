@@ -1,5 +1,6 @@
-"""``dcp.spark`` against the same synchronous client loop outside Spark: rows/s, same service,
-same machine, same number of concurrent request streams.
+"""``dcp.spark`` against the same synchronous client loop outside Spark, on a classic session
+and over Spark Connect: rows/s, same service, same machine, same number of concurrent
+request streams.
 
 ``python -m benchmarks.spark [--rows 100000] [--rounds 3] [--window 64] [--payload 16]
 [--tiny] [--page docs/performance.md | --no-page] [--json FILE] [--render FILE]``
@@ -20,8 +21,13 @@ worker sockets (:mod:`benchmarks.echo_worker`); both are killed by PID at the en
   payload. Rate = rows / wall time of that action: job scheduling, the JVM <-> Python Arrow
   transfer and the check are included, the session start and the Python workers' start are
   not (as the loop processes' start is not).
+- **Spark Connect**: the same job, from a Spark Connect client session of a Connect server
+  running in the same JVM as the classic session (its plugin, on 127.0.0.1): the same
+  executors and cores, the plan sent over gRPC and run by the server. The rate includes the
+  plan's round trips.
 
-Figures are medians over rounds; ratios are medians of same-round ratios. The machine's two
+The three sides take turns (the order rotates between rounds). Figures are medians over
+rounds; ratios are medians of same-round ratios. The machine's two
 cores are shared by the broker, the workers and the measured side, so both sides compete
 with the same broker for CPU. Without ``--no-page`` (and not in ``--tiny`` mode) the figures
 are written into ``docs/performance.md`` as its ``spark`` section
@@ -42,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,10 +61,22 @@ from .sections import put_section
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Measure", "loop_rate", "main", "render_section", "spark_rate", "start_services"]
+__all__ = [
+    "Measure",
+    "connect_session",
+    "local_session",
+    "loop_rate",
+    "main",
+    "render_section",
+    "spark_rate",
+    "start_services",
+    "summarise",
+]
 
 #: The figure issue 6 asks for: dcp.spark rows/s at least this fraction of the loop's.
 TARGET = 0.9
+#: The measured sides, in the order of the first round.
+SIDES = ("loop", "spark", "connect")
 
 
 @dataclass(frozen=True)
@@ -229,6 +248,10 @@ def loop_rate(
         other = machine.other_load(side_cpu)
     finally:
         for proc in procs:
+            # It exits once it has printed its result (killing it then could cut short what
+            # it writes on exit, e.g. coverage data); a stuck one is killed.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
             if proc.poll() is None:
                 proc.kill()
             proc.wait(10)
@@ -258,13 +281,17 @@ def spark_rate(
     size: int,
     service_pids: Sequence[int] = (),
 ) -> Measure:
-    """``map_service`` over ``rows`` payloads in ``streams`` partitions, checked in the job."""
+    """``map_service`` over ``rows`` payloads in ``streams`` partitions, checked in the job.
+
+    ``spark`` is the classic session this process started, or a Spark Connect session of
+    the Connect server in its JVM (:func:`connect_session`).
+    """
     from pyspark import SparkContext
 
     from dcp.spark import map_service
 
     gateway = SparkContext._gateway
-    assert gateway is not None, "a classic (local) session started by this process"
+    assert gateway is not None, "the classic (local) session of this process"
     jvm: int = gateway.proc.pid
 
     df = spark.range(0, rows, numPartitions=streams).selectExpr(
@@ -298,9 +325,14 @@ appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 """
 
 
+#: The token of the Spark Connect server in :func:`local_session`'s JVM.
+_TOKEN = str(uuid.uuid4())
+
+
 @contextlib.contextmanager
 def local_session(work_dir: Path) -> Iterator[SparkSession]:
-    """A local[2] session on 127.0.0.1 (quiet, fast JVM start); the JVM ends with it."""
+    """A local[2] session on 127.0.0.1 (quiet, fast JVM start), with a Spark Connect server
+    in its JVM (127.0.0.1, an ephemeral port, a token); the JVM ends with it."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -323,6 +355,10 @@ def local_session(work_dir: Path) -> Iterator[SparkSession]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.worker.reuse", "true")
         .config("spark.local.dir", str(work_dir))
+        .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+        .config("spark.connect.grpc.binding.address", "127.0.0.1")
+        .config("spark.connect.grpc.binding.port", "0")
+        .config("spark.connect.authenticate.token", _TOKEN)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -346,33 +382,57 @@ def local_session(work_dir: Path) -> Iterator[SparkSession]:
                 proc.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def connect_session(spark: SparkSession) -> Iterator[SparkSession]:
+    """A Spark Connect client session of the Connect server in ``spark``'s JVM (from
+    :func:`local_session`). ``localhost``: pyspark sends a token without TLS only there."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    service = getattr(spark._jvm, "org.apache.spark.sql.connect.service.SparkConnectService$")
+    port = int(getattr(service, "MODULE$").localPort())
+    url = f"sc://localhost:{port}/;token={_TOKEN}"
+    session: SparkSession = ConnectSession.builder.remote(url).getOrCreate()  # type: ignore[assignment]
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
 # --------------------------------------------------------------------- rounds and page
 
 
 def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     streams_list = [1, 2]
     records: list[dict[str, Any]] = []
-    with Procs(log_dir) as procs, local_session(log_dir) as spark:
+    with (
+        Procs(log_dir) as procs,
+        local_session(log_dir) as spark,
+        connect_session(spark) as connect,
+    ):
         endpoint = start_services(procs)
         pids = [p.pid for p in procs.procs]
         options: dict[str, Any] = {"window": args.window, "size": args.payload}
-        # Warm-up: start the Python workers of both executor slots, import everything.
-        spark_rate(spark, endpoint, rows=2000, streams=2, **options)
+        sessions = {"spark": spark, "connect": connect}
+        # Warm-up: start the Python workers of both executor slots (classic and Connect
+        # sessions have their own), import everything.
+        for session in sessions.values():
+            spark_rate(session, endpoint, rows=2000, streams=2, **options)
         for r in range(args.rounds):
             for streams in streams_list:
-                order = ["loop", "spark"] if (r + streams) % 2 == 0 else ["spark", "loop"]
-                for side in order:
+                turn = (r + streams) % len(SIDES)
+                for side in SIDES[turn:] + SIDES[:turn]:
                     if side == "loop":
                         m = loop_rate(endpoint, rows=args.rows, streams=streams,
                                       service_pids=pids, **options)  # fmt: skip
                     else:
-                        m = spark_rate(spark, endpoint, rows=args.rows, streams=streams,
-                                       service_pids=pids, **options)  # fmt: skip
+                        m = spark_rate(sessions[side], endpoint, rows=args.rows,
+                                       streams=streams, service_pids=pids,
+                                       **options)  # fmt: skip
                     rec = {"round": r, "streams": streams, "side": side, **asdict(m),
                            "rate": m.rate, "side_us_per_row": m.side_us_per_row}  # fmt: skip
                     records.append(rec)
                     print(
-                        f"round {r + 1}/{args.rounds}  streams {streams}  {side:5}  "
+                        f"round {r + 1}/{args.rounds}  streams {streams}  {side:7}  "
                         f"{m.rate:9,.0f} rows/s  ({m.rows:,} rows in {m.seconds:.2f} s, "
                         f"{m.errors} errors; side CPU {m.side_us_per_row:.1f} us/row, "
                         f"other load {m.other_load:.2f} CPUs)",
@@ -382,28 +442,44 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     return {"records": records, "settings": settings, "machine": _machine(), "when": _now()}
 
 
+Sides = dict[str, dict[int, dict[str, Any]]]
+
+
+def _ratios(sides: Sides, top: str, bottom: str) -> list[float]:
+    """Same-round ratios of the rates of two sides."""
+    a, b = sides[top], sides[bottom]
+    return [a[k]["rate"] / b[k]["rate"] for k in b if k in a]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per stream count: median rates and CPU per row, median same-round ratio, errors."""
+    """Per stream count: median rates and CPU per row of each side, median same-round ratios
+    (``ratio``: classic / loop; ``connect_ratio``: Connect / loop; ``connect_classic``:
+    Connect / classic), errors. Records without a Connect side (older runs) give ``None``
+    for the Connect figures."""
     rows = []
     for streams in sorted({r["streams"] for r in records}):
         mine = [r for r in records if r["streams"] == streams]
-        loop = {r["round"]: r for r in mine if r["side"] == "loop"}
-        spark = {r["round"]: r for r in mine if r["side"] == "spark"}
-        ratios = [spark[k]["rate"] / loop[k]["rate"] for k in loop if k in spark]
-        rows.append(
-            {
-                "streams": streams,
-                "loop": statistics.median(r["rate"] for r in loop.values()),
-                "spark": statistics.median(r["rate"] for r in spark.values()),
-                "ratio": statistics.median(ratios),
-                "ratios": ratios,
-                "loop_cpu": statistics.median(r["side_us_per_row"] for r in loop.values()),
-                "spark_cpu": statistics.median(r["side_us_per_row"] for r in spark.values()),
-                "other_load": max(r["other_load"] for r in mine),
-                "other_load_median": statistics.median(r["other_load"] for r in mine),
-                "errors": sum(r["errors"] for r in mine),
-            }
-        )
+        sides: Sides = {s: {r["round"]: r for r in mine if r["side"] == s} for s in SIDES}
+        figures: dict[str, Any] = {"streams": streams}
+        for side in SIDES:
+            figures[side] = _median([r["rate"] for r in sides[side].values()])
+            cpu = [r["side_us_per_row"] for r in sides[side].values()]
+            figures[f"{side}_cpu"] = _median(cpu)
+        for key, rounds, top, bottom in (
+            ("ratio", "ratios", "spark", "loop"),
+            ("connect_ratio", "connect_ratios", "connect", "loop"),
+            ("connect_classic", "connect_classic_ratios", "connect", "spark"),
+        ):
+            figures[rounds] = _ratios(sides, top, bottom)
+            figures[key] = _median(figures[rounds])
+        figures["other_load"] = max(r["other_load"] for r in mine)
+        figures["other_load_median"] = statistics.median(r["other_load"] for r in mine)
+        figures["errors"] = sum(r["errors"] for r in mine)
+        rows.append(figures)
     return rows
 
 
@@ -426,16 +502,27 @@ def _machine() -> str:
     )
 
 
+def _figure(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def _ratio(value: float | None, rounds: Sequence[float]) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}x (rounds: {', '.join(f'{x:.2f}' for x in rounds)})"
+
+
 def render_section(results: dict[str, Any], command: str) -> str:
     """The ``spark`` section of ``docs/performance.md``."""
     settings = results["settings"]
     lines = [
-        "## dcp.spark against the synchronous client loop",
+        "## dcp.spark against the synchronous client loop, classic and over Spark Connect",
         "",
-        "Rows per second through `dcp.spark.map_service` (Spark local mode) and through a plain",
-        "`dcp.SyncClient.map` loop outside Spark: the same `dcp broker`, the same echo",
-        "service (one process, 4 worker sockets), the same machine, the same number of",
-        "request streams. Made with:",
+        "Rows per second through `dcp.spark.map_service` (Spark local mode) on a classic",
+        "session and over Spark Connect, and through a plain `dcp.SyncClient.map` loop",
+        "outside Spark: the same `dcp broker`, the same echo service (one process, 4 worker",
+        "sockets), the same machine, the same number of request streams, in the same run.",
+        "Made with:",
         "",
         "```console",
         f"$ {command}",
@@ -448,39 +535,53 @@ def render_section(results: dict[str, Any], command: str) -> str:
         '- *loop*: S processes, each one SyncClient running `client.map("echo", payloads,',
         "  window=W)` over its share of the rows, started together; rate = rows / (last end -",
         "  first start).",
-        "- *dcp.spark*: one local[2] SparkSession, a DataFrame of the same payloads in S",
+        "- *classic*: one local[2] SparkSession, a DataFrame of the same payloads in S",
         "  partitions (S tasks at once, each one socket with W requests in flight),",
         "  `map_service(...)` and the check of every reply in one action; rate = rows / wall",
         "  time of that action, job scheduling and the JVM <-> Python Arrow transfer included",
         "  (session start and Python worker start excluded, as the loop processes' start is).",
+        "- *Connect*: the same job from a Spark Connect client session; the Connect server runs",
+        '  in the classic session\'s JVM (its plugin, as `builder.remote("local[2]")` starts',
+        "  it), so both run on the same executors; the plan goes over gRPC, and the rate",
+        "  includes its round trips.",
         "",
-        "| streams S | loop rows/s | dcp.spark rows/s | dcp.spark / loop | "
-        f"target >= {TARGET}x | loop CPU us/row | dcp.spark CPU us/row | "
-        "rows without the expected reply | other load (CPUs, median / max) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "The sides take turns, the order rotating between rounds; figures are medians over",
+        "rounds, ratios medians of same-round ratios.",
+        "",
+        "| streams S | loop rows/s | classic rows/s | Connect rows/s | classic / loop | "
+        f"target >= {TARGET}x | Connect / loop | Connect / classic | "
+        "CPU us/row: loop / classic / Connect | rows without the expected reply | "
+        "other load (CPUs, median / max) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in summarise(results["records"]):
         verdict = "**met**" if row["ratio"] >= TARGET else "**not met**"
-        per_round = ", ".join(f"{x:.2f}" for x in row["ratios"])
+        cpu = " / ".join(_figure(row[k], ".1f") for k in ("loop_cpu", "spark_cpu", "connect_cpu"))
         lines.append(
-            f"| {row['streams']} | {row['loop']:,.0f} | {row['spark']:,.0f} | "
-            f"{row['ratio']:.2f}x (rounds: {per_round}) | {verdict} | "
-            f"{row['loop_cpu']:.1f} | {row['spark_cpu']:.1f} | {row['errors']} | "
-            f"{row['other_load_median']:.2f} / {row['other_load']:.2f} |"
+            f"| {row['streams']} | {_figure(row['loop'], ',.0f')} | "
+            f"{_figure(row['spark'], ',.0f')} | {_figure(row['connect'], ',.0f')} | "
+            f"{_ratio(row['ratio'], row['ratios'])} | {verdict} | "
+            f"{_ratio(row['connect_ratio'], row['connect_ratios'])} | "
+            f"{_ratio(row['connect_classic'], row['connect_classic_ratios'])} | {cpu} | "
+            f"{row['errors']} | {row['other_load_median']:.2f} / {row['other_load']:.2f} |"
         )
     lines += [
         "",
         "*CPU us/row*: CPU of the measured side per row: the loop processes (during their",
-        "loops), or the Spark JVM and its Python workers (during the action). *Other load*:",
-        "work done meanwhile by processes other than the broker, the echo worker, the",
-        "measured side and the benchmark itself (`/proc/stat`); above ~0.25 CPU on this",
-        "2-CPU machine the rates are skewed, and single-round ratios swing widely: read the",
-        "medians, and the CPU per row, which the other load disturbs much less.",
+        "loops), or the Spark JVM and its Python workers (during the action; for Connect the",
+        "client's own CPU, in the benchmark process, is not counted: it only sends the plan",
+        "and reads one row). *Other load*: work done meanwhile by processes other than the",
+        "broker, the echo worker, the measured side and the benchmark itself (`/proc/stat`);",
+        "above ~0.25 CPU on this 2-CPU machine the rates are skewed, and single-round ratios",
+        "swing widely: read the medians, and the CPU per row, which the other load disturbs",
+        "much less.",
         "",
-        "The broker is the bottleneck on both sides (about 100 us of broker CPU per request,",
+        "The broker is the bottleneck on all sides (about 100 us of broker CPU per request,",
         "see above), and the two cores are shared by the broker, the echo worker and the",
         "measured side; Spark's own work (the JVM's scan, the Arrow transfer to the Python",
-        "worker and back, the check) takes CPU from the same two cores.",
+        "worker and back, the check) takes CPU from the same two cores. Over Connect the",
+        "per-row work is the classic session's: the same executors run the same Python",
+        "function; what Connect adds is per job (the plan's gRPC round trips), not per row.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -531,10 +632,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.json.write_text(json.dumps(results, indent=1) + "\n")
     for row in summarise(results["records"]):
         print(
-            f"streams {row['streams']}: loop {row['loop']:,.0f} rows/s, dcp.spark "
-            f"{row['spark']:,.0f} rows/s, ratio {row['ratio']:.2f}x (target {TARGET}x), "
-            f"CPU us/row loop {row['loop_cpu']:.1f} vs dcp.spark {row['spark_cpu']:.1f}, "
-            f"errors {row['errors']}"
+            f"streams {row['streams']}: loop {_figure(row['loop'], ',.0f')} rows/s, classic "
+            f"{_figure(row['spark'], ',.0f')} rows/s, Connect "
+            f"{_figure(row['connect'], ',.0f')} rows/s; classic / loop {row['ratio']:.2f}x "
+            f"(target {TARGET}x), Connect / loop {_figure(row['connect_ratio'], '.2f')}, "
+            f"Connect / classic {_figure(row['connect_classic'], '.2f')}; errors "
+            f"{row['errors']}"
         )
     if not args.no_page:
         page: Path = args.page

@@ -1,7 +1,8 @@
 """A Spark job that pushes a real dataset through a two-service dcp DAG: normalise -> score.
 
-Run: ``python examples/spark_pipeline.py [--rows 200000] [--out DIR] [--workers 1]``
-(needs ``pip install 'dcp[spark]'`` and Java 17+).
+Run: ``python examples/spark_pipeline.py [--rows 200000] [--out DIR] [--workers 1]
+[--connect]`` (needs ``pip install 'dcp[spark]'``, ``'dcp[spark-connect]'`` for
+``--connect``, and Java 17+).
 
 - **Data**: the non-blank lines of the Python standard library's own source files (real
   text, on every machine), written as ``DIR/input.parquet`` (path, lineno, line).
@@ -13,6 +14,11 @@ Run: ``python examples/spark_pipeline.py [--rows 200000] [--out DIR] [--workers 
 - **Job** (Spark local mode): read the Parquet, ``dcp.spark.map_service`` with
   ``on_error="column"``, parse the JSON, write ``DIR/scored`` as Parquet. It prints rows/s,
   the errors, and the most complex lines.
+- ``--connect``: the same job, the same code, over **Spark Connect**: a local Spark Connect
+  server (its own JVM, ``local[*]``, on 127.0.0.1, started with pyspark's ``spark-submit``)
+  runs the plan, and this process is only its client (no JVM here):
+  ``SparkSession.builder.remote("sc://localhost:PORT")``, as a job reaches a cluster's
+  Connect server.
 
 The broker and the workers are stopped (by PID) when the job ends. The result is written
 once and read back for the summary: an uncached result used by two actions would call the
@@ -27,6 +33,8 @@ import json
 import keyword
 import os
 import re
+import secrets
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -158,6 +166,10 @@ def write_dataset(path: Path, rows: int) -> int:
     return len(lines[:rows])
 
 
+def _java_options() -> str:
+    return "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def spark_session() -> SparkSession:
     """Local mode on this machine's cores, bound to 127.0.0.1, quiet."""
     from pyspark.sql import SparkSession
@@ -169,7 +181,7 @@ def spark_session() -> SparkSession:
         .appName("dcp spark_pipeline example")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .config("spark.driver.extraJavaOptions", _java_options())
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
@@ -177,7 +189,77 @@ def spark_session() -> SparkSession:
     return spark
 
 
-def run(rows: int, out: Path, workers: int) -> None:
+@contextlib.contextmanager
+def connect_server(work: Path) -> Iterator[str]:
+    """A local Spark Connect server in its own JVM (``local[*]``, 127.0.0.1, a free port, a
+    token); yields its ``sc://`` URL and stops it (by its PID) at the end."""
+    import pyspark
+
+    spark_home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    with socket.socket() as probe:  # a free port (another process could take it meanwhile)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    token = secrets.token_hex(16)
+    conf = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.authenticate.token": token,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.extraJavaOptions": _java_options(),
+        "spark.ui.enabled": "false",
+    }
+    argv = [str(spark_home / "bin" / "spark-submit"), "--master", "local[*]",
+            "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]  # fmt: skip
+    for key, value in conf.items():
+        argv += ["--conf", f"{key}={value}"]
+    argv.append("spark-internal")
+    # The executors' Python: this interpreter, and the dcp this process imports.
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    log = work / "connect-server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until its port answers
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the Spark Connect server did not start: {log.read_text()}")
+            time.sleep(0.2)
+        yield f"sc://localhost:{port}/;token={token}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextlib.contextmanager
+def session(work: Path, connect: bool) -> Iterator[SparkSession]:
+    """A classic local session, or a Spark Connect client of a local server."""
+    from pyspark.sql import SparkSession
+
+    if not connect:
+        spark = spark_session()
+        try:
+            yield spark
+        finally:
+            spark.stop()
+        return
+    with connect_server(work) as url:
+        # localhost, not 127.0.0.1: pyspark sends a token without TLS to localhost only.
+        spark = SparkSession.builder.remote(url).getOrCreate()
+        try:
+            yield spark
+        finally:
+            spark.stop()
+
+
+def run(rows: int, out: Path, workers: int, connect: bool = False) -> None:
     from pyspark.sql import functions as F
 
     from dcp.spark import map_service
@@ -186,38 +268,36 @@ def run(rows: int, out: Path, workers: int) -> None:
     source = out / "input.parquet"
     count = write_dataset(source, rows)
     print(f"dataset: {count:,} lines of the Python standard library -> {source}")
-    with services(out, workers) as endpoint:
-        spark = spark_session()
-        try:
-            df = spark.read.parquet(str(source)).repartition(spark.sparkContext.defaultParallelism)
-            scored = map_service(
-                df, "normalise", input_col="line", output_col="result", broker=endpoint,
-                window=64, output_type="string", on_error="column",
-            )  # fmt: skip
-            schema = "text string, tokens int, keywords int, score double"
-            table = scored.select(
-                "path", "lineno", "line",
-                F.from_json("result", schema).alias("r"), F.col("result_error").alias("error"),
-            ).select("path", "lineno", "line", "r.*", "error")  # fmt: skip
-            start = time.perf_counter()
-            table.write.mode("overwrite").parquet(str(out / "scored"))
-            seconds = time.perf_counter() - start
+    with services(out, workers) as endpoint, session(out, connect) as spark:
+        print(f"spark: {'Spark Connect' if connect else 'classic'} session, local mode")
+        # local[*] runs one task per core: one partition per core.
+        df = spark.read.parquet(str(source)).repartition(os.cpu_count() or 2)
+        scored = map_service(
+            df, "normalise", input_col="line", output_col="result", broker=endpoint,
+            window=64, output_type="string", on_error="column",
+        )  # fmt: skip
+        schema = "text string, tokens int, keywords int, score double"
+        table = scored.select(
+            "path", "lineno", "line",
+            F.from_json("result", schema).alias("r"), F.col("result_error").alias("error"),
+        ).select("path", "lineno", "line", "r.*", "error")  # fmt: skip
+        start = time.perf_counter()
+        table.write.mode("overwrite").parquet(str(out / "scored"))
+        seconds = time.perf_counter() - start
 
-            result = spark.read.parquet(str(out / "scored"))  # read back: no second call
-            done = result.count()
-            errors = result.where("error IS NOT NULL").groupBy("error").count()
-            n_errors = sum(row["count"] for row in errors.collect())
-            print(f"rows: {done:,} in {seconds:.1f} s: {done / seconds:,.0f} rows/s "
-                  f"through normalise -> score -> {out / 'scored'}")  # fmt: skip
-            print(f"errors: {n_errors:,}", end="")
-            example = result.where("error IS NOT NULL").select("error").first()
-            print(f" (e.g. {example['error']})" if example else "")
-            print("most complex lines:")
-            top = result.where("error IS NULL").orderBy(F.desc("score"), "path", "lineno")
-            for row in top.limit(3).collect():
-                print(f"  {row['score']:6.2f}  {row['path']}:{row['lineno']}  {row['text']}")
-        finally:
-            spark.stop()
+        result = spark.read.parquet(str(out / "scored"))  # read back: no second call
+        done = result.count()
+        errors = result.where("error IS NOT NULL").groupBy("error").count()
+        n_errors = sum(row["count"] for row in errors.collect())
+        print(f"rows: {done:,} in {seconds:.1f} s: {done / seconds:,.0f} rows/s "
+              f"through normalise -> score -> {out / 'scored'}")  # fmt: skip
+        print(f"errors: {n_errors:,}", end="")
+        example = result.where("error IS NOT NULL").select("error").first()
+        print(f" (e.g. {example['error']})" if example else "")
+        print("most complex lines:")
+        top = result.where("error IS NULL").orderBy(F.desc("score"), "path", "lineno")
+        for row in top.limit(3).collect():
+            print(f"  {row['score']:6.2f}  {row['path']}:{row['lineno']}  {row['text']}")
 
 
 def main() -> None:
@@ -225,12 +305,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000, help="lines to process")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: temp)")
     parser.add_argument("--workers", type=int, default=1, help="processes per service")
+    parser.add_argument(
+        "--connect", action="store_true", help="run the job over Spark Connect (a local server)"
+    )
     args = parser.parse_args()
     if args.out is not None:
-        run(args.rows, args.out, args.workers)
+        run(args.rows, args.out, args.workers, args.connect)
     else:
         with tempfile.TemporaryDirectory(prefix="dcp-spark-pipeline-") as tmp:
-            run(args.rows, Path(tmp), args.workers)
+            run(args.rows, Path(tmp), args.workers, args.connect)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ The handler of ``svc`` answers by the payload:
 - ``bad...``: raises (an error reply ``handler_error``);
 - ``two``: two data parts; ``none``: no data part;
 - ``slow...``: sleeps 2 ms, then upper-cases;
+- ``big:N:...``: sleeps 2 ms, then replies with N bytes: the payload, repeated;
 - anything else: upper-cased (bytes that are not UTF-8 come back as they are).
 
 :func:`slow_echo` is for ``dcp worker`` subprocesses (``tests._spark_services:slow_echo``).
@@ -38,6 +39,10 @@ class Recorder:
     payloads: list[bytes] = attrs.field(factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    #: Per client (the request ids' 8-byte prefix: one per SyncClient, so one per Spark
+    #: task): requests in the handler, and their most at once.
+    client_in_flight: dict[bytes, int] = attrs.field(factory=dict)
+    client_max_in_flight: dict[bytes, int] = attrs.field(factory=dict)
 
     def clear(self) -> None:
         with self.lock:
@@ -45,6 +50,8 @@ class Recorder:
             self.options.clear()
             self.payloads.clear()
             self.in_flight = self.max_in_flight = 0
+            self.client_in_flight.clear()
+            self.client_max_in_flight.clear()
 
 
 @attrs.frozen
@@ -66,15 +73,22 @@ async def _statistics(broker: dcp.Broker) -> dcp.BrokerStatistics:
 def _handler(recorder: Recorder) -> Callable[[dcp.Request], Awaitable[bytes | list[bytes]]]:
     async def svc(request: dcp.Request) -> bytes | list[bytes]:
         data = request.data[0] if request.data else b""
+        client = request.metadata[0][:8]
         with recorder.lock:
             recorder.ids.append(request.metadata[0])
             recorder.options.append(request.metadata[1:])
             recorder.payloads.append(data)
             recorder.in_flight += 1
             recorder.max_in_flight = max(recorder.max_in_flight, recorder.in_flight)
+            now = recorder.client_in_flight[client] = recorder.client_in_flight.get(client, 0) + 1
+            top = recorder.client_max_in_flight.get(client, 0)
+            recorder.client_max_in_flight[client] = max(top, now)
         try:
-            if data.startswith(b"slow"):
+            if data.startswith((b"slow", b"big:")):
                 await anyio.sleep(0.002)
+            if data.startswith(b"big:"):
+                size = int(data.split(b":")[1])
+                return (data * (size // len(data) + 1))[:size]
             if data.startswith(b"bad"):
                 raise ValueError(f"refused {data!r}")
             if data == b"two":
@@ -85,6 +99,7 @@ def _handler(recorder: Recorder) -> Callable[[dcp.Request], Awaitable[bytes | li
         finally:
             with recorder.lock:
                 recorder.in_flight -= 1
+                recorder.client_in_flight[client] -= 1
 
     return svc
 

@@ -31,9 +31,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    """One local[2] SparkSession for the whole run (see ``_spark_session.py``); skipped only
-    when Java is missing. Stopped, JVM included, at the end of the run."""
+def spark_classic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """One local[2] SparkSession for the whole run, whose JVM also runs the Spark Connect
+    server (see ``_spark_session.py``); skipped only when Java is missing. Stopped, JVM
+    included, at the end of the run."""
     from _spark_session import environment, java_missing, start_session, stop_session
 
     reason = java_missing()
@@ -47,3 +48,38 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
             yield session
         finally:
             stop_session(session)
+
+
+@pytest.fixture(scope="session")
+def spark_connect(spark_classic: SparkSession) -> Iterator[SparkSession]:
+    """A Spark Connect session of the same JVM's Connect server, for the whole run; skipped
+    only when pyspark's connect extra (grpcio, ...) is missing."""
+    from _spark_session import connect_missing, connect_session
+
+    reason = connect_missing()
+    if reason:
+        pytest.skip(reason)
+    session = connect_session(spark_classic)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(params=["classic", "connect"])
+def spark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> SparkSession:
+    """Each test that takes ``spark`` runs twice: on the classic session and over Spark
+    Connect (the shared sessions above).
+
+    pyspark picks classic or Connect objects for ``functions``, UDFs and
+    ``SparkSession.getActiveSession()`` by one process-wide switch, which
+    ``builder.remote(...)`` sets: the environment variable ``SPARK_CONNECT_MODE_ENABLED``.
+    It is set for the Connect runs only, as it would be in a Connect client's process.
+    """
+    if request.param == "classic":
+        monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)
+        session: SparkSession = request.getfixturevalue("spark_classic")
+        return session
+    session = request.getfixturevalue("spark_connect")
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    return session

@@ -79,21 +79,27 @@ def test_readme_example_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_spark_pipeline_example(tmp_path: Path) -> None:
-    """The Spark example on a small slice of its dataset (it starts its own JVM)."""
-    from _spark_session import java_missing
+@pytest.mark.parametrize("kind", ["classic", "connect"])
+def test_spark_pipeline_example(tmp_path: Path, kind: str) -> None:
+    """The Spark example on a small slice of its dataset (it starts its own JVM), on a
+    classic session and with ``--connect`` (its own local Spark Connect server)."""
+    from _spark_session import connect_missing, java_missing
 
-    reason = java_missing()
+    reason = java_missing() or (connect_missing() if kind == "connect" else None)
     if reason:
         pytest.skip(reason)
+    argv = [sys.executable, str(EXAMPLES / "spark_pipeline.py"), "--rows", "3000",
+            "--out", str(tmp_path)]  # fmt: skip
+    if kind == "connect":
+        argv.append("--connect")
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "spark_pipeline.py"), "--rows", "3000",
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=140, check=False, env=_env(),
-    )  # fmt: skip
+        argv, capture_output=True, text=True, timeout=140, check=False, env=_env()
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "dataset: 3,000 lines of the Python standard library" in out, out
+    session = "Spark Connect" if kind == "connect" else "classic"
+    assert f"spark: {session} session, local mode" in out, out
     assert re.search(r"rows: 3,000 in [\d.]+ s: [\d,]+ rows/s through normalise -> score", out)
     errors = re.search(r"errors: ([\d,]+)", out)
     assert errors is not None, out

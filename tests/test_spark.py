@@ -1,6 +1,7 @@
-"""``dcp.spark`` in a real local[2] Spark session (the session-scoped ``spark`` fixture):
-every row answered in order, a worker killed during a job, ``on_error``, the column
-function, and how the broker address reaches the executors."""
+"""``dcp.spark`` in a real local[2] Spark session, each test twice: on the classic session
+and over Spark Connect (the ``spark`` fixture): every row answered in order, a worker killed
+during a job, ``on_error``, the column function, how the broker address reaches the
+executors, and large replies."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from _spark_services import Services, services
+from _spark_session import is_connect, memory, python_workers, reset_peaks
 from pyspark.errors import PythonException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -157,9 +159,9 @@ def test_config_shipping(
     spark: SparkSession, svc: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The address is found on the driver (argument, then local property, then conf, then
-    environment) and shipped inside the tasks: the executors need no configuration."""
+    environment) and shipped inside the tasks: the executors need no configuration. Spark
+    Connect has no local properties: there it is argument, conf, environment."""
     df = spark.createDataFrame([("x",)], "text string")
-    context = spark.sparkContext
     monkeypatch.delenv(BROKER_ENV, raising=False)
     assert spark.conf.get(BROKER_KEY, None) is None
     with pytest.raises(ValueError, match="no dcp broker"):
@@ -167,22 +169,37 @@ def test_config_shipping(
     with pytest.raises(ValueError, match="no dcp broker"):
         service_column("text", "svc")
 
+    def column_answers() -> list[bytes]:
+        return [r.v for r in df.select(service_column("text", "svc").alias("v")).collect()]
+
     monkeypatch.setenv(BROKER_ENV, svc.endpoint)
     assert _answers(df) == [b"X"]
-    assert [r.v for r in df.select(service_column("text", "svc").alias("v")).collect()] == [b"X"]
+    assert column_answers() == [b"X"]
     monkeypatch.setenv(BROKER_ENV, NOWHERE)
     try:
         spark.conf.set(BROKER_KEY, svc.endpoint)
         assert _answers(df) == [b"X"]  # the conf beats the environment
+        assert column_answers() == [b"X"]  # (service_column: the active session's conf)
         spark.conf.set(BROKER_KEY, NOWHERE)
-        context.setLocalProperty(BROKER_KEY, svc.endpoint)
-        assert _answers(df) == [b"X"]  # the local property beats the conf
-        context.setLocalProperty(BROKER_KEY, NOWHERE)
-        assert _answers(df, broker=svc.endpoint) == [b"X"]  # the argument beats them all
+        assert _answers(df, broker=svc.endpoint) == [b"X"]  # the argument beats it
         with pytest.raises(PythonException, match="RequestTimeout"):
-            _answers(df)  # and the local property really is used when there is none
+            _answers(df)  # and the conf really is used when there is none
+        if is_connect(spark):
+            with pytest.raises(AttributeError, match="sparkContext"):
+                spark.sparkContext  # noqa: B018  # no SparkContext, no local properties
+            return
+        context = spark.sparkContext
+        context.setLocalProperty(BROKER_KEY, svc.endpoint)
+        try:
+            assert _answers(df) == [b"X"]  # the local property beats the conf
+            assert column_answers() == [b"X"]
+            context.setLocalProperty(BROKER_KEY, NOWHERE)
+            assert _answers(df, broker=svc.endpoint) == [b"X"]  # the argument beats them all
+            with pytest.raises(PythonException, match="RequestTimeout"):
+                _answers(df)  # and the local property really is used when there is none
+        finally:
+            context.setLocalProperty(BROKER_KEY, None)  # type: ignore[arg-type]
     finally:
-        context.setLocalProperty(BROKER_KEY, None)  # type: ignore[arg-type]
         spark.conf.unset(BROKER_KEY)
 
 
@@ -268,3 +285,42 @@ def test_a_worker_killed_during_the_job(
         assert stats.expired_workers + unreachable == 1
         assert stats.redeliveries >= 1
         assert stats.workers == 1
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux only)")
+def test_large_replies_memory_is_bounded_by_the_window(spark: SparkSession, rec: Services) -> None:
+    """200 rows answered with 1 MiB each, in two tasks whose Arrow batches hold all their 100
+    rows (200 MiB of replies): per task, never more than ``window`` requests unanswered, and
+    the Python worker's peak memory grows by about ``window`` x reply size (the rule in
+    docs/spark.md), where handing on whole batches grew it by about 330 MiB."""
+    window, rows, size = 8, 200, MIB
+    # Both executor slots' Python workers exist before the measured job, and it reuses them.
+    warm = spark.range(0, 20, numPartitions=2).selectExpr("cast(id AS string) AS text")
+    warm_out = map_service(warm, "svc", input_col="text", output_col="r", broker=rec.endpoint)
+    assert warm_out.count() == 20
+    df = spark.range(0, rows, numPartitions=2).selectExpr(
+        "id", f"concat('big:{size}:', id) AS text"
+    )
+    out = map_service(df, "svc", input_col="text", output_col="reply", broker=rec.endpoint,
+                      window=window)  # fmt: skip
+    check = out.selectExpr(
+        "count(*) AS n",
+        f"count_if(length(reply) = {size} AND substring(reply, 1, length(text)) = "
+        "cast(text AS binary)) AS good",
+    )
+    workers = python_workers()
+    reset_peaks(list(workers))
+    rec.recorder.clear()
+    row = check.first()
+    grown = {pid: memory(pid)["VmHWM"] - kb for pid, kb in workers.items()}
+    assert row is not None and (row["n"], row["good"]) == (rows, rows)
+    assert python_workers().keys() == workers.keys(), "a new Python worker: not measured"
+    # One client per task, each with its window full but never more.
+    in_flight = rec.recorder.client_max_in_flight
+    assert len(in_flight) == 2 and all(1 < n <= window for n in in_flight.values()), in_flight
+    # The tasks' workers grew (by at least one reply), and by about window x reply size.
+    peak = max(grown.values()) * 1024
+    assert size <= peak <= (window + 4) * size + 16 * MIB, grown

@@ -230,6 +230,36 @@ def test_call_batches_sets_or_replaces_columns(rec: Services) -> None:
     assert named[0].schema.names == ["id", "text", "out", "up"]
 
 
+def test_large_replies_are_handed_on_in_pieces(rec: Services) -> None:
+    """Once the replies of a batch's answered rows hold ``batch_bytes``, those rows are handed
+    on: the pieces cover the batch in order (null rows and errors in place), whatever the
+    window."""
+    rows: list[bytes | None] = [b"abcd", None, b"efgh", b"bad1", None, b"ijkl", b"mnop", None]
+    for window in (1, 3, 64):
+        call = ServiceCall(rec.endpoint, "svc", window=window, batch_bytes=8,
+                           on_error="column", output_type="string")  # fmt: skip
+        pieces = list(call_arrays(call, [pa.array(rows), pa.array([b"qrstuvwxyz", b"z"])]))
+        assert [(v.to_pylist(), e.to_pylist() if e else e) for v, e in pieces] == [
+            (["ABCD", None, "EFGH"], [None, None, None]),
+            ([None, None, "IJKL", "MNOP", None],
+             ["handler_error: ValueError: refused b'bad1'", None, None, None, None]),
+            (["QRSTUVWXYZ"], [None]),  # 10 bytes: handed on alone
+            (["Z"], [None]),
+        ]  # fmt: skip
+    batch = pa.RecordBatch.from_pydict({"id": list(range(8)), "text": rows})
+    call = ServiceCall(rec.endpoint, "svc", batch_bytes=4, on_error="null")
+    out = list(call_batches(call, [batch, batch], input_col="text", output_col="up"))
+    assert [b.num_rows for b in out] == [1, 2, 3, 2, 1, 2, 3, 2]
+    up = [b"ABCD", None, b"EFGH", None, None, b"IJKL", b"MNOP", None]
+    assert pa.Table.from_batches(out).to_pydict() == {
+        "id": list(range(8)) * 2,
+        "text": rows * 2,
+        "up": up * 2,
+    }
+    column = call_column(attrs_evolve(call, batch_bytes=6), [pa.array(rows[:3])])
+    assert [a.to_pylist() for a in column] == [[b"ABCD", None, b"EFGH"]]
+
+
 def test_call_column_struct_for_on_error_column(rec: Services) -> None:
     call = ServiceCall(rec.endpoint, "svc", on_error="column")
     [out] = call_column(call, [pa.array([b"a", b"bad"])])
@@ -255,6 +285,7 @@ def test_service_call_validation_and_pickling() -> None:
         ({"retries": -1}, "retries"),
         ({"on_error": "ignore"}, "on_error must be one of raise, null, column"),
         ({"output_type": "json"}, "output_type must be one of binary, string"),
+        ({"batch_bytes": 0}, "batch_bytes"),
     ]
     for bad, match in cases:
         options: dict[str, object] = {"broker": "tcp://127.0.0.1:1", "service": "s"}

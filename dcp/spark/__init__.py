@@ -23,6 +23,7 @@ except ImportError as _exc:
         "pip install 'dcp[spark]'"
     ) from _exc
 
+from ._calls import BATCH_BYTES as BATCH_BYTES
 from ._calls import BadReply as BadReply
 from ._calls import OnError as OnError
 from ._calls import OutputType as OutputType
@@ -37,6 +38,7 @@ from ._dataframe import map_service as map_service
 from ._dataframe import service_column as service_column
 
 __all__ = [
+    "BATCH_BYTES",
     "BROKER_ENV",
     "BROKER_KEY",
     "BadReply",

@@ -6,8 +6,10 @@ Per task (one call of :func:`call_batches` or :func:`call_column`): one
 after a fork) and the client's sans-IO request tracker with its synchronous driver. The
 requests of all the task's batches form one stream with up to ``window`` in flight: the
 next batch is read while the previous one's last requests are still out. Replies are put
-back in input order and a batch is handed on as soon as its last row is answered. The socket
-is closed (linger 0) when the task's iterator ends, fails or is closed early (e.g. by
+back in input order and a batch is handed on as soon as its last row is answered, or in
+pieces, each as soon as the replies of its rows hold ``batch_bytes`` (so a task holds about
+``window`` replies plus ``batch_bytes``, whatever the number of rows in Spark's batches). The
+socket is closed (linger 0) when the task's iterator ends, fails or is closed early (e.g. by
 ``limit``); outstanding requests are then forgotten.
 
 Rows: a null input is not sent and gives a null output. A reply must hold exactly one data
@@ -34,6 +36,7 @@ from .._sync_client import SyncClient
 from .._tracker import Outcome, Response
 
 __all__ = [
+    "BATCH_BYTES",
     "BadReply",
     "OnError",
     "OutputType",
@@ -48,6 +51,10 @@ __all__ = [
 OnError = Literal["raise", "null", "column"]
 #: The output column's type: the reply's bytes as they are, or decoded as UTF-8.
 OutputType = Literal["binary", "string"]
+#: A batch's rows are handed on to Spark, without waiting for the rest of the batch, once
+#: their replies hold this many bytes: a task then holds at most ``window`` replies (in
+#: flight or waiting for an earlier one) plus about this much, however large Spark's batches.
+BATCH_BYTES = 1 << 20
 
 
 class BadReply(DCPError, ValueError):
@@ -99,6 +106,8 @@ class ServiceCall:
         gives it to another worker (``None``: the broker's default)
     :param on_error: what a failed row does (see the module docstring)
     :param output_type: ``"binary"`` (the reply's bytes) or ``"string"`` (UTF-8)
+    :param batch_bytes: hand a batch's answered rows on once their replies hold this many
+        bytes, before the rest of the batch is answered
     """
 
     broker: str = attrs.field(validator=_endpoint)
@@ -111,6 +120,7 @@ class ServiceCall:
     )
     on_error: OnError = attrs.field(default="raise", validator=_one_of)
     output_type: OutputType = attrs.field(default="binary", validator=_one_of)
+    batch_bytes: int = attrs.field(default=BATCH_BYTES, validator=attrs.validators.ge(1))
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -119,30 +129,59 @@ class ServiceCall:
 
 
 class _Batch:
-    """The outputs of one input array, filled in input order as replies come."""
+    """The outputs of one input array, filled in input order as replies come, and handed on
+    in one piece or several (:meth:`take`)."""
 
-    __slots__ = ("errors", "filled", "targets", "values")
+    __slots__ = ("answered", "errors", "length", "size", "start", "targets", "values")
 
-    def __init__(self, length: int, targets: list[int] | None) -> None:
-        self.values: list[bytes | str | None] = [None] * length
-        self.errors: list[str | None] | None = None
+    def __init__(self, length: int, targets: list[int] | None, column: bool) -> None:
+        self.length = length
         #: Rows that were sent, in order (``None``: every row).
         self.targets = targets
-        self.filled = 0
+        #: Outcomes put so far.
+        self.answered = 0
+        #: The first row not yet handed on; ``values`` (and ``errors``) hold the rows from
+        #: there on that have their outcome.
+        self.start = 0
+        self.values: list[bytes | str | None] = []
+        self.errors: list[str | None] | None = [] if column else None
+        #: Bytes of the replies in ``values``.
+        self.size = 0
 
     def complete(self) -> bool:
         """True once every row that was sent has its outcome."""
-        wanted = len(self.values) if self.targets is None else len(self.targets)
-        return self.filled == wanted
+        wanted = self.length if self.targets is None else len(self.targets)
+        return self.answered == wanted
 
-    def put(self, value: bytes | str | None, error: str | None) -> None:
-        row = self.filled if self.targets is None else self.targets[self.filled]
-        self.filled += 1
-        self.values[row] = value
-        if error is not None:
-            if self.errors is None:
-                self.errors = [None] * len(self.values)
-            self.errors[row] = error
+    def put(self, value: bytes | str | None, error: str | None, size: int) -> None:
+        """The outcome of the next row that was sent (``size``: its reply's bytes)."""
+        if self.targets is not None:
+            self._pad(self.targets[self.answered])
+        self.answered += 1
+        self.values.append(value)
+        if self.errors is not None:
+            self.errors.append(error)
+        self.size += size
+
+    def take(self) -> tuple[list[bytes | str | None], list[str | None] | None]:
+        """The rows from :attr:`start` that have their outcome (every row left, once
+        :meth:`complete`); they are forgotten here."""
+        if self.complete():
+            self._pad(self.length)
+        values, errors = self.values, self.errors
+        self.start += len(values)
+        self.values = []
+        self.errors = None if errors is None else []
+        self.size = 0
+        return values, errors
+
+    def _pad(self, row: int) -> None:
+        """Null outcomes for the rows not sent, up to ``row`` (excluded)."""
+        gap = row - self.start - len(self.values)
+        if gap:
+            self.values += [None] * gap
+            if self.errors is not None:
+                self.errors += [None] * gap
 
 
 def _payloads(array: pa.Array) -> list[bytes | None]:
@@ -165,7 +204,9 @@ def call_arrays(
 ) -> Generator[tuple[pa.Array, pa.Array | None], None, None]:
     """Call ``call.service`` once per non-null row of each array, in one windowed stream.
 
-    :returns: per input array, in order: the outputs (``call.arrow_type``) and, when
+    :returns: per input array, in order, one or more pieces covering its rows in order
+        (several once the replies of a piece hold ``call.batch_bytes``; an empty array gives
+        one empty piece): the outputs (``call.arrow_type``) and, when
         ``call.on_error == "column"``, the error texts (string; null where the row succeeded)
     :raises DCPError: the first failed row when ``call.on_error == "raise"``
     """
@@ -175,25 +216,23 @@ def call_arrays(
         for array in arrays:
             values = _payloads(array)
             if array.null_count:
-                batches.append(
-                    _Batch(len(values), [i for i, v in enumerate(values) if v is not None])
-                )
+                targets = [i for i, v in enumerate(values) if v is not None]
+                batches.append(_Batch(len(values), targets, column))
                 yield from (v for v in values if v is not None)
             else:
-                batches.append(_Batch(len(values), None))
+                batches.append(_Batch(len(values), None, column))
                 yield from values  # type: ignore[misc]  # no nulls here
 
     def result(batch: _Batch) -> tuple[pa.Array, pa.Array | None]:
-        values = pa.array(batch.values, type=out_type)
-        if not column:
-            return values, None
-        errors = batch.errors if batch.errors is not None else [None] * len(batch.values)
-        return values, pa.array(errors, type=pa.string())
+        values, errors = batch.take()
+        out = pa.array(values, type=out_type)
+        return out, None if errors is None else pa.array(errors, type=pa.string())
 
     out_type = call.arrow_type
     as_text = call.output_type == "string"
     raising = call.on_error == "raise"
     column = call.on_error == "column"
+    limit = call.batch_bytes
     with (
         SyncClient(
             call.broker,
@@ -210,31 +249,35 @@ def call_arrays(
             while batch.complete():  # arrays whose rows are all null, before this one
                 yield result(batches.popleft())
                 batch = batches[0]
-            value, error = _value(outcome, as_text)
+            value, error, size = _value(outcome, as_text)
             if error is None:
-                batch.put(value, None)
+                batch.put(value, None, size)
             elif raising:
                 raise error
             else:
-                batch.put(None, describe_error(error) if column else None)
+                batch.put(None, describe_error(error) if column else None, 0)
             if batch.complete():
                 yield result(batches.popleft())
+            elif batch.size >= limit:
+                yield result(batch)  # the rows answered so far; the rest comes later
     while batches:  # trailing arrays whose rows are all null
         yield result(batches.popleft())
 
 
-def _value(outcome: Outcome, as_text: bool) -> tuple[bytes | str | None, DCPError | None]:
+def _value(outcome: Outcome, as_text: bool) -> tuple[bytes | str | None, DCPError | None, int]:
+    """A row's output, or its error, and the reply's size in bytes."""
     if not isinstance(outcome, Response):
-        return None, outcome
+        return None, outcome, 0
     data = outcome.data
     if len(data) != 1:
-        return None, BadReply(f"the reply has {len(data)} data parts, not 1")
+        return None, BadReply(f"the reply has {len(data)} data parts, not 1"), 0
     if not as_text:
-        return data[0], None
+        return data[0], None, len(data[0])
     try:
-        return data[0].decode(), None
+        return data[0].decode(), None, len(data[0])
     except UnicodeDecodeError as exc:
-        return None, BadReply(f"the reply is not UTF-8 ({exc.reason} at byte {exc.start})")
+        error = BadReply(f"the reply is not UTF-8 ({exc.reason} at byte {exc.start})")
+        return None, error, 0
 
 
 def call_batches(
@@ -249,6 +292,7 @@ def call_batches(
     ``output_col`` (and ``error_col`` when ``call.on_error == "column"``) set, replaced in
     place when the batch already has a column of that name, else appended."""
     held: deque[pa.RecordBatch] = deque()
+    offset = 0  # rows of held[0] already handed on
 
     def inputs() -> Iterator[pa.Array]:
         for batch in batches:
@@ -256,7 +300,14 @@ def call_batches(
             yield batch.column(input_col)
 
     for values, errors in call_arrays(call, inputs()):
-        batch = held.popleft()
+        batch = held[0]
+        rows = len(values)
+        if rows != batch.num_rows:  # a piece of it (large replies)
+            batch = batch.slice(offset, rows)
+        offset += rows
+        if offset == held[0].num_rows:
+            held.popleft()
+            offset = 0
         names = list(batch.schema.names)
         columns = list(batch.columns)
         _set(names, columns, output_col, values)

@@ -52,7 +52,9 @@ def map_service(
     :param output_col: the reply's single data part, as ``output_type``
     :param broker: the broker's endpoint; default: the Spark local property or conf entry
         ``spark.dcp.broker``, else the driver's ``DCP_BROKER`` environment variable
-    :param window: requests in flight per task
+    :param window: requests in flight per task; a task holds about ``window`` x reply size
+        of replies (rows are handed on to Spark once their replies hold
+        :data:`~dcp.spark.BATCH_BYTES`), so lower it for replies of megabytes
     :param timeout: seconds per attempt
     :param retries: resends of a timed-out request, with the same request id
     :param work_timeout: seconds a worker may hold one row's request before the broker
