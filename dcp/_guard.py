@@ -21,27 +21,28 @@ Rule S4 - Client addresses are sealed. The client address in a request given to 
   ``unseal`` turns back (or rejects). So a worker never learns a routing id it could use to
   pose as a client, and cannot address a client whose request it was not given.
 
-The seal is deterministic authenticated encryption in the SIV style, built from keyed
-BLAKE2b as the pseudo-random function: ``tag = BLAKE2b-128(k1, address)``, ``sealed = tag ||
-address XOR keystream``, the keystream being ``BLAKE2b-512(k2, tag || block number)``
-blocks. Unsealing decrypts and recomputes the tag; a forged or altered address fails. It is
-deterministic: a worker can tell that two requests come from the same client, nothing more.
-The most recent ``cache`` pairs are remembered both ways, so a busy client costs two dict
-lookups per request instead of four hashes (only :meth:`Guard.seal` fills the cache, so a
-cached entry is genuine).
+The seal is AES-SIV (RFC 5297, deterministic authenticated encryption; here AES-256-SIV
+from the ``cryptography`` package, a vetted implementation): ``sealed = SIV tag (16 bytes) ||
+ciphertext``, under a key derived from the broker's secret. Unsealing checks the tag; a forged
+or altered address fails. It is deterministic: a worker can tell that two requests come from
+the same client, nothing more. The most recent ``cache`` pairs are remembered both ways, so a
+busy client costs two dict lookups per request (only :meth:`Guard.seal` fills the cache, so a
+cached entry is genuine). (Until this release the seal was a home-made SIV construction over
+keyed BLAKE2b; AES-SIV is both vetted and, measured here, half its cost per seal and unseal.)
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 from collections import OrderedDict
 from collections.abc import Callable
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESSIV
 
 __all__ = ["Guard"]
 
 _TAG = 16
-_BLOCK = 64
 
 
 class Guard:
@@ -65,11 +66,8 @@ class Guard:
             raise ValueError("seal_key needs at least 32 bytes")
         self.may_register = may_register
         self.max_bound = max_bound
-        tag_key = hashlib.blake2b(b"dcp seal tag", key=seal_key[:64]).digest()
-        stream_key = hashlib.blake2b(b"dcp seal stream", key=seal_key[:64]).digest()
-        # Keyed once; copying a keyed state is cheaper than keying a new one.
-        self._tag = hashlib.blake2b(key=tag_key, digest_size=_TAG)
-        self._stream = hashlib.blake2b(key=stream_key)
+        # A 64-byte key (AES-256-SIV), derived from the secret for this one use.
+        self._siv = AESSIV(hashlib.blake2b(b"dcp seal aes-siv", key=seal_key[:64]).digest())
         self._owners: OrderedDict[bytes, str] = OrderedDict()
         self.cache = cache
         self._sealed: dict[bytes, bytes] = {}
@@ -106,8 +104,7 @@ class Guard:
         """The sealed form of a client address, as given to workers."""
         sealed = self._sealed.get(address)
         if sealed is None:
-            tag = self._mac(address)
-            sealed = tag + self._xor(tag, address)
+            sealed = self._siv.encrypt(address, None)
             if self.cache:
                 if len(self._sealed) >= self.cache:
                     oldest = next(iter(self._sealed))
@@ -123,23 +120,7 @@ class Guard:
             return address
         if len(sealed) <= _TAG:
             return None
-        tag = sealed[:_TAG]
-        address = self._xor(tag, sealed[_TAG:])
-        return address if hmac.compare_digest(tag, self._mac(address)) else None
-
-    def _mac(self, address: bytes) -> bytes:
-        h = self._tag.copy()
-        h.update(address)
-        return h.digest()
-
-    def _xor(self, tag: bytes, data: bytes) -> bytes:
-        n = len(data)
-        blocks = []
-        for i in range((n + _BLOCK - 1) // _BLOCK):
-            h = self._stream.copy()
-            h.update(tag + i.to_bytes(4, "little"))
-            blocks.append(h.digest())
-        stream = b"".join(blocks)[:n]
-        return (int.from_bytes(data, "little") ^ int.from_bytes(stream, "little")).to_bytes(
-            n, "little"
-        )
+        try:
+            return self._siv.decrypt(sealed, None)
+        except InvalidTag:
+            return None
