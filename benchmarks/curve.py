@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -192,17 +193,30 @@ def _user_id_us(n: int) -> float:
         ctx.term()
 
 
+def _seal_us(n: int) -> float:
+    """Microseconds to seal and unseal a fresh 16-byte address (the guard's cache off)."""
+    guard = Guard(lambda key, service: True, b"k" * 32, cache=0)
+    addresses = [os.urandom(16) for _ in range(1024)]
+    seal, unseal = guard.seal, guard.unseal
+    start = time.perf_counter_ns()
+    for i in range(n):
+        unseal(seal(addresses[i & 1023]))
+    return (time.perf_counter_ns() - start) / n / 1e3
+
+
 def micro(rounds: int) -> str:
     """Medians over ``rounds`` (interleaved) of the broker's own added costs."""
     plain: list[float] = []
     secure: list[float] = []
     user_id: list[float] = []
+    seals: list[float] = []
     for r in range(rounds):
         pair = [(plain, False), (secure, True)]
         for values, on in pair if r % 2 == 0 else pair[::-1]:
             values.append(_core_cycle_us(on, 20_000))
         user_id.append(_user_id_us(100_000))
-    p, s, u = (statistics.median(v) for v in (plain, secure, user_id))
+        seals.append(_seal_us(20_000))
+    p, s, u, c = (statistics.median(v) for v in (plain, secure, user_id, seals))
     return "\n".join(
         [
             "| broker core, one request/reply cycle | us |",
@@ -210,6 +224,7 @@ def micro(rounds: int) -> str:
             f"| without guard | {p:.2f} |",
             f"| with guard (principals, binding, sealing) | {s:.2f} ({s / p:.2f}x) |",
             f"| reading one message's User-Id | {u:.2f} |",
+            f"| sealing and unsealing a fresh address (cache off) | {c:.2f} |",
         ]
     )
 
