@@ -6,13 +6,16 @@ text) of the connection it came on, which the ZAP handler vouched for and libzmq
 to the message; the driver passes it in.
 
 Rule S1 - Principals. A message without a principal (a transport without a handshake, such
-  as inproc) is refused (``unauthenticated``), and so is one from a routing id that zmq
-  generated (first byte 0x00): such ids are predictable, and any peer may claim one.
+  as inproc) is refused (``unauthenticated``).
 Rule S2 - Routing ids belong to keys. A routing id is bound to the first key that used it;
-  a message from that id under another key is refused (``routing_id_taken``). (The broker
-  also turns ``ROUTER_HANDOVER`` off, so while a peer is connected nobody else can take
-  its routing id; see ``docs/security.md``.) At most ``max_bound`` bindings are kept, least
-  recently used first out.
+  a message from that id under another key is refused (``routing_id_taken``). This holds for
+  the ids peers choose and for the ones the broker's zmq generates for peers that set none
+  (first byte 0x00; MDP and DagBox C++ peers): a generated id is predictable, but whoever
+  uses it first owns it, so another key can at worst make it unusable for the peer it would
+  have been generated for (denial of service by a key holder), never receive that peer's
+  replies. (The broker also turns ``ROUTER_HANDOVER`` off, so while a peer is connected
+  nobody else can take its routing id; see ``docs/security.md``.) At most ``max_bound``
+  bindings are kept, least recently used first out.
 Rule S3 - Registrations need permission: ``may_register(key, service)``. A refused one gets a
   ``registration_refused`` error reply (see the broker core).
 Rule S4 - Client addresses are sealed. The client address in a request given to a worker is
@@ -80,8 +83,6 @@ class Guard:
         reason to refuse it."""
         if principal is None:
             return "unauthenticated"
-        if not peer or peer[0] == 0:
-            return "anonymous_routing_id"
         owners = self._owners
         owner = owners.get(peer)
         if owner is None:

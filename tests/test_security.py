@@ -31,7 +31,11 @@ from dcp import (
     RequestTimeout,
     SyncClient,
     Worker,
+    parse,
+    serialize,
 )
+from dcp._context import get_context
+from dcp._security import configure_client_socket
 from dcp._zap import ZAP_ENDPOINT
 
 pytestmark = pytest.mark.anyio
@@ -400,3 +404,33 @@ async def test_two_secure_brokers_in_one_process() -> None:
                 Client(endpoint, security=keys(ALICE), timeout=5) as client,
             ):
                 assert (await client.request("echo", b"x")).data == (b"X",)
+
+
+async def test_peers_without_a_routing_id_are_served_in_secure_mode() -> None:
+    """MDP and DagBox C++ peers set no routing id: the broker's zmq generates one (first
+    byte 0x00). With CURVE it is bound to the peer's key like any other (guard Rule S2):
+    here an MDP/0.1 client on a REQ socket and a raw DCP worker on a DEALER, neither with an
+    id, through a secure broker."""
+    async with secure_broker() as (broker, endpoint):
+        ctx = get_context()
+        worker, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.REQ)
+        try:
+            for sock, pair in ((worker, WORKER), (client, ALICE)):
+                sock.setsockopt(zmq.LINGER, 0)
+                configure_client_socket(sock, keys(pair))
+                sock.connect(endpoint)
+            worker.send_multipart(serialize(Register(b"echo")))
+            await wait_for(lambda: worker.poll(0, zmq.POLLIN))
+            assert worker.recv_multipart() == serialize(Register(b"echo"))
+            client.send_multipart([b"MDPC01", b"echo", b"hello"])
+            await wait_for(lambda: worker.poll(0, zmq.POLLIN))
+            request, _ = parse(worker.recv_multipart())
+            assert isinstance(request, Request) and request.client is not None
+            assert request.data == (b"hello",)
+            worker.send_multipart(serialize(Reply(request.client, (), (b"HELLO",))))
+            await wait_for(lambda: client.poll(0, zmq.POLLIN))
+            assert client.recv_multipart() == [b"MDPC01", b"echo", b"HELLO"]
+        finally:
+            worker.close(0)
+            client.close(0)
+        assert "anonymous_routing_id" not in broker.statistics().rejections

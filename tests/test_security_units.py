@@ -173,8 +173,9 @@ def test_guard_admits_authenticated_explicit_ids_and_binds_them_to_keys() -> Non
     guard = make_guard(max_bound=2)
     alice, bob = ALICE[0].decode(), BOB[0].decode()
     assert guard.admit(b"A", None) == "unauthenticated"
-    assert guard.admit(b"\x00\x01\x02\x03\x04", alice) == "anonymous_routing_id"
-    assert guard.admit(b"", alice) == "anonymous_routing_id"
+    # A zmq-generated id (first byte 0x00) is bound to its key like any other (Rule S2).
+    assert guard.admit(b"\x00\x01\x02\x03\x04", alice) is None
+    assert guard.admit(b"\x00\x01\x02\x03\x04", bob) == "routing_id_taken"
     assert guard.admit(b"A", alice) is None
     assert guard.admit(b"A", alice) is None
     assert guard.admit(b"A", bob) == "routing_id_taken"
@@ -312,7 +313,6 @@ def test_core_refuses_a_registration_without_permission_and_tells_the_worker(
 def test_core_drops_messages_the_guard_does_not_admit() -> None:
     core = secure_core()
     core.receive(out(C, Request(ECHO, None, (b"m",), (b"d",))), 0.0, None)
-    core.receive(out(b"\x00abcd", Request(ECHO, None, (b"m",), (b"d",))), 0.0, CKEY)
     core.receive(out(C, Request(ECHO, None, (b"m",), (b"d",))), 0.0, CKEY)
     core.receive(out(C, Request(ECHO, None, (b"m2",), (b"d",))), 0.0, XKEY)
     core.receive(out(C, Ping()), 0.0, XKEY)
@@ -322,7 +322,6 @@ def test_core_drops_messages_the_guard_does_not_admit() -> None:
     assert stats.services[ECHO].queued == 1
     assert stats.rejections == {
         "unauthenticated": 1,
-        "anonymous_routing_id": 1,
         "routing_id_taken": 2,
     }
 
