@@ -1,6 +1,7 @@
 """The dcp broker from two source trees, side by side: did a change cost anything?
 
-``python -m benchmarks.ab --base REV [--head REV] [--rounds 8] [--windows 1,64]``
+``python -m benchmarks.ab --base REV [--head REV] [--rounds 8] [--windows 1,64]``, or
+``... --core`` for the broker cores alone, in process (``benchmarks/core_cycle.py``).
 
 Each revision is checked out in a temporary ``git worktree`` (``--head`` defaults to the
 working tree itself). Every round starts, for each window and in alternating order, a fresh
@@ -108,6 +109,41 @@ def run_once(tree: Path, window: int, count: int, duration: float) -> dict[str, 
             _kill(proc)
 
 
+def core_once(tree: Path, count: int) -> float:
+    """The broker core of ``tree`` alone, in process: microseconds per request/reply cycle
+    (``benchmarks/core_cycle.py``, run as a script so that ``PYTHONPATH`` picks the tree)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    script = ROOT / "benchmarks" / "core_cycle.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--count", str(count)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def core_main(base: Path, head: Path, rounds: int, count: int) -> None:
+    """``--core``: the two trees' broker cores, interleaved rounds, medians and ratios."""
+    figures: dict[str, list[float]] = {"base": [], "head": []}
+    trees = {"base": base, "head": head}
+    names = ("base", "head")
+    for rnd in range(rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            figures[name].append(core_once(trees[name], count))
+        print(
+            f"round {rnd}: base {figures['base'][-1]} head {figures['head'][-1]}", file=sys.stderr
+        )
+    ratio = statistics.median(h / b for b, h in zip(figures["base"], figures["head"], strict=True))
+    b, h = (statistics.median(figures[n]) for n in names)
+    print("| figure | base | head | head / base (median of rounds) |")
+    print("|---|---|---|---|")
+    print(f"| broker core us per request/reply (in process) | {b:.2f} | {h:.2f} | {ratio:.2f}x |")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__)
     parser.add_argument("--base", required=True, help="git revision to compare against")
@@ -116,7 +152,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--windows", default="1,64", help="comma-separated")
     parser.add_argument("--count", type=int, default=4000, help="most requests per run")
     parser.add_argument("--duration", type=float, default=2.0, help="most seconds per run")
+    parser.add_argument(
+        "--core", action="store_true", help="only the broker core, in process (no sockets)"
+    )
     args = parser.parse_args(argv)
+    if args.core:
+        with _tree(args.base) as base, _tree(args.head) as head:
+            print(f"base {args.base}, head {args.head or 'working tree'}, {args.rounds} rounds")
+            core_main(base, head, args.rounds, args.count if args.count != 4000 else 20_000)
+        return
     windows = [int(w) for w in args.windows.split(",")]
     names = ("base", "head")
     records: dict[tuple[str, int], list[dict[str, float]]] = {}
