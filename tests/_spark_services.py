@@ -22,6 +22,7 @@ import anyio.from_thread
 import attrs
 
 import dcp
+from dcp._results import HandlerRequest
 
 __all__ = ["Recorder", "Services", "services", "slow_echo"]
 
@@ -63,12 +64,14 @@ async def _statistics(broker: dcp.Broker) -> dcp.BrokerStatistics:
     return broker.statistics()
 
 
-def _handler(recorder: Recorder) -> Callable[[dcp.Request], Awaitable[bytes | list[bytes]]]:
-    async def svc(request: dcp.Request) -> bytes | list[bytes]:
+def _handler(recorder: Recorder) -> Callable[[HandlerRequest], Awaitable[bytes | list[bytes]]]:
+    async def svc(request: HandlerRequest) -> bytes | list[bytes]:
         data = request.data[0] if request.data else b""
         with recorder.lock:
-            recorder.ids.append(request.metadata[0])
-            recorder.options.append(request.metadata[1:])
+            # The metadata as sent: dcp's parts (the id, then options), then the caller's.
+            sent = (*request.dcp_metadata, *request.metadata)
+            recorder.ids.append(sent[0])
+            recorder.options.append(sent[1:])
             recorder.payloads.append(data)
             recorder.in_flight += 1
             recorder.max_in_flight = max(recorder.max_in_flight, recorder.in_flight)
