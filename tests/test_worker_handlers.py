@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import anyio
 import pytest
 import zmq
-from test_integration import HB, eventually, fast_broker
+from test_integration import HB, eventually, fast_broker, fast_worker
 from test_worker import FakeBroker, raw_client, start
 
 import dcp
@@ -27,7 +27,6 @@ from dcp._messages import (
     work_timeout_option,
 )
 from dcp._results import HandlerRequest
-from dcp._worker import Handler
 from dcp.wire.dcp1 import parse, serialize
 
 pytestmark = pytest.mark.anyio
@@ -38,13 +37,6 @@ def fake() -> Iterator[FakeBroker]:
     broker = FakeBroker()
     yield broker
     broker.close()
-
-
-def fast_worker(endpoint: str, service: str, handler: Handler, concurrency: int = 1) -> dcp.Worker:
-    """A worker with fast heartbeats (as ``test_integration.fast_worker``), any handler kind."""
-    return dcp.Worker(
-        endpoint, service, handler, concurrency=concurrency, heartbeat_interval=HB, liveness=3
-    )
 
 
 def send(client: zmq.Socket[bytes], service: bytes, meta: Sequence[bytes], *data: bytes) -> None:
