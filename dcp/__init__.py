@@ -35,6 +35,7 @@ from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
 from ._results import Forward as Forward
+from ._results import HandlerRequest as HandlerRequest
 from ._security import CurveClient as CurveClient
 from ._security import CurveServer as CurveServer
 from ._sync_client import SyncClient as SyncClient
@@ -61,6 +62,7 @@ __all__ = [
     "CurveServer",
     "DCPError",
     "Forward",
+    "HandlerRequest",
     "LocalProtocolError",
     "Message",
     "MessageTooLarge",

@@ -8,8 +8,10 @@ Layout: each message is sniffed (:mod:`dcp.wire.sniff`) and parsed by its dialec
 (:mod:`dcp.wire`); this module handles DCP v1 peers, :mod:`dcp._core.majordomo` the
 Majordomo ones; both drive the protocol-blind routing core (:mod:`dcp._core.routing`: Rules
 1, 2, 5, 7), which keeps per-peer sessions (:mod:`dcp._core.peers`: liveness Rules L1-L4),
-admits requests (:mod:`dcp._core.admission`), answers ``mmi.*`` (:mod:`dcp._core.directory`)
-and writes to each peer in its dialect (:mod:`dcp._core.dialects`).
+admits requests (:mod:`dcp._core.admission`), reads their options and keeps its queues
+(:mod:`dcp._core.queues`: no-wait, the caller's deadline, retries that replace their queued
+copy, Rules Q1-Q4), answers ``mmi.*`` (:mod:`dcp._core.directory`) and writes to each peer in
+its dialect (:mod:`dcp._core.dialects`).
 
 Output convention (the same for every dcp core: this one, :class:`~dcp._worker_core.WorkerCore`
 and :class:`~dcp._tracker.RequestTracker`): input methods take ``now`` and append what to send
@@ -401,10 +403,12 @@ class BrokerCore(Majordomo):
     # --------------------------------------------------------------- time
 
     def expire(self, now: float) -> None:
-        """Time passes: work timeouts (Rule 7), liveness (peers Rules L2-L3: expire, or
-        probe a busy worker), and the broker's heartbeats to MDP workers (Rule M4)."""
+        """Time passes: work timeouts (Rule 7), expiries of queued requests (queues Rule
+        Q3), liveness (peers Rules L2-L3: expire, or probe a busy worker), and the broker's
+        heartbeats to MDP workers (Rule M4)."""
         self._now = now
         self.time_out_work(now)
+        self._queues.expire(now)
         sessions = self.sessions
         for session in sessions.due(now):
             if session.ident not in sessions.workers:
@@ -459,10 +463,12 @@ class BrokerCore(Majordomo):
             workers=len(self.sessions.workers),
             clients=len(self._loads),
             services={
-                name: ServiceStatistics(s.workers, len(s.idle), len(s.queue))
+                name: ServiceStatistics(s.workers, len(s.idle), s.queued())
                 for name, s in self._services.items()
             },
             partials=c.partials,
+            expired_in_queue=c.expired_in_queue,
+            replaced=c.replaced,
         )
 
 

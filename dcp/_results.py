@@ -1,15 +1,30 @@
-"""What a handler's answer becomes on the wire: a reply, a forward to another service (the
-DAG), or an error reply."""
+"""Handlers: what they see of a request (:class:`HandlerRequest`: the caller's own metadata,
+dcp's parts apart), how they are called (``async def`` on the event loop, plain ``def`` in a
+thread), and what their answer becomes on the wire: a reply, a forward to another service
+(the DAG), or an error reply."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Iterable, Sequence
 
+import anyio
 import attrs
 
-from ._messages import Reply, Request, error_reply_data
+from ._messages import OPTION_PREFIX, Reply, Request, error_reply_data
 
-__all__ = ["Forward", "error_reply", "result_message"]
+__all__ = [
+    "Forward",
+    "HandlerRequest",
+    "blocked_loop_hint",
+    "error_reply",
+    "handler_name",
+    "handler_view",
+    "is_async_handler",
+    "result_message",
+    "wait_blocked",
+]
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
@@ -41,6 +56,78 @@ class Forward:
         svc = service.encode() if isinstance(service, str) else _to_bytes(service, "service")
         parts = tuple(_to_bytes(part, "a data part") for part in data)
         self.__attrs_init__(svc, parts)
+
+
+def _tuple_of_bytes(value: Iterable[bytes]) -> tuple[bytes, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class HandlerRequest(Request):
+    """A request as a worker's handler sees it: :attr:`metadata` holds the caller's own parts
+    only; dcp's parts (every part starting with ``\\xffDCP:``: a dcp client's request id,
+    ``\\xffDCP:id=...``, and request options such as ``work-timeout`` and ``expires-in``)
+    are in :attr:`dcp_metadata`, in the order they came. The worker answers (and forwards)
+    with the request's metadata exactly as it arrived, whatever the handler sees.
+
+    :ivar dcp_metadata: dcp's metadata parts, removed from :attr:`metadata`
+    """
+
+    dcp_metadata: tuple[bytes, ...] = attrs.field(default=(), converter=_tuple_of_bytes)
+
+
+def handler_view(request: Request) -> HandlerRequest:
+    """What the handler of ``request`` sees (:class:`HandlerRequest`)."""
+    own: list[bytes] = []
+    dcp: list[bytes] = []
+    for part in request.metadata:
+        (dcp if part[:1] == b"\xff" and part.startswith(OPTION_PREFIX) else own).append(part)
+    return HandlerRequest(request.service, request.client, own, request.data, dcp)
+
+
+def is_async_handler(handler: object) -> bool:
+    """Whether calling ``handler`` gives a coroutine (``async def``; also through
+    :func:`functools.partial`, a bound method, or an object whose ``__call__`` is
+    ``async def``): then it runs on the event loop, else in a worker thread."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    if inspect.iscoroutinefunction(handler):
+        return True
+    return callable(handler) and inspect.iscoroutinefunction(type(handler).__call__)
+
+
+async def wait_blocked(interval: float) -> float:
+    """Return once the event loop was blocked for longer than ``interval`` seconds (a sleep
+    of ``interval / 4`` overshot by that much): how long it was. Cheap: four wake-ups per
+    interval."""
+    period = interval / 4
+    while True:
+        start = anyio.current_time()
+        await anyio.sleep(period)
+        blocked = anyio.current_time() - start - period
+        if blocked > interval:
+            return blocked
+
+
+def blocked_loop_hint(is_async: bool) -> str:
+    """What to do about a blocked event loop, for a worker whose handler ``is_async`` or not."""
+    if is_async:
+        return (
+            "an async handler must not block: make it a plain def (it then runs in a thread) "
+            "or move blocking work to anyio.to_thread.run_sync"
+        )
+    return "the handler runs in threads: something else blocks the event loop"
+
+
+def handler_name(handler: object) -> str:
+    """A handler's name for log messages (``module.qualname``)."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    if not hasattr(handler, "__qualname__"):
+        handler = type(handler)
+    module = getattr(handler, "__module__", None)
+    name = getattr(handler, "__qualname__", repr(handler))
+    return f"{module}.{name}" if module else name
 
 
 def error_reply(request: Request, code: str, message: str) -> Reply:

@@ -16,11 +16,13 @@ class BrokerCounters:
         "dispatched",
         "dropped_replies",
         "expired",
+        "expired_in_queue",
         "forwards",
         "partials",
         "reconnects_sent",
         "redeliveries",
         "rejections",
+        "replaced",
         "replies",
         "requests",
         "undeliverable",
@@ -41,6 +43,8 @@ class BrokerCounters:
         self.unmatched = 0
         self.expired = 0
         self.work_timeouts = 0
+        self.expired_in_queue = 0
+        self.replaced = 0
         #: Messages refused, by reason.
         self.rejections: dict[str, int] = {}
 
@@ -97,3 +101,9 @@ class BrokerStatistics:
     services: dict[bytes, ServiceStatistics]
     #: Partial replies (MDP/0.2 PARTIAL) routed to a client.
     partials: int = 0
+    #: Queued requests dropped unanswered because their caller's deadline (the expires-in
+    #: option) passed (queues Rule Q3).
+    expired_in_queue: int = 0
+    #: Retries that replaced their still-queued copy instead of queueing another (queues
+    #: Rule Q4; not counted in :attr:`requests`).
+    replaced: int = 0

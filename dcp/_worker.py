@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 import anyio
 import anyio.abc
@@ -18,7 +19,17 @@ from ._context import get_context
 from ._errors import RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
 from ._messages import Message, Reply, Request, request_work_timeout
-from ._results import Forward, error_reply, result_message
+from ._results import (
+    Forward,
+    HandlerRequest,
+    blocked_loop_hint,
+    error_reply,
+    handler_name,
+    handler_view,
+    is_async_handler,
+    result_message,
+    wait_blocked,
+)
 from ._security import CurveClient, configure_client_socket
 from ._worker_core import (
     BrokerLost,
@@ -32,12 +43,16 @@ from ._worker_core import (
 from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize
 
-__all__ = ["Forward", "Handler", "Worker", "WorkerStatistics"]
+__all__ = ["Forward", "Handler", "HandlerRequest", "Worker", "WorkerStatistics"]
 
 logger = logging.getLogger("dcp.worker")
 
-#: ``async def handler(request: dcp.Request) -> bytes | Sequence[bytes] | dcp.Forward``
-Handler: TypeAlias = Callable[[Request], Awaitable[bytes | Sequence[bytes] | Forward]]
+#: What a handler may return.
+HandlerResult: TypeAlias = bytes | Sequence[bytes] | Forward
+AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
+#: ``async def handler(request: dcp.Request) -> bytes | Sequence[bytes] | dcp.Forward``, or
+#: the same as a plain ``def`` (run in a worker thread).
+Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult]
 
 #: Messages read per wake-up before other tasks get a turn.
 _BATCH = 64
@@ -47,7 +62,7 @@ _LEAVE_LINGER_MS = 500
 
 
 class Worker:
-    """A DCP v1 worker serving ``service`` with an async ``handler``, on trio or asyncio.
+    """A DCP v1 worker serving ``service`` with a ``handler``, on trio or asyncio.
 
     ::
 
@@ -60,11 +75,24 @@ class Worker:
     or ``await tg.start(worker.serve)``, which returns once the broker has echoed the
     registration.
 
-    The handler returns ``bytes`` (one data part), a sequence of ``bytes``, or a
-    :class:`Forward` to pass the request on to another service with the original client
-    address and metadata. A handler that raises is answered with a dcp error reply (code
-    ``handler_error``, message ``"ExcType: text"``); one that returns anything else, with
-    ``bad_handler_result``. Both are logged on the ``dcp.worker`` logger.
+    The handler is an ``async def`` (it runs on the event loop: it must not block it) or a
+    plain ``def`` (each call runs in a worker thread, at most ``concurrency`` at once, so CPU
+    work or blocking calls never stop the heartbeats). Either kind is recognised also behind
+    :func:`functools.partial`, as a bound method or as an object with ``__call__``. A thread
+    cannot be interrupted: a plain ``def`` that outlives its request's work timeout, or a
+    stop's grace, keeps its slot until it returns, and its result is then dropped (it may
+    call :func:`anyio.from_thread.check_cancelled` to stop early). If the event loop is
+    blocked for longer than ``heartbeat_interval`` all the same, the worker logs a warning
+    naming the handler, once.
+
+    It receives a :class:`~dcp.HandlerRequest`: ``request.metadata`` is the caller's own
+    metadata; dcp's request id and options are in ``request.dcp_metadata``. It returns
+    ``bytes`` (one data part), a sequence of ``bytes``, or a :class:`Forward` to pass the
+    request on to another service with the original client address and metadata (the
+    reply, too, carries the metadata exactly as it came). A handler that raises is answered
+    with a dcp error reply (code ``handler_error``, message ``"ExcType: text"``); one that
+    returns anything else, with ``bad_handler_result``. Both are logged on the
+    ``dcp.worker`` logger.
 
     Concurrency: at most ``concurrency`` handlers run at once; the worker asks for more work
     (PING) as soon as a request arrives and a slot is still free. See
@@ -77,7 +105,9 @@ class Worker:
     re-registers at once on the same socket. Handlers running when the broker vanished keep
     running; their results are sent on whatever socket is current when they finish (or right
     after the next registration if none is). Requests in the local backlog are dropped: the
-    broker requeues what it dispatched, and clients retry.
+    broker requeues what it dispatched, and clients retry. A request that waited in that
+    backlog past its caller's deadline (the expires-in option) is not run: it is answered
+    with an ``expired`` error reply (``statistics().expired``).
 
     Stopping (:meth:`stop`, :meth:`aclose`, leaving ``async with``): ask for no more work,
     let running handlers finish within ``grace`` seconds and cancel the rest (their requests
@@ -87,7 +117,7 @@ class Worker:
 
     :param endpoint: the broker's zmq endpoint
     :param service: the service name (``str`` is UTF-8 encoded)
-    :param handler: the coroutine function that serves one request
+    :param handler: the function (``async def`` or plain ``def``) that serves one request
     :param concurrency: most requests handled at once
     :param heartbeat_interval: seconds between heartbeats (agreed with the broker)
     :param liveness: heartbeats the broker may miss before the worker reconnects
@@ -132,6 +162,10 @@ class Worker:
         self._refused: RegistrationRefused | None = None
         self.service = service.encode() if isinstance(service, str) else bytes(service)
         self._handler = handler
+        self._is_async = is_async_handler(handler)
+        self._handler_name = handler_name(handler)
+        #: Bounds the threads of a plain ``def`` handler (made in :meth:`serve`).
+        self._threads: anyio.CapacityLimiter | None = None
         self._context = context
         self._core = WorkerCore(
             self.service,
@@ -240,9 +274,13 @@ class Worker:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                self._threads = anyio.CapacityLimiter(self._core.concurrency)
+                watchdog = anyio.CancelScope()
+                tg.start_soon(self._watch_loop, watchdog)
                 try:
                     await self._run()
                 finally:
+                    watchdog.cancel()
                     self._close(0)
                     self._cancel_handlers()
         finally:
@@ -329,6 +367,22 @@ class Worker:
             # input left, wait_readable parks, which lets them run: no extra pass.)
             if asock.has_input():
                 await anyio.lowlevel.checkpoint()
+
+    async def _watch_loop(self, scope: anyio.CancelScope) -> None:
+        """Warn, once, when the event loop was blocked longer than the heartbeat interval."""
+        interval = self._core.heartbeat_interval
+        with scope:
+            blocked = await wait_blocked(interval)
+            logger.warning(
+                "worker for service %r (handler %s): the event loop was blocked for %.2f s, "
+                "longer than the heartbeat interval (%.2f s), so heartbeats stopped and the "
+                "broker may give its requests to another worker; %s (logged once)",
+                self.service,
+                self._handler_name,
+                blocked,
+                interval,
+                blocked_loop_hint(self._is_async),
+            )
 
     async def _wait(self, deadline: float) -> None:
         """Sleep until ``deadline`` or until :meth:`_wake`."""
@@ -417,8 +471,14 @@ class Worker:
             )
 
     async def _call(self, request: Request) -> Reply | Request:
+        view = handler_view(request)
         try:
-            result = await self._handler(request)
+            if self._is_async:
+                result: object = await cast(AsyncHandler, self._handler)(view)
+            else:
+                result = await anyio.to_thread.run_sync(self._handler, view, limiter=self._threads)
+                if inspect.isawaitable(result):  # a plain callable that returns a coroutine
+                    result = await result
         except Exception as exc:
             logger.exception("handler for service %r raised", self.service)
             return error_reply(request, "handler_error", f"{type(exc).__name__}: {exc}")

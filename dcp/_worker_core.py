@@ -44,7 +44,11 @@ Rule 4 (the backlog: never more than ``N``, whatever the broker)
     more. Should a request still arrive while all ``N`` slots are busy (a broker that grants
     more than it was asked for, or a re-registration while handlers run: REGISTER always
     earns one request), it waits in a local FIFO backlog and starts when a slot frees: at
-    most ``N`` handlers ever run. Such requests are counted (``backlogged``).
+    most ``N`` handlers ever run. Such requests are counted (``backlogged``). One whose
+    caller's deadline (its expires-in option, counted from its arrival here) passed while it
+    waited is not run: it is answered with an ``expired`` error reply at once (which frees
+    its slot at the broker, Rule 3; its caller has given up and drops it) and counted
+    (``expired``).
 Rule 5 (heartbeat)
     While READY, a heartbeat is due when the last one is ``I`` old and either nothing was
     sent or nothing was received for ``I`` (replies are not answered, so replies alone would
@@ -107,7 +111,9 @@ from ._messages import (
     Register,
     Reply,
     Request,
+    error_reply_data,
     parse_error_reply,
+    request_expires_in,
 )
 from .wire.dcp1 import check_type_width, parse
 
@@ -180,7 +186,8 @@ Output: TypeAlias = Message | Run | BrokerLost | Refused
 class WorkerStatistics:
     """Counters of a worker (:meth:`dcp.Worker.statistics`).
 
-    ``received == replies + errors + forwards + cancelled + dropped + in_progress + backlog``
+    ``received == replies + errors + forwards + cancelled + dropped + expired + in_progress +
+    backlog``
     """
 
     #: Requests received from the broker.
@@ -211,6 +218,9 @@ class WorkerStatistics:
     unexpected: int
     #: Messages the socket refused to send (e.g. high-water mark); filled by the I/O layer.
     send_failures: int = 0
+    #: Requests not run because their caller's deadline passed while they waited in the
+    #: backlog (answered with an ``expired`` error reply; Rule 4).
+    expired: int = 0
 
 
 class WorkerCore:
@@ -269,13 +279,14 @@ class WorkerCore:
         self._generation = 0
         #: Requests the broker may still send us, including those in flight (Rule 2).
         self._credit = 0
-        self._backlog: deque[Request] = deque()
+        #: Requests waiting for a slot, with the time their caller gives up (Rule 4).
+        self._backlog: deque[tuple[Request, float]] = deque()
         self._pending: list[Message] = []
         self._last_send = self._last_recv = self._last_beat = 0.0
         self._failures = 0
         self._connections = 0
         self._received = self._replies = self._forwards = self._errors = 0
-        self._cancelled = self._dropped = self._backlogged = 0
+        self._cancelled = self._dropped = self._backlogged = self._expired = 0
         self._reregistrations = self._malformed = self._unexpected = 0
 
     @property
@@ -372,9 +383,7 @@ class WorkerCore:
                 # request from before we registered again matches nothing there: no credit.
                 self._credit += 1
             self._send(message, now)
-        if self._backlog:
-            self._in_progress += 1
-            self.outbox.append(Run(self._backlog.popleft(), self._generation))
+        self._start_backlog(now)
 
     def tick(self, now: float) -> None:
         """Time passed: maybe a heartbeat (Rule 5), maybe the broker is gone (Rule 6)."""
@@ -434,6 +443,7 @@ class WorkerCore:
             reregistrations=self._reregistrations,
             malformed=self._malformed,
             unexpected=self._unexpected,
+            expired=self._expired,
         )
 
     # -- helpers ------------------------------------------------------------------------
@@ -449,12 +459,30 @@ class WorkerCore:
             self._in_progress += 1
             self.outbox.append(Run(request, self._generation))
         else:
-            self._backlog.append(request)
+            expires_in = request_expires_in(request.metadata)
+            self._backlog.append((request, math.inf if expires_in is None else now + expires_in))
             self._backlogged += 1
         # Rule 2: ask for more if a slot is free and no request is owed to us already.
         if self.state is State.READY and self._has_free_slot() and self._credit == 0:
             self._credit = 1
             self._send(Ping(), now)
+
+    def _start_backlog(self, now: float) -> None:
+        """Rule 4: the oldest backlog request whose caller still waits takes the free slot;
+        those past their deadline are answered ``expired`` (each adds 1 credit, Rule 3)."""
+        backlog = self._backlog
+        while backlog:
+            request, deadline = backlog.popleft()
+            if now < deadline:
+                self._in_progress += 1
+                self.outbox.append(Run(request, self._generation))
+                return
+            self._expired += 1
+            self._credit += 1
+            data = error_reply_data(
+                "expired", "the caller's deadline passed while the request waited for a slot"
+            )
+            self._send(Reply(request.client, request.metadata, data), now)
 
     def _has_free_slot(self) -> bool:
         return not self.stopping and self._in_progress < self.concurrency

@@ -23,6 +23,8 @@ import anyio.from_thread
 import attrs
 
 import dcp
+from dcp._messages import REQUEST_ID_PREFIX
+from dcp._results import HandlerRequest
 
 __all__ = ["Recorder", "Services", "services", "slow_echo"]
 
@@ -70,13 +72,20 @@ async def _statistics(broker: dcp.Broker) -> dcp.BrokerStatistics:
     return broker.statistics()
 
 
-def _handler(recorder: Recorder) -> Callable[[dcp.Request], Awaitable[bytes | list[bytes]]]:
-    async def svc(request: dcp.Request) -> bytes | list[bytes]:
+def _handler(recorder: Recorder) -> Callable[[HandlerRequest], Awaitable[bytes | list[bytes]]]:
+    async def svc(request: HandlerRequest) -> bytes | list[bytes]:
         data = request.data[0] if request.data else b""
         client = request.metadata[0][:8]
         with recorder.lock:
-            recorder.ids.append(request.metadata[0])
-            recorder.options.append(request.metadata[1:])
+            # The metadata as sent: the request id, then the rest (the handler sees the
+            # caller's own parts in metadata, dcp's id and options in dcp_metadata).
+            own, ours = request.metadata, request.dcp_metadata
+            if ours and ours[0].startswith(REQUEST_ID_PREFIX):
+                recorder.ids.append(ours[0])
+                recorder.options.append((*ours[1:], *own))
+            else:  # an id without the prefix is the first of the caller's parts
+                recorder.ids.append(own[0])
+                recorder.options.append((*ours, *own[1:]))
             recorder.payloads.append(data)
             recorder.in_flight += 1
             recorder.max_in_flight = max(recorder.max_in_flight, recorder.in_flight)

@@ -18,7 +18,8 @@ from test_integration import HB, eventually, fast_worker
 
 import dcp
 from dcp._context import get_context
-from dcp._messages import work_timeout_option
+from dcp._messages import REQUEST_ID_PREFIX, work_timeout_option
+from dcp._results import HandlerRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -237,8 +238,14 @@ async def test_every_request_path_carries_the_work_timeout() -> None:
     on every way of sending (and come back without it)."""
     seen: list[tuple[bytes, ...]] = []
 
-    async def record(request: dcp.Request) -> bytes:
-        seen.append(request.metadata[1:])  # after dcp's request id
+    async def record(request: HandlerRequest) -> bytes:
+        # The metadata as sent, after dcp's request id (the handler sees the caller's own
+        # parts in metadata, dcp's id and options in dcp_metadata).
+        own, ours = request.metadata, request.dcp_metadata
+        if ours and ours[0].startswith(REQUEST_ID_PREFIX):
+            seen.append((*ours[1:], *own))
+        else:  # an id without the prefix is the first of the caller's parts
+            seen.append((*ours, *own[1:]))
         return b"ok"
 
     option = work_timeout_option(1.5)

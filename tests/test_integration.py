@@ -19,11 +19,13 @@ import pytest
 import zmq
 
 import dcp
+import dcp._worker as dcp_worker
 
 pytestmark = pytest.mark.anyio
 
 Result = bytes | Sequence[bytes] | dcp.Forward
-Handler = Callable[[dcp.Request], Awaitable[Result]]
+#: Any handler a worker takes (``async def`` or plain ``def``).
+Handler = dcp_worker.Handler
 #: Fast heartbeats, so deaths are noticed in ~0.3 s (liveness 3).
 HB = 0.1
 

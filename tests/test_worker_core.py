@@ -22,6 +22,7 @@ from dcp._messages import (
     Register,
     Reply,
     Request,
+    expires_in_option,
     parse_error_reply,
 )
 from dcp._results import Forward, error_reply, result_message
@@ -665,3 +666,38 @@ def test_answers_from_before_a_re_registration_earn_no_credit() -> None:
         finish(running.pop(0))
         assert len(running) == 2 or broker.statistics().services[SVC].queued == 0
     assert worker.statistics().backlogged == 0
+
+
+def test_a_backlogged_request_past_its_callers_deadline_is_answered_not_run() -> None:
+    """Rule 4: the caller gave up while the request waited for a slot; the ``expired`` error
+    reply frees its slot at the broker (and earns credit, Rule 3) and nobody runs it."""
+    w = ready(1)
+    first = req(1)
+    doomed = Request(SVC, CLIENT, (b"id-2", expires_in_option(1.0)), (b"d2",))
+    later = Request(SVC, CLIENT, (b"id-3", expires_in_option(1.0)), (b"d3",))
+    assert deliver(w, first, 0.0) == [Run(first)]
+    assert deliver(w, doomed, 0.0) == []
+    assert deliver(w, later, 0.5) == []
+    w.finish(result_message(first, b"r1"), 1.0)
+    out = take(w)
+    assert out[0] == Reply(CLIENT, first.metadata, (b"r1",))
+    expired = out[1]
+    assert isinstance(expired, Reply)
+    assert (expired.client, expired.metadata) == (CLIENT, doomed.metadata)
+    assert parse_error_reply(expired.data) == (
+        "expired",
+        "the caller's deadline passed while the request waited for a slot",
+    )
+    assert out[2:] == [Run(later)]  # its deadline, 1.5, has not come
+    s = w.statistics()
+    assert (s.received, s.replies, s.expired, s.errors, s.in_progress, s.backlog) == (
+        3,
+        1,
+        1,
+        0,
+        1,
+        0,
+    )
+    # Credit: two answers, two slots freed at the broker; the worker asks for no more.
+    w.finish(result_message(later, b"r3"), 2.0)
+    assert take(w) == [Reply(CLIENT, later.metadata, (b"r3",))]

@@ -1,5 +1,6 @@
 """Protocol-blind routing: per-service queues, least-recently-used idle workers, credit, held
-requests, redelivery and work timeouts. Sans-IO.
+requests, redelivery and work timeouts. Sans-IO. What a queue holds, a queued request's
+deadline and a retry's replacement are :mod:`.queues` (Rules Q1-Q4).
 
 This module does not know which wire protocol a peer speaks. It sees worker sessions
 (:mod:`.peers`), service names, client addresses, a request's *metadata* (opaque parts the
@@ -24,7 +25,9 @@ Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit
 Rule 5 - Redelivery. A worker that leaves, or is removed (liveness, unreachable, Rule 7),
   gives back what it held: to the *front* of its service's queue (the DCP spec allows losing
   it; we do not), at most ``max_redeliveries`` times, after which the client gets a
-  ``redelivery_limit`` error reply.
+  ``redelivery_limit`` error reply (its message says how often it was redelivered: one worker
+  that keeps going away, or several, look the same to the broker). A request whose caller's
+  deadline passed while it was held is not put back (queues Rule Q3).
 Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, see
   :func:`~dcp._messages.work_timeout_option`; else the broker's ``work_timeout``, if any).
   A worker that holds it longer than that is treated as lost, as in Rule 5: it is expelled
@@ -36,81 +39,20 @@ Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, s
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from .._guard import Guard
-from .._messages import request_work_timeout
 from .._stats import BrokerCounters
 from .._util import DeadlineHeap, LogOnce
 from . import admission, directory
 from .admission import Limits, Load
 from .dialects import Dialect
 from .peers import Session, Sessions
+from .queues import Expiry, Pending, QueueDeadlines, Service, read_options
 
 __all__ = ["Pending", "Routing", "Service"]
 
 logger = logging.getLogger("dcp.broker")
-
-
-class Pending:
-    """A request in a queue or held by a worker."""
-
-    __slots__ = (
-        "client",
-        "data",
-        "holder",
-        "load",
-        "metadata",
-        "origin",
-        "redeliveries",
-        "seq",
-        "service",
-        "shown",
-        "token",
-        "work_timeout",
-    )
-
-    def __init__(
-        self,
-        seq: int,
-        service: Service,
-        client: bytes,
-        shown: bytes,
-        origin: Dialect,
-        metadata: tuple[bytes, ...],
-        data: Sequence[bytes],
-        load: Load,
-        work_timeout: float | None,
-    ) -> None:
-        #: Arrival order, to serve a multi-service worker the oldest request first.
-        self.seq = seq
-        self.service = service
-        #: The client's address, and the address workers see (sealed in secure mode).
-        self.client = client
-        self.shown = shown
-        #: The client's dialect, to answer it in kind.
-        self.origin = origin
-        self.metadata = metadata
-        self.data = data
-        self.redeliveries = 0
-        self.load = load
-        self.work_timeout = work_timeout
-        #: The worker holding it, if any.
-        self.holder: Session | None = None
-        #: Counts dispatches: a work-timeout entry is live only while its token matches.
-        self.token = 0
-
-
-class Service:
-    __slots__ = ("idle", "name", "queue", "workers")
-
-    def __init__(self, name: bytes) -> None:
-        self.name = name
-        self.queue: deque[Pending] = deque()
-        #: Ready workers, least recently used first.
-        self.idle: OrderedDict[bytes, Session] = OrderedDict()
-        self.workers = 0
 
 
 def _deadline_live(pending: Pending, token: int) -> bool:
@@ -145,6 +87,8 @@ class Routing:
         self._loads: dict[bytes, Load] = {}
         # Work-timeout deadlines of held requests (Rule 7).
         self._deadlines: DeadlineHeap[Pending] = DeadlineHeap(_deadline_live)
+        # Expiries of queued requests, and retries' matches (queues Rules Q3 and Q4).
+        self._queues = QueueDeadlines(self.counters, self._loads, self._services)
         self._log_once = LogOnce(logger)
         # The time of the call being handled, for work-timeout deadlines.
         self._now = 0.0
@@ -161,10 +105,24 @@ class Routing:
         *,
         forward: bool,
     ) -> tuple[str, str] | None:
-        """Queue or dispatch a request (admission rules in :mod:`.admission`); on refusal,
-        return ``(code, message)`` (the caller tells the client)."""
+        """Queue or dispatch a request (admission rules in :mod:`.admission`, options in
+        :mod:`.queues`); on refusal, return ``(code, message)`` (the caller tells the
+        client)."""
         limits = self.limits
         service = self._services.get(name)
+        work_timeout = expiry = None
+        options = read_options(metadata)
+        if options is not None:
+            # Queues Rules Q2 and Q4 (only requests carrying options get here).
+            if options.no_wait and (service is None or not service.workers):
+                return "no_workers", f"no worker serves {name[:64]!r}"
+            work_timeout = options.work_timeout
+            if options.expires_in is not None:
+                key = self._queues.key(name, client, metadata)
+                when = self._now + options.expires_in
+                if self._queues.replace(key, origin, metadata, data, when):
+                    return None
+                expiry = Expiry(when, key)
         if service is None:
             refused = admission.new_service_refusal(limits, len(self._services), name)
             if refused is not None:
@@ -174,12 +132,13 @@ class Routing:
         load = self._loads.get(client)
         if load is None:
             load = Load()
-        refused = admission.refusal(limits, len(service.queue), bool(idle), load, name)
+        refused = admission.refusal(
+            limits, len(service.queue) - service.dead, bool(idle), load, name
+        )
         if refused is not None:
             return refused
         if not load.inflight:
             self._loads[client] = load
-        work_timeout = request_work_timeout(metadata)
         if work_timeout is None:
             work_timeout = self.work_timeout
         counters = self.counters
@@ -189,13 +148,24 @@ class Routing:
         load.inflight += 1
         shown = client if self.guard is None else self.guard.seal(client)
         pending = Pending(
-            counters.requests, service, client, shown, origin, metadata, data, load, work_timeout
+            counters.requests,
+            service,
+            client,
+            shown,
+            origin,
+            metadata,
+            data,
+            load,
+            work_timeout,
+            expiry,
         )
         if idle:
             self._dispatch(next(iter(idle.values())), pending)
         else:
             service.queue.append(pending)
             load.queued += 1
+            if expiry is not None:
+                self._queues.queued(pending)
         return None
 
     def release(
@@ -245,6 +215,10 @@ class Routing:
                 break
             pending = best.queue.popleft()
             pending.load.queued -= 1
+            if (best.dead or pending.expiry is not None) and not self._queues.taken(
+                best, pending, self._now
+            ):
+                continue  # queues Rule Q3: it had expired
             self._dispatch(worker, pending)
         if worker.credit:
             ident = worker.ident
@@ -378,6 +352,7 @@ class Routing:
                 del self._services[service.name]
         worker.services = []
         limit = self.limits.max_redeliveries
+        now = self._now
         for pending in reversed(held):
             pending.redeliveries += 1
             if pending.redeliveries > limit:
@@ -386,19 +361,26 @@ class Routing:
                 self.error_reply(
                     pending,
                     "redelivery_limit",
-                    f"request given to {pending.redeliveries} workers that all went away",
+                    f"redelivered {limit} times (the limit); "
+                    "each time, the worker holding it went away",
                 )
                 continue
             self._unhold(pending)
+            expiry = pending.expiry
+            if expiry is not None and expiry.when <= now:
+                self._queues.drop(pending)  # queues Rule Q3: its caller gave up
+                continue
             self.counters.redeliveries += 1
             pending.service.queue.appendleft(pending)
             pending.load.queued += 1
+            if expiry is not None:
+                self._queues.queued(pending)
         for pending in held:
             service = pending.service
             while service.idle and service.queue:
-                queued = service.queue.popleft()
-                queued.load.queued -= 1
-                self._dispatch(next(iter(service.idle.values())), queued)
+                queued = self._queues.take(service, now)
+                if queued is not None:
+                    self._dispatch(next(iter(service.idle.values())), queued)
 
     def time_out_work(self, now: float) -> None:
         """Rule 7: expel and remove every worker holding a request past its work timeout."""
@@ -427,8 +409,12 @@ class Routing:
                         self._use_credit(released)
 
     def next_work_deadline(self) -> float | None:
-        """The earliest work-timeout deadline or quarantine end (``None``: none)."""
+        """The earliest work-timeout deadline, quarantine end, or expiry of a queued request
+        (``None``: none)."""
         when = self._deadlines.next_due()
+        expiry = self._queues.next_due()
+        if expiry is not None and (when is None or expiry < when):
+            when = expiry
         quarantine = self.sessions.quarantine
         if quarantine:
             top = min(quarantine.values())
