@@ -38,11 +38,11 @@ from ._results import Forward as Forward
 from ._results import HandlerRequest as HandlerRequest
 from ._security import CurveClient as CurveClient
 from ._security import CurveServer as CurveServer
+from ._stats import WorkerStatistics as WorkerStatistics
 from ._sync_client import SyncClient as SyncClient
 from ._tracker import ClientStatistics as ClientStatistics
 from ._tracker import Response as Response
 from ._worker import Worker as Worker
-from ._worker_core import WorkerStatistics as WorkerStatistics
 from .wire.dcp1 import PROTOCOL as PROTOCOL
 from .wire.dcp1 import parse as parse
 from .wire.dcp1 import serialize as serialize

@@ -1,11 +1,11 @@
-"""The broker's counters: the cores increment them, ``statistics()`` (and later metrics and
-info services) read them, from this one place."""
+"""Counters and statistics snapshots: the cores increment the counters, ``statistics()`` (and
+later metrics and info services) read them, from this one place."""
 
 from __future__ import annotations
 
 import attrs
 
-__all__ = ["BrokerCounters", "BrokerStatistics", "ServiceStatistics"]
+__all__ = ["BrokerCounters", "BrokerStatistics", "ServiceStatistics", "WorkerStatistics"]
 
 
 class BrokerCounters:
@@ -107,3 +107,44 @@ class BrokerStatistics:
     #: Retries that replaced their still-queued copy instead of queueing another (queues
     #: Rule Q4; not counted in :attr:`requests`).
     replaced: int = 0
+
+
+@attrs.frozen
+class WorkerStatistics:
+    """Counters of a worker (:meth:`dcp.Worker.statistics`).
+
+    ``received == replies + errors + forwards + cancelled + dropped + expired + in_progress +
+    backlog``
+    """
+
+    #: Requests received from the broker.
+    received: int
+    #: Successful replies produced (sent, or kept for the next connection); not errors.
+    replies: int
+    #: Requests forwarded to another service.
+    forwards: int
+    #: Error replies sent (handler raised, or returned something that is not a result).
+    errors: int
+    #: Handlers cancelled by a stop's grace deadline (no reply sent).
+    cancelled: int
+    #: Requests dropped without running: backlog on reconnect or stop, arrivals while stopping.
+    dropped: int
+    #: Handlers running now.
+    in_progress: int
+    #: Requests waiting in the local backlog now.
+    backlog: int
+    #: Requests that ever had to wait in the backlog (Rule 4).
+    backlogged: int
+    #: New connections after the first one (broker went silent).
+    reconnects: int
+    #: Registrations repeated on the same connection after a Reconnect from the broker.
+    reregistrations: int
+    #: Malformed messages received from the broker.
+    malformed: int
+    #: Well-formed but unexpected messages received (e.g. a reply).
+    unexpected: int
+    #: Messages the socket refused to send (e.g. high-water mark); filled by the I/O layer.
+    send_failures: int = 0
+    #: Requests not run because their caller's deadline passed while they waited in the
+    #: backlog (answered with an ``expired`` error reply; Rule 4).
+    expired: int = 0

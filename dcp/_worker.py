@@ -31,6 +31,7 @@ from ._results import (
     wait_blocked,
 )
 from ._security import CurveClient, configure_client_socket
+from ._stats import WorkerStatistics
 from ._worker_core import (
     BrokerLost,
     Output,
@@ -38,7 +39,6 @@ from ._worker_core import (
     Run,
     State,
     WorkerCore,
-    WorkerStatistics,
 )
 from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize

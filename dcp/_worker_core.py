@@ -115,6 +115,7 @@ from ._messages import (
     parse_error_reply,
     request_expires_in,
 )
+from ._stats import WorkerStatistics
 from .wire.dcp1 import check_type_width, parse
 
 __all__ = [
@@ -124,7 +125,6 @@ __all__ = [
     "Run",
     "State",
     "WorkerCore",
-    "WorkerStatistics",
     "backoff_delay",
 ]
 
@@ -180,47 +180,6 @@ class Refused:
 
 #: What the core asks the I/O layer to do (the items of :attr:`WorkerCore.outbox`).
 Output: TypeAlias = Message | Run | BrokerLost | Refused
-
-
-@attrs.frozen
-class WorkerStatistics:
-    """Counters of a worker (:meth:`dcp.Worker.statistics`).
-
-    ``received == replies + errors + forwards + cancelled + dropped + expired + in_progress +
-    backlog``
-    """
-
-    #: Requests received from the broker.
-    received: int
-    #: Successful replies produced (sent, or kept for the next connection); not errors.
-    replies: int
-    #: Requests forwarded to another service.
-    forwards: int
-    #: Error replies sent (handler raised, or returned something that is not a result).
-    errors: int
-    #: Handlers cancelled by a stop's grace deadline (no reply sent).
-    cancelled: int
-    #: Requests dropped without running: backlog on reconnect or stop, arrivals while stopping.
-    dropped: int
-    #: Handlers running now.
-    in_progress: int
-    #: Requests waiting in the local backlog now.
-    backlog: int
-    #: Requests that ever had to wait in the backlog (Rule 4).
-    backlogged: int
-    #: New connections after the first one (broker went silent).
-    reconnects: int
-    #: Registrations repeated on the same connection after a Reconnect from the broker.
-    reregistrations: int
-    #: Malformed messages received from the broker.
-    malformed: int
-    #: Well-formed but unexpected messages received (e.g. a reply).
-    unexpected: int
-    #: Messages the socket refused to send (e.g. high-water mark); filled by the I/O layer.
-    send_failures: int = 0
-    #: Requests not run because their caller's deadline passed while they waited in the
-    #: backlog (answered with an ``expired`` error reply; Rule 4).
-    expired: int = 0
 
 
 class WorkerCore:
