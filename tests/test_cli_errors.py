@@ -4,11 +4,15 @@ subprocess (``_cli_procs.py``) and compares the whole of stderr."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import zmq
-from _cli_procs import HANDLER, run
+from _cli_procs import HANDLER, Proc, run
 
 from dcp._cli import main
+from dcp._cli._run import interrupted, zmq_problem
+from dcp._exceptions import BaseExceptionGroup
 
 CALL = ["call", "--connect", "tcp://127.0.0.1:1"]
 WORKER = ["worker", "--connect", "tcp://127.0.0.1:1", "--service", "s"]
@@ -196,4 +200,34 @@ def test_missing_key_file() -> None:
         1,
         "",
         "dcp worker: Invalid certificate file: /no/such\n",
+    )
+
+
+def test_ctrl_c_on_demo_exits_130() -> None:
+    demo = Proc("demo", "--requests", "300000")
+    try:
+        demo.wait_stderr(b"req/s")  # the progress bar: the demo is running
+        demo.popen.send_signal(signal.SIGINT)
+        code, out, err = demo.finish(20)
+        assert (code, out) == (130, "")
+        assert err.endswith("\n")  # the progress bar's line is ended
+        assert "Traceback" not in err
+    finally:
+        demo.kill()
+
+
+def test_run_time_helpers() -> None:
+    assert interrupted(KeyboardInterrupt())
+    assert interrupted(BaseExceptionGroup("", [KeyboardInterrupt(), KeyboardInterrupt()]))
+    assert not interrupted(BaseExceptionGroup("", [KeyboardInterrupt(), ValueError()]))
+    assert not interrupted(ValueError())
+    # pyzmq names the endpoint of a failed bind; when it does not, the command's are used.
+    error = zmq.ZMQError(zmq.EADDRINUSE, "Address already in use (addr='tcp://h:1')")
+    assert (
+        zmq_problem(error, "bind", ["tcp://x:2"])
+        == "cannot bind tcp://h:1: Address already in use"
+    )
+    error = zmq.ZMQError(zmq.EINVAL, "Invalid argument")
+    assert zmq_problem(error, "connect to", ["tcp://x:2"]) == (
+        "cannot connect to tcp://x:2: Invalid argument"
     )
