@@ -1,8 +1,8 @@
 """A Spark job that pushes a real dataset through a two-service dcp DAG: normalise -> score.
 
 Run: ``python examples/spark_pipeline.py [--rows 200000] [--out DIR] [--workers 1]
-[--connect]`` (needs ``pip install 'dcp[spark]'``, ``'dcp[spark-connect]'`` for
-``--connect``, and Java 17+).
+[--connect]`` (needs ``pip install 'dagbox-dcp[spark]'``, ``'dagbox-dcp[spark-connect]'``
+for ``--connect``, and Java 17+).
 
 - **Data**: the non-blank lines of the Python standard library's own source files (real
   text, on every machine), written as ``DIR/input.parquet`` (path, lineno, line).

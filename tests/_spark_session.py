@@ -67,7 +67,7 @@ def connect_missing() -> str | None:
     except ImportError as exc:
         return (
             f"Spark Connect's client needs pyspark's connect extra ({exc}); install it with: "
-            "pip install 'dcp[spark-connect]'"
+            "pip install 'dagbox-dcp[spark-connect]'"
         )
     return None
 

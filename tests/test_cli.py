@@ -1,93 +1,26 @@
-"""The ``dcp`` command line, run as real subprocesses (``python -m dcp``), plus in-process
-calls of :func:`dcp._cli.main` for argument errors.
-
-Every process is started with :class:`subprocess.Popen`, every wait is bounded, and every
-process is killed by its PID in a ``finally``.
+"""The ``dcp`` command line, run as real subprocesses (``python -m dcp``; helpers in
+``_cli_procs.py``), plus in-process calls of :func:`dcp._cli.main` so coverage sees the
+argument handling. User errors (one line, exit codes) are in ``test_cli_errors.py``.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import select
+import argparse
+import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zmq
+from _cli_procs import HANDLER, Proc, run, start, start_broker
 from _fake_peers import DagBoxBroker
 
+import dcp
 from dcp._cli import main
 from dcp._messages import Reconnect, Register, Reply, Request
 from dcp.wire import mdp
-
-ROOT = Path(__file__).resolve().parent.parent
-HANDLER = "tests.cli_handlers:echo"
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(ROOT) if not path else os.pathsep.join([str(ROOT), path])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class Proc:
-    """A ``python -m dcp ...`` subprocess, with bounded reads of its stdout."""
-
-    def __init__(self, *args: str) -> None:
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "dcp", *args],
-            cwd=ROOT,
-            env=_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self._buffer = b""
-
-    def read_lines(self, count: int, timeout: float = 10.0) -> list[str]:
-        """The next ``count`` lines of stdout; fails after ``timeout`` seconds."""
-        stdout = self.popen.stdout
-        assert stdout is not None
-        deadline = time.monotonic() + timeout
-        while self._buffer.count(b"\n") < count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {count} lines after {timeout}s: {self._buffer!r}")
-            readable, _, _ = select.select([stdout], [], [], left)
-            if readable:
-                chunk = os.read(stdout.fileno(), 65536)
-                if not chunk:
-                    raise AssertionError(f"stdout closed early: {self.finish(5)}")
-                self._buffer += chunk
-        lines = self._buffer.split(b"\n")
-        self._buffer = b"\n".join(lines[count:])
-        return [line.decode() for line in lines[:count]]
-
-    def finish(self, timeout: float) -> tuple[int, str, str]:
-        """Wait for the exit (at most ``timeout`` s): return code, rest of stdout, stderr."""
-        out, err = self.popen.communicate(timeout=timeout)
-        return self.popen.returncode, (self._buffer + out).decode(), err.decode()
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
-        self.popen.communicate(timeout=10)
-
-
-def run(*args: str, timeout: float = 20.0) -> tuple[int, str, str]:
-    """Run ``python -m dcp *args`` to completion (bounded); return code, stdout, stderr."""
-    proc = Proc(*args)
-    try:
-        return proc.finish(timeout)
-    finally:
-        proc.kill()
 
 
 @pytest.fixture
@@ -99,33 +32,18 @@ def procs() -> Iterator[list[Proc]]:
         proc.kill()
 
 
-def start(procs: list[Proc], *args: str) -> Proc:
-    proc = Proc(*args)
-    procs.append(proc)
-    return proc
-
-
-def start_broker(procs: list[Proc], tmp_path: Path, backend: str = "trio") -> tuple[Proc, str]:
-    ipc = f"ipc://{tmp_path}/b.sock"
-    broker = start(
-        procs, "--backend", backend, "broker", "--bind", "tcp://127.0.0.1:0", "--bind", ipc
-    )
-    tcp, bound_ipc = broker.read_lines(2)
-    assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", tcp) and not tcp.endswith(":0")
-    assert bound_ipc == ipc
-    return broker, tcp
-
-
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_broker_prints_endpoints_and_stops_cleanly_on_signal(
     procs: list[Proc], tmp_path: Path, backend: str, signum: signal.Signals
 ) -> None:
+    """SIGTERM is a clean stop (0); Ctrl-C is one too, reported as 130, without a word
+    beyond the broker's log lines."""
     broker, _ = start_broker(procs, tmp_path, backend)
     assert Path(tmp_path, "b.sock").exists()
     broker.popen.send_signal(signum)
     code, out, err = broker.finish(5)
-    assert code == 0, err
+    assert code == (130 if signum == signal.SIGINT else 0), err
     assert out == ""
     assert "Traceback" not in err
     assert f"received {signum.name}, stopping" in err
@@ -145,13 +63,14 @@ def test_worker_and_call_through_the_broker(
         "world",
     )  # fmt: skip
     assert (code, out, err) == (0, "HELLO\nWORLD\n", "")
-    # The worker leaves gracefully on SIGTERM, the broker on SIGINT; both exit with 0.
+    # The worker leaves gracefully on SIGTERM (0), the broker on SIGINT (130).
     worker.popen.send_signal(signal.SIGTERM)
     code, _, err = worker.finish(5)
     assert code == 0, err
     broker.popen.send_signal(signal.SIGINT)
     code, _, err = broker.finish(5)
-    assert code == 0, err
+    assert code == 130, err
+    assert "Traceback" not in err
 
 
 def test_worker_and_call_with_type_width_4_through_a_dagbox_broker(procs: list[Proc]) -> None:
@@ -187,14 +106,7 @@ def test_worker_finishes_its_request_on_sigterm(procs: list[Proc], tmp_path: Pat
     )
     call = start(procs, "call", "--connect", tcp, "--retries", "0", "--timeout", "10", "slow", "1")
     # Signal the worker while its handler sleeps: wait for its log line first.
-    stderr = worker.popen.stderr
-    assert stderr is not None
-    deadline = time.monotonic() + 10
-    seen = b""
-    while b"connecting" not in seen:
-        assert time.monotonic() < deadline, seen
-        if select.select([stderr], [], [], 0.1)[0]:
-            seen += os.read(stderr.fileno(), 4096)
+    worker.wait_stderr(b"connecting")
     time.sleep(0.5)  # the request reaches the worker; its handler sleeps 1 s
     began = time.monotonic()
     worker.popen.send_signal(signal.SIGTERM)
@@ -227,65 +139,7 @@ def test_demo_runs_clean() -> None:
     assert err == ""  # --no-progress: no progress bar on stderr
 
 
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        ("no_colon", "dcp worker: handler must be module:function, not 'no_colon'"),
-        (
-            "tests.no_such_module:echo",
-            "dcp worker: cannot load handler 'tests.no_such_module:echo': "
-            "No module named 'tests.no_such_module'",
-        ),
-        (
-            "tests.cli_handlers:missing",
-            "dcp worker: cannot load handler 'tests.cli_handlers:missing': "
-            "module 'tests.cli_handlers' has no attribute 'missing'",
-        ),
-        ("tests.cli_handlers:not_callable", "'tests.cli_handlers:not_callable' is not callable"),
-    ],
-)
-def test_bad_handler_spec_is_a_clear_error(spec: str, message: str) -> None:
-    code, out, err = run("worker", "--connect", "tcp://127.0.0.1:1", "--service", "x", spec)
-    assert out == ""
-    assert code == 1
-    assert message in err
-    assert "Traceback" not in err
-
-
 # -- in process, so coverage sees the argument handling -----------------------------------
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        ([], "required: command"),
-        (["broker"], "required: --bind"),
-        (["worker", "--connect", "tcp://x:1", HANDLER], "required: --service"),
-        (["call", "echo"], "required: --connect"),
-        (["call", "--connect", "tcp://x:1", "--timeout", "soon", "echo"], "invalid float"),
-        (["--backend", "curio", "demo"], "invalid choice: 'curio'"),
-        (["call", "--connect", "tcp://x:1", "--type-width", "2", "echo"], "invalid choice: 2"),
-        (["worker", "--type-width", "one", HANDLER], "invalid int value: 'one'"),
-        (["fly"], "invalid choice: 'fly'"),
-    ],
-)
-def test_argument_errors_in_process(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("usage: dcp")
-    assert message in err
-
-
-def test_bad_handler_spec_in_process() -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["worker", "--connect", "tcp://127.0.0.1:1", "--service", "x", "tests.cli_handlers"])
-    assert (
-        info.value.code == "dcp worker: handler must be module:function, not 'tests.cli_handlers'"
-    )
 
 
 def test_call_timeout_in_process(capsys: pytest.CaptureFixture[str]) -> None:
@@ -341,3 +195,129 @@ def test_broker_mdp_timeout_from_the_command_line(procs: list[Proc]) -> None:
     finally:
         worker.close(0)
         client.close(0)
+
+
+# -- dcp call: stdin, --metadata, --json, --work-timeout -----------------------------------
+
+
+def test_call_reads_stdin_sends_metadata_and_prints_json(
+    procs: list[Proc], tmp_path: Path
+) -> None:
+    _, tcp = start_broker(procs, tmp_path)
+    start(procs, "worker", "--connect", tcp, "--service", "echo", HANDLER)
+    # '-' is one data part: stdin's bytes as they are (the newline included).
+    code, out, err = run("call", "--connect", tcp, "echo", "-", "x", stdin=b"from stdin\n")
+    assert (code, out, err) == (0, "FROM STDIN\n\nX\n", "")
+    # Options may follow the positional arguments.
+    code, out, err = run(
+        "call", "--connect", tcp, "echo", "hi", "-", "--json", "--metadata", "m1",
+        "--metadata", "\u00e9t\u00e9", stdin=b"\xff\x00",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    assert out.endswith("\n") and out.count("\n") == 1
+    assert json.loads(out) == {
+        "data": ["HI", {"base64": "/wA="}],  # not UTF-8: base64
+        "metadata": ["m1", "\u00e9t\u00e9"],  # the worker returns the caller's metadata
+    }
+    code, out, err = run("call", "--connect", tcp, "--json", "echo")
+    assert (code, out, err) == (0, '{"data": [], "metadata": []}\n', "")
+
+
+def test_call_work_timeout(procs: list[Proc], tmp_path: Path) -> None:
+    """--work-timeout reaches the broker: a worker holding the request longer is treated as
+    lost, and with --max-redeliveries 0 the call ends in an error reply at once."""
+    _, tcp = start_broker(procs, tmp_path, "trio", "--max-redeliveries", "0")
+    start(procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli_handlers:slow")
+    began = time.monotonic()
+    code, out, err = run(
+        "call", "--connect", tcp, "--timeout", "20", "--retries", "0", "--work-timeout", "0.5",
+        "slow", "10",
+    )  # fmt: skip
+    assert time.monotonic() - began < 8  # not the handler's 10 s
+    assert (code, out) == (1, "")
+    assert err.startswith("dcp call: RemoteError: redelivery_limit")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_ctrl_c_on_call_exits_130_quietly(backend: str) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)  # a broker that never answers
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVTIMEO, 15_000)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        call = Proc("call", "--connect", f"tcp://127.0.0.1:{port}", "--backend", backend, "x")
+        try:
+            router.recv_multipart()  # the request: the call is waiting for its reply
+            call.popen.send_signal(signal.SIGINT)
+            assert call.finish(10) == (130, "", "")
+        finally:
+            call.kill()
+    finally:
+        router.close(0)
+
+
+# -- the command line itself ----------------------------------------------------------------
+
+
+def test_version_and_help_show_defaults() -> None:
+    assert run("--version") == (0, f"dcp (dagbox-dcp) {dcp.__version__}\n", "")
+    code, out, err = run("broker", "--help")
+    assert (code, err) == (0, "")
+    flat = " ".join(out.split())
+    for text in [
+        "--liveness N heartbeats missed before the peer is considered gone (default: 3)",
+        "--max-queue N requests queued per service (default: 100000)",
+        "--max-service-name BYTES longest service name (default: 1024)",
+        "--receive-hwm MESSAGES zmq's receive high-water mark per peer (0: none) (default: 1000)",
+    ]:
+        assert text in flat
+    code, out, _ = run("call", "--help")
+    assert "--timeout SECONDS seconds each attempt waits for the reply (default: 5.0)" in " ".join(
+        out.split()
+    )
+
+
+def test_global_options_after_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dcp._cli._call
+
+    seen: list[argparse.Namespace] = []
+
+    def cmd_call(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(dcp._cli._call, "cmd_call", cmd_call)
+    call = ["call", "--connect", "tcp://127.0.0.1:1", "echo"]
+    assert main(["-v", *call, "--backend", "asyncio", "-v"]) == 0
+    assert main([*call, "-v"]) == 0
+    assert main(["--backend", "asyncio", *call]) == 0
+    assert [(a.backend, a.verbose) for a in seen] == [("asyncio", 2), ("trio", 1), ("asyncio", 0)]
+
+
+def test_broker_limit_flags_reach_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every limit of docs/reliability.md has a flag, passed on to ``Broker``."""
+    import dcp._broker
+
+    options: dict[str, object] = {}
+
+    class Recorder:
+        def __init__(self, *endpoints: str, **kwargs: object) -> None:
+            options.update(kwargs)
+            raise ValueError("recorded")
+
+    monkeypatch.setattr(dcp._broker, "Broker", Recorder)
+    flags = [
+        "--max-message-size", "-1", "--max-frames", "7", "--max-service-name", "8",
+        "--max-services", "9", "--max-services-per-worker", "10", "--max-queue", "11",
+        "--max-client-queued", "12", "--max-client-inflight", "13", "--max-redeliveries", "14",
+        "--work-timeout", "1.5", "--send-hwm", "15", "--receive-hwm", "16",
+    ]  # fmt: skip
+    assert main(["broker", "--bind", "tcp://127.0.0.1:0", *flags]) == 2
+    assert {k: options[k] for k in options if k.startswith(("max_", "work_", "send_", "rec"))} == {
+        "max_message_size": -1, "max_frames": 7, "max_service_name": 8, "max_services": 9,
+        "max_services_per_worker": 10, "max_queue": 11, "max_client_queued": 12,
+        "max_client_inflight": 13, "max_redeliveries": 14, "work_timeout": 1.5,
+        "send_hwm": 15, "receive_hwm": 16,
+    }  # fmt: skip

@@ -325,7 +325,7 @@ def test_import_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> N
     for name in [m for m in sys.modules if m == "dcp.spark" or m.startswith("dcp.spark.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "pyspark", None)
-    with pytest.raises(ImportError, match=r"pip install 'dcp\[spark\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'dagbox-dcp\[spark\]'"):
         importlib.import_module("dcp.spark")
 
 

@@ -8,8 +8,8 @@
                          broker="tcp://broker-host:5555", window=64, on_error="column")
     df.withColumn("score", service_column("text", "score", output_type="string"))
 
-Needs the ``spark`` extra (``pip install 'dcp[spark]'``: pyspark, pyarrow, pandas). See
-``docs/spark.md`` for the configuration order, delivery semantics and performance.
+Needs the ``spark`` extra (``pip install 'dagbox-dcp[spark]'``: pyspark, pyarrow, pandas).
+See ``docs/spark.md`` for the configuration order, delivery semantics and performance.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ try:
 except ImportError as _exc:
     raise ImportError(
         f"dcp.spark needs pyspark and pyarrow ({_exc}); install them with: "
-        "pip install 'dcp[spark]'"
+        "pip install 'dagbox-dcp[spark]'"
     ) from _exc
 
 from ._calls import BATCH_BYTES as BATCH_BYTES

@@ -1,0 +1,54 @@
+"""The ``dcp`` command line: ``dcp broker``, ``dcp worker``, ``dcp call``, ``dcp demo``,
+``dcp keys``.
+
+Layout: :mod:`._parser` (arguments, checked as they are parsed), :mod:`._commands` and
+:mod:`._call` (one ``cmd_*`` function per command), :mod:`._run` (one-line user errors,
+signals, exit codes; its rules are at its top).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from .._exceptions import BaseExceptionGroup
+from ._parser import build_parser
+from ._run import INTERRUPTED, USAGE, CLIError, interrupted
+
+__all__ = ["main"]
+
+
+def _log_level(command: str, verbose: int) -> int:
+    if verbose > 1:
+        return logging.DEBUG
+    if verbose == 1 or command in ("broker", "worker"):
+        return logging.INFO
+    return logging.WARNING
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dcp`` command; returns its exit status (see ``dcp --help``)."""
+    try:
+        args = build_parser().parse_args(argv)
+        # The global options may come before or after the command.
+        args.backend = args.sub_backend or args.backend
+        args.verbose += args.sub_verbose
+        logging.basicConfig(
+            level=_log_level(args.command, args.verbose),
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except CLIError as exc:
+        prog = f"dcp {args.command}"
+        hint = f" (see '{prog} --help')" if exc.code == USAGE else ""
+        print(f"{prog}: {exc.message}{hint}", file=sys.stderr, flush=True)
+        return exc.code
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except BaseExceptionGroup as group:
+        if interrupted(group):
+            return INTERRUPTED
+        raise

@@ -1,0 +1,202 @@
+"""``dcp broker``, ``dcp worker``, ``dcp demo`` and ``dcp keys`` (``dcp call`` is in
+:mod:`._call`). Each ``cmd_*`` returns the exit code or raises :class:`~._run.CLIError`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio
+import zmq
+
+from ._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal, zmq_problem
+
+if TYPE_CHECKING:
+    from .._security import CurveClient, CurveServer
+
+__all__ = ["client_security", "cmd_broker", "cmd_demo", "cmd_keys", "cmd_worker", "exit_code"]
+
+logger = logging.getLogger("dcp.cli")
+
+
+def exit_code(received: signal.Signals | None) -> int:
+    """A server's exit code after ``until_signal``: 130 after SIGINT, else 0 (a SIGTERM
+    stop, or the end of the work)."""
+    return INTERRUPTED if received is signal.SIGINT else 0
+
+
+def _server_security(args: argparse.Namespace) -> CurveServer | None:
+    """The broker's CURVE settings from ``--keys``, ``--allow-client``, ``--allow-worker``."""
+    from .._security import CurveServer
+
+    if args.keys is None:
+        if args.allow_client or args.allow_worker or args.allow_any_client:
+            raise CLIError("--allow-client/--allow-worker need --keys", USAGE)
+        return None
+    workers: dict[str | bytes, list[str]] = {}
+    for spec in args.allow_worker:
+        service, sep, path = spec.partition("=")
+        if not sep or not path:
+            raise CLIError(f"--allow-worker takes SERVICE=PATH, not {spec!r}", USAGE)
+        workers.setdefault(service, []).append(path)
+    clients = None if args.allow_any_client else args.allow_client
+    try:
+        return CurveServer.from_files(args.keys, clients=clients, workers=workers)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+
+
+def client_security(args: argparse.Namespace) -> CurveClient | None:
+    """A client's or worker's CURVE settings from ``--keys`` and ``--server-key``."""
+    from .._security import CurveClient
+
+    if args.keys is None and args.server_key is None:
+        return None
+    if args.keys is None or args.server_key is None:
+        raise CLIError("--keys and --server-key go together", USAGE)
+    try:
+        return CurveClient.from_files(args.keys, server=args.server_key)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from .._broker import Broker
+
+    security = _server_security(args)
+    try:
+        broker = Broker(
+            *args.bind,
+            heartbeat_interval=args.heartbeat_interval,
+            liveness=args.liveness,
+            allow_foreign_address=args.allow_foreign_address,
+            max_queue=args.max_queue,
+            max_message_size=args.max_message_size,
+            max_frames=args.max_frames,
+            max_client_queued=args.max_client_queued,
+            max_client_inflight=args.max_client_inflight,
+            work_timeout=args.work_timeout,
+            send_hwm=args.send_hwm,
+            receive_hwm=args.receive_hwm,
+            max_redeliveries=args.max_redeliveries,
+            max_service_name=args.max_service_name,
+            max_services=args.max_services,
+            max_services_per_worker=args.max_services_per_worker,
+            busy_timeout=args.busy_timeout,
+            mdp_timeout=args.mdp_timeout,
+            security=security,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc), USAGE) from None
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            endpoints = await tg.start(broker.serve)
+            for endpoint in endpoints:
+                logger.info("broker listening on %s", endpoint)
+            print("\n".join(endpoints), flush=True)
+
+    try:
+        received = run_async(args.backend, until_signal, run)
+    except zmq.ZMQError as exc:
+        raise CLIError(zmq_problem(exc, "bind", args.bind)) from None
+    logger.info("broker stopped: %s", broker.statistics())
+    return exit_code(received)
+
+
+def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
+    """Import ``module:function`` (the module is looked up on ``sys.path`` and the cwd)."""
+    import importlib
+    import os
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CLIError(f"handler must be module:function, not {spec!r}", USAGE)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise CLIError(f"cannot load handler {spec!r}: {exc}") from None
+    if not callable(obj):
+        raise CLIError(f"{spec!r} is not callable")
+    return cast("Callable[..., Awaitable[Any]]", obj)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .._errors import RegistrationRefused
+    from .._worker import Worker
+
+    handler = _load_handler(args.handler)
+    try:
+        worker = Worker(
+            args.connect,
+            args.service.encode(),
+            handler,
+            concurrency=args.concurrency,
+            heartbeat_interval=args.heartbeat_interval,
+            liveness=args.liveness,
+            security=client_security(args),
+            type_width=args.type_width,
+        )
+    except (TypeError, ValueError) as exc:
+        raise CLIError(str(exc), USAGE) from None
+
+    async def run() -> None:
+        logger.info("worker for %r connecting to %s", args.service, args.connect)
+        await worker.serve()
+
+    def stop() -> None:
+        worker.stop(grace=args.grace)
+
+    try:
+        received = run_async(args.backend, until_signal, run, stop)
+    except RegistrationRefused as exc:
+        raise CLIError(str(exc), 3) from None
+    except zmq.ZMQError as exc:
+        raise CLIError(zmq_problem(exc, "connect to", [args.connect])) from None
+    logger.info("worker stopped: %s", worker.statistics())
+    return exit_code(received)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .._demo import run_demo
+
+    code = 0
+
+    async def run() -> None:
+        nonlocal code
+        summary = await run_demo(
+            requests=args.requests,
+            clients=args.clients,
+            window=args.window,
+            progress=not args.no_progress,
+            type_width=args.type_width,
+        )
+        print(summary.render(), flush=True)
+        code = 1 if summary.errors else 0
+
+    received = run_async(args.backend, until_signal, run)
+    if received is not None:
+        if not args.no_progress:
+            print(file=sys.stderr)  # end the progress bar's line
+        return 128 + received
+    return code
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from .._security import write_key_pair
+
+    try:
+        public, secret = write_key_pair(args.dir, args.name, overwrite=args.force)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+    print(public)
+    print(secret)
+    return 0

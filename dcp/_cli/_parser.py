@@ -1,0 +1,424 @@
+"""The ``dcp`` argument parser: one-line usage errors, defaults in every help text, checked
+numbers and endpoints, and the global options accepted before or after the command."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from .. import __version__
+from .._endpoints import check_endpoint
+from ._run import USAGE
+
+__all__ = ["DISTRIBUTION", "build_parser"]
+
+#: The name dcp is published under on PyPI (``dcp`` itself is another project's).
+DISTRIBUTION = "dagbox-dcp"
+
+_EPILOG = """\
+global options (--backend, -v) may also follow the command: dcp broker -v --bind ...
+
+exit status: 0 done; 1 error (one line on stderr: a port in use, a timeout, an error
+reply, ...); 2 usage error; 3 the broker refused a worker's registration; 130 stopped by
+SIGINT (Ctrl-C). A broker or worker stopped by SIGTERM exits with 0 once it has stopped."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``dcp call: <problem> (see ...)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+class _Intermixed(_Parser):
+    """A parser whose options may follow its positional arguments, as in ``dcp call
+    --connect E echo hi --json`` (argparse stops at the first positional otherwise)."""
+
+    _inner = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._inner:  # parse_known_intermixed_args calls back in (Python < 3.12)
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's line breaks and appends each option's default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        shown = not (
+            "%(default)" in text
+            or action.nargs == 0  # flags: store_true, count, help, version
+            or not action.option_strings
+            or default is None
+            or default is argparse.SUPPRESS
+            or default == []
+        )
+        return f"{text} (default: %(default)s)" if shown else text
+
+
+# -- checked values -------------------------------------------------------------------------
+
+
+def _integer(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _seconds(*, zero: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            bound = ">= 0" if zero else "> 0"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, not {text!r}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+def _endpoint(*, bind: bool) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            check_endpoint(text, bind=bind)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if text.startswith("inproc://"):
+            raise argparse.ArgumentTypeError(
+                f"bad endpoint {text!r}: inproc:// reaches only the same process; "
+                "use tcp:// or ipc://"
+            )
+        return text
+
+    parse.__name__ = "endpoint"
+    return parse
+
+
+_POSITIVE = _integer(1)
+_NATURAL = _integer(0)
+_SECONDS = _seconds()
+
+
+# -- the parser -----------------------------------------------------------------------------
+
+
+def _add_client_security(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("CURVE security (docs/security.md)")
+    g.add_argument("--keys", metavar="FILE", help="this peer's NAME.key_secret file")
+    g.add_argument("--server-key", metavar="FILE", help="the broker's public NAME.key file")
+
+
+def _add_type_width(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--type-width",
+        type=int,
+        choices=[1, 4],
+        default=1,
+        help=f"type-frame width of {what}: 1 byte (the DCP spec) or 4 (a little-endian int, "
+        "for the DagBox C++ reference broker, which aborts on 1-byte types)",
+    )
+
+
+def _add_heartbeats(p: argparse.ArgumentParser, who: str) -> None:
+    p.add_argument(
+        "--heartbeat-interval",
+        type=_SECONDS,
+        default=1.0,
+        metavar="SECONDS",
+        help=f"seconds between heartbeats (the same on the broker and {who})",
+    )
+    p.add_argument(
+        "--liveness",
+        type=_POSITIVE,
+        default=3,
+        metavar="N",
+        help="heartbeats missed before the peer is considered gone",
+    )
+
+
+def _common() -> _Intermixed:
+    """The global options again, for after the command (dest ``sub_*``, merged in main)."""
+    common = _Intermixed(add_help=False)
+    common.add_argument(
+        "--backend",
+        dest="sub_backend",
+        choices=["trio", "asyncio"],
+        help="async backend to run on (default: trio)",
+    )
+    common.add_argument(
+        "-v", "--verbose", dest="sub_verbose", action="count", default=0, help="more logging"
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``dcp`` parser; each subcommand sets ``func`` to its ``cmd_*`` function."""
+    from ._call import cmd_call
+    from ._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
+
+    parser = _Parser(
+        prog="dcp",
+        description="DagBox Communication Protocol v1 broker, worker and client.",
+        epilog=_EPILOG,
+        formatter_class=_Formatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s ({DISTRIBUTION}) {__version__}"
+    )
+    parser.add_argument(
+        "--backend", choices=["trio", "asyncio"], default="trio", help="async backend to run on"
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Intermixed
+    )
+    common = _common()
+
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], formatter_class=_Formatter, **kwargs)
+
+    p = command("broker", help="run a broker until SIGINT or SIGTERM")
+    p.add_argument(
+        "--bind",
+        action="append",
+        required=True,
+        type=_endpoint(bind=True),
+        metavar="ENDPOINT",
+        help="zmq endpoint to bind, e.g. tcp://127.0.0.1:5555, tcp://*:5555 (every "
+        "interface), tcp://127.0.0.1:0 (a free port) or ipc:///tmp/dcp.sock (repeatable); "
+        "the bound endpoints are printed, one per line",
+    )
+    _add_heartbeats(p, "its workers")
+    p.add_argument(
+        "--allow-foreign-address",
+        action="store_true",
+        help="let non-workers send requests carrying another client's address",
+    )
+    _add_limits(p)
+    _add_server_security(p)
+    p.set_defaults(func=cmd_broker)
+
+    p = command("worker", help="serve a service with a handler function")
+    p.add_argument(
+        "--connect",
+        required=True,
+        type=_endpoint(bind=False),
+        metavar="ENDPOINT",
+        help="broker endpoint, e.g. tcp://127.0.0.1:5555",
+    )
+    p.add_argument("--service", required=True, metavar="NAME", help="service to register")
+    p.add_argument("handler", metavar="module:function", help="async def handler(request)")
+    p.add_argument(
+        "--concurrency", type=_POSITIVE, default=1, metavar="N", help="requests handled at once"
+    )
+    _add_heartbeats(p, "the worker")
+    p.add_argument(
+        "--grace",
+        type=_seconds(zero=True),
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, time running requests get to finish (a second signal: now)",
+    )
+    _add_type_width(p, "every message the worker sends")
+    _add_client_security(p)
+    p.set_defaults(func=cmd_worker)
+
+    p = command(
+        "call",
+        help="send one request and print the reply's data parts",
+        description="Send one request and print the reply's data parts, one per line (or,\n"
+        "with --json, the whole reply as one JSON object). An error reply or a timeout is\n"
+        "one line on stderr and exit status 1. Options may also follow SERVICE and DATA.",
+    )
+    p.add_argument(
+        "--connect",
+        required=True,
+        type=_endpoint(bind=False),
+        metavar="ENDPOINT",
+        help="broker endpoint, e.g. tcp://127.0.0.1:5555",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_SECONDS,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds each attempt waits for the reply",
+    )
+    p.add_argument(
+        "--retries",
+        type=_NATURAL,
+        default=2,
+        metavar="N",
+        help="resends (same request id) after an attempt times out",
+    )
+    p.add_argument(
+        "--work-timeout",
+        type=_SECONDS,
+        metavar="SECONDS",
+        help="seconds one worker may hold the request before the broker gives it to another "
+        "(default: the broker's --work-timeout, if any)",
+    )
+    p.add_argument(
+        "--metadata",
+        action="append",
+        default=[],
+        metavar="PART",
+        help="a metadata part (UTF-8, not empty) the worker returns in its reply (repeatable)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print the reply as one JSON object, {"data": [...], "metadata": [...]}: each '
+        'part a string (UTF-8), or {"base64": "..."} if it is not UTF-8',
+    )
+    p.add_argument("service", metavar="SERVICE")
+    p.add_argument(
+        "data",
+        nargs="*",
+        metavar="DATA",
+        help="data parts (UTF-8); '-': one part read from stdin, bytes as they are",
+    )
+    _add_type_width(p, "the request")
+    _add_client_security(p)
+    p.set_defaults(func=cmd_call)
+
+    p = command("demo", help="embedded broker, a DAG of workers, clients under load")
+    p.add_argument(
+        "--requests", type=_POSITIVE, default=4000, metavar="N", help="requests sent in all"
+    )
+    p.add_argument("--clients", type=_POSITIVE, default=4, metavar="N", help="concurrent clients")
+    p.add_argument(
+        "--window", type=_POSITIVE, default=32, metavar="N", help="requests in flight per client"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_type_width(p, "what the clients and workers send")
+    p.set_defaults(func=cmd_demo)
+
+    p = command(
+        "keys", help="generate a CURVE key pair: NAME.key (public), NAME.key_secret (0600)"
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--dir", default=".", metavar="DIR", help="where to write")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=cmd_keys)
+    return parser
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("limits (see docs/reliability.md)")
+    g.add_argument(
+        "--work-timeout",
+        type=_SECONDS,
+        metavar="SECONDS",
+        help="time a worker may hold a request that carries no work timeout of its own "
+        "before it is treated as lost (default: no limit)",
+    )
+    g.add_argument(
+        "--busy-timeout",
+        type=_SECONDS,
+        default=60.0,
+        metavar="SECONDS",
+        help="silence allowed from a busy worker that never beats while it works (MDP, "
+        "DagBox C++); it is probed meanwhile",
+    )
+    g.add_argument(
+        "--mdp-timeout",
+        type=_SECONDS,
+        default=10.0,
+        metavar="SECONDS",
+        help="silence allowed from an idle Majordomo worker",
+    )
+    limits: list[tuple[str, Callable[[str], int], int, str, str]] = [
+        (
+            "--max-redeliveries",
+            _NATURAL,
+            5,
+            "N",
+            "times a request is put back in its queue before a redelivery_limit error",
+        ),
+        ("--max-queue", _NATURAL, 100_000, "N", "requests queued per service"),
+        ("--max-client-queued", _NATURAL, 10_000, "N", "one client's requests waiting in queues"),
+        (
+            "--max-client-inflight",
+            _NATURAL,
+            20_000,
+            "N",
+            "one client's requests accepted and not yet answered",
+        ),
+        (
+            "--max-message-size",
+            _integer(-1),
+            256 << 20,
+            "BYTES",
+            "largest message, all frames together (-1: no limit)",
+        ),
+        ("--max-frames", _POSITIVE, 4096, "N", "frames per message"),
+        ("--max-service-name", _POSITIVE, 1024, "BYTES", "longest service name"),
+        ("--max-services", _NATURAL, 10_000, "N", "services that requests may create"),
+        ("--max-services-per-worker", _NATURAL, 256, "N", "services one worker may register"),
+        (
+            "--send-hwm",
+            _NATURAL,
+            1000,
+            "MESSAGES",
+            "zmq's send high-water mark per peer (0: none)",
+        ),
+        (
+            "--receive-hwm",
+            _NATURAL,
+            1000,
+            "MESSAGES",
+            "zmq's receive high-water mark per peer (0: none)",
+        ),
+    ]
+    for flag, kind, default, metavar, text in limits:
+        g.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
+
+
+def _add_server_security(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("CURVE security (docs/security.md)")
+    g.add_argument(
+        "--keys", metavar="FILE", help="the broker's NAME.key_secret file: turns CURVE on"
+    )
+    g.add_argument(
+        "--allow-client",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a public .key file, or a directory of them, whose keys may connect (repeatable)",
+    )
+    g.add_argument(
+        "--allow-any-client",
+        action="store_true",
+        help="let any key connect (encryption without client authentication)",
+    )
+    g.add_argument(
+        "--allow-worker",
+        action="append",
+        default=[],
+        metavar="SERVICE=PATH",
+        help="keys in PATH (.key file or directory; '*': any connected key) may register "
+        "SERVICE ('*': any service); they may also connect (repeatable)",
+    )

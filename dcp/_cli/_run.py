@@ -1,0 +1,127 @@
+"""What every ``dcp`` command shares at run time: user errors as one line, signals, and the
+translation of zmq's and anyio's errors at the edge of the command line.
+
+Rules:
+
+1. A user error (a bad argument, a port in use, a missing key file, an error reply) is a
+   :class:`CLIError`: one line ``dcp COMMAND: message`` on stderr and its exit code, never a
+   traceback. Code 2 is for mistakes visible in the command line itself (usage errors), 1 for
+   the rest.
+2. SIGINT (Ctrl-C) and SIGTERM stop a command through :func:`until_signal`, which reports
+   the signal; a command stopped by SIGINT exits with 130 and prints nothing more.
+3. An ``ExceptionGroup`` around one real error is unwrapped (:func:`run_async`), so rule 1
+   sees the error itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+import zmq
+
+from .._exceptions import BaseExceptionGroup, single_error
+
+__all__ = [
+    "INTERRUPTED",
+    "USAGE",
+    "CLIError",
+    "interrupted",
+    "run_async",
+    "until_signal",
+    "zmq_problem",
+]
+
+logger = logging.getLogger("dcp.cli")
+
+T = TypeVar("T")
+
+#: Exit code of a usage error (argparse's).
+USAGE = 2
+#: Exit code after SIGINT (128 + 2, as a shell reports a process killed by it).
+INTERRUPTED = 128 + signal.SIGINT
+
+
+class CLIError(Exception):
+    """A user error: printed as one line ``dcp COMMAND: message``, then exit with ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+async def until_signal(
+    run: Callable[[], Awaitable[object]], on_signal: Callable[[], object] | None = None
+) -> signal.Signals | None:
+    """Run ``run()`` until it returns or SIGINT/SIGTERM arrives; return the first signal
+    received, or ``None``.
+
+    With ``on_signal``, the first signal calls it (a graceful stop that makes ``run()``
+    return) and a second one cancels; without, the first signal cancels.
+    """
+    received: signal.Signals | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            nonlocal received
+            graceful = on_signal
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    sig = signal.Signals(signum)
+                    if received is None:
+                        received = sig
+                    if graceful is not None:
+                        logger.info("received %s, stopping gracefully (again to force)", sig.name)
+                        graceful()
+                        graceful = None
+                        continue
+                    logger.info("received %s, stopping", sig.name)
+                    tg.cancel_scope.cancel()
+                    return
+
+        async def body() -> None:
+            await run()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(body)
+    return received
+
+
+def run_async(backend: str, func: Callable[..., Awaitable[T]], *args: object) -> T:
+    """``anyio.run(func, *args)`` on ``backend``, with one real error unwrapped from its
+    exception group (rule 3)."""
+    try:
+        return anyio.run(func, *args, backend=backend)
+    except BaseExceptionGroup as group:
+        exc = single_error(group)
+        if exc is group:
+            raise
+        raise exc from None
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``KeyboardInterrupt``, alone or in (nested) groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(KeyboardInterrupt)
+        return rest is None
+    return isinstance(exc, KeyboardInterrupt)
+
+
+# pyzmq appends " (addr='...')" to the message of a failed bind or connect.
+_ADDR = re.compile(r"(?P<reason>.*) \(addr='(?P<addr>.*)'\)")
+
+
+def zmq_problem(exc: zmq.ZMQError, verb: str, endpoints: list[str]) -> str:
+    """One line for a failed bind or connect: ``cannot bind tcp://...: Address already in
+    use``. ``endpoints`` name the attempt when zmq did not."""
+    text = str(exc)
+    match = _ADDR.fullmatch(text)
+    if match is not None:
+        return f"cannot {verb} {match['addr']}: {match['reason']}"
+    return f"cannot {verb} {', '.join(endpoints)}: {text}"

@@ -1,0 +1,92 @@
+"""Endpoint strings, checked before zmq sees them.
+
+zmq accepts some endpoints it cannot mean (``tcp://127.0.0.1:99999`` binds some other port,
+``tcp://:5555`` connects nowhere, for ever) and answers others with a bare ``EINVAL``
+(``tcp://*:5555`` given to ``connect``). :func:`check_endpoint` turns each such mistake into
+a :class:`ValueError` that says what is wrong. It checks the form only: it does not resolve
+host names (a broker's name may appear in DNS after its workers start) or touch files.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+__all__ = ["SCHEMES", "check_endpoint"]
+
+#: The transports dcp's peers use.
+SCHEMES = ("tcp", "ipc", "inproc")
+
+# A host name, an IPv4 address or (for bind) a network interface name.
+_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+_PORT = re.compile(r"[0-9]+")
+_DOTTED = re.compile(r"[0-9.]+")
+
+
+def check_endpoint(endpoint: str, *, bind: bool) -> str:
+    """Return ``endpoint`` if it is a well-formed zmq endpoint for binding (``bind=True``)
+    or connecting; raise :class:`ValueError` naming the mistake otherwise.
+
+    Accepted: ``tcp://HOST:PORT`` (an IPv6 address in brackets or bare; port 0-65535),
+    ``ipc://PATH`` and ``inproc://NAME``. ``*`` as a tcp host (every interface) or port
+    (any free port), port 0 and ``ipc://*`` are for binding only.
+
+    :raises ValueError: the scheme, host or port is not one of the above
+    """
+    scheme, sep, address = endpoint.partition("://")
+    if not sep:
+        raise ValueError(
+            f"bad endpoint {endpoint!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+        )
+    if scheme not in SCHEMES:
+        raise ValueError(f"bad endpoint {endpoint!r}: scheme must be tcp, ipc or inproc")
+    if not address:
+        raise ValueError(f"bad endpoint {endpoint!r}: nothing after {scheme}://")
+    if scheme == "tcp":
+        reason = _tcp_problem(address, bind)
+    elif address == "*" and not bind:
+        reason = f"{scheme}://* is for binding only; connect to a real name"
+    else:
+        reason = None
+    if reason is not None:
+        raise ValueError(f"bad endpoint {endpoint!r}: {reason}")
+    return endpoint
+
+
+def _tcp_problem(address: str, bind: bool) -> str | None:
+    host, colon, port = address.rpartition(":")
+    if not colon or not port:
+        return "no port (expected tcp://HOST:PORT)"
+    if port == "*":
+        if not bind:
+            return "port '*' (any free port) is for binding only; connect to a port number"
+    elif not _PORT.fullmatch(port):
+        return f"port {port!r} is not a number from 0 to 65535"
+    elif int(port) > 65535:
+        return f"port {int(port)} is out of range (0 to 65535)"
+    elif int(port) == 0 and not bind:
+        return "port 0 (any free port) is for binding only; connect to the broker's port"
+    if not host:
+        return "no host (expected tcp://HOST:PORT)"
+    if host == "*":
+        if not bind:
+            return (
+                "host '*' (every interface) is for binding only; connect to a host name or "
+                "address, e.g. tcp://127.0.0.1:5555"
+            )
+        return None
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed or ":" in host:
+        try:
+            ipaddress.IPv6Address(host[1:-1] if bracketed else host)
+        except ValueError:
+            return f"host {host!r} is not an IPv6 address"
+        return None
+    if not _HOST.fullmatch(host):
+        return f"host {host!r} is not a host name or address"
+    if _DOTTED.fullmatch(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"host {host!r} is not an IPv4 address"
+    return None
