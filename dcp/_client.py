@@ -20,9 +20,11 @@ import anyio.lowlevel
 import zmq
 
 from ._calls import (
+    Part,
     Payload,
     check_window,
     checked_routing_id,
+    data_parts,
     payload_parts,
     request_metadata,
     service_bytes,
@@ -194,8 +196,8 @@ class Client:
     async def request(
         self,
         service: str | bytes,
-        *data: bytes,
-        metadata: Sequence[bytes] = (),
+        *data: Part,
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,  # noqa: ASYNC109 (per attempt, not overall)
         retries: int | None = None,
         work_timeout: float | None = None,
@@ -216,10 +218,10 @@ class Client:
         :raises anyio.BrokenResourceError: the socket failed
         """
         waiter = Waiter()
+        service = service_bytes(service)
+        parts = data_parts(data)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        rid, frames, deadline = self._start(
-            service_bytes(service), data, metadata, timeout, retries, waiter
-        )
+        rid, frames, deadline = self._start(service, parts, metadata, timeout, retries, waiter)
         try:
             await self._send(rid, frames, deadline)
             await waiter.event.wait()
@@ -234,7 +236,7 @@ class Client:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
@@ -256,8 +258,9 @@ class Client:
         :raises ValueError: ``window`` < 1 (at once, not on iteration)
         """
         check_window(window)
+        service = service_bytes(service)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map(service_bytes(service), payloads, window, metadata, timeout, retries)
+        return self._map(service, payloads, window, metadata, timeout, retries)
 
     def map_unordered(
         self,
@@ -265,7 +268,7 @@ class Client:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
@@ -273,10 +276,9 @@ class Client:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
         is the payload's position in ``payloads``)."""
         check_window(window)
+        service = service_bytes(service)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map_unordered(
-            service_bytes(service), payloads, window, metadata, timeout, retries
-        )
+        return self._map_unordered(service, payloads, window, metadata, timeout, retries)
 
     async def _map(
         self,
@@ -291,13 +293,18 @@ class Client:
         order: deque[bytes] = deque()
         done = sink.done
         try:
-            for payload in payloads:
+            for index, payload in enumerate(payloads):
                 if len(order) >= window:
                     while order[0] not in done:
                         await sink.wait()
                     yield self._result(done.pop(order.popleft()))
                 rid, frames, deadline = self._start(
-                    service, payload_parts(payload), metadata, attempt_timeout, retries, sink
+                    service,
+                    payload_parts(payload, index),
+                    metadata,
+                    attempt_timeout,
+                    retries,
+                    sink,
                 )
                 order.append(rid)
                 await self._send(rid, frames, deadline)
@@ -328,7 +335,12 @@ class Client:
                     rid = next(iter(done))
                     yield inflight.pop(rid), self._result(done.pop(rid))
                 rid, frames, deadline = self._start(
-                    service, payload_parts(payload), metadata, attempt_timeout, retries, sink
+                    service,
+                    payload_parts(payload, index),
+                    metadata,
+                    attempt_timeout,
+                    retries,
+                    sink,
                 )
                 inflight[rid] = index
                 await self._send(rid, frames, deadline)

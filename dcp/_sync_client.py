@@ -18,9 +18,11 @@ import anyio
 import zmq
 
 from ._calls import (
+    Part,
     Payload,
     check_window,
     checked_routing_id,
+    data_parts,
     payload_parts,
     request_metadata,
     service_bytes,
@@ -157,8 +159,8 @@ class SyncClient:
     def request(
         self,
         service: str | bytes,
-        *data: bytes,
-        metadata: Sequence[bytes] = (),
+        *data: Part,
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
@@ -171,8 +173,10 @@ class SyncClient:
         :raises RemoteError: a dcp error reply
         :raises anyio.ClosedResourceError: the client is closed
         """
+        service = service_bytes(service)
+        parts = data_parts(data)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        rid = self._start(service_bytes(service), data, metadata, timeout, retries)
+        rid = self._start(service, parts, metadata, timeout, retries)
         done = self._done
         try:
             while rid not in done:
@@ -188,7 +192,7 @@ class SyncClient:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
@@ -201,10 +205,9 @@ class SyncClient:
         :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
         """
         check_window(window)
+        service = service_bytes(service)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map(
-            service_bytes(service), payloads, window, metadata, timeout, retries, _result
-        )
+        return self._map(service, payloads, window, metadata, timeout, retries, _result)
 
     def map_outcomes(
         self,
@@ -212,7 +215,7 @@ class SyncClient:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
@@ -223,10 +226,9 @@ class SyncClient:
         the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
         """
         check_window(window)
+        service = service_bytes(service)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map(
-            service_bytes(service), payloads, window, metadata, timeout, retries, _outcome
-        )
+        return self._map(service, payloads, window, metadata, timeout, retries, _outcome)
 
     def map_unordered(
         self,
@@ -234,17 +236,16 @@ class SyncClient:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
     ) -> Generator[tuple[int, Response], None, None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
         check_window(window)
+        service = service_bytes(service)
         metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map_unordered(
-            service_bytes(service), payloads, window, metadata, timeout, retries
-        )
+        return self._map_unordered(service, payloads, window, metadata, timeout, retries)
 
     def _map(
         self,
@@ -260,12 +261,14 @@ class SyncClient:
         done = self._done
         pump = self._pump
         try:
-            for payload in payloads:
+            for index, payload in enumerate(payloads):
                 if len(order) >= window:
                     while order[0] not in done:
                         pump()
                     yield take(done.pop(order.popleft()))
-                rid = self._start(service, payload_parts(payload), metadata, timeout, retries)
+                rid = self._start(
+                    service, payload_parts(payload, index), metadata, timeout, retries
+                )
                 order.append(rid)
             while order:
                 while order[0] not in done:
@@ -289,7 +292,9 @@ class SyncClient:
             for index, payload in enumerate(payloads):
                 if len(inflight) >= window:
                     yield self._take_any(inflight)
-                rid = self._start(service, payload_parts(payload), metadata, timeout, retries)
+                rid = self._start(
+                    service, payload_parts(payload, index), metadata, timeout, retries
+                )
                 inflight[rid] = index
             while inflight:
                 yield self._take_any(inflight)

@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
+from typing import Any
 
 import anyio
 import pytest
@@ -495,3 +496,61 @@ async def test_infinite_timeout() -> None:
             assert await client.request("echo", b"x") == Response((b"x",))
             assert await client.request("echo", b"y", timeout=math.inf) == Response((b"y",))
             assert_clean(client)
+
+
+# ---------------------------------------------------------------- bad parts (issue 15, item 1)
+
+#: Requests that must be refused before their first frame is sent: (call, what the error names).
+_BAD_REQUESTS: list[tuple[str, dict[str, object], type[Exception], str]] = [
+    ("data part", {"data": (b"first", 123)}, TypeError, r"data\[1\]"),
+    ("None part", {"data": (None,)}, TypeError, r"data\[0\]"),
+    ("service", {"service": 7}, TypeError, "service"),
+    ("metadata part", {"metadata": [b"ok", 5]}, TypeError, r"metadata\[1\]"),
+    ("empty metadata", {"metadata": [b""]}, ValueError, r"metadata\[0\]"),
+    ("bare metadata", {"metadata": b"m"}, TypeError, "metadata"),
+]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "names"),
+    [pytest.param(b, e, n, id=i) for i, b, e, n in _BAD_REQUESTS],
+)
+async def test_a_bad_part_sends_nothing_and_the_next_request_is_intact(
+    bad: dict[str, object], error: type[Exception], names: str
+) -> None:
+    """A bad part is refused before the first frame is sent: the next request is whole."""
+    with FakeBroker(echo) as broker:
+        async with Client(broker.endpoint, timeout=2.0, retries=0) as client:
+            args: dict[str, Any] = {"service": "echo", "data": (b"first",), "metadata": ()}
+            args.update(bad)
+            with pytest.raises(error, match=names):
+                await client.request(
+                    args["service"],
+                    *args["data"],
+                    metadata=args["metadata"],
+                )
+            assert_clean(client)
+            with anyio.fail_after(5):
+                assert await client.request("echo", b"second") == Response((b"second",))
+            s = client.statistics()
+    [req] = broker.requests
+    assert (req.service, req.data) == (b"echo", (b"second",))
+    assert (s.retries, s.timeouts, s.malformed) == (0, 0, {})
+
+
+async def test_a_bad_map_payload_sends_nothing_of_it() -> None:
+    payloads: list[object] = [b"a", "b", (b"c", "d"), (b"e", 5), b"f"]
+    with FakeBroker(echo) as broker:
+        async with Client(broker.endpoint, timeout=2.0, retries=0) as client:
+            got = []
+            with pytest.raises(TypeError, match=r"payloads\[3\]\[1\]"):
+                async for r in client.map("echo", payloads, window=1):  # type: ignore[arg-type]
+                    got.append(r.data)
+            assert got == [(b"a",), (b"b",), (b"c", b"d")]
+            with pytest.raises(TypeError, match=r"payloads\[0\]"):
+                async for _ in client.map_unordered("echo", [42]):  # type: ignore[list-item]
+                    pass  # pragma: no cover
+            assert_clean(client)
+            with anyio.fail_after(5):
+                assert await client.request("echo", b"next") == Response((b"next",))
+    assert [r.data for r in broker.requests] == [(b"a",), (b"b",), (b"c", b"d"), (b"next",)]

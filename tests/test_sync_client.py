@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -264,3 +265,54 @@ def test_infinite_timeout() -> None:
     with FakeBroker(random_delay(0.01)) as broker, SyncClient(broker.endpoint) as client:
         assert client.request("echo", b"x", timeout=math.inf) == Response((b"x",))
         assert_clean(client)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "names"),
+    [
+        ({"data": (b"first", 123)}, TypeError, r"data\[1\]"),
+        ({"service": 7}, TypeError, "service"),
+        ({"metadata": [b"ok", 5]}, TypeError, r"metadata\[1\]"),
+        ({"metadata": [b""]}, ValueError, r"metadata\[0\]"),
+    ],
+)
+def test_a_bad_part_sends_nothing_and_the_next_request_is_intact(
+    bad: dict[str, object], error: type[Exception], names: str
+) -> None:
+    """Issue 15, item 1: a bad part is refused before the first frame is sent."""
+    with (
+        FakeBroker(echo) as broker,
+        SyncClient(broker.endpoint, timeout=2.0, retries=0) as client,
+    ):
+        args: dict[str, Any] = {"service": "echo", "data": (b"first",), "metadata": ()}
+        args.update(bad)
+        with pytest.raises(error, match=names):
+            client.request(
+                args["service"],
+                *args["data"],
+                metadata=args["metadata"],
+            )
+        assert_clean(client)
+        assert client.request("echo", b"second") == Response((b"second",))
+        s = client.statistics()
+    [req] = broker.requests
+    assert (req.service, req.data) == (b"echo", (b"second",))
+    assert (s.retries, s.timeouts, s.malformed) == (0, 0, {})
+
+
+def test_a_bad_map_payload_sends_nothing_of_it() -> None:
+    payloads: list[object] = [b"a", "b", (b"c", "d"), (b"e", 5), b"f"]
+    with (
+        FakeBroker(echo) as broker,
+        SyncClient(broker.endpoint, timeout=2.0, retries=0) as client,
+    ):
+        got = []
+        with pytest.raises(TypeError, match=r"payloads\[3\]\[1\]"):
+            for r in client.map("echo", payloads, window=1):  # type: ignore[arg-type]
+                got.append(r.data)
+        assert got == [(b"a",), (b"b",), (b"c", b"d")]
+        with pytest.raises(TypeError, match=r"payloads\[0\]"):
+            list(client.map_outcomes("echo", [42]))  # type: ignore[list-item]
+        assert_clean(client)
+        assert client.request("echo", b"next") == Response((b"next",))
+    assert [r.data for r in broker.requests] == [(b"a",), (b"b",), (b"c", b"d"), (b"next",)]
