@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import zmq
@@ -28,6 +28,7 @@ from ._calls import (
     service_bytes,
 )
 from ._context import get_context
+from ._json import encode_json
 from ._messages import work_timeout_option
 from ._security import CurveClient, configure_client_socket
 from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
@@ -185,6 +186,35 @@ class SyncClient:
             self._forget(rid)
             raise
         return _result(done.pop(rid))
+
+    def request_json(
+        self,
+        service: str | bytes,
+        obj: Any,
+        *,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+    ) -> Any:
+        """Send ``obj`` as one JSON data part (UTF-8) and return the reply's one data part
+        decoded from JSON: ``client.request_json("add", {"a": 1, "b": 2})``.
+
+        The options and errors are :meth:`request`'s, and:
+
+        :raises TypeError: ``obj`` is not JSON-serialisable (before anything is sent)
+        :raises ValueError: ``obj`` holds ``NaN`` or an infinity (before anything is sent);
+            the reply is not exactly one UTF-8 JSON part
+        """
+        response = self.request(
+            service,
+            encode_json(obj, name="obj"),
+            metadata=metadata,
+            timeout=timeout,
+            retries=retries,
+            work_timeout=work_timeout,
+        )
+        return response.json()
 
     def map(
         self,

@@ -50,15 +50,18 @@ worker and a resend can both run a request: services should be idempotent).
 
 from __future__ import annotations
 
+import builtins
 import math
 import os
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
 from ._errors import RemoteError, RemoteProtocolError, RequestTimeout
+from ._json import decode_json
 from ._messages import OPTION_PREFIX, Reply, Request, parse_error_reply
 from ._util import DeadlineHeap
 from .wire.dcp1 import check_type_width, parse, serialize
@@ -75,13 +78,54 @@ __all__ = [
 class Response:
     """A successful reply to a request.
 
+    Most replies have exactly one data part; :attr:`bytes`, :attr:`text` and :meth:`json`
+    read it (and raise :exc:`ValueError` if there is not exactly one)::
+
+        response = await client.request("greet", "world")
+        print(response.text)
+
     :ivar data: the reply's data parts
     :ivar metadata: the request's metadata as the worker returned it (dcp's request id
         and request options removed)
     """
 
-    data: tuple[bytes, ...]
-    metadata: tuple[bytes, ...] = ()
+    data: tuple[builtins.bytes, ...]
+    metadata: tuple[builtins.bytes, ...] = ()
+
+    def _single(self) -> builtins.bytes:
+        if len(self.data) != 1:
+            raise ValueError(
+                f"the response has {len(self.data)} data parts, not exactly one: "
+                "read response.data"
+            )
+        return self.data[0]
+
+    @property
+    def text(self) -> str:
+        """The one data part, decoded as UTF-8.
+
+        :raises ValueError: not exactly one data part, or not UTF-8
+        """
+        try:
+            return self._single().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"the response's data part is not UTF-8: {exc}") from None
+
+    def json(self) -> Any:
+        """The one data part, decoded as a UTF-8 JSON document.
+
+        :raises ValueError: not exactly one data part, or not a UTF-8 JSON document
+        """
+        return decode_json(self._single(), name="the response's data part")
+
+    # Last: in the class body, ``bytes`` below this line is the property.
+    @property
+    def bytes(self) -> builtins.bytes:
+        """The one data part.
+
+        :raises ValueError: not exactly one data part
+        """
+        return self._single()
 
 
 @attrs.frozen

@@ -554,3 +554,44 @@ async def test_a_bad_map_payload_sends_nothing_of_it() -> None:
             with anyio.fail_after(5):
                 assert await client.request("echo", b"next") == Response((b"next",))
     assert [r.data for r in broker.requests] == [(b"a",), (b"b",), (b"c", b"d"), (b"next",)]
+
+
+# ---------------------------------------------------------------- str and JSON (item 5)
+
+
+async def test_str_service_data_and_metadata_are_sent_as_utf8() -> None:
+    with FakeBroker(echo) as broker:
+        async with Client(broker.endpoint) as client:
+            response = await client.request("écho", "héllo", b"raw", metadata=["mé"])
+            assert response == Response(("héllo".encode(), b"raw"), ("mé".encode(),))
+            assert response.data[0].decode() == "héllo"
+            got = [r.text async for r in client.map("écho", ["a", ("b",), b"c"])]
+            assert got == ["a", "b", "c"]
+    assert {r.service for r in broker.requests} == {"écho".encode()}
+
+
+async def test_request_json_round_trip_and_bad_objects_send_nothing() -> None:
+    with FakeBroker(echo) as broker:
+        async with Client(broker.endpoint) as client:
+            obj = {"a": [1, 2.5, None], "b": "Zoë"}
+            assert await client.request_json("echo", obj) == obj
+            with pytest.raises(TypeError, match="obj is not JSON-serialisable"):
+                await client.request_json("echo", {1, 2})
+            with pytest.raises(ValueError, match="obj is not JSON-serialisable"):
+                await client.request_json("echo", math.nan)
+            assert_clean(client)
+    [req] = broker.requests
+    assert req.data == (b'{"a":[1,2.5,null],"b":"Zo\xc3\xab"}',)
+
+
+def _two_parts(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    return [(0.0, (*req.data, b"more"))]
+
+
+async def test_request_json_refuses_a_reply_that_is_not_one_json_part() -> None:
+    with FakeBroker(_two_parts) as broker:
+        async with Client(broker.endpoint) as client:
+            with pytest.raises(ValueError, match="2 data parts"):
+                await client.request_json("echo", [1], metadata=[b"m"])
+            assert_clean(client)
+    assert broker.requests[0].metadata[-1] == b"m"

@@ -316,3 +316,17 @@ def test_a_bad_map_payload_sends_nothing_of_it() -> None:
         assert_clean(client)
         assert client.request("echo", b"next") == Response((b"next",))
     assert [r.data for r in broker.requests] == [(b"a",), (b"b",), (b"c", b"d"), (b"next",)]
+
+
+def test_str_parts_and_request_json() -> None:
+    with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
+        response = client.request("écho", "héllo", b"raw", metadata=["mé"])
+        assert response == Response(("héllo".encode(), b"raw"), ("mé".encode(),))
+        assert [r.text for r in client.map("écho", ["a", ("b",), b"c"])] == ["a", "b", "c"]
+        obj = {"a": [1, None], "b": "Zoë"}
+        assert client.request_json("echo", obj, metadata=[b"m"]) == obj
+        with pytest.raises(TypeError, match="obj is not JSON-serialisable"):
+            client.request_json("echo", object())
+        assert_clean(client)
+    assert {r.service for r in broker.requests} == {"écho".encode(), b"echo"}
+    assert len(broker.requests) == 5
