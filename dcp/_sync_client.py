@@ -31,7 +31,7 @@ from ._context import get_context
 from ._json import encode_json
 from ._messages import work_timeout_option
 from ._security import CurveClient, configure_client_socket
-from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
+from ._tracker import ClientStatistics, Outcome, RequestTracker, Response, Timing
 from ._zmqio import recv_frames, send_frames
 
 __all__ = ["SyncClient"]
@@ -54,7 +54,7 @@ class SyncClient:
             for response in client.map("echo", payloads, window=64):
                 ...
 
-    Same ids, retries and errors as :class:`dcp.Client` (the same tracker). The socket is
+    Same ids, timeouts, retries and errors as :class:`dcp.Client` (the same tracker). The socket is
     created and connected by the constructor and closed (linger 0) by :meth:`close` or at
     the end of the ``with`` block. A client belongs to the process that created it: a
     forked child must create its own (it raises :exc:`RuntimeError` otherwise).
@@ -71,8 +71,10 @@ class SyncClient:
         self,
         endpoint: str,
         *,
-        timeout: float = 10.0,
-        retries: int = 3,
+        timeout: float = 30.0,
+        attempt_timeout: float | None = None,
+        retries: int = 2,
+        no_wait: bool = False,
         backoff: float = 0.1,
         backoff_factor: float = 2.0,
         backoff_max: float = 5.0,
@@ -91,11 +93,14 @@ class SyncClient:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
         self.work_timeout = work_timeout
+        #: Default of :meth:`request`'s ``no_wait``.
+        self.no_wait = no_wait
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
         self._tracker = RequestTracker(
             timeout=timeout,
+            attempt_timeout=attempt_timeout,
             retries=retries,
             backoff=backoff,
             backoff_factor=backoff_factor,
@@ -104,6 +109,7 @@ class SyncClient:
             rng=rng,
             remember=remember,
             type_width=type_width,
+            probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
         )
         self._batch = batch
         self._pid = os.getpid()
@@ -163,21 +169,27 @@ class SyncClient:
         *data: Part,
         metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Response:
-        """Send a request and block until its reply (see :meth:`dcp.Client.request`).
+        """Send a request and block until its reply (see :meth:`dcp.Client.request`: the
+        same options and errors).
 
         An exception while waiting (e.g. ``KeyboardInterrupt``) forgets the request.
 
-        :raises RequestTimeout: no reply after the last attempt
+        :raises TypeError: a part that is not ``bytes`` or ``str`` (nothing is sent)
+        :raises NoWorkers: no worker serves the service (the broker said so)
+        :raises RequestTimeout: no reply within ``timeout``, or after the last attempt
         :raises RemoteError: a dcp error reply
         :raises anyio.ClosedResourceError: the client is closed
         """
         service = service_bytes(service)
         parts = data_parts(data)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        rid = self._start(service, parts, metadata, timeout, retries)
+        metadata = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        rid = self._start(service, parts, metadata, timing)
         done = self._done
         try:
             while rid not in done:
@@ -194,8 +206,10 @@ class SyncClient:
         *,
         metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Any:
         """Send ``obj`` as one JSON data part (UTF-8) and return the reply's one data part
         decoded from JSON: ``client.request_json("add", {"a": 1, "b": 2})``.
@@ -211,8 +225,10 @@ class SyncClient:
             encode_json(obj, name="obj"),
             metadata=metadata,
             timeout=timeout,
+            attempt_timeout=attempt_timeout,
             retries=retries,
             work_timeout=work_timeout,
+            no_wait=no_wait,
         )
         return response.json()
 
@@ -224,20 +240,24 @@ class SyncClient:
         window: int = 64,
         metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Generator[Response, None, None]:
         """Request ``service`` once per payload; yield replies in input order.
 
         At most ``window`` requests are outstanding (sent, reply not yet yielded). The first
         failure is raised; closing the generator early forgets the outstanding requests.
+        The options are :meth:`request`'s, for each request.
 
-        :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
+        :param payloads: each is ``bytes`` or ``str`` (one data part) or a sequence of
+            data parts; each is checked before it is sent
         """
-        check_window(window)
-        service = service_bytes(service)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map(service, payloads, window, metadata, timeout, retries, _result)
+        return self._map(
+            service, payloads, window, metadata, timeout, attempt_timeout, retries,
+            work_timeout, no_wait, _result,
+        )  # fmt: skip
 
     def map_outcomes(
         self,
@@ -247,18 +267,20 @@ class SyncClient:
         window: int = 64,
         metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Generator[Outcome, None, None]:
         """Like :meth:`map`, but yield every request's outcome instead of raising failures:
         a :class:`~dcp.Response`, or the :exc:`~dcp.RemoteError` or
         :exc:`~dcp.RequestTimeout` that :meth:`map` would raise. One failure does not stop
         the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
         """
-        check_window(window)
-        service = service_bytes(service)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map(service, payloads, window, metadata, timeout, retries, _outcome)
+        return self._map(
+            service, payloads, window, metadata, timeout, attempt_timeout, retries,
+            work_timeout, no_wait, _outcome,
+        )  # fmt: skip
 
     def map_unordered(
         self,
@@ -268,23 +290,45 @@ class SyncClient:
         window: int = 64,
         metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Generator[tuple[int, Response], None, None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
         check_window(window)
         service = service_bytes(service)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map_unordered(service, payloads, window, metadata, timeout, retries)
+        metadata = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        return self._map_unordered(service, payloads, window, metadata, timing)
 
     def _map(
+        self,
+        service: str | bytes,
+        payloads: Iterable[Payload],
+        window: int,
+        metadata: Sequence[Part],
+        timeout: float | None,
+        attempt_timeout: float | None,
+        retries: int | None,
+        work_timeout: float | None,
+        no_wait: bool | None,
+        take: Callable[[Outcome], _T],
+    ) -> Generator[_T, None, None]:
+        """Check the arguments now, then return the generator."""
+        check_window(window)
+        checked = service_bytes(service)
+        parts = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        return self._map_ordered(checked, payloads, window, parts, timing, take)
+
+    def _map_ordered(
         self,
         service: bytes,
         payloads: Iterable[Payload],
         window: int,
         metadata: Sequence[bytes],
-        timeout: float | None,
-        retries: int | None,
+        timing: Timing,
         take: Callable[[Outcome], _T],
     ) -> Generator[_T, None, None]:
         order: deque[bytes] = deque()
@@ -296,9 +340,7 @@ class SyncClient:
                     while order[0] not in done:
                         pump()
                     yield take(done.pop(order.popleft()))
-                rid = self._start(
-                    service, payload_parts(payload, index), metadata, timeout, retries
-                )
+                rid = self._start(service, payload_parts(payload, index), metadata, timing)
                 order.append(rid)
             while order:
                 while order[0] not in done:
@@ -314,17 +356,14 @@ class SyncClient:
         payloads: Iterable[Payload],
         window: int,
         metadata: Sequence[bytes],
-        timeout: float | None,
-        retries: int | None,
+        timing: Timing,
     ) -> Generator[tuple[int, Response], None, None]:
         inflight: dict[bytes, int] = {}
         try:
             for index, payload in enumerate(payloads):
                 if len(inflight) >= window:
                     yield self._take_any(inflight)
-                rid = self._start(
-                    service, payload_parts(payload, index), metadata, timeout, retries
-                )
+                rid = self._start(service, payload_parts(payload, index), metadata, timing)
                 inflight[rid] = index
             while inflight:
                 yield self._take_any(inflight)
@@ -343,27 +382,33 @@ class SyncClient:
 
     # ------------------------------------------------------------------ internals
 
+    def _metadata(
+        self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
+    ) -> tuple[bytes, ...]:
+        return request_metadata(
+            metadata,
+            work_timeout,
+            self.work_timeout,
+            no_wait=self.no_wait if no_wait is None else no_wait,
+        )
+
     def _start(
         self,
         service: bytes,
         data: Sequence[bytes],
         metadata: Sequence[bytes],
-        timeout: float | None,
-        retries: int | None,
+        timing: Timing,
     ) -> bytes:
         if self._closed:
             raise anyio.ClosedResourceError("the client is closed")
         if self._pid != os.getpid():
             raise RuntimeError("a SyncClient cannot be used in a forked child; create one there")
         tracker = self._tracker
-        now = time.monotonic()
-        rid = tracker.request(
-            service, data, now, metadata=metadata, timeout=timeout, retries=retries
-        )
+        rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         out, tracker.outbox = tracker.outbox, []
         (frames,) = out  # the request's first attempt
         try:
-            self._send(frames, now + (tracker.timeout if timeout is None else timeout))
+            self._send(frames, tracker.deadline_of(rid))
         except BaseException:
             tracker.cancel(rid)
             raise

@@ -22,8 +22,11 @@ import anyio.from_thread
 import attrs
 
 import dcp
+from dcp._messages import OPTION_PREFIX
 
 __all__ = ["Recorder", "Services", "services", "slow_echo"]
+
+_EXPIRES_IN = OPTION_PREFIX + b"expires-in="
 
 
 @attrs.define
@@ -68,7 +71,11 @@ def _handler(recorder: Recorder) -> Callable[[dcp.Request], Awaitable[bytes | li
         data = request.data[0] if request.data else b""
         with recorder.lock:
             recorder.ids.append(request.metadata[0])
-            recorder.options.append(request.metadata[1:])
+            # dcp's options after the request id, but the deadline (expires-in), which
+            # changes from attempt to attempt.
+            recorder.options.append(
+                tuple(m for m in request.metadata[1:] if not m.startswith(_EXPIRES_IN))
+            )
             recorder.payloads.append(data)
             recorder.in_flight += 1
             recorder.max_in_flight = max(recorder.max_in_flight, recorder.in_flight)

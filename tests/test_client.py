@@ -28,10 +28,15 @@ from _fake_peers import (
     twice,
 )
 
-from dcp import RemoteError, Request, RequestTimeout
+from dcp import NoWorkers, RemoteError, Request, RequestTimeout
 from dcp._broker import Broker
 from dcp._client import Client
-from dcp._messages import error_reply_data
+from dcp._messages import (
+    NO_WAIT_OPTION,
+    REQUEST_ID_PREFIX,
+    error_reply_data,
+    request_expires_in,
+)
 from dcp._tracker import Response
 
 pytestmark = pytest.mark.anyio
@@ -60,8 +65,10 @@ async def test_request_round_trip_with_metadata() -> None:
             assert await client.request(b"echo") == Response(())
     req = broker.requests[0]
     assert req.service == b"echo"
-    assert len(req.metadata[0]) == 16  # dcp's id comes first
-    assert req.metadata[1:] == (b"m1", b"m2")
+    assert req.metadata[0].startswith(REQUEST_ID_PREFIX)  # dcp's id comes first
+    assert len(req.metadata[0]) == len(REQUEST_ID_PREFIX) + 16
+    assert 29 < (request_expires_in(req.metadata[1:2]) or 0) <= 30  # then the time left
+    assert req.metadata[2:] == (b"m1", b"m2")
     assert broker.peers == {client.routing_id}
     assert client.routing_id[0] != 0
     s = client.statistics()
@@ -140,11 +147,17 @@ async def test_cancel_while_sending_is_clean() -> None:
 
 async def test_retry_after_a_dropped_reply() -> None:
     with FakeBroker(drop_first) as broker:
-        async with Client(broker.endpoint, timeout=0.1, retries=2, backoff=0.01) as client:
+        async with Client(
+            broker.endpoint, timeout=5.0, attempt_timeout=0.1, retries=2, backoff=0.01
+        ) as client:
             assert await client.request("echo", b"x") == Response((b"x",))
             s = client.statistics()
     assert [r.data for r in broker.requests] == [(b"x",), (b"x",)]
-    assert broker.requests[0].metadata == broker.requests[1].metadata  # same id resent
+    first, second = (r.metadata for r in broker.requests)
+    assert first[0] == second[0]  # same id resent
+    # Each attempt carries the time left of the 5 s.
+    assert 4.8 < request_expires_in(first) <= 5.0  # type: ignore[operator]
+    assert 4.0 < request_expires_in(second) < request_expires_in(first)  # type: ignore[operator]
     assert (s.retries, s.timeouts, s.replies) == (1, 0, 1)
 
 
@@ -160,18 +173,23 @@ async def test_duplicate_reply_is_dropped_and_counted() -> None:
 
 
 async def test_timeout_after_the_last_retry() -> None:
+    """Attempts shorter than the call: the last one's end ends the call (the timeout is
+    the whole call's since issue 15; this test used to set 0.05 s per attempt as timeout)."""
     with FakeBroker(silent) as broker:
-        async with Client(broker.endpoint, timeout=0.05, retries=2, backoff=0.01) as client:
+        async with Client(
+            broker.endpoint, timeout=5.0, attempt_timeout=0.05, retries=2, backoff=0.01
+        ) as client:
             start = time.monotonic()
-            with anyio.fail_after(5), pytest.raises(RequestTimeout):
+            with anyio.fail_after(5), pytest.raises(RequestTimeout) as info:
                 await client.request("echo", b"x")
             elapsed = time.monotonic() - start
             s = client.statistics()
             assert_clean(client)
-    assert elapsed >= 0.15  # three attempts of 0.05 s
-    assert len(broker.attempts) == 1
-    assert list(broker.attempts.values()) == [3]
-    assert (s.retries, s.timeouts) == (2, 1)
+    assert type(info.value) is RequestTimeout  # the fake broker did not say 404
+    assert 0.15 <= elapsed < 2  # three attempts of 0.05 s
+    assert [r.service for r in broker.requests] == [b"echo"] * 3 + [b"mmi.service"]
+    assert broker.requests[-1].data == (b"echo",)  # the question asked before the end
+    assert (s.retries, s.timeouts, s.probes) == (2, 1, 1)
 
 
 async def test_short_timeout_rearms_the_timer() -> None:
@@ -248,7 +266,7 @@ async def test_map_payloads_may_have_several_parts() -> None:
         async with Client(broker.endpoint) as client:
             got = [r.data async for r in client.map(b"echo", payloads, metadata=[b"m"])]
     assert got == [(b"one",), (b"two", b"parts"), (), (b"",)]
-    assert all(r.metadata[1:] == (b"m",) for r in broker.requests)
+    assert all(r.metadata[-1:] == (b"m",) for r in broker.requests)
 
 
 def _bad_is_an_error(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
@@ -595,3 +613,106 @@ async def test_request_json_refuses_a_reply_that_is_not_one_json_part() -> None:
                 await client.request_json("echo", [1], metadata=[b"m"])
             assert_clean(client)
     assert broker.requests[0].metadata[-1] == b"m"
+
+
+# ---------------------------------------------------------------- whole-call timeout (item 2)
+
+
+def _closed_port() -> str:
+    """A tcp endpoint where nothing listens (bound, then released)."""
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    try:
+        sock.bind("tcp://127.0.0.1:0")
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    finally:
+        sock.close(0)
+
+
+async def test_no_broker_fails_within_the_timeout() -> None:
+    async with Client(_closed_port(), timeout=0.5) as client:
+        start = anyio.current_time()
+        with anyio.fail_after(5), pytest.raises(RequestTimeout) as info:
+            await client.request("echo", b"x")
+        elapsed = anyio.current_time() - start
+        s = client.statistics()
+        assert_clean(client)
+    assert type(info.value) is RequestTimeout  # nobody said "no workers"
+    assert 0.45 <= elapsed <= 0.7
+    # Attempts of 0.5 / 3 s: a resend or two, as the backoff delays allow; then the probe.
+    assert (s.retries >= 1, s.probes, s.timeouts) == (True, 1, 1)
+
+
+async def test_the_whole_call_is_bounded_whatever_the_attempts() -> None:
+    with FakeBroker(silent) as broker:
+        async with Client(broker.endpoint, attempt_timeout=0.05, retries=100) as client:
+            start = anyio.current_time()
+            with anyio.fail_after(5), pytest.raises(RequestTimeout):
+                await client.request("echo", b"x", timeout=0.4)
+            elapsed = anyio.current_time() - start
+    assert 0.35 <= elapsed <= 0.6
+    attempts = [r for r in broker.requests if r.service == b"echo"]
+    assert 2 <= len(attempts) < 100
+    left = [request_expires_in(r.metadata) or 0.0 for r in attempts]
+    assert left == sorted(left, reverse=True)  # each attempt: the time left, less and less
+    assert all(0 < x <= 0.4 for x in left)
+
+
+async def test_a_service_nobody_serves_raises_no_workers_within_the_timeout() -> None:
+    async with Broker("tcp://127.0.0.1:0") as broker, Client(broker.endpoints[0]) as client:
+        start = anyio.current_time()
+        with anyio.fail_after(5), pytest.raises(NoWorkers) as info:
+            await client.request("nobody", b"x", timeout=1.0)
+        elapsed = anyio.current_time() - start
+        assert_clean(client)
+    assert isinstance(info.value, RequestTimeout)  # old except clauses still catch it
+    assert info.value.service == b"nobody"
+    assert str(info.value).startswith("no worker serves 'nobody' (the broker says so; ")
+    assert 0.85 <= elapsed <= 1.3
+    assert client.statistics().no_workers == 1
+
+
+def _sleepy(data: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    time.sleep(1.5)
+    return data
+
+
+async def test_a_served_service_that_is_slow_is_a_plain_timeout() -> None:
+    async with Broker("tcp://127.0.0.1:0") as broker:
+        endpoint = broker.endpoints[0]
+        with RawWorker(endpoint, b"slow", _sleepy) as worker:
+            await eventually(worker.registered.is_set)
+            async with Client(endpoint) as client:
+                with anyio.fail_after(5), pytest.raises(RequestTimeout) as info:
+                    await client.request("slow", b"x", timeout=0.5, retries=0)
+    assert type(info.value) is RequestTimeout
+
+
+def _no_responders(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    """A broker that knows the no-wait option and has no worker for anything."""
+    if NO_WAIT_OPTION in req.metadata:
+        return [(0.0, error_reply_data("no_workers", "no worker serves this service"))]
+    return []
+
+
+async def test_no_wait_fails_at_once_with_no_workers() -> None:
+    with FakeBroker(_no_responders) as broker:
+        async with Client(broker.endpoint, timeout=10.0) as client:
+            with anyio.fail_after(2), pytest.raises(NoWorkers) as info:
+                await client.request("echo", b"x", no_wait=True)
+            assert str(info.value) == "no worker serves 'echo': no worker serves this service"
+            with anyio.fail_after(2), pytest.raises(NoWorkers):
+                await client.request_json("echo", [1], no_wait=True)
+            assert_clean(client)
+        async with Client(broker.endpoint, no_wait=True, timeout=0.3, retries=0) as client2:
+            with anyio.fail_after(2), pytest.raises(NoWorkers):
+                async for _ in client2.map("echo", [b"a"]):
+                    pass  # pragma: no cover
+            # Per request, no_wait=False wins over the client's default: it waits.
+            with anyio.fail_after(2), pytest.raises(RequestTimeout) as info2:
+                await client2.request("echo", b"y", no_wait=False)
+            assert type(info2.value) is RequestTimeout
+    echo_requests = [r for r in broker.requests if r.service == b"echo"]
+    assert [NO_WAIT_OPTION in r.metadata for r in echo_requests] == [True, True, True, False]
+    # dcp's options come after the id and before the user's metadata.
+    assert echo_requests[0].metadata[2] == NO_WAIT_OPTION
+    assert client.statistics().no_workers == 2

@@ -22,8 +22,8 @@ from _fake_peers import (
     twice,
 )
 
-from dcp import RemoteError, Request, RequestTimeout
-from dcp._messages import error_reply_data
+from dcp import NoWorkers, RemoteError, Request, RequestTimeout
+from dcp._messages import NO_WAIT_OPTION, REQUEST_ID_PREFIX, error_reply_data
 from dcp._sync_client import SyncClient
 from dcp._tracker import Response
 
@@ -40,7 +40,8 @@ def test_request_round_trip_with_metadata() -> None:
         assert_clean(client)
     assert client.closed
     assert broker.peers == {client.routing_id}
-    assert [len(r.metadata[0]) for r in broker.requests] == [16, 16]
+    assert all(r.metadata[0].startswith(REQUEST_ID_PREFIX) for r in broker.requests)
+    assert [len(r.metadata[0]) for r in broker.requests] == [24, 24]
 
 
 def test_many_requests_in_a_row_are_matched() -> None:
@@ -102,16 +103,19 @@ def test_duplicate_reply_is_dropped_and_counted() -> None:
 def test_timeout_after_the_last_retry() -> None:
     with (
         FakeBroker(silent) as broker,
-        SyncClient(broker.endpoint, timeout=0.05, retries=2, backoff=0.01) as client,
+        SyncClient(
+            broker.endpoint, timeout=5.0, attempt_timeout=0.05, retries=2, backoff=0.01
+        ) as client,
     ):
         start = time.monotonic()
         with pytest.raises(RequestTimeout):
             client.request("echo", b"x")
-        assert time.monotonic() - start >= 0.15
+        assert 0.15 <= time.monotonic() - start < 2
         s = client.statistics()
         assert_clean(client)
-    assert list(broker.attempts.values()) == [3]
-    assert (s.retries, s.timeouts) == (2, 1)
+    # Three attempts, then the mmi.service question asked before the end.
+    assert [r.service for r in broker.requests] == [b"echo"] * 3 + [b"mmi.service"]
+    assert (s.retries, s.timeouts, s.probes) == (2, 1, 1)
 
 
 def test_remote_error() -> None:
@@ -330,3 +334,58 @@ def test_str_parts_and_request_json() -> None:
         assert_clean(client)
     assert {r.service for r in broker.requests} == {"écho".encode(), b"echo"}
     assert len(broker.requests) == 5
+
+
+def _closed_port() -> str:
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    try:
+        sock.bind("tcp://127.0.0.1:0")
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    finally:
+        sock.close(0)
+
+
+def test_no_broker_fails_within_the_timeout() -> None:
+    with SyncClient(_closed_port(), timeout=0.5) as client:
+        start = time.monotonic()
+        with pytest.raises(RequestTimeout) as info:
+            client.request("echo", b"x")
+        assert 0.45 <= time.monotonic() - start <= 0.7
+        assert_clean(client)
+    assert type(info.value) is RequestTimeout
+
+
+def test_a_service_nobody_serves_raises_no_workers_within_the_timeout() -> None:
+    with broker_in_thread() as endpoint, SyncClient(endpoint, timeout=1.0) as client:
+        start = time.monotonic()
+        with pytest.raises(NoWorkers, match="no worker serves 'nobody'"):
+            client.request("nobody", b"x")
+        assert 0.85 <= time.monotonic() - start <= 1.3
+        # map_outcomes yields it in place, like any other failure.
+        [outcome] = client.map_outcomes("nobody", [b"y"], timeout=0.3)
+        assert isinstance(outcome, NoWorkers)
+        assert client.statistics().no_workers == 2
+
+
+def _no_responders(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    if NO_WAIT_OPTION in req.metadata:
+        return [(0.0, error_reply_data("no_workers", "none"))]
+    return []
+
+
+def test_no_wait_fails_at_once_with_no_workers() -> None:
+    with (
+        FakeBroker(_no_responders) as broker,
+        SyncClient(broker.endpoint, no_wait=True, timeout=10.0) as client,
+    ):
+        start = time.monotonic()
+        with pytest.raises(NoWorkers, match=r"^no worker serves 'echo': none$"):
+            client.request("echo", b"x")
+        assert time.monotonic() - start < 2
+        with pytest.raises(RequestTimeout) as info:
+            client.request("echo", b"x", no_wait=False, timeout=0.2, retries=0)
+        assert type(info.value) is RequestTimeout
+    assert [NO_WAIT_OPTION in r.metadata for r in broker.requests if r.service == b"echo"] == [
+        True,
+        False,
+    ]
