@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -45,7 +46,7 @@ _SEND_POLL_MAX = 0.1
 
 
 class SyncClient:
-    """A blocking DCP client (one thread at a time).
+    """A blocking DCP client, for one thread.
 
     ::
 
@@ -57,7 +58,11 @@ class SyncClient:
     Same ids, timeouts, retries and errors as :class:`dcp.Client` (the same tracker). The socket is
     created and connected by the constructor and closed (linger 0) by :meth:`close` or at
     the end of the ``with`` block. A client belongs to the process that created it: a
-    forked child must create its own (it raises :exc:`RuntimeError` otherwise).
+    forked child must create its own (it raises :exc:`RuntimeError` otherwise). It also
+    belongs to the first thread that sends a request on it (zmq sockets are not
+    thread-safe): a request, ``map`` or read from any other thread raises
+    :exc:`RuntimeError` at once; create one client per thread. :meth:`close` may be called
+    from any thread, once no other thread uses the client.
 
     When zmq's send queue is full (high-water mark) a send waits for room until the
     attempt's deadline; then the attempt counts as lost and the retry rule takes over.
@@ -129,6 +134,10 @@ class SyncClient:
         #: Outcomes received but not yet taken by the caller that waits for them.
         self._done: dict[bytes, Outcome] = {}
         self._closed = False
+        # The thread the client belongs to: the first one to send a request.
+        self._owner: int | None = None
+        self._owner_name = ""
+        self._owner_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -403,6 +412,8 @@ class SyncClient:
             raise anyio.ClosedResourceError("the client is closed")
         if self._pid != os.getpid():
             raise RuntimeError("a SyncClient cannot be used in a forked child; create one there")
+        if threading.get_ident() != self._owner:
+            self._claim()
         tracker = self._tracker
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         out, tracker.outbox = tracker.outbox, []
@@ -433,6 +444,21 @@ class SyncClient:
             except zmq.Again:
                 pass
 
+    def _claim(self) -> None:
+        """Make this thread the owner if there is none yet, else refuse (one thread per
+        client: its zmq socket and its state are not thread-safe)."""
+        me = threading.current_thread()
+        with self._owner_lock:
+            if self._owner is None:
+                self._owner = me.ident
+                self._owner_name = me.name
+                return
+        raise RuntimeError(
+            f"a SyncClient may be used by one thread only: this one belongs to thread "
+            f"{self._owner_name!r}, the first to send on it, and {me.name!r} tried to use "
+            "it; create one SyncClient per thread"
+        )
+
     def _forget(self, rid: bytes) -> None:
         if self._done.pop(rid, None) is None:
             self._tracker.cancel(rid)
@@ -441,6 +467,8 @@ class SyncClient:
         """Wait for replies or the next deadline (whichever is first) and handle them."""
         if self._closed:
             raise anyio.ClosedResourceError("the client is closed")
+        if threading.get_ident() != self._owner:
+            self._claim()
         tracker = self._tracker
         deadline = tracker.next_deadline()
         if deadline is None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -389,3 +390,64 @@ def test_no_wait_fails_at_once_with_no_workers() -> None:
         True,
         False,
     ]
+
+
+def _in_thread(fn: Callable[[], object]) -> BaseException | None:
+    """Run ``fn`` in a new thread; what it raised, if anything."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name="intruder")
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    return raised[0] if raised else None
+
+
+def test_a_second_thread_is_refused_at_once_and_the_owner_goes_on() -> None:
+    """Issue 15, item 8: one SyncClient shared by threads failed with an occasional
+    IndexError; now the second thread gets a clear RuntimeError before touching anything."""
+    with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
+        assert client.request("echo", b"mine") == Response((b"mine",))
+        gen = client.map("echo", [b"a", b"b", b"c"], window=1)
+        assert next(gen) == Response((b"a",))
+        for attempt in (
+            lambda: client.request("echo", b"theirs"),
+            lambda: client.request_json("echo", [1]),
+            lambda: list(client.map_unordered("echo", [b"x"])),
+        ):
+            exc = _in_thread(attempt)
+            assert isinstance(exc, RuntimeError)
+            assert str(exc) == (
+                "a SyncClient may be used by one thread only: this one belongs to thread "
+                "'MainThread', the first to send on it, and 'intruder' tried to use it; "
+                "create one SyncClient per thread"
+            )
+        # The owner's requests are intact, the half-consumed map too.
+        assert [r.data for r in gen] == [(b"b",), (b"c",)]
+        assert client.request("echo", b"again") == Response((b"again",))
+        assert_clean(client)
+    assert [r.data for r in broker.requests] == [
+        (b"mine",),
+        (b"a",),
+        (b"b",),
+        (b"c",),
+        (b"again",),
+    ]
+
+
+def test_the_owner_is_the_first_thread_that_sends() -> None:
+    with FakeBroker(echo) as broker:
+        client = SyncClient(broker.endpoint)  # created here, used only over there
+        got: list[Response] = []
+        assert _in_thread(lambda: got.append(client.request("echo", b"x"))) is None
+        assert got == [Response((b"x",))]
+        with pytest.raises(RuntimeError, match="one thread only"):
+            client.request("echo", b"y")
+        client.close()  # from any thread, once nobody uses it
+        assert client.closed
