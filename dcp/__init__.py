@@ -15,6 +15,7 @@ from ._errors import MissingClientDelimiter as MissingClientDelimiter
 from ._errors import MissingEnvelopeDelimiter as MissingEnvelopeDelimiter
 from ._errors import MissingMetadataDelimiter as MissingMetadataDelimiter
 from ._errors import MissingServiceName as MissingServiceName
+from ._errors import NoWorkers as NoWorkers
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RegistrationRefused as RegistrationRefused
 from ._errors import RemoteError as RemoteError
@@ -71,6 +72,7 @@ __all__ = [
     "MissingEnvelopeDelimiter",
     "MissingMetadataDelimiter",
     "MissingServiceName",
+    "NoWorkers",
     "Ping",
     "Pong",
     "ProtocolError",

@@ -1,25 +1,39 @@
 """What building a request takes, shared by the async and the sync client (and the worker):
-routing ids, service names, payload parts, and the metadata with dcp's request options."""
+routing ids, service names, payload parts, and the metadata with dcp's request options.
+
+Every part a caller hands in is checked (and ``str`` encoded as UTF-8) here, once, before the
+request's first frame is sent: a zmq multipart send that fails half-way would leave the
+frames already queued to be glued to the next message. The fast path (``bytes``) costs one
+type test per part.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import cast
 
-from ._messages import work_timeout_option
+from ._messages import NO_WAIT_OPTION, work_timeout_option
 
 __all__ = [
+    "Part",
     "Payload",
     "check_window",
     "checked_routing_id",
+    "data_parts",
     "make_routing_id",
     "payload_parts",
     "request_metadata",
     "service_bytes",
 ]
 
-#: One request's data: a single part, or a sequence of parts.
-Payload = bytes | Sequence[bytes]
+#: One data or metadata part: ``bytes`` as is, ``str`` as UTF-8 (``bytearray`` and
+#: ``memoryview`` are copied into ``bytes``).
+Part = bytes | str
+#: One request's data for ``map``: a single part, or a sequence of parts.
+Payload = bytes | str | Sequence[bytes | str]
+
+_BUFFERS = (bytearray, memoryview)
 
 
 def make_routing_id() -> bytes:
@@ -40,28 +54,95 @@ def checked_routing_id(routing_id: bytes | None) -> bytes:
     return routing_id
 
 
+def _part(part: object, name: str) -> bytes:
+    """One part as ``bytes`` (the slow path: anything but ``bytes``)."""
+    if isinstance(part, bytes):
+        return bytes(part)  # a subclass: plain bytes for zmq and for comparisons
+    if isinstance(part, str):
+        try:
+            return part.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{name} is not encodable as UTF-8: {exc}") from None
+    if isinstance(part, _BUFFERS):
+        return bytes(part)
+    raise TypeError(f"{name} must be bytes or str, not {type(part).__name__}")
+
+
 def service_bytes(service: str | bytes) -> bytes:
-    """The service name as sent: ``str`` is encoded as UTF-8."""
-    return service.encode() if isinstance(service, str) else service
+    """The service name as sent: ``str`` is encoded as UTF-8.
+
+    :raises TypeError: not ``bytes`` or ``str``
+    :raises ValueError: a ``str`` that UTF-8 cannot encode (a lone surrogate)
+    """
+    if type(service) is bytes:
+        return service
+    return _part(service, "service")
 
 
-def payload_parts(payload: Payload) -> Sequence[bytes]:
-    """The data parts of a ``map`` payload: ``bytes`` is one part."""
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return (bytes(payload),)
-    return payload
+def data_parts(parts: Iterable[Part], name: str = "data") -> tuple[bytes, ...]:
+    """The data parts as sent, each checked: ``name[i]`` in error messages.
+
+    :raises TypeError: a part that is not ``bytes``, ``str`` or a bytes-like buffer
+    :raises ValueError: a ``str`` part that UTF-8 cannot encode
+    """
+    parts = tuple(parts)
+    for part in parts:
+        if type(part) is not bytes:
+            break
+    else:
+        return parts  # type: ignore[return-value]  # all bytes: the fast path
+    return tuple(_part(part, f"{name}[{i}]") for i, part in enumerate(parts))
+
+
+def payload_parts(payload: Payload, index: int) -> tuple[bytes, ...]:
+    """The data parts of ``map``'s payload number ``index``: ``bytes`` or ``str`` is one
+    part, a sequence is several (errors name ``payloads[index]``)."""
+    if type(payload) is bytes:
+        return (payload,)
+    if isinstance(payload, (bytes, str, bytearray, memoryview)):
+        return (_part(payload, f"payloads[{index}]"),)
+    if not isinstance(payload, Sequence):
+        raise TypeError(
+            f"payloads[{index}] must be bytes, str or a sequence of them, "
+            f"not {type(payload).__name__}"
+        )
+    return data_parts(cast("Sequence[Part]", payload), f"payloads[{index}]")
 
 
 def request_metadata(
-    metadata: Sequence[bytes], work_timeout: float | None, default: float | None
-) -> Sequence[bytes]:
-    """The metadata to send: dcp's request options (``work_timeout``, else the client's
-    ``default``), then the user's."""
+    metadata: Sequence[Part],
+    work_timeout: float | None,
+    default: float | None,
+    *,
+    no_wait: bool = False,
+) -> tuple[bytes, ...]:
+    """The metadata to send after dcp's request id (and expires-in option, which the tracker
+    adds): dcp's request options (``work_timeout``, else the client's ``default``; the
+    no-wait flag), then the user's parts, each checked.
+
+    :raises TypeError: ``metadata`` is not a sequence of parts, or a part is not ``bytes``
+        or ``str``
+    :raises ValueError: an empty part (an empty frame ends the metadata on the wire), or a
+        bad ``work_timeout``
+    """
+    if isinstance(metadata, (bytes, str, bytearray, memoryview)) or not isinstance(
+        metadata, Sequence
+    ):
+        raise TypeError(
+            f"metadata must be a sequence of bytes or str parts, not {type(metadata).__name__}"
+        )
+    user = data_parts(metadata, "metadata")
+    for i, part in enumerate(user):
+        if not part:
+            raise ValueError(f"metadata[{i}] is empty (an empty frame ends the metadata)")
     if work_timeout is None:
         work_timeout = default
-    if work_timeout is None:
-        return metadata
-    return (work_timeout_option(work_timeout), *metadata)
+    options: tuple[bytes, ...] = ()
+    if work_timeout is not None:
+        options = (work_timeout_option(work_timeout),)
+    if no_wait:
+        options = (*options, NO_WAIT_OPTION)
+    return (*options, *user) if options else user
 
 
 def check_window(window: int) -> None:

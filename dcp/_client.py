@@ -14,23 +14,27 @@ import random
 from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from types import TracebackType
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import zmq
 
 from ._calls import (
+    Part,
     Payload,
     check_window,
     checked_routing_id,
+    data_parts,
     payload_parts,
     request_metadata,
     service_bytes,
 )
 from ._context import get_context
+from ._json import encode_json
 from ._messages import work_timeout_option
 from ._security import CurveClient, configure_client_socket
-from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
+from ._tracker import ClientStatistics, Outcome, RequestTracker, Response, Timing
 from ._waiters import Sink, Waiter
 from ._zmqio import AsyncSocket
 
@@ -53,9 +57,15 @@ class Client:
             async for response in client.map("echo", payloads, window=64):
                 ...
 
-    Requests are matched to replies by an id dcp puts first in the metadata; every request
-    is retried on timeout with the same id (see :class:`~dcp._tracker.RequestTracker` for
-    the exact rule). Many tasks may call :meth:`request` at once.
+    Requests are matched to replies by an id dcp puts first in the metadata. ``timeout``
+    bounds each whole call; within it, an attempt left unanswered for ``attempt_timeout`` is
+    resent with the same id, at most ``retries`` times (see
+    :class:`~dcp._tracker.RequestTracker` for the exact rule). Each attempt tells the broker
+    and the worker how long the caller still waits (they drop it after that). Shortly
+    before a call would time out, the client asks the broker (``mmi.service``) whether any
+    worker serves the service; if none does, the call raises :exc:`~dcp.NoWorkers` (a
+    :exc:`~dcp.RequestTimeout`) instead of a plain :exc:`~dcp.RequestTimeout`. Many tasks
+    may call :meth:`request` at once.
 
     Sends never block the event loop: when zmq's send queue is full (high-water mark) the
     caller pauses 1 ms, doubling up to 50 ms, and tries again until its attempt's deadline,
@@ -64,8 +74,15 @@ class Client:
     times out again.
 
     :param endpoint: the broker's zmq endpoint
-    :param timeout: default seconds per attempt (``math.inf``: no timeout)
+    :param timeout: default seconds for a whole call, every attempt and backoff included
+        (``math.inf``: no overall limit). A call to an endpoint where no broker listens
+        fails after this long.
+    :param attempt_timeout: default seconds per attempt before a resend (``None``: each
+        call's ``timeout / (retries + 1)``, 10 s with the defaults)
     :param retries: default resends after a timed-out attempt
+    :param no_wait: default of :meth:`request`'s ``no_wait``: ask the broker to answer at
+        once, with :exc:`~dcp.NoWorkers`, when no worker serves the service, instead of
+        queueing the request (a dcp broker does; another broker queues it as usual)
     :param backoff: delay cap before the first resend (seconds)
     :param backoff_factor: growth of the delay cap per resend
     :param backoff_max: largest delay cap (seconds)
@@ -84,7 +101,8 @@ class Client:
         completes the handshake: requests time out.
     :param type_width: width of the type frame of every request: 1 (the spec, default) or 4
         (a little-endian ``int``, as the DagBox C++ reference writes it; its broker aborts on
-        1-byte types). Replies are read in either width.
+        1-byte types). Replies are read in either width. With 4, no ``mmi.service`` question
+        is asked before a timeout (that broker has no such service).
     :raises ValueError: a bad option (e.g. ``type_width`` not 1 or 4), before any socket
         exists
     """
@@ -93,8 +111,10 @@ class Client:
         self,
         endpoint: str,
         *,
-        timeout: float = 10.0,
-        retries: int = 3,
+        timeout: float = 30.0,
+        attempt_timeout: float | None = None,
+        retries: int = 2,
+        no_wait: bool = False,
         backoff: float = 0.1,
         backoff_factor: float = 2.0,
         backoff_max: float = 5.0,
@@ -113,12 +133,15 @@ class Client:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
         self.work_timeout = work_timeout
+        #: Default of :meth:`request`'s ``no_wait``.
+        self.no_wait = no_wait
         self.endpoint = endpoint
         self._security = security
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
         self._tracker = RequestTracker(
             timeout=timeout,
+            attempt_timeout=attempt_timeout,
             retries=retries,
             backoff=backoff,
             backoff_factor=backoff_factor,
@@ -127,6 +150,7 @@ class Client:
             rng=rng,
             remember=remember,
             type_width=type_width,
+            probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
         )
         self._context = context
         self._batch = batch
@@ -194,39 +218,84 @@ class Client:
     async def request(
         self,
         service: str | bytes,
-        *data: bytes,
-        metadata: Sequence[bytes] = (),
-        timeout: float | None = None,  # noqa: ASYNC109 (per attempt, not overall)
+        *data: Part,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline that travels with it)
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Response:
         """Send a request and wait for its reply.
 
-        Cancelling the caller forgets the request at once (a reply arriving later is counted
-        as late and dropped); nothing is left behind.
+        Every part is checked before anything is sent. Cancelling the caller forgets the
+        request at once (a reply arriving later is counted as late and dropped); nothing is
+        left behind.
 
-        :param data: the data parts
+        :param service: the service name (``str``: sent as UTF-8)
+        :param data: the data parts (``str``: sent as UTF-8)
         :param metadata: non-empty parts the worker returns unchanged in the reply
-        :param timeout: seconds per attempt (default: the client's)
+        :param timeout: seconds for the whole call, retries included (default: the client's)
+        :param attempt_timeout: seconds before an unanswered attempt is resent (default: the
+            client's, else ``timeout / (retries + 1)``)
         :param retries: resends after timed-out attempts (default: the client's)
         :param work_timeout: seconds a worker may hold it (default: the client's)
-        :raises RequestTimeout: no reply after the last attempt
+        :param no_wait: fail at once with :exc:`NoWorkers` if no worker serves the service
+            (default: the client's; needs a dcp broker)
+        :raises TypeError: a part that is not ``bytes`` or ``str`` (nothing is sent)
+        :raises ValueError: an empty metadata part, a bad option (nothing is sent)
+        :raises NoWorkers: no worker serves the service (the broker said so)
+        :raises RequestTimeout: no reply within ``timeout``, or after the last attempt
         :raises RemoteError: a dcp error reply (from a worker or the broker)
         :raises anyio.ClosedResourceError: the client is (or was, while waiting) closed
         :raises anyio.BrokenResourceError: the socket failed
         """
+        service = service_bytes(service)
+        parts = data_parts(data)
+        metadata = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
         waiter = Waiter()
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        rid, frames, deadline = self._start(
-            service_bytes(service), data, metadata, timeout, retries, waiter
-        )
+        rid, frames = self._start(service, parts, metadata, timing, waiter)
         try:
-            await self._send(rid, frames, deadline)
+            await self._send(rid, frames)
             await waiter.event.wait()
         finally:
             if self._waiters.pop(rid, None) is not None:
                 self._tracker.cancel(rid)
         return self._result(waiter.outcome)
+
+    async def request_json(
+        self,
+        service: str | bytes,
+        obj: Any,
+        *,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,  # noqa: ASYNC109 (see request())
+        attempt_timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+        no_wait: bool | None = None,
+    ) -> Any:
+        """Send ``obj`` as one JSON data part (UTF-8) and return the reply's one data part
+        decoded from JSON: ``await client.request_json("add", {"a": 1, "b": 2})``.
+
+        The options and errors are :meth:`request`'s, and:
+
+        :raises TypeError: ``obj`` is not JSON-serialisable (before anything is sent)
+        :raises ValueError: ``obj`` holds ``NaN`` or an infinity (before anything is sent);
+            the reply is not exactly one UTF-8 JSON part
+        """
+        response = await self.request(
+            service,
+            encode_json(obj, name="obj"),
+            metadata=metadata,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            retries=retries,
+            work_timeout=work_timeout,
+            no_wait=no_wait,
+        )
+        return response.json()
 
     def map(
         self,
@@ -234,16 +303,18 @@ class Client:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> AsyncGenerator[Response, None]:
         """Request ``service`` once per payload; yield the replies in input order.
 
         ::
 
-            async for response in client.map("echo", [b"a", b"b", (b"two", b"parts")]):
+            async for response in client.map("echo", [b"a", "b", (b"two", b"parts")]):
                 ...
 
         At most ``window`` requests are outstanding (sent, reply not yet yielded), so at
@@ -251,13 +322,19 @@ class Client:
         outstanding requests are forgotten. Leaving the loop early forgets them when the
         generator is closed: ``async with contextlib.aclosing(client.map(...)) as replies:``
         makes that immediate (otherwise it happens when the generator is collected).
+        The options are :meth:`request`'s, for each request (``timeout`` too: each request
+        has its own).
 
-        :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
-        :raises ValueError: ``window`` < 1 (at once, not on iteration)
+        :param payloads: each is ``bytes`` or ``str`` (one data part) or a sequence of
+            data parts; each is checked before it is sent (``TypeError`` naming
+            ``payloads[i]``, raised on iteration)
+        :raises ValueError: ``window`` < 1 or another bad option (at once, not on iteration)
         """
         check_window(window)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map(service_bytes(service), payloads, window, metadata, timeout, retries)
+        service = service_bytes(service)
+        metadata = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        return self._map(service, payloads, window, metadata, timing)
 
     def map_unordered(
         self,
@@ -265,18 +342,20 @@ class Client:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> AsyncGenerator[tuple[int, Response], None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
         is the payload's position in ``payloads``)."""
         check_window(window)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map_unordered(
-            service_bytes(service), payloads, window, metadata, timeout, retries
-        )
+        service = service_bytes(service)
+        metadata = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        return self._map_unordered(service, payloads, window, metadata, timing)
 
     async def _map(
         self,
@@ -284,23 +363,21 @@ class Client:
         payloads: Iterable[Payload],
         window: int,
         metadata: Sequence[bytes],
-        attempt_timeout: float | None,
-        retries: int | None,
+        timing: Timing,
     ) -> AsyncGenerator[Response, None]:
         sink = Sink()
         order: deque[bytes] = deque()
         done = sink.done
         try:
-            for payload in payloads:
+            for index, payload in enumerate(payloads):
                 if len(order) >= window:
                     while order[0] not in done:
                         await sink.wait()
                     yield self._result(done.pop(order.popleft()))
-                rid, frames, deadline = self._start(
-                    service, payload_parts(payload), metadata, attempt_timeout, retries, sink
-                )
+                parts = payload_parts(payload, index)
+                rid, frames = self._start(service, parts, metadata, timing, sink)
                 order.append(rid)
-                await self._send(rid, frames, deadline)
+                await self._send(rid, frames)
             while order:
                 while order[0] not in done:
                     await sink.wait()
@@ -314,8 +391,7 @@ class Client:
         payloads: Iterable[Payload],
         window: int,
         metadata: Sequence[bytes],
-        attempt_timeout: float | None,
-        retries: int | None,
+        timing: Timing,
     ) -> AsyncGenerator[tuple[int, Response], None]:
         sink = Sink()
         inflight: dict[bytes, int] = {}
@@ -327,11 +403,10 @@ class Client:
                         await sink.wait()
                     rid = next(iter(done))
                     yield inflight.pop(rid), self._result(done.pop(rid))
-                rid, frames, deadline = self._start(
-                    service, payload_parts(payload), metadata, attempt_timeout, retries, sink
-                )
+                parts = payload_parts(payload, index)
+                rid, frames = self._start(service, parts, metadata, timing, sink)
                 inflight[rid] = index
-                await self._send(rid, frames, deadline)
+                await self._send(rid, frames)
             while inflight:
                 while not done:
                     await sink.wait()
@@ -342,35 +417,42 @@ class Client:
 
     # ------------------------------------------------------------------ internals
 
+    def _metadata(
+        self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
+    ) -> tuple[bytes, ...]:
+        return request_metadata(
+            metadata,
+            work_timeout,
+            self.work_timeout,
+            no_wait=self.no_wait if no_wait is None else no_wait,
+        )
+
     def _start(
         self,
         service: bytes,
         data: Sequence[bytes],
         metadata: Sequence[bytes],
-        timeout: float | None,
-        retries: int | None,
+        timing: Timing,
         waiter: Waiter | Sink,
-    ) -> tuple[bytes, list[bytes], float]:
+    ) -> tuple[bytes, list[bytes]]:
         if self._closed:
             raise self._closed_error()
         if self._socket is None:
             raise RuntimeError("use 'async with Client(...)' before sending requests")
         tracker = self._tracker
-        now = anyio.current_time()
         rid = tracker.request(
-            service, data, now, metadata=metadata, timeout=timeout, retries=retries
+            service, data, anyio.current_time(), metadata=metadata, timing=timing
         )
         out, tracker.outbox = tracker.outbox, []
         (frames,) = out  # the request's first attempt; sent (or waited for) by _send
         self._waiters[rid] = waiter
-        deadline = now + (tracker.timeout if timeout is None else timeout)
-        asock = self._socket
-        if asock is not None:
-            asock.move_deadline(deadline)
-        return rid, frames, deadline
+        self._socket.move_deadline(tracker.deadline_of(rid))
+        return rid, frames
 
-    async def _send(self, rid: bytes, frames: list[bytes], deadline: float) -> None:
-        """Send a request's first attempt, pausing while zmq's queue is full."""
+    async def _send(self, rid: bytes, frames: list[bytes]) -> None:
+        """Send a request's first attempt, pausing while zmq's queue is full (until the
+        tracker's next deadline for it: then the attempt counts as lost)."""
+        deadline = self._tracker.deadline_of(rid)
         pause = _SEND_PAUSE
         counted = False
         while True:

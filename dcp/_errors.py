@@ -21,6 +21,7 @@ __all__ = [
     "MissingEnvelopeDelimiter",
     "MissingMetadataDelimiter",
     "MissingServiceName",
+    "NoWorkers",
     "ProtocolError",
     "RegistrationRefused",
     "RemoteError",
@@ -134,6 +135,24 @@ class MissingMetadataDelimiter(RemoteProtocolError):
 
 class RequestTimeout(DCPError, TimeoutError):
     """A request got no reply within its timeout, after its last retry."""
+
+
+class NoWorkers(RequestTimeout):
+    """A request ended because no worker serves its service: the broker said so, either
+    answering a no-wait request at once or answering the client's ``mmi.service`` question
+    before the request timed out. A :class:`RequestTimeout`, so ``except RequestTimeout``
+    catches it too.
+
+    :ivar service: the service nobody serves
+    """
+
+    def __init__(self, service: bytes, message: str) -> None:
+        super().__init__(message)
+        self.service = service
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[NoWorkers], tuple[bytes, str]]:
+        return (type(self), (self.service, self.message))
 
 
 class RemoteError(DCPError):

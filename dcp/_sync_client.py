@@ -8,27 +8,31 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import zmq
 
 from ._calls import (
+    Part,
     Payload,
     check_window,
     checked_routing_id,
+    data_parts,
     payload_parts,
     request_metadata,
     service_bytes,
 )
 from ._context import get_context
+from ._json import encode_json
 from ._messages import work_timeout_option
 from ._security import CurveClient, configure_client_socket
-from ._tracker import ClientStatistics, Outcome, RequestTracker, Response
+from ._tracker import ClientStatistics, Outcome, RequestTracker, Response, Timing
 from ._zmqio import recv_frames, send_frames
 
 __all__ = ["SyncClient"]
@@ -42,7 +46,7 @@ _SEND_POLL_MAX = 0.1
 
 
 class SyncClient:
-    """A blocking DCP client (one thread at a time).
+    """A blocking DCP client, for one thread.
 
     ::
 
@@ -51,10 +55,14 @@ class SyncClient:
             for response in client.map("echo", payloads, window=64):
                 ...
 
-    Same ids, retries and errors as :class:`dcp.Client` (the same tracker). The socket is
+    Same ids, timeouts, retries and errors as :class:`dcp.Client` (the same tracker). The socket is
     created and connected by the constructor and closed (linger 0) by :meth:`close` or at
     the end of the ``with`` block. A client belongs to the process that created it: a
-    forked child must create its own (it raises :exc:`RuntimeError` otherwise).
+    forked child must create its own (it raises :exc:`RuntimeError` otherwise). It also
+    belongs to the first thread that sends a request on it (zmq sockets are not
+    thread-safe): a request, ``map`` or read from any other thread raises
+    :exc:`RuntimeError` at once; create one client per thread. :meth:`close` may be called
+    from any thread, once no other thread uses the client.
 
     When zmq's send queue is full (high-water mark) a send waits for room until the
     attempt's deadline; then the attempt counts as lost and the retry rule takes over.
@@ -68,8 +76,10 @@ class SyncClient:
         self,
         endpoint: str,
         *,
-        timeout: float = 10.0,
-        retries: int = 3,
+        timeout: float = 30.0,
+        attempt_timeout: float | None = None,
+        retries: int = 2,
+        no_wait: bool = False,
         backoff: float = 0.1,
         backoff_factor: float = 2.0,
         backoff_max: float = 5.0,
@@ -88,11 +98,14 @@ class SyncClient:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
         self.work_timeout = work_timeout
+        #: Default of :meth:`request`'s ``no_wait``.
+        self.no_wait = no_wait
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
         self._tracker = RequestTracker(
             timeout=timeout,
+            attempt_timeout=attempt_timeout,
             retries=retries,
             backoff=backoff,
             backoff_factor=backoff_factor,
@@ -101,6 +114,7 @@ class SyncClient:
             rng=rng,
             remember=remember,
             type_width=type_width,
+            probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
         )
         self._batch = batch
         self._pid = os.getpid()
@@ -120,6 +134,10 @@ class SyncClient:
         #: Outcomes received but not yet taken by the caller that waits for them.
         self._done: dict[bytes, Outcome] = {}
         self._closed = False
+        # The thread the client belongs to: the first one to send a request.
+        self._owner: int | None = None
+        self._owner_name = ""
+        self._owner_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -157,22 +175,30 @@ class SyncClient:
     def request(
         self,
         service: str | bytes,
-        *data: bytes,
-        metadata: Sequence[bytes] = (),
+        *data: Part,
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Response:
-        """Send a request and block until its reply (see :meth:`dcp.Client.request`).
+        """Send a request and block until its reply (see :meth:`dcp.Client.request`: the
+        same options and errors).
 
         An exception while waiting (e.g. ``KeyboardInterrupt``) forgets the request.
 
-        :raises RequestTimeout: no reply after the last attempt
+        :raises TypeError: a part that is not ``bytes`` or ``str`` (nothing is sent)
+        :raises NoWorkers: no worker serves the service (the broker said so)
+        :raises RequestTimeout: no reply within ``timeout``, or after the last attempt
         :raises RemoteError: a dcp error reply
         :raises anyio.ClosedResourceError: the client is closed
         """
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        rid = self._start(service_bytes(service), data, metadata, timeout, retries)
+        service = service_bytes(service)
+        parts = data_parts(data)
+        metadata = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        rid = self._start(service, parts, metadata, timing)
         done = self._done
         try:
             while rid not in done:
@@ -182,29 +208,65 @@ class SyncClient:
             raise
         return _result(done.pop(rid))
 
+    def request_json(
+        self,
+        service: str | bytes,
+        obj: Any,
+        *,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+        no_wait: bool | None = None,
+    ) -> Any:
+        """Send ``obj`` as one JSON data part (UTF-8) and return the reply's one data part
+        decoded from JSON: ``client.request_json("add", {"a": 1, "b": 2})``.
+
+        The options and errors are :meth:`request`'s, and:
+
+        :raises TypeError: ``obj`` is not JSON-serialisable (before anything is sent)
+        :raises ValueError: ``obj`` holds ``NaN`` or an infinity (before anything is sent);
+            the reply is not exactly one UTF-8 JSON part
+        """
+        response = self.request(
+            service,
+            encode_json(obj, name="obj"),
+            metadata=metadata,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            retries=retries,
+            work_timeout=work_timeout,
+            no_wait=no_wait,
+        )
+        return response.json()
+
     def map(
         self,
         service: str | bytes,
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Generator[Response, None, None]:
         """Request ``service`` once per payload; yield replies in input order.
 
         At most ``window`` requests are outstanding (sent, reply not yet yielded). The first
         failure is raised; closing the generator early forgets the outstanding requests.
+        The options are :meth:`request`'s, for each request.
 
-        :param payloads: each is ``bytes`` (one data part) or a sequence of data parts
+        :param payloads: each is ``bytes`` or ``str`` (one data part) or a sequence of
+            data parts; each is checked before it is sent
         """
-        check_window(window)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map(
-            service_bytes(service), payloads, window, metadata, timeout, retries, _result
-        )
+            service, payloads, window, metadata, timeout, attempt_timeout, retries,
+            work_timeout, no_wait, _result,
+        )  # fmt: skip
 
     def map_outcomes(
         self,
@@ -212,21 +274,22 @@ class SyncClient:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Generator[Outcome, None, None]:
         """Like :meth:`map`, but yield every request's outcome instead of raising failures:
         a :class:`~dcp.Response`, or the :exc:`~dcp.RemoteError` or
         :exc:`~dcp.RequestTimeout` that :meth:`map` would raise. One failure does not stop
         the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
         """
-        check_window(window)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
         return self._map(
-            service_bytes(service), payloads, window, metadata, timeout, retries, _outcome
-        )
+            service, payloads, window, metadata, timeout, attempt_timeout, retries,
+            work_timeout, no_wait, _outcome,
+        )  # fmt: skip
 
     def map_unordered(
         self,
@@ -234,38 +297,59 @@ class SyncClient:
         payloads: Iterable[Payload],
         *,
         window: int = 64,
-        metadata: Sequence[bytes] = (),
+        metadata: Sequence[Part] = (),
         timeout: float | None = None,
+        attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        no_wait: bool | None = None,
     ) -> Generator[tuple[int, Response], None, None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
         check_window(window)
-        metadata = request_metadata(metadata, work_timeout, self.work_timeout)
-        return self._map_unordered(
-            service_bytes(service), payloads, window, metadata, timeout, retries
-        )
+        service = service_bytes(service)
+        metadata = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        return self._map_unordered(service, payloads, window, metadata, timing)
 
     def _map(
+        self,
+        service: str | bytes,
+        payloads: Iterable[Payload],
+        window: int,
+        metadata: Sequence[Part],
+        timeout: float | None,
+        attempt_timeout: float | None,
+        retries: int | None,
+        work_timeout: float | None,
+        no_wait: bool | None,
+        take: Callable[[Outcome], _T],
+    ) -> Generator[_T, None, None]:
+        """Check the arguments now, then return the generator."""
+        check_window(window)
+        checked = service_bytes(service)
+        parts = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        return self._map_ordered(checked, payloads, window, parts, timing, take)
+
+    def _map_ordered(
         self,
         service: bytes,
         payloads: Iterable[Payload],
         window: int,
         metadata: Sequence[bytes],
-        timeout: float | None,
-        retries: int | None,
+        timing: Timing,
         take: Callable[[Outcome], _T],
     ) -> Generator[_T, None, None]:
         order: deque[bytes] = deque()
         done = self._done
         pump = self._pump
         try:
-            for payload in payloads:
+            for index, payload in enumerate(payloads):
                 if len(order) >= window:
                     while order[0] not in done:
                         pump()
                     yield take(done.pop(order.popleft()))
-                rid = self._start(service, payload_parts(payload), metadata, timeout, retries)
+                rid = self._start(service, payload_parts(payload, index), metadata, timing)
                 order.append(rid)
             while order:
                 while order[0] not in done:
@@ -281,15 +365,14 @@ class SyncClient:
         payloads: Iterable[Payload],
         window: int,
         metadata: Sequence[bytes],
-        timeout: float | None,
-        retries: int | None,
+        timing: Timing,
     ) -> Generator[tuple[int, Response], None, None]:
         inflight: dict[bytes, int] = {}
         try:
             for index, payload in enumerate(payloads):
                 if len(inflight) >= window:
                     yield self._take_any(inflight)
-                rid = self._start(service, payload_parts(payload), metadata, timeout, retries)
+                rid = self._start(service, payload_parts(payload, index), metadata, timing)
                 inflight[rid] = index
             while inflight:
                 yield self._take_any(inflight)
@@ -308,27 +391,35 @@ class SyncClient:
 
     # ------------------------------------------------------------------ internals
 
+    def _metadata(
+        self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
+    ) -> tuple[bytes, ...]:
+        return request_metadata(
+            metadata,
+            work_timeout,
+            self.work_timeout,
+            no_wait=self.no_wait if no_wait is None else no_wait,
+        )
+
     def _start(
         self,
         service: bytes,
         data: Sequence[bytes],
         metadata: Sequence[bytes],
-        timeout: float | None,
-        retries: int | None,
+        timing: Timing,
     ) -> bytes:
         if self._closed:
             raise anyio.ClosedResourceError("the client is closed")
         if self._pid != os.getpid():
             raise RuntimeError("a SyncClient cannot be used in a forked child; create one there")
+        if threading.get_ident() != self._owner:
+            self._claim()
         tracker = self._tracker
-        now = time.monotonic()
-        rid = tracker.request(
-            service, data, now, metadata=metadata, timeout=timeout, retries=retries
-        )
+        rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         out, tracker.outbox = tracker.outbox, []
         (frames,) = out  # the request's first attempt
         try:
-            self._send(frames, now + (tracker.timeout if timeout is None else timeout))
+            self._send(frames, tracker.deadline_of(rid))
         except BaseException:
             tracker.cancel(rid)
             raise
@@ -353,6 +444,21 @@ class SyncClient:
             except zmq.Again:
                 pass
 
+    def _claim(self) -> None:
+        """Make this thread the owner if there is none yet, else refuse (one thread per
+        client: its zmq socket and its state are not thread-safe)."""
+        me = threading.current_thread()
+        with self._owner_lock:
+            if self._owner is None:
+                self._owner = me.ident
+                self._owner_name = me.name
+                return
+        raise RuntimeError(
+            f"a SyncClient may be used by one thread only: this one belongs to thread "
+            f"{self._owner_name!r}, the first to send on it, and {me.name!r} tried to use "
+            "it; create one SyncClient per thread"
+        )
+
     def _forget(self, rid: bytes) -> None:
         if self._done.pop(rid, None) is None:
             self._tracker.cancel(rid)
@@ -361,6 +467,8 @@ class SyncClient:
         """Wait for replies or the next deadline (whichever is first) and handle them."""
         if self._closed:
             raise anyio.ClosedResourceError("the client is closed")
+        if threading.get_ident() != self._owner:
+            self._claim()
         tracker = self._tracker
         deadline = tracker.next_deadline()
         if deadline is None:

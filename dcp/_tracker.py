@@ -13,53 +13,80 @@ answer (:meth:`~RequestTracker.request`'s id, :meth:`~RequestTracker.receive`'s 
 
 Rules:
 
-Rule 1 - Ids. Every request gets a 16-byte id: 8 random bytes per tracker, then an 8-byte
-  big-endian counter. The id is the *first* metadata part of the request; the user's metadata
-  follows. Workers copy metadata into the reply (the spec says so), so the reply's first
-  metadata part names its request. Resends carry the same id.
+Rule 1 - Ids. Every request gets a 24-byte id: :data:`~dcp._messages.REQUEST_ID_PREFIX`
+  (so a worker can tell it from the caller's own metadata), 8 random bytes per tracker, then
+  an 8-byte big-endian counter. The id is the *first* metadata part of the request; dcp's
+  request options follow (expires-in, then the work timeout and no-wait the drivers add),
+  then the user's metadata. Workers copy metadata into the reply (the spec says so), so the
+  reply's first metadata part names its request. Resends carry the same id.
 Rule 2 - Replies. A reply whose id is pending completes it: a dcp error reply (see
-  :func:`~dcp._messages.parse_error_reply`) as :class:`~dcp.RemoteError`, anything else as a
-  :class:`Response`. A reply for an id that completed recently is a *duplicate* (e.g. both
-  the original and a resend were answered); one for an id that timed out or was cancelled
-  recently is *late*; any other is *unknown*. All three are counted and dropped. The last
-  ``remember`` finished ids are remembered for this. Frames that are not a DCP reply with an
-  id are counted as *malformed* by reason and dropped. Nothing raises out of
+  :func:`~dcp._messages.parse_error_reply`) as :class:`~dcp.RemoteError`, except code
+  ``no_workers`` (a broker's answer to a no-wait request) as :class:`~dcp.NoWorkers`; anything
+  else as a :class:`Response`. A reply for an id that completed recently is a *duplicate*
+  (e.g. both the original and a resend were answered); one for an id that timed out or was
+  cancelled recently is *late*; any other is *unknown*. All three are counted and dropped.
+  The last ``remember`` finished ids are remembered for this. Frames that are not a DCP reply
+  with an id are counted as *malformed* by reason and dropped. Nothing raises out of
   :meth:`RequestTracker.receive`.
-Rule 3 - Timeouts. Each attempt has ``timeout`` seconds to be answered. When attempt ``k``
-  (``k = 1`` for the first send) times out and fewer than ``retries`` resends were made, the
-  request waits a backoff delay, then is resent with the same id::
+Rule 3 - Timeouts. ``timeout`` bounds the whole call: the request fails at ``start +
+  timeout`` at the latest, whatever its attempts. Each attempt has ``attempt_timeout``
+  seconds (default ``timeout / (retries + 1)``). When attempt ``k`` (``k = 1`` for the first
+  send) times out and fewer than ``retries`` resends were made, the request waits a backoff
+  delay, then is resent with the same id::
 
       cap   = min(backoff_max, backoff * backoff_factor ** (k - 1))
       delay = cap * (1 - jitter * u)        # u uniform in [0, 1), from ``rng``
 
   so ``delay`` is in ``(cap * (1 - jitter), cap]``. A reply that arrives during the backoff
-  delay (to the earlier attempt) still completes the request. When the last attempt times
-  out, the request fails with :class:`~dcp.RequestTimeout`. Worst case until then:
-  ``(retries + 1) * timeout`` plus the delays. ``timeout=math.inf`` never times out.
-Rule 4 - Cancel. :meth:`RequestTracker.cancel` forgets a request at once; a later reply to it
+  delay (to the earlier attempt) still completes the request. The request fails when its
+  last attempt times out or the call's time is up, whichever comes first (its *end*).
+  ``timeout=math.inf`` leaves only the attempts' limit; both infinite: it never times out.
+Rule 4 - Deadline on the wire. Each attempt carries
+  :func:`~dcp._messages.expires_in_option` with the time left until the request's end as
+  known when it is sent (the call's deadline, or the last attempt's end if that is
+  earlier), so a broker can drop it from its queue and a worker skip it once the caller
+  has given up. Nothing is added while the end is infinite.
+Rule 5 - No workers. Shortly before a request's end (``min(1 s, 10%)`` of its whole time),
+  the tracker asks the broker whether any worker serves the service: a ``mmi.service``
+  request with its own id, sent once, and not for ``mmi.*`` services or when ``probe`` is
+  off. If the latest answer was ``404``, the request fails with :class:`~dcp.NoWorkers` (a
+  :class:`~dcp.RequestTimeout`) at its end; with ``200`` or no answer, with a plain
+  :class:`~dcp.RequestTimeout`. The answer itself completes nothing.
+Rule 6 - Cancel. :meth:`RequestTracker.cancel` forgets a request at once; a later reply to it
   is late.
 
 Deadlines live in a heap with lazy deletion: finishing a request does not touch the heap; a
 stale entry is skipped when it reaches the top. The heap is rebuilt from the pending requests
 when stale entries outnumber them (amortised O(1) per request), so memory stays bounded.
 
-What the tracker does NOT do: send anything, read clocks, wait, limit how many requests are
-in flight (the drivers' ``map`` does), or de-duplicate work on the worker side (a slow
-worker and a resend can both run a request: services should be idempotent).
+What the tracker does NOT do: send anything, read clocks, wait, check the parts it is given
+(the drivers do, see :mod:`dcp._calls`), limit how many requests are in flight (the
+drivers' ``map`` does), or de-duplicate work on the worker side (a slow worker and a resend
+can both run a request: services should be idempotent).
 """
 
 from __future__ import annotations
 
+import builtins
 import math
 import os
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
-from ._errors import RemoteError, RemoteProtocolError, RequestTimeout
-from ._messages import OPTION_PREFIX, Reply, Request, parse_error_reply
+from ._errors import NoWorkers, RemoteError, RemoteProtocolError, RequestTimeout
+from ._json import decode_json
+from ._messages import (
+    OPTION_PREFIX,
+    REQUEST_ID_PREFIX,
+    Reply,
+    Request,
+    expires_in_option,
+    parse_error_reply,
+)
 from ._util import DeadlineHeap
 from .wire.dcp1 import check_type_width, parse, serialize
 
@@ -68,6 +95,7 @@ __all__ = [
     "Outcome",
     "RequestTracker",
     "Response",
+    "Timing",
 ]
 
 
@@ -75,13 +103,54 @@ __all__ = [
 class Response:
     """A successful reply to a request.
 
+    Most replies have exactly one data part; :attr:`bytes`, :attr:`text` and :meth:`json`
+    read it (and raise :exc:`ValueError` if there is not exactly one)::
+
+        response = await client.request("greet", "world")
+        print(response.text)
+
     :ivar data: the reply's data parts
     :ivar metadata: the request's metadata as the worker returned it (dcp's request id
         and request options removed)
     """
 
-    data: tuple[bytes, ...]
-    metadata: tuple[bytes, ...] = ()
+    data: tuple[builtins.bytes, ...]
+    metadata: tuple[builtins.bytes, ...] = ()
+
+    def _single(self) -> builtins.bytes:
+        if len(self.data) != 1:
+            raise ValueError(
+                f"the response has {len(self.data)} data parts, not exactly one: "
+                "read response.data"
+            )
+        return self.data[0]
+
+    @property
+    def text(self) -> str:
+        """The one data part, decoded as UTF-8.
+
+        :raises ValueError: not exactly one data part, or not UTF-8
+        """
+        try:
+            return self._single().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"the response's data part is not UTF-8: {exc}") from None
+
+    def json(self) -> Any:
+        """The one data part, decoded as a UTF-8 JSON document.
+
+        :raises ValueError: not exactly one data part, or not a UTF-8 JSON document
+        """
+        return decode_json(self._single(), name="the response's data part")
+
+    # Last: in the class body, ``bytes`` below this line is the property.
+    @property
+    def bytes(self) -> builtins.bytes:
+        """The one data part.
+
+        :raises ValueError: not exactly one data part
+        """
+        return self._single()
 
 
 @attrs.frozen
@@ -96,7 +165,7 @@ class ClientStatistics:
     errors: int
     #: Resends after a timed-out attempt.
     retries: int
-    #: Requests that failed with :class:`~dcp.RequestTimeout`.
+    #: Requests that failed with :class:`~dcp.RequestTimeout` (not :class:`~dcp.NoWorkers`).
     timeouts: int
     #: Requests cancelled before an answer.
     cancelled: int
@@ -114,34 +183,93 @@ class ClientStatistics:
     send_waits: int = 0
     #: Resends not made because zmq's queue was full (the attempt then times out again).
     resends_dropped: int = 0
+    #: Requests that failed with :class:`~dcp.NoWorkers` (a probe's ``404`` or a broker's
+    #: ``no_workers`` answer to a no-wait request).
+    no_workers: int = 0
+    #: ``mmi.service`` probes sent before a request's end (Rule 5).
+    probes: int = 0
 
 
-#: How a request ended: a result, an error reply, or a timeout.
+#: How a request ended: a result, an error reply, or a timeout (maybe :class:`NoWorkers`).
 Outcome = Response | RemoteError | RequestTimeout
+
+#: Where the expires-in option goes in a request's frames: after ``"" DGBX T service ""
+#: id`` (the tracker never sets a client address).
+_EXPIRES_AT = 6
+#: The mmi.service probe: at most this long before a request's end ...
+_PROBE_MAX = 1.0
+#: ... and at most this fraction of the request's whole time.
+_PROBE_FRACTION = 0.1
+_MMI_SERVICE = b"mmi.service"
+_NOT_SERVED = (b"404",)
+
+
+@attrs.frozen
+class Timing:
+    """The time limits of one call, checked (from :meth:`RequestTracker.timing`).
+
+    :ivar timeout: seconds for the whole call, every attempt and backoff included
+    :ivar attempt_timeout: seconds for each attempt
+    :ivar retries: resends after timed-out attempts
+    """
+
+    timeout: float
+    attempt_timeout: float
+    retries: int
 
 
 class _Pending:
     """One request awaiting its answer."""
 
-    __slots__ = ("attempt", "deadline", "frames", "gen", "resending", "retries", "timeout")
+    __slots__ = (
+        "attempt",
+        "deadline",
+        "end",
+        "frames",
+        "gen",
+        "has_expires",
+        "no_workers",
+        "probe_at",
+        "probe_id",
+        "resending",
+        "retry_at",
+        "service",
+        "start",
+        "timing",
+    )
 
-    def __init__(self, frames: list[bytes], timeout: float, retries: int) -> None:
-        self.frames = frames
-        self.timeout = timeout
-        self.retries = retries
+    def __init__(self, service: bytes, timing: Timing, start: float) -> None:
+        self.service = service
+        self.timing = timing
+        self.start = start
+        self.frames: list[bytes] = []
+        #: Whether :attr:`frames` carries an expires-in option (at ``_EXPIRES_AT``).
+        self.has_expires = False
         #: Attempts sent so far.
-        self.attempt = 1
-        self.deadline = math.inf
-        #: Matches the heap entry that is this request's live deadline.
-        self.gen = 0
+        self.attempt = 0
+        #: When the request fails (Rule 3); moves earlier when the last attempt is sent.
+        self.end = start + timing.timeout
+        #: When the current attempt times out, or its backoff delay ends (``resending``);
+        #: ``inf`` once no resend is left.
+        self.retry_at = math.inf
         #: True while waiting out a backoff delay before the next attempt.
         self.resending = False
+        #: When to send the mmi.service probe (``inf``: not, or already sent).
+        self.probe_at = math.inf
+        self.probe_id: bytes | None = None
+        #: The latest probe answer was 404.
+        self.no_workers = False
+        #: The heap entry standing for this request: when, and its generation.
+        self.deadline = math.inf
+        self.gen = 0
 
 
 class RequestTracker:
     """Tracks requests and their replies for one client socket (see the module rules).
 
-    :param timeout: default seconds per attempt (``math.inf``: wait forever)
+    :param timeout: default seconds for a whole call (``math.inf``: no overall limit)
+    :param attempt_timeout: default seconds per attempt (``None``: ``timeout / (retries +
+        1)`` of each call)
     :param retries: default number of resends after a timed-out attempt
     :param backoff: delay cap before the first resend, in seconds
     :param backoff_factor: growth of the delay cap per further resend
@@ -149,16 +277,20 @@ class RequestTracker:
     :param jitter: fraction of the delay cap that is randomised, in ``[0, 1]``
     :param rng: source of jitter (default: a fresh :class:`random.Random`)
     :param remember: how many finished ids to remember to tell duplicates from unknowns
-    :param id_prefix: 8 bytes that start every id (default: random)
+    :param id_prefix: 8 bytes that start every id after ``REQUEST_ID_PREFIX`` (default:
+        random)
     :param type_width: type-frame width of the requests it builds: 1 (the spec) or 4 (the
         DagBox C++ reference broker). Replies are parsed in either width.
+    :param probe: ask the broker (``mmi.service``) whether a worker serves a request's
+        service shortly before the request fails (Rule 5)
     """
 
     def __init__(
         self,
         *,
-        timeout: float = 10.0,
-        retries: int = 3,
+        timeout: float = 30.0,
+        attempt_timeout: float | None = None,
+        retries: int = 2,
         backoff: float = 0.1,
         backoff_factor: float = 2.0,
         backoff_max: float = 5.0,
@@ -167,9 +299,12 @@ class RequestTracker:
         remember: int = 8192,
         id_prefix: bytes | None = None,
         type_width: int = 1,
+        probe: bool = True,
     ) -> None:
         check_type_width(type_width)
-        _check_timeout(timeout)
+        _check_timeout(timeout, "timeout")
+        if attempt_timeout is not None:
+            _check_timeout(attempt_timeout, "attempt_timeout")
         _check_retries(retries)
         if backoff < 0 or backoff_max < 0 or backoff_factor < 1:
             raise ValueError("backoff and backoff_max must be >= 0 and backoff_factor >= 1")
@@ -182,6 +317,7 @@ class RequestTracker:
         elif len(id_prefix) != 8:
             raise ValueError("id_prefix must be 8 bytes")
         self.timeout = timeout
+        self.attempt_timeout = attempt_timeout
         self.retries = retries
         self.backoff = backoff
         self.backoff_factor = backoff_factor
@@ -189,13 +325,17 @@ class RequestTracker:
         self.jitter = jitter
         #: Type-frame width of every request built (1 or 4).
         self.type_width = type_width
+        #: Whether to probe ``mmi.service`` before a request fails (Rule 5).
+        self.probe = probe
         #: Frames to send, in order (see the output convention in the module docstring):
-        #: first attempts from :meth:`request`, resends from :meth:`expire`.
+        #: first attempts from :meth:`request`, resends and probes from :meth:`expire`.
         self.outbox: list[list[bytes]] = []
         self._rng = rng if rng is not None else random.Random()
-        self._prefix = id_prefix
+        self._prefix = REQUEST_ID_PREFIX + id_prefix
         self._counter = 0
         self._pending: dict[bytes, _Pending] = {}
+        # Probe id -> the id of the request it asks for.
+        self._probes: dict[bytes, bytes] = {}
         # Deadlines by request id; an entry stands while its generation is the request's.
         self._heap: DeadlineHeap[bytes] = DeadlineHeap(self._deadline_live)
         self._gen = 0
@@ -205,14 +345,42 @@ class RequestTracker:
         self._finished_order: deque[bytes] = deque()
         self._remember = remember
         self._requests = self._replies = self._errors = self._retries = 0
-        self._timeouts = self._cancelled = 0
+        self._timeouts = self._cancelled = self._no_workers = self._probes_sent = 0
         self._duplicates = self._late = self._unknown = 0
         self._malformed: dict[str, int] = {}
+        self._default_timing = self.timing()
         #: Driver counters, reported by :meth:`statistics`.
         self.send_waits = 0
         self.resends_dropped = 0
 
     # ------------------------------------------------------------------ requests
+
+    def timing(
+        self,
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Timing:
+        """The limits of a call: each one given, else the tracker's default; the attempt
+        timeout, if neither gives one, is ``timeout / (retries + 1)``.
+
+        :raises ValueError: a timeout that is not > 0, or ``retries`` < 0
+        """
+        if timeout is None:
+            timeout = self.timeout
+        else:
+            _check_timeout(timeout, "timeout")
+        if retries is None:
+            retries = self.retries
+        else:
+            _check_retries(retries)
+        if attempt_timeout is None:
+            attempt_timeout = self.attempt_timeout
+            if attempt_timeout is None:
+                attempt_timeout = timeout / (retries + 1)
+        else:
+            _check_timeout(attempt_timeout, "attempt_timeout")
+        return Timing(timeout, attempt_timeout, retries)
 
     def request(
         self,
@@ -221,41 +389,53 @@ class RequestTracker:
         now: float,
         *,
         metadata: Sequence[bytes] = (),
-        timeout: float | None = None,
-        retries: int | None = None,
+        timing: Timing | None = None,
     ) -> bytes:
         """Start a request: its frames (one message) go to :attr:`outbox`.
 
-        :param timeout: seconds for each attempt (default: the tracker's)
-        :param retries: resends after timed-out attempts (default: the tracker's)
+        :param metadata: dcp's request options and the user's metadata, after the id and
+            the expires-in option the tracker puts first
+        :param timing: the call's limits (default: the tracker's, see :meth:`timing`)
         :returns: the request id
         :raises LocalProtocolError: a metadata part is empty
-        :raises ValueError: a bad ``timeout`` or ``retries``
         """
-        if timeout is None:
-            timeout = self.timeout
-        else:
-            _check_timeout(timeout)
-        if retries is None:
-            retries = self.retries
-        else:
-            _check_retries(retries)
+        if timing is None:
+            timing = self._default_timing
         self._counter += 1
         rid = self._prefix + self._counter.to_bytes(8, "big")
-        frames = serialize(Request(service, None, (rid, *metadata), data), width=self.type_width)
-        pending = _Pending(frames, timeout, retries)
-        self._pending[rid] = pending
+        p = _Pending(service, timing, now)
+        p.attempt = 1
+        if timing.retries == 0:
+            p.end = min(p.end, now + timing.attempt_timeout)
+        else:
+            p.retry_at = now + timing.attempt_timeout
+        head: tuple[bytes, ...] = (rid,)
+        if p.end < math.inf:
+            head = (rid, expires_in_option(p.end - now))
+            p.has_expires = True
+        p.frames = serialize(
+            Request(service, None, (*head, *metadata), data), width=self.type_width
+        )
+        self._plan_probe(p)
+        self._pending[rid] = p
         self._requests += 1
-        self._schedule(rid, pending, now + timeout)
-        self.outbox.append(frames)
+        self._schedule(rid, p)
+        self.outbox.append(p.frames)
         return rid
 
+    def deadline_of(self, request_id: bytes) -> float:
+        """When the request next needs :meth:`expire` (its attempt's or its own end, or its
+        probe); ``inf`` if never or not pending. A driver bounds a first send's wait by it."""
+        p = self._pending.get(request_id)
+        return math.inf if p is None else p.deadline
+
     def cancel(self, request_id: bytes) -> bool:
-        """Forget a request at once (Rule 4). ``False`` if it was not pending."""
-        if self._pending.pop(request_id, None) is None:
+        """Forget a request at once (Rule 6). ``False`` if it was not pending."""
+        p = self._pending.pop(request_id, None)
+        if p is None:
             return False
         self._cancelled += 1
-        self._finish(request_id, answered=False)
+        self._done(request_id, p, answered=False)
         return True
 
     def cancel_all(self) -> list[bytes]:
@@ -272,11 +452,12 @@ class RequestTracker:
 
     # ------------------------------------------------------------------ replies
 
-    def receive(self, frames: Sequence[bytes]) -> tuple[bytes, Response | RemoteError] | None:
+    def receive(self, frames: Sequence[bytes]) -> tuple[bytes, Outcome] | None:
         """Handle one incoming message (frames start with the empty delimiter).
 
         :returns: the request id and its outcome, or ``None`` if the message was dropped
-            (duplicate, late, unknown or malformed; see :meth:`statistics`)
+            (duplicate, late, unknown or malformed; see :meth:`statistics`) or was the
+            answer to a probe
         """
         try:
             msg, _ = parse(frames)
@@ -291,7 +472,12 @@ class RequestTracker:
             self._count_malformed("missing_request_id")
             return None
         rid = metadata[0]
-        if self._pending.pop(rid, None) is None:
+        p = self._pending.pop(rid, None)
+        if p is None:
+            asked = self._probes.pop(rid, None)
+            if asked is not None:  # a probe's answer: note it, complete nothing
+                self._pending[asked].no_workers = msg.data == _NOT_SERVED
+                return None
             answered = self._finished.get(rid)
             if answered is None:
                 self._unknown += 1
@@ -300,12 +486,16 @@ class RequestTracker:
             else:
                 self._late += 1
             return None
-        self._finish(rid, answered=True)
+        self._done(rid, p, answered=True)
         data = msg.data
         error = parse_error_reply(data)
         if error is not None:
+            code, message = error
+            if code == "no_workers":
+                self._no_workers += 1
+                return rid, NoWorkers(p.service, f"no worker serves {_name(p.service)}: {message}")
             self._errors += 1
-            return rid, RemoteError(*error)
+            return rid, RemoteError(code, message)
         self._replies += 1
         user = metadata[1:]
         if user and user[0][:5] == OPTION_PREFIX:
@@ -319,33 +509,30 @@ class RequestTracker:
         return self._heap.next_due()
 
     def expire(self, now: float) -> list[tuple[bytes, RequestTimeout]]:
-        """Act on every deadline that is ``<= now``: resend (to :attr:`outbox`), or fail
-        (Rule 3).
+        """Act on every deadline that is ``<= now``: resend or probe (to :attr:`outbox`),
+        or fail (Rules 3 and 5).
 
-        :returns: the requests that ran out of attempts, with the error to report
+        :returns: the requests that ended, with the error to report
         """
-        resend = self.outbox
         failed: list[tuple[bytes, RequestTimeout]] = []
         heap = self._heap
         pending = self._pending
         while (rid := heap.pop(now)) is not None:
             p = pending[rid]
-            if p.resending:
-                p.resending = False
-                p.attempt += 1
-                self._retries += 1
-                resend.append(p.frames)
-                self._schedule(rid, p, now + p.timeout)
-            elif p.attempt > p.retries:
+            if p.end <= now:
                 del pending[rid]
-                self._timeouts += 1
-                self._finish(rid, answered=False)
-                failed.append(
-                    (rid, RequestTimeout(f"no reply after {p.attempt} attempt(s) of {p.timeout}s"))
-                )
-            else:
-                p.resending = True
-                self._schedule(rid, p, now + self.backoff_delay(p.attempt))
+                failed.append((rid, self._ended(p)))
+                self._done(rid, p, answered=False)
+                continue
+            if p.retry_at <= now:
+                if p.resending:
+                    self._resend(p, now)
+                else:  # the attempt timed out (a resend is left: see retry_at)
+                    p.resending = True
+                    p.retry_at = now + self.backoff_delay(p.attempt)
+            if p.probe_at <= now:
+                self._send_probe(rid, p, now)
+            self._schedule(rid, p)
         return failed
 
     def backoff_delay(self, attempt: int) -> float:
@@ -373,6 +560,8 @@ class RequestTracker:
             pending=len(self._pending),
             send_waits=self.send_waits,
             resends_dropped=self.resends_dropped,
+            no_workers=self._no_workers,
+            probes=self._probes_sent,
         )
 
     def count_malformed(self, reason: str) -> None:
@@ -384,10 +573,67 @@ class RequestTracker:
 
     # ------------------------------------------------------------------ internals
 
+    def _resend(self, p: _Pending, now: float) -> None:
+        timing = p.timing
+        p.resending = False
+        p.attempt += 1
+        self._retries += 1
+        if p.attempt > timing.retries:  # the last attempt: it bounds the request's end
+            p.retry_at = math.inf
+            if now + timing.attempt_timeout < p.end:
+                p.end = now + timing.attempt_timeout
+                self._plan_probe(p)
+        else:
+            p.retry_at = now + timing.attempt_timeout
+        frames = p.frames
+        if p.end < math.inf:  # Rule 4: the time left, as of this attempt
+            option = expires_in_option(p.end - now)
+            rest = frames[_EXPIRES_AT + 1 :] if p.has_expires else frames[_EXPIRES_AT:]
+            frames = [*frames[:_EXPIRES_AT], option, *rest]
+            p.has_expires = True
+        p.frames = frames
+        self.outbox.append(frames)
+
+    def _plan_probe(self, p: _Pending) -> None:
+        """Set when to probe (Rule 5), unless a probe was sent or none is wanted."""
+        if (
+            self.probe
+            and p.probe_id is None
+            and p.end < math.inf
+            and not p.service.startswith(b"mmi.")
+        ):
+            p.probe_at = p.end - min(_PROBE_MAX, _PROBE_FRACTION * (p.end - p.start))
+
+    def _send_probe(self, rid: bytes, p: _Pending, now: float) -> None:
+        p.probe_at = math.inf
+        self._counter += 1
+        probe_id = self._prefix + self._counter.to_bytes(8, "big")
+        p.probe_id = probe_id
+        self._probes[probe_id] = rid
+        self._probes_sent += 1
+        metadata = (probe_id, expires_in_option(max(p.end - now, 0.001)))
+        probe = Request(_MMI_SERVICE, None, metadata, (p.service,))
+        self.outbox.append(serialize(probe, width=self.type_width))
+
+    def _ended(self, p: _Pending) -> RequestTimeout:
+        timing = p.timing
+        if p.no_workers:
+            self._no_workers += 1
+            return NoWorkers(
+                p.service,
+                f"no worker serves {_name(p.service)} (the broker says so; no reply after "
+                f"{p.attempt} attempt(s))",
+            )
+        self._timeouts += 1
+        return RequestTimeout(
+            f"no reply after {p.attempt} attempt(s) of {timing.attempt_timeout:.3g}s"
+        )
+
     def _count_malformed(self, reason: str) -> None:
         self._malformed[reason] = self._malformed.get(reason, 0) + 1
 
-    def _schedule(self, rid: bytes, p: _Pending, deadline: float) -> None:
+    def _schedule(self, rid: bytes, p: _Pending) -> None:
+        deadline = min(p.end, p.retry_at, p.probe_at)
         p.deadline = deadline
         if deadline == math.inf:
             return
@@ -401,6 +647,12 @@ class RequestTracker:
         p = self._pending.get(rid)
         return p is not None and p.gen == gen
 
+    def _done(self, rid: bytes, p: _Pending, *, answered: bool) -> None:
+        """A request left :attr:`_pending`: forget its probe, remember its id."""
+        if p.probe_id is not None and self._probes.pop(p.probe_id, None) is not None:
+            self._finish(p.probe_id, answered=False)  # a later answer is late, not unknown
+        self._finish(rid, answered=answered)
+
     def _finish(self, rid: bytes, *, answered: bool) -> None:
         if not self._remember:
             return
@@ -412,9 +664,14 @@ class RequestTracker:
         order.append(rid)
 
 
-def _check_timeout(timeout: float) -> None:
+def _name(service: bytes) -> str:
+    """A service name for messages: its text if it is UTF-8, quoted."""
+    return repr(service.decode("utf-8", "backslashreplace"))
+
+
+def _check_timeout(timeout: float, name: str) -> None:
     if not timeout > 0:  # also rejects NaN
-        raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
+        raise ValueError(f"{name} must be > 0 seconds, not {timeout!r}")
 
 
 def _check_retries(retries: int) -> None:

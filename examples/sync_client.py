@@ -34,9 +34,9 @@ def service_in_background() -> Iterator[str]:
 
 def run(endpoint: str) -> None:
     with dcp.SyncClient(endpoint, timeout=5.0) as client:
-        print("7 squared is", client.request(b"square", b"7").data[0].decode())
-        payloads = [str(i).encode() for i in range(10)]
-        print("squares:", [int(r.data[0]) for r in client.map(b"square", payloads)])
+        print("7 squared is", client.request("square", "7").text)
+        payloads = [str(i) for i in range(10)]  # str parts are sent as UTF-8
+        print("squares:", [int(r.text) for r in client.map("square", payloads)])
 
 
 def main() -> None:

@@ -23,10 +23,12 @@ import anyio.from_thread
 import attrs
 
 import dcp
-from dcp._messages import REQUEST_ID_PREFIX
+from dcp._messages import OPTION_PREFIX
 from dcp._results import HandlerRequest
 
 __all__ = ["Recorder", "Services", "services", "slow_echo"]
+
+_EXPIRES_IN = OPTION_PREFIX + b"expires-in="
 
 
 @attrs.define
@@ -77,15 +79,13 @@ def _handler(recorder: Recorder) -> Callable[[HandlerRequest], Awaitable[bytes |
         data = request.data[0] if request.data else b""
         client = request.metadata[0][:8]
         with recorder.lock:
-            # The metadata as sent: the request id, then the rest (the handler sees the
-            # caller's own parts in metadata, dcp's id and options in dcp_metadata).
+            # The request id (dcp's, in dcp_metadata), then the rest as sent but the
+            # deadline (expires-in), which changes from attempt to attempt.
             own, ours = request.metadata, request.dcp_metadata
-            if ours and ours[0].startswith(REQUEST_ID_PREFIX):
-                recorder.ids.append(ours[0])
-                recorder.options.append((*ours[1:], *own))
-            else:  # an id without the prefix is the first of the caller's parts
-                recorder.ids.append(own[0])
-                recorder.options.append((*ours, *own[1:]))
+            recorder.ids.append(ours[0])
+            recorder.options.append(
+                tuple(m for m in (*ours[1:], *own) if not m.startswith(_EXPIRES_IN))
+            )
             recorder.payloads.append(data)
             recorder.in_flight += 1
             recorder.max_in_flight = max(recorder.max_in_flight, recorder.in_flight)

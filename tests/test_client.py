@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
+from typing import Any
 
 import anyio
 import pytest
@@ -27,10 +28,15 @@ from _fake_peers import (
     twice,
 )
 
-from dcp import RemoteError, Request, RequestTimeout
+from dcp import NoWorkers, RemoteError, Request, RequestTimeout
 from dcp._broker import Broker
 from dcp._client import Client
-from dcp._messages import error_reply_data
+from dcp._messages import (
+    NO_WAIT_OPTION,
+    REQUEST_ID_PREFIX,
+    error_reply_data,
+    request_expires_in,
+)
 from dcp._tracker import Response
 
 pytestmark = pytest.mark.anyio
@@ -59,8 +65,10 @@ async def test_request_round_trip_with_metadata() -> None:
             assert await client.request(b"echo") == Response(())
     req = broker.requests[0]
     assert req.service == b"echo"
-    assert len(req.metadata[0]) == 16  # dcp's id comes first
-    assert req.metadata[1:] == (b"m1", b"m2")
+    assert req.metadata[0].startswith(REQUEST_ID_PREFIX)  # dcp's id comes first
+    assert len(req.metadata[0]) == len(REQUEST_ID_PREFIX) + 16
+    assert 29 < (request_expires_in(req.metadata[1:2]) or 0) <= 30  # then the time left
+    assert req.metadata[2:] == (b"m1", b"m2")
     assert broker.peers == {client.routing_id}
     assert client.routing_id[0] != 0
     s = client.statistics()
@@ -139,11 +147,17 @@ async def test_cancel_while_sending_is_clean() -> None:
 
 async def test_retry_after_a_dropped_reply() -> None:
     with FakeBroker(drop_first) as broker:
-        async with Client(broker.endpoint, timeout=0.1, retries=2, backoff=0.01) as client:
+        async with Client(
+            broker.endpoint, timeout=5.0, attempt_timeout=0.1, retries=2, backoff=0.01
+        ) as client:
             assert await client.request("echo", b"x") == Response((b"x",))
             s = client.statistics()
     assert [r.data for r in broker.requests] == [(b"x",), (b"x",)]
-    assert broker.requests[0].metadata == broker.requests[1].metadata  # same id resent
+    first, second = (r.metadata for r in broker.requests)
+    assert first[0] == second[0]  # same id resent
+    # Each attempt carries the time left of the 5 s.
+    assert 4.8 < request_expires_in(first) <= 5.0  # type: ignore[operator]
+    assert 4.0 < request_expires_in(second) < request_expires_in(first)  # type: ignore[operator]
     assert (s.retries, s.timeouts, s.replies) == (1, 0, 1)
 
 
@@ -159,18 +173,23 @@ async def test_duplicate_reply_is_dropped_and_counted() -> None:
 
 
 async def test_timeout_after_the_last_retry() -> None:
+    """Attempts shorter than the call: the last one's end ends the call (the timeout is
+    the whole call's since issue 15; this test used to set 0.05 s per attempt as timeout)."""
     with FakeBroker(silent) as broker:
-        async with Client(broker.endpoint, timeout=0.05, retries=2, backoff=0.01) as client:
+        async with Client(
+            broker.endpoint, timeout=5.0, attempt_timeout=0.05, retries=2, backoff=0.01
+        ) as client:
             start = time.monotonic()
-            with anyio.fail_after(5), pytest.raises(RequestTimeout):
+            with anyio.fail_after(5), pytest.raises(RequestTimeout) as info:
                 await client.request("echo", b"x")
             elapsed = time.monotonic() - start
             s = client.statistics()
             assert_clean(client)
-    assert elapsed >= 0.15  # three attempts of 0.05 s
-    assert len(broker.attempts) == 1
-    assert list(broker.attempts.values()) == [3]
-    assert (s.retries, s.timeouts) == (2, 1)
+    assert type(info.value) is RequestTimeout  # the fake broker did not say 404
+    assert 0.15 <= elapsed < 2  # three attempts of 0.05 s
+    assert [r.service for r in broker.requests] == [b"echo"] * 3 + [b"mmi.service"]
+    assert broker.requests[-1].data == (b"echo",)  # the question asked before the end
+    assert (s.retries, s.timeouts, s.probes) == (2, 1, 1)
 
 
 async def test_short_timeout_rearms_the_timer() -> None:
@@ -247,7 +266,7 @@ async def test_map_payloads_may_have_several_parts() -> None:
         async with Client(broker.endpoint) as client:
             got = [r.data async for r in client.map(b"echo", payloads, metadata=[b"m"])]
     assert got == [(b"one",), (b"two", b"parts"), (), (b"",)]
-    assert all(r.metadata[1:] == (b"m",) for r in broker.requests)
+    assert all(r.metadata[-1:] == (b"m",) for r in broker.requests)
 
 
 def _bad_is_an_error(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
@@ -495,3 +514,205 @@ async def test_infinite_timeout() -> None:
             assert await client.request("echo", b"x") == Response((b"x",))
             assert await client.request("echo", b"y", timeout=math.inf) == Response((b"y",))
             assert_clean(client)
+
+
+# ---------------------------------------------------------------- bad parts (issue 15, item 1)
+
+#: Requests that must be refused before their first frame is sent: (call, what the error names).
+_BAD_REQUESTS: list[tuple[str, dict[str, object], type[Exception], str]] = [
+    ("data part", {"data": (b"first", 123)}, TypeError, r"data\[1\]"),
+    ("None part", {"data": (None,)}, TypeError, r"data\[0\]"),
+    ("service", {"service": 7}, TypeError, "service"),
+    ("metadata part", {"metadata": [b"ok", 5]}, TypeError, r"metadata\[1\]"),
+    ("empty metadata", {"metadata": [b""]}, ValueError, r"metadata\[0\]"),
+    ("bare metadata", {"metadata": b"m"}, TypeError, "metadata"),
+]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "names"),
+    [pytest.param(b, e, n, id=i) for i, b, e, n in _BAD_REQUESTS],
+)
+async def test_a_bad_part_sends_nothing_and_the_next_request_is_intact(
+    bad: dict[str, object], error: type[Exception], names: str
+) -> None:
+    """A bad part is refused before the first frame is sent: the next request is whole."""
+    with FakeBroker(echo) as broker:
+        async with Client(broker.endpoint, timeout=2.0, retries=0) as client:
+            args: dict[str, Any] = {"service": "echo", "data": (b"first",), "metadata": ()}
+            args.update(bad)
+            with pytest.raises(error, match=names):
+                await client.request(
+                    args["service"],
+                    *args["data"],
+                    metadata=args["metadata"],
+                )
+            assert_clean(client)
+            with anyio.fail_after(5):
+                assert await client.request("echo", b"second") == Response((b"second",))
+            s = client.statistics()
+    [req] = broker.requests
+    assert (req.service, req.data) == (b"echo", (b"second",))
+    assert (s.retries, s.timeouts, s.malformed) == (0, 0, {})
+
+
+async def test_a_bad_map_payload_sends_nothing_of_it() -> None:
+    payloads: list[object] = [b"a", "b", (b"c", "d"), (b"e", 5), b"f"]
+    with FakeBroker(echo) as broker:
+        async with Client(broker.endpoint, timeout=2.0, retries=0) as client:
+            got = []
+            with pytest.raises(TypeError, match=r"payloads\[3\]\[1\]"):
+                async for r in client.map("echo", payloads, window=1):  # type: ignore[arg-type]
+                    got.append(r.data)
+            assert got == [(b"a",), (b"b",), (b"c", b"d")]
+            with pytest.raises(TypeError, match=r"payloads\[0\]"):
+                async for _ in client.map_unordered("echo", [42]):  # type: ignore[list-item]
+                    pass  # pragma: no cover
+            assert_clean(client)
+            with anyio.fail_after(5):
+                assert await client.request("echo", b"next") == Response((b"next",))
+    assert [r.data for r in broker.requests] == [(b"a",), (b"b",), (b"c", b"d"), (b"next",)]
+
+
+# ---------------------------------------------------------------- str and JSON (item 5)
+
+
+async def test_str_service_data_and_metadata_are_sent_as_utf8() -> None:
+    with FakeBroker(echo) as broker:
+        async with Client(broker.endpoint) as client:
+            response = await client.request("écho", "héllo", b"raw", metadata=["mé"])
+            assert response == Response(("héllo".encode(), b"raw"), ("mé".encode(),))
+            assert response.data[0].decode() == "héllo"
+            got = [r.text async for r in client.map("écho", ["a", ("b",), b"c"])]
+            assert got == ["a", "b", "c"]
+    assert {r.service for r in broker.requests} == {"écho".encode()}
+
+
+async def test_request_json_round_trip_and_bad_objects_send_nothing() -> None:
+    with FakeBroker(echo) as broker:
+        async with Client(broker.endpoint) as client:
+            obj = {"a": [1, 2.5, None], "b": "Zoë"}
+            assert await client.request_json("echo", obj) == obj
+            with pytest.raises(TypeError, match="obj is not JSON-serialisable"):
+                await client.request_json("echo", {1, 2})
+            with pytest.raises(ValueError, match="obj is not JSON-serialisable"):
+                await client.request_json("echo", math.nan)
+            assert_clean(client)
+    [req] = broker.requests
+    assert req.data == (b'{"a":[1,2.5,null],"b":"Zo\xc3\xab"}',)
+
+
+def _two_parts(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    return [(0.0, (*req.data, b"more"))]
+
+
+async def test_request_json_refuses_a_reply_that_is_not_one_json_part() -> None:
+    with FakeBroker(_two_parts) as broker:
+        async with Client(broker.endpoint) as client:
+            with pytest.raises(ValueError, match="2 data parts"):
+                await client.request_json("echo", [1], metadata=[b"m"])
+            assert_clean(client)
+    assert broker.requests[0].metadata[-1] == b"m"
+
+
+# ---------------------------------------------------------------- whole-call timeout (item 2)
+
+
+def _closed_port() -> str:
+    """A tcp endpoint where nothing listens (bound, then released)."""
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    try:
+        sock.bind("tcp://127.0.0.1:0")
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    finally:
+        sock.close(0)
+
+
+async def test_no_broker_fails_within_the_timeout() -> None:
+    async with Client(_closed_port(), timeout=0.5) as client:
+        start = anyio.current_time()
+        with anyio.fail_after(5), pytest.raises(RequestTimeout) as info:
+            await client.request("echo", b"x")
+        elapsed = anyio.current_time() - start
+        s = client.statistics()
+        assert_clean(client)
+    assert type(info.value) is RequestTimeout  # nobody said "no workers"
+    assert 0.45 <= elapsed < 1.5  # the timeout, plus scheduling on a loaded machine
+    # Attempts of 0.5 / 3 s: a resend or two, as the backoff delays allow; then the probe.
+    assert (s.retries >= 1, s.probes, s.timeouts) == (True, 1, 1)
+
+
+async def test_the_whole_call_is_bounded_whatever_the_attempts() -> None:
+    with FakeBroker(silent) as broker:
+        async with Client(broker.endpoint, attempt_timeout=0.05, retries=100) as client:
+            start = anyio.current_time()
+            with anyio.fail_after(5), pytest.raises(RequestTimeout):
+                await client.request("echo", b"x", timeout=0.4)
+            elapsed = anyio.current_time() - start
+    assert 0.35 <= elapsed < 1.4
+    attempts = [r for r in broker.requests if r.service == b"echo"]
+    assert 2 <= len(attempts) < 100
+    left = [request_expires_in(r.metadata) or 0.0 for r in attempts]
+    assert left == sorted(left, reverse=True)  # each attempt: the time left, less and less
+    assert all(0 < x <= 0.4 for x in left)
+
+
+async def test_a_service_nobody_serves_raises_no_workers_within_the_timeout() -> None:
+    async with Broker("tcp://127.0.0.1:0") as broker, Client(broker.endpoints[0]) as client:
+        start = anyio.current_time()
+        with anyio.fail_after(5), pytest.raises(NoWorkers) as info:
+            await client.request("nobody", b"x", timeout=1.0)
+        elapsed = anyio.current_time() - start
+        assert_clean(client)
+    assert isinstance(info.value, RequestTimeout)  # old except clauses still catch it
+    assert info.value.service == b"nobody"
+    assert str(info.value).startswith("no worker serves 'nobody' (the broker says so; ")
+    assert 0.85 <= elapsed < 2.0
+    assert client.statistics().no_workers == 1
+
+
+def _sleepy(data: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    time.sleep(1.5)
+    return data
+
+
+async def test_a_served_service_that_is_slow_is_a_plain_timeout() -> None:
+    async with Broker("tcp://127.0.0.1:0") as broker:
+        endpoint = broker.endpoints[0]
+        with RawWorker(endpoint, b"slow", _sleepy) as worker:
+            await eventually(worker.registered.is_set)
+            async with Client(endpoint) as client:
+                with anyio.fail_after(5), pytest.raises(RequestTimeout) as info:
+                    await client.request("slow", b"x", timeout=0.5, retries=0)
+    assert type(info.value) is RequestTimeout
+
+
+def _no_responders(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    """A broker that knows the no-wait option and has no worker for anything."""
+    if NO_WAIT_OPTION in req.metadata:
+        return [(0.0, error_reply_data("no_workers", "no worker serves this service"))]
+    return []
+
+
+async def test_no_wait_fails_at_once_with_no_workers() -> None:
+    with FakeBroker(_no_responders) as broker:
+        async with Client(broker.endpoint, timeout=10.0) as client:
+            with anyio.fail_after(2), pytest.raises(NoWorkers) as info:
+                await client.request("echo", b"x", no_wait=True)
+            assert str(info.value) == "no worker serves 'echo': no worker serves this service"
+            with anyio.fail_after(2), pytest.raises(NoWorkers):
+                await client.request_json("echo", [1], no_wait=True)
+            assert_clean(client)
+        async with Client(broker.endpoint, no_wait=True, timeout=0.3, retries=0) as client2:
+            with anyio.fail_after(2), pytest.raises(NoWorkers):
+                async for _ in client2.map("echo", [b"a"]):
+                    pass  # pragma: no cover
+            # Per request, no_wait=False wins over the client's default: it waits.
+            with anyio.fail_after(2), pytest.raises(RequestTimeout) as info2:
+                await client2.request("echo", b"y", no_wait=False)
+            assert type(info2.value) is RequestTimeout
+    echo_requests = [r for r in broker.requests if r.service == b"echo"]
+    assert [NO_WAIT_OPTION in r.metadata for r in echo_requests] == [True, True, True, False]
+    # dcp's options come after the id and before the user's metadata.
+    assert echo_requests[0].metadata[2] == NO_WAIT_OPTION
+    assert client.statistics().no_workers == 2

@@ -75,7 +75,7 @@ def test_readme_example_runs(tmp_path: Path) -> None:
         [sys.executable, str(script)], capture_output=True, text=True, timeout=30, check=False
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "(b'HELLO WORLD',)\n"
+    assert proc.stdout == "HELLO WORLD\n"
 
 
 @pytest.mark.timeout(150)

@@ -18,10 +18,12 @@ from test_integration import HB, eventually, fast_worker
 
 import dcp
 from dcp._context import get_context
-from dcp._messages import REQUEST_ID_PREFIX, work_timeout_option
+from dcp._messages import OPTION_PREFIX, work_timeout_option
 from dcp._results import HandlerRequest
 
 pytestmark = pytest.mark.anyio
+
+_EXPIRES_IN = OPTION_PREFIX + b"expires-in="
 
 
 async def echo(request: dcp.Request) -> bytes:
@@ -239,13 +241,10 @@ async def test_every_request_path_carries_the_work_timeout() -> None:
     seen: list[tuple[bytes, ...]] = []
 
     async def record(request: HandlerRequest) -> bytes:
-        # The metadata as sent, after dcp's request id (the handler sees the caller's own
-        # parts in metadata, dcp's id and options in dcp_metadata).
-        own, ours = request.metadata, request.dcp_metadata
-        if ours and ours[0].startswith(REQUEST_ID_PREFIX):
-            seen.append((*ours[1:], *own))
-        else:  # an id without the prefix is the first of the caller's parts
-            seen.append((*ours, *own[1:]))
+        # After dcp's request id (dcp's parts are in dcp_metadata, the caller's in metadata);
+        # not the deadline (expires-in), tested on its own.
+        own, ours = request.dcp_metadata, request.metadata
+        seen.append(tuple(m for m in (*own[1:], *ours) if not m.startswith(_EXPIRES_IN)))
         return b"ok"
 
     option = work_timeout_option(1.5)

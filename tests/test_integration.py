@@ -233,7 +233,12 @@ async def test_broker_restart_mid_run_answers_every_request_once() -> None:
             worker = fast_worker(endpoint, "echo", echo, 4)
             await tg.start(worker.serve)
             async with dcp.Client(
-                endpoint, timeout=0.5, retries=12, backoff=0.05, backoff_max=0.2
+                endpoint,
+                timeout=15,  # the whole call; attempts of 0.5 s, as before issue 15
+                attempt_timeout=0.5,
+                retries=12,
+                backoff=0.05,
+                backoff_max=0.2,
             ) as client:
 
                 async def one(payload: bytes) -> None:

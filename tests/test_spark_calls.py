@@ -18,6 +18,7 @@ from _spark_services import Services, services
 
 import dcp
 from dcp._context import get_context
+from dcp._messages import REQUEST_ID_PREFIX
 from dcp.spark import (
     BROKER_ENV,
     BadReply,
@@ -173,7 +174,15 @@ def test_timeouts_follow_on_error() -> None:
         [(values, errors)] = call_arrays(nobody, [pa.array([b"x", b"y"])])
         assert values.to_pylist() == [None, None]
         assert errors is not None
-        assert errors.to_pylist() == ["timeout: no reply after 2 attempt(s) of 0.05s"] * 2
+        # The broker said nobody serves it (asked before the last attempt ended).
+        assert (
+            errors.to_pylist()
+            == [
+                "no_workers: no worker serves 'nobody' (the broker says so; no reply after 2 "
+                "attempt(s))"
+            ]
+            * 2
+        )
         with pytest.raises(dcp.RequestTimeout):
             list(call_arrays(attrs_evolve(nobody, on_error="raise"), [pa.array([b"x"])]))
 
@@ -195,7 +204,9 @@ def test_each_task_sends_its_own_request_ids(rec: Services) -> None:
     ids_second = set(rec.recorder.ids) - ids_first
     assert first == second == [[b"A", b"B", b"C"]]
     assert len(ids_first) == len(ids_second) == 3
-    assert {i[:8] for i in ids_first}.isdisjoint({i[:8] for i in ids_second})
+    # Ids are REQUEST_ID_PREFIX, 8 random bytes per client, then a counter.
+    tracker_part = slice(len(REQUEST_ID_PREFIX), len(REQUEST_ID_PREFIX) + 8)
+    assert {i[tracker_part] for i in ids_first}.isdisjoint({i[tracker_part] for i in ids_second})
 
 
 def test_call_batches_sets_or_replaces_columns(rec: Services) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -21,8 +23,8 @@ from _fake_peers import (
     twice,
 )
 
-from dcp import RemoteError, Request, RequestTimeout
-from dcp._messages import error_reply_data
+from dcp import NoWorkers, RemoteError, Request, RequestTimeout
+from dcp._messages import NO_WAIT_OPTION, REQUEST_ID_PREFIX, error_reply_data
 from dcp._sync_client import SyncClient
 from dcp._tracker import Response
 
@@ -39,7 +41,8 @@ def test_request_round_trip_with_metadata() -> None:
         assert_clean(client)
     assert client.closed
     assert broker.peers == {client.routing_id}
-    assert [len(r.metadata[0]) for r in broker.requests] == [16, 16]
+    assert all(r.metadata[0].startswith(REQUEST_ID_PREFIX) for r in broker.requests)
+    assert [len(r.metadata[0]) for r in broker.requests] == [24, 24]
 
 
 def test_many_requests_in_a_row_are_matched() -> None:
@@ -101,16 +104,19 @@ def test_duplicate_reply_is_dropped_and_counted() -> None:
 def test_timeout_after_the_last_retry() -> None:
     with (
         FakeBroker(silent) as broker,
-        SyncClient(broker.endpoint, timeout=0.05, retries=2, backoff=0.01) as client,
+        SyncClient(
+            broker.endpoint, timeout=5.0, attempt_timeout=0.05, retries=2, backoff=0.01
+        ) as client,
     ):
         start = time.monotonic()
         with pytest.raises(RequestTimeout):
             client.request("echo", b"x")
-        assert time.monotonic() - start >= 0.15
+        assert 0.15 <= time.monotonic() - start < 2
         s = client.statistics()
         assert_clean(client)
-    assert list(broker.attempts.values()) == [3]
-    assert (s.retries, s.timeouts) == (2, 1)
+    # Three attempts, then the mmi.service question asked before the end.
+    assert [r.service for r in broker.requests] == [b"echo"] * 3 + [b"mmi.service"]
+    assert (s.retries, s.timeouts, s.probes) == (2, 1, 1)
 
 
 def test_remote_error() -> None:
@@ -264,3 +270,184 @@ def test_infinite_timeout() -> None:
     with FakeBroker(random_delay(0.01)) as broker, SyncClient(broker.endpoint) as client:
         assert client.request("echo", b"x", timeout=math.inf) == Response((b"x",))
         assert_clean(client)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "names"),
+    [
+        ({"data": (b"first", 123)}, TypeError, r"data\[1\]"),
+        ({"service": 7}, TypeError, "service"),
+        ({"metadata": [b"ok", 5]}, TypeError, r"metadata\[1\]"),
+        ({"metadata": [b""]}, ValueError, r"metadata\[0\]"),
+    ],
+)
+def test_a_bad_part_sends_nothing_and_the_next_request_is_intact(
+    bad: dict[str, object], error: type[Exception], names: str
+) -> None:
+    """Issue 15, item 1: a bad part is refused before the first frame is sent."""
+    with (
+        FakeBroker(echo) as broker,
+        SyncClient(broker.endpoint, timeout=2.0, retries=0) as client,
+    ):
+        args: dict[str, Any] = {"service": "echo", "data": (b"first",), "metadata": ()}
+        args.update(bad)
+        with pytest.raises(error, match=names):
+            client.request(
+                args["service"],
+                *args["data"],
+                metadata=args["metadata"],
+            )
+        assert_clean(client)
+        assert client.request("echo", b"second") == Response((b"second",))
+        s = client.statistics()
+    [req] = broker.requests
+    assert (req.service, req.data) == (b"echo", (b"second",))
+    assert (s.retries, s.timeouts, s.malformed) == (0, 0, {})
+
+
+def test_a_bad_map_payload_sends_nothing_of_it() -> None:
+    payloads: list[object] = [b"a", "b", (b"c", "d"), (b"e", 5), b"f"]
+    with (
+        FakeBroker(echo) as broker,
+        SyncClient(broker.endpoint, timeout=2.0, retries=0) as client,
+    ):
+        got = []
+        with pytest.raises(TypeError, match=r"payloads\[3\]\[1\]"):
+            for r in client.map("echo", payloads, window=1):  # type: ignore[arg-type]
+                got.append(r.data)
+        assert got == [(b"a",), (b"b",), (b"c", b"d")]
+        with pytest.raises(TypeError, match=r"payloads\[0\]"):
+            list(client.map_outcomes("echo", [42]))  # type: ignore[list-item]
+        assert_clean(client)
+        assert client.request("echo", b"next") == Response((b"next",))
+    assert [r.data for r in broker.requests] == [(b"a",), (b"b",), (b"c", b"d"), (b"next",)]
+
+
+def test_str_parts_and_request_json() -> None:
+    with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
+        response = client.request("écho", "héllo", b"raw", metadata=["mé"])
+        assert response == Response(("héllo".encode(), b"raw"), ("mé".encode(),))
+        assert [r.text for r in client.map("écho", ["a", ("b",), b"c"])] == ["a", "b", "c"]
+        obj = {"a": [1, None], "b": "Zoë"}
+        assert client.request_json("echo", obj, metadata=[b"m"]) == obj
+        with pytest.raises(TypeError, match="obj is not JSON-serialisable"):
+            client.request_json("echo", object())
+        assert_clean(client)
+    assert {r.service for r in broker.requests} == {"écho".encode(), b"echo"}
+    assert len(broker.requests) == 5
+
+
+def _closed_port() -> str:
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    try:
+        sock.bind("tcp://127.0.0.1:0")
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    finally:
+        sock.close(0)
+
+
+def test_no_broker_fails_within_the_timeout() -> None:
+    with SyncClient(_closed_port(), timeout=0.5) as client:
+        start = time.monotonic()
+        with pytest.raises(RequestTimeout) as info:
+            client.request("echo", b"x")
+        assert 0.45 <= time.monotonic() - start < 1.5
+        assert_clean(client)
+    assert type(info.value) is RequestTimeout
+
+
+def test_a_service_nobody_serves_raises_no_workers_within_the_timeout() -> None:
+    with broker_in_thread() as endpoint, SyncClient(endpoint, timeout=1.0) as client:
+        start = time.monotonic()
+        with pytest.raises(NoWorkers, match="no worker serves 'nobody'"):
+            client.request("nobody", b"x")
+        assert 0.85 <= time.monotonic() - start < 2.0
+        # map_outcomes yields it in place, like any other failure.
+        [outcome] = client.map_outcomes("nobody", [b"y"], timeout=0.3)
+        assert isinstance(outcome, NoWorkers)
+        assert client.statistics().no_workers == 2
+
+
+def _no_responders(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    if NO_WAIT_OPTION in req.metadata:
+        return [(0.0, error_reply_data("no_workers", "none"))]
+    return []
+
+
+def test_no_wait_fails_at_once_with_no_workers() -> None:
+    with (
+        FakeBroker(_no_responders) as broker,
+        SyncClient(broker.endpoint, no_wait=True, timeout=10.0) as client,
+    ):
+        start = time.monotonic()
+        with pytest.raises(NoWorkers, match=r"^no worker serves 'echo': none$"):
+            client.request("echo", b"x")
+        assert time.monotonic() - start < 2
+        with pytest.raises(RequestTimeout) as info:
+            client.request("echo", b"x", no_wait=False, timeout=0.2, retries=0)
+        assert type(info.value) is RequestTimeout
+    assert [NO_WAIT_OPTION in r.metadata for r in broker.requests if r.service == b"echo"] == [
+        True,
+        False,
+    ]
+
+
+def _in_thread(fn: Callable[[], object]) -> BaseException | None:
+    """Run ``fn`` in a new thread; what it raised, if anything."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name="intruder")
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    return raised[0] if raised else None
+
+
+def test_a_second_thread_is_refused_at_once_and_the_owner_goes_on() -> None:
+    """Issue 15, item 8: one SyncClient shared by threads failed with an occasional
+    IndexError; now the second thread gets a clear RuntimeError before touching anything."""
+    with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
+        assert client.request("echo", b"mine") == Response((b"mine",))
+        gen = client.map("echo", [b"a", b"b", b"c"], window=1)
+        assert next(gen) == Response((b"a",))
+        for attempt in (
+            lambda: client.request("echo", b"theirs"),
+            lambda: client.request_json("echo", [1]),
+            lambda: list(client.map_unordered("echo", [b"x"])),
+        ):
+            exc = _in_thread(attempt)
+            assert isinstance(exc, RuntimeError)
+            assert str(exc) == (
+                "a SyncClient may be used by one thread only: this one belongs to thread "
+                "'MainThread', the first to send on it, and 'intruder' tried to use it; "
+                "create one SyncClient per thread"
+            )
+        # The owner's requests are intact, the half-consumed map too.
+        assert [r.data for r in gen] == [(b"b",), (b"c",)]
+        assert client.request("echo", b"again") == Response((b"again",))
+        assert_clean(client)
+    assert [r.data for r in broker.requests] == [
+        (b"mine",),
+        (b"a",),
+        (b"b",),
+        (b"c",),
+        (b"again",),
+    ]
+
+
+def test_the_owner_is_the_first_thread_that_sends() -> None:
+    with FakeBroker(echo) as broker:
+        client = SyncClient(broker.endpoint)  # created here, used only over there
+        got: list[Response] = []
+        assert _in_thread(lambda: got.append(client.request("echo", b"x"))) is None
+        assert got == [Response((b"x",))]
+        with pytest.raises(RuntimeError, match="one thread only"):
+            client.request("echo", b"y")
+        client.close()  # from any thread, once nobody uses it
+        assert client.closed

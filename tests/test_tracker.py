@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import math
+import pickle
 import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import pytest
 
-from dcp import LocalProtocolError, RemoteError, RequestTimeout
-from dcp._messages import Ping, Reply, Request, error_reply_data
-from dcp._tracker import RequestTracker, Response
+from dcp import LocalProtocolError, NoWorkers, RemoteError, RequestTimeout
+from dcp._messages import (
+    OPTION_PREFIX,
+    REQUEST_ID_PREFIX,
+    Ping,
+    Reply,
+    Request,
+    error_reply_data,
+    expires_in_option,
+    request_expires_in,
+)
+from dcp._tracker import RequestTracker, Response, Timing
 from dcp.wire.dcp1 import parse, serialize
 
 
@@ -38,10 +48,12 @@ def request(
     *,
     metadata: Sequence[bytes] = (),
     timeout: float | None = None,
+    attempt_timeout: float | None = None,
     retries: int | None = None,
 ) -> tuple[bytes, list[bytes]]:
     """Start a request: its id and the frames it put in the outbox."""
-    rid = t.request(service, data, now, metadata=metadata, timeout=timeout, retries=retries)
+    timing = t.timing(timeout, attempt_timeout, retries)
+    rid = t.request(service, data, now, metadata=metadata, timing=timing)
     (frames,) = take(t)
     return rid, frames
 
@@ -59,8 +71,13 @@ def expire(t: RequestTracker, now: float) -> Expired:
 
 
 def make(**options: object) -> RequestTracker:
+    """A tracker whose attempts have 1 s each, with no overall limit and no probe: the
+    retry schedule alone (the whole-call limit, expiry options and probes have their own
+    tests)."""
     defaults: dict[str, object] = {
-        "timeout": 1.0,
+        "timeout": math.inf,
+        "attempt_timeout": 1.0,
+        "probe": False,
         "retries": 2,
         "backoff": 0.5,
         "jitter": 0.0,
@@ -73,23 +90,25 @@ def make(**options: object) -> RequestTracker:
 def test_request_frames_carry_the_id_first_then_user_metadata() -> None:
     t = make(id_prefix=b"ABCDEFGH")
     rid, frames = request(t, b"echo", [b"x", b""], 0.0, metadata=[b"m1", b"m2"])
-    assert rid == b"ABCDEFGH" + (1).to_bytes(8, "big")
+    assert rid == REQUEST_ID_PREFIX + b"ABCDEFGH" + (1).to_bytes(8, "big")
     req, width = parse(frames)
     assert width == 1
     assert req == Request(b"echo", None, (rid, b"m1", b"m2"), (b"x", b""))
     rid2, _ = request(t, b"echo", [], 0.0)
-    assert rid2 == b"ABCDEFGH" + (2).to_bytes(8, "big")
+    assert rid2 == REQUEST_ID_PREFIX + b"ABCDEFGH" + (2).to_bytes(8, "big")
 
 
 def test_outbox_keeps_what_to_send_in_order_until_the_driver_drains_it() -> None:
     t = make(retries=1, backoff=0.0)
     rid1 = t.request(b"s", [b"1"], 0.0)
-    rid2 = t.request(b"s", [b"2"], 0.0, retries=0)
+    rid2 = t.request(b"s", [b"2"], 0.0, timing=t.timing(retries=0))
     first, second = t.outbox
     failed = t.expire(1.0)  # rid1 is resent (no backoff), rid2 fails
     assert [rid for rid, _ in failed] == [rid2]
     assert t.receive(reply_frames(first, b"ok")) == (rid1, Response((b"ok",)))
-    assert t.outbox == [first, second, first]  # receiving sends nothing
+    assert t.outbox[:2] == [first, second]  # receiving sends nothing
+    # The resend: the same request, now with the time left (its last attempt's 1 s).
+    assert t.outbox[2] == [*first[:6], expires_in_option(1.0), *first[6:]]
     out, t.outbox = t.outbox, []
     assert len(out) == 3 and t.outbox == []
 
@@ -99,7 +118,7 @@ def test_ids_are_unique_and_prefixes_differ_per_tracker() -> None:
     ids = {request(a, b"s", [], 0.0)[0] for _ in range(1000)}
     ids |= {request(b, b"s", [], 0.0)[0] for _ in range(1000)}
     assert len(ids) == 2000
-    assert all(len(i) == 16 for i in ids)
+    assert all(len(i) == 24 and i.startswith(REQUEST_ID_PREFIX) for i in ids)
 
 
 def test_reply_completes_with_data_and_user_metadata() -> None:
@@ -230,7 +249,8 @@ def test_timeout_retry_schedule_without_jitter() -> None:
     assert t.next_deadline() == 12.5
     assert expire(t, 12.5) == ([], [])  # wait 1.0 s
     assert t.next_deadline() == 13.5
-    assert expire(t, 13.5) == ([frames], [])  # attempt 3
+    # Attempt 3, the last: its end is known, so it carries the time left (Rule 4).
+    assert expire(t, 13.5) == ([[*frames[:6], expires_in_option(1.0), *frames[6:]]], [])
     assert t.next_deadline() == 14.5
     resend, failed = expire(t, 14.5)
     assert resend == []
@@ -270,8 +290,9 @@ def test_per_request_timeout_and_retries_override_defaults() -> None:
 
 def test_infinite_timeout_never_expires() -> None:
     t = make()
-    rid, _ = request(t, b"s", [], 0.0, timeout=math.inf)
+    rid, frames = request(t, b"s", [], 0.0, timeout=math.inf, attempt_timeout=math.inf)
     assert t.next_deadline() is None
+    assert not any(f.startswith(OPTION_PREFIX + b"expires-in") for f in frames)
     assert expire(t, 1e12) == ([], [])
     assert t.is_pending(rid)
 
@@ -419,3 +440,143 @@ def test_random_simulation_resolves_every_request_exactly_once() -> None:
     assert s.duplicates > 0
     assert s.late > 0
     assert s.retries > 0
+
+
+# ---------------------------------------------------------------- whole-call timeout (issue 15)
+
+
+def _expires_in(frames: list[bytes]) -> float | None:
+    req, _ = parse(frames)
+    assert isinstance(req, Request)
+    return request_expires_in(req.metadata)
+
+
+def test_timing_defaults_split_the_call_among_its_attempts() -> None:
+    t = RequestTracker()
+    assert t.timing() == Timing(30.0, 10.0, 2)  # the documented defaults
+    assert t.timing(timeout=8.0, retries=3) == Timing(8.0, 2.0, 3)
+    assert t.timing(timeout=8.0, attempt_timeout=5.0) == Timing(8.0, 5.0, 2)
+    assert t.timing(timeout=math.inf) == Timing(math.inf, math.inf, 2)
+    t2 = RequestTracker(timeout=6.0, attempt_timeout=1.5, retries=1)
+    assert t2.timing() == Timing(6.0, 1.5, 1)
+    assert t2.timing(timeout=60.0) == Timing(60.0, 1.5, 1)  # the client's attempt_timeout
+    with pytest.raises(ValueError, match="attempt_timeout must be > 0"):
+        t.timing(attempt_timeout=0)
+    with pytest.raises(ValueError, match="attempt_timeout must be > 0"):
+        RequestTracker(attempt_timeout=-1.0)
+
+
+def test_timeout_bounds_the_whole_call_and_each_attempt_carries_the_time_left() -> None:
+    # 3 s in all, attempts of 1 s, backoff 0.5 s then 1 s: the third attempt never starts.
+    t = make(timeout=3.0, attempt_timeout=None, retries=2)
+    rid, frames = request(t, b"s", [b"x"], 10.0)
+    assert _expires_in(frames) == 3.0
+    assert t.deadline_of(rid) == 11.0
+    assert expire(t, 11.0) == ([], [])  # attempt 1 timed out: wait 0.5 s
+    [resend] = expire(t, 11.5).resend
+    assert _expires_in(resend) == 1.5  # what is left of the 3 s
+    assert parse(resend)[0] == Request(b"s", None, (rid, expires_in_option(1.5)), (b"x",))
+    assert t.next_deadline() == 12.5
+    assert expire(t, 12.5) == ([], [])  # attempt 2 timed out: the 1 s backoff outlasts the call
+    assert t.next_deadline() == 13.0
+    resend_, failed = expire(t, 13.0)
+    assert resend_ == []
+    assert [r for r, _ in failed] == [rid]
+    assert type(failed[0][1]) is RequestTimeout
+    assert str(failed[0][1]) == "no reply after 2 attempt(s) of 1s"
+    s = t.statistics()
+    assert (s.retries, s.timeouts, s.no_workers, s.pending) == (1, 1, 0, 0)
+
+
+def test_the_last_attempt_ends_the_call_when_it_ends_first() -> None:
+    t = make(timeout=100.0, attempt_timeout=1.0, retries=1)
+    rid, frames = request(t, b"s", [], 0.0)
+    assert _expires_in(frames) == 100.0  # a resend may come: the call's deadline
+    expire(t, 1.0)
+    [resend] = expire(t, 1.5).resend
+    assert _expires_in(resend) == 1.0  # the last attempt: the call ends with it
+    assert [r for r, _ in expire(t, 2.5).failed] == [rid]
+
+
+def _probe_of(frames: list[bytes]) -> Request:
+    req, _ = parse(frames)
+    assert isinstance(req, Request)
+    assert req.service == b"mmi.service"
+    return req
+
+
+def _answer(probe_frames: list[bytes], code: bytes) -> list[bytes]:
+    return reply_frames(probe_frames, code)
+
+
+@pytest.mark.parametrize(("answer", "error"), [(b"404", NoWorkers), (b"200", RequestTimeout)])
+def test_a_probe_before_the_end_tells_no_workers_from_a_timeout(
+    answer: bytes, error: type[RequestTimeout]
+) -> None:
+    t = make(timeout=20.0, attempt_timeout=None, retries=0, probe=True)
+    rid, _ = request(t, b"echo", [b"x"], 0.0)
+    assert t.next_deadline() == 19.0  # the probe: min(1 s, 10% of 20 s) before the end
+    [probe] = expire(t, 19.0).resend
+    req = _probe_of(probe)
+    assert req.data == (b"echo",)
+    assert req.metadata[0].startswith(REQUEST_ID_PREFIX) and req.metadata[0] != rid
+    assert request_expires_in(req.metadata) == 1.0
+    assert t.receive(_answer(probe, answer)) is None  # it completes nothing
+    assert t.is_pending(rid)
+    assert t.next_deadline() == 20.0
+    [(failed_rid, exc)] = expire(t, 20.0).failed
+    assert failed_rid == rid
+    assert type(exc) is error
+    s = t.statistics()
+    assert s.probes == 1
+    assert (s.timeouts, s.no_workers) == ((0, 1) if error is NoWorkers else (1, 0))
+    if error is NoWorkers:
+        assert isinstance(exc, NoWorkers)
+        assert exc.service == b"echo"
+        assert (
+            str(exc) == "no worker serves 'echo' (the broker says so; no reply after 1 attempt(s))"
+        )
+    assert (s.unknown, s.late, s.duplicates) == (0, 0, 0)
+
+
+def test_a_request_answered_meanwhile_makes_its_probe_answer_late() -> None:
+    t = make(timeout=1.0, attempt_timeout=None, retries=0, probe=True)
+    rid, frames = request(t, b"echo", [], 0.0)
+    [probe] = expire(t, 0.9).resend  # 10% of 1 s before the end
+    assert t.receive(reply_frames(frames, b"ok")) == (rid, Response((b"ok",)))
+    assert t.receive(_answer(probe, b"404")) is None
+    assert t.statistics().late == 1
+    assert t.next_deadline() is None
+
+
+def test_no_probe_for_mmi_services_without_an_end_or_when_off() -> None:
+    for tracker, service, timeout in [
+        (make(timeout=1.0, attempt_timeout=None, retries=0, probe=True), b"mmi.service", 1.0),
+        (make(timeout=math.inf, attempt_timeout=math.inf, probe=True), b"s", math.inf),
+        (make(timeout=1.0, attempt_timeout=None, retries=0, probe=False), b"s", 1.0),
+    ]:
+        request(tracker, service, [], 0.0)
+        if timeout < math.inf:
+            assert tracker.next_deadline() == timeout
+            assert expire(tracker, timeout).resend == []
+        assert tracker.statistics().probes == 0
+
+
+def test_a_no_workers_error_reply_is_no_workers() -> None:
+    t = make()
+    rid, frames = request(t, b"echo", [], 0.0)
+    reply = reply_frames(frames, *error_reply_data("no_workers", "nobody serves it"))
+    result = t.receive(reply)
+    assert result is not None
+    got_rid, exc = result
+    assert got_rid == rid
+    assert isinstance(exc, NoWorkers) and isinstance(exc, RequestTimeout)
+    assert str(exc) == "no worker serves 'echo': nobody serves it"
+    s = t.statistics()
+    assert (s.no_workers, s.errors, s.timeouts) == (1, 0, 0)
+
+
+def test_no_workers_pickles() -> None:
+    exc = NoWorkers(b"echo", "no worker serves 'echo'")
+    copy = pickle.loads(pickle.dumps(exc))
+    assert (type(copy), copy.service, str(copy)) == (NoWorkers, b"echo", str(exc))

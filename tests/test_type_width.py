@@ -8,6 +8,7 @@ on any type frame that is not exactly 4 bytes. The last tests go through the rea
 
 from __future__ import annotations
 
+import math
 import time
 
 import anyio
@@ -149,7 +150,9 @@ def take(tracker: RequestTracker) -> list[list[bytes]]:
 
 
 def test_tracker_builds_requests_and_resends_in_its_width() -> None:
-    tracker = RequestTracker(type_width=4, timeout=1.0, retries=1, jitter=0.0, backoff=0.1)
+    tracker = RequestTracker(
+        type_width=4, timeout=math.inf, attempt_timeout=1.0, retries=1, jitter=0.0, backoff=0.1
+    )
     rid = tracker.request(b"svc", [b"x"], 0.0)
     (frames,) = take(tracker)
     assert frames[2] == FOUR

@@ -23,6 +23,7 @@ null output and the error's text (``"code: message"``) in the error column.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from typing import Literal, get_args
@@ -31,7 +32,7 @@ import attrs
 import pyarrow as pa
 
 from .._calls import service_bytes
-from .._errors import DCPError, RemoteError, RequestTimeout
+from .._errors import DCPError, NoWorkers, RemoteError, RequestTimeout
 from .._sync_client import SyncClient
 from .._tracker import Outcome, Response
 
@@ -67,11 +68,13 @@ class BadReply(DCPError, ValueError):
 def describe_error(exc: DCPError) -> str:
     """The text of a failed row in the error column: ``"code: message"``.
 
-    The code is the error reply's (e.g. ``handler_error``, ``queue_full``), ``timeout`` or
-    ``bad_reply``.
+    The code is the error reply's (e.g. ``handler_error``, ``queue_full``),
+    ``no_workers`` (no worker serves the service), ``timeout`` or ``bad_reply``.
     """
     if isinstance(exc, RemoteError):
         return f"{exc.code}: {exc.message}"
+    if isinstance(exc, NoWorkers):
+        return f"no_workers: {exc}"
     if isinstance(exc, RequestTimeout):
         return f"timeout: {exc}"
     return f"{getattr(exc, 'code', type(exc).__name__)}: {exc}"
@@ -236,7 +239,9 @@ def call_arrays(
     with (
         SyncClient(
             call.broker,
-            timeout=call.timeout,
+            # ServiceCall.timeout is per attempt; the attempts bound the call.
+            timeout=math.inf,
+            attempt_timeout=call.timeout,
             retries=call.retries,
             work_timeout=call.work_timeout,
         ) as client,
