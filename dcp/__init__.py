@@ -35,14 +35,14 @@ from ._messages import Reconnect as Reconnect
 from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
+from ._response import Response as Response
 from ._results import Forward as Forward
 from ._results import HandlerRequest as HandlerRequest
 from ._security import CurveClient as CurveClient
 from ._security import CurveServer as CurveServer
+from ._stats import ClientStatistics as ClientStatistics
 from ._stats import WorkerStatistics as WorkerStatistics
 from ._sync_client import SyncClient as SyncClient
-from ._tracker import ClientStatistics as ClientStatistics
-from ._tracker import Response as Response
 from ._worker import Worker as Worker
 from .wire.dcp1 import PROTOCOL as PROTOCOL
 from .wire.dcp1 import parse as parse

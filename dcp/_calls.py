@@ -9,9 +9,12 @@ type test per part.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import cast
+
+import attrs
 
 from ._messages import NO_WAIT_OPTION, work_timeout_option
 
@@ -149,3 +152,103 @@ def check_window(window: int) -> None:
     """Check a ``map`` window: at least one request in flight."""
     if window < 1:
         raise ValueError(f"window must be >= 1, not {window!r}")
+
+
+@attrs.frozen
+class Timing:
+    """The time limits of one call, checked (from :meth:`RequestTracker.timing`).
+
+    :ivar timeout: seconds for the whole call, every attempt and backoff included
+    :ivar attempt_timeout: seconds for each attempt
+    :ivar retries: resends after timed-out attempts
+    """
+
+    timeout: float
+    attempt_timeout: float
+    retries: int
+
+    @classmethod
+    def resolve(
+        cls,
+        defaults: tuple[float, float | None, int],
+        timeout: float | None,
+        attempt_timeout: float | None,
+        retries: int | None,
+    ) -> Timing:
+        """Each limit given, else its default (``defaults``: timeout, attempt timeout or
+        ``None``, retries); an attempt timeout given by neither is ``timeout / (retries +
+        1)``.
+
+        :raises ValueError: a timeout that is not > 0, or ``retries`` < 0
+        """
+        if timeout is None:
+            timeout = defaults[0]
+        else:
+            check_timeout(timeout, "timeout")
+        if retries is None:
+            retries = defaults[2]
+        else:
+            check_retries(retries)
+        if attempt_timeout is None:
+            attempt_timeout = defaults[1]
+            if attempt_timeout is None:
+                attempt_timeout = timeout / (retries + 1)
+        else:
+            check_timeout(attempt_timeout, "attempt_timeout")
+        return cls(timeout, attempt_timeout, retries)
+
+
+def check_timeout(timeout: float, name: str) -> None:
+    if not timeout > 0:  # also rejects NaN
+        raise ValueError(f"{name} must be > 0 seconds, not {timeout!r}")
+
+
+def check_retries(retries: int) -> None:
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, not {retries!r}")
+
+
+class PendingCall:
+    """One request awaiting its answer (the request tracker's record of a call)."""
+
+    __slots__ = (
+        "attempt",
+        "deadline",
+        "end",
+        "frames",
+        "gen",
+        "has_expires",
+        "no_workers",
+        "probe_at",
+        "probe_id",
+        "resending",
+        "retry_at",
+        "service",
+        "start",
+        "timing",
+    )
+
+    def __init__(self, service: bytes, timing: Timing, start: float) -> None:
+        self.service = service
+        self.timing = timing
+        self.start = start
+        self.frames: list[bytes] = []
+        #: Whether :attr:`frames` carries an expires-in option (at ``_EXPIRES_AT``).
+        self.has_expires = False
+        #: Attempts sent so far.
+        self.attempt = 0
+        #: When the request fails (Rule 3); moves earlier when the last attempt is sent.
+        self.end = start + timing.timeout
+        #: When the current attempt times out, or its backoff delay ends (``resending``);
+        #: ``inf`` once no resend is left.
+        self.retry_at = math.inf
+        #: True while waiting out a backoff delay before the next attempt.
+        self.resending = False
+        #: When to send the mmi.service probe (``inf``: not, or already sent).
+        self.probe_at = math.inf
+        self.probe_id: bytes | None = None
+        #: The latest probe answer was 404.
+        self.no_workers = False
+        #: The heap entry standing for this request: when, and its generation.
+        self.deadline = math.inf
+        self.gen = 0

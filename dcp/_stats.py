@@ -3,9 +3,17 @@ later metrics and info services) read them, from this one place."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 
-__all__ = ["BrokerCounters", "BrokerStatistics", "ServiceStatistics", "WorkerStatistics"]
+__all__ = [
+    "BrokerCounters",
+    "BrokerStatistics",
+    "ClientStatistics",
+    "ServiceStatistics",
+    "WorkerStatistics",
+]
 
 
 class BrokerCounters:
@@ -148,3 +156,43 @@ class WorkerStatistics:
     #: Requests not run because their caller's deadline passed while they waited in the
     #: backlog (answered with an ``expired`` error reply; Rule 4).
     expired: int = 0
+
+
+@attrs.frozen
+class ClientStatistics:
+    """Counters of a client (its tracker and its driver), from ``statistics()``."""
+
+    #: Requests started.
+    requests: int
+    #: Requests answered with a result (a :class:`Response`).
+    replies: int
+    #: Requests answered with a dcp error reply (:class:`~dcp.RemoteError`).
+    errors: int
+    #: Resends after a timed-out attempt.
+    retries: int
+    #: Requests that failed with :class:`~dcp.RequestTimeout` (not :class:`~dcp.NoWorkers`).
+    timeouts: int
+    #: Requests cancelled before an answer.
+    cancelled: int
+    #: Replies for a request that had already been answered.
+    duplicates: int
+    #: Replies for a request that had timed out or been cancelled.
+    late: int
+    #: Replies for an id this client does not know (or no longer remembers).
+    unknown: int
+    #: Incoming messages dropped because they are not a DCP reply with an id, by reason.
+    malformed: Mapping[str, int]
+    #: Requests waiting for an answer now.
+    pending: int
+    #: Sends that found zmq's queue full (high-water mark) and had to wait.
+    send_waits: int = 0
+    #: Resends not made because zmq's queue was full (the attempt then times out again).
+    resends_dropped: int = 0
+    #: Requests that failed with :class:`~dcp.NoWorkers` (a probe's ``404`` or a broker's
+    #: ``no_workers`` answer to a no-wait request).
+    no_workers: int = 0
+    #: ``mmi.service`` probes sent before a request's end (Rule 5).
+    probes: int = 0
+
+
+#: How a request ended: a result, an error reply, or a timeout (maybe :class:`NoWorkers`).

@@ -21,6 +21,7 @@ import zmq
 from ._calls import (
     Part,
     Payload,
+    Timing,
     check_window,
     checked_routing_id,
     data_parts,
@@ -31,8 +32,10 @@ from ._calls import (
 from ._context import get_context
 from ._json import encode_json
 from ._messages import work_timeout_option
+from ._response import Outcome, Response
 from ._security import CurveClient, configure_client_socket
-from ._tracker import ClientStatistics, Outcome, RequestTracker, Response, Timing
+from ._stats import ClientStatistics
+from ._tracker import RequestTracker
 from ._zmqio import recv_frames, send_frames
 
 __all__ = ["SyncClient"]

@@ -67,18 +67,14 @@ can both run a request: services should be idempotent).
 
 from __future__ import annotations
 
-import builtins
 import math
 import os
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import attrs
-
+from ._calls import PendingCall, Timing, check_retries, check_timeout
 from ._errors import NoWorkers, RemoteError, RemoteProtocolError, RequestTimeout
-from ._json import decode_json
 from ._messages import (
     OPTION_PREFIX,
     REQUEST_ID_PREFIX,
@@ -87,111 +83,13 @@ from ._messages import (
     expires_in_option,
     parse_error_reply,
 )
+from ._response import Outcome, Response
+from ._stats import ClientStatistics
 from ._util import DeadlineHeap
 from .wire.dcp1 import check_type_width, parse, serialize
 
-__all__ = [
-    "ClientStatistics",
-    "Outcome",
-    "RequestTracker",
-    "Response",
-    "Timing",
-]
+__all__ = ["RequestTracker"]
 
-
-@attrs.frozen
-class Response:
-    """A successful reply to a request.
-
-    Most replies have exactly one data part; :attr:`bytes`, :attr:`text` and :meth:`json`
-    read it (and raise :exc:`ValueError` if there is not exactly one)::
-
-        response = await client.request("greet", "world")
-        print(response.text)
-
-    :ivar data: the reply's data parts
-    :ivar metadata: the request's metadata as the worker returned it (dcp's request id
-        and request options removed)
-    """
-
-    data: tuple[builtins.bytes, ...]
-    metadata: tuple[builtins.bytes, ...] = ()
-
-    def _single(self) -> builtins.bytes:
-        if len(self.data) != 1:
-            raise ValueError(
-                f"the response has {len(self.data)} data parts, not exactly one: "
-                "read response.data"
-            )
-        return self.data[0]
-
-    @property
-    def text(self) -> str:
-        """The one data part, decoded as UTF-8.
-
-        :raises ValueError: not exactly one data part, or not UTF-8
-        """
-        try:
-            return self._single().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"the response's data part is not UTF-8: {exc}") from None
-
-    def json(self) -> Any:
-        """The one data part, decoded as a UTF-8 JSON document.
-
-        :raises ValueError: not exactly one data part, or not a UTF-8 JSON document
-        """
-        return decode_json(self._single(), name="the response's data part")
-
-    # Last: in the class body, ``bytes`` below this line is the property.
-    @property
-    def bytes(self) -> builtins.bytes:
-        """The one data part.
-
-        :raises ValueError: not exactly one data part
-        """
-        return self._single()
-
-
-@attrs.frozen
-class ClientStatistics:
-    """Counters of a client (its tracker and its driver), from ``statistics()``."""
-
-    #: Requests started.
-    requests: int
-    #: Requests answered with a result (a :class:`Response`).
-    replies: int
-    #: Requests answered with a dcp error reply (:class:`~dcp.RemoteError`).
-    errors: int
-    #: Resends after a timed-out attempt.
-    retries: int
-    #: Requests that failed with :class:`~dcp.RequestTimeout` (not :class:`~dcp.NoWorkers`).
-    timeouts: int
-    #: Requests cancelled before an answer.
-    cancelled: int
-    #: Replies for a request that had already been answered.
-    duplicates: int
-    #: Replies for a request that had timed out or been cancelled.
-    late: int
-    #: Replies for an id this client does not know (or no longer remembers).
-    unknown: int
-    #: Incoming messages dropped because they are not a DCP reply with an id, by reason.
-    malformed: Mapping[str, int]
-    #: Requests waiting for an answer now.
-    pending: int
-    #: Sends that found zmq's queue full (high-water mark) and had to wait.
-    send_waits: int = 0
-    #: Resends not made because zmq's queue was full (the attempt then times out again).
-    resends_dropped: int = 0
-    #: Requests that failed with :class:`~dcp.NoWorkers` (a probe's ``404`` or a broker's
-    #: ``no_workers`` answer to a no-wait request).
-    no_workers: int = 0
-    #: ``mmi.service`` probes sent before a request's end (Rule 5).
-    probes: int = 0
-
-
-#: How a request ended: a result, an error reply, or a timeout (maybe :class:`NoWorkers`).
-Outcome = Response | RemoteError | RequestTimeout
 
 #: Where the expires-in option goes in a request's frames: after ``"" DGBX T service ""
 #: id`` (the tracker never sets a client address).
@@ -202,66 +100,6 @@ _PROBE_MAX = 1.0
 _PROBE_FRACTION = 0.1
 _MMI_SERVICE = b"mmi.service"
 _NOT_SERVED = (b"404",)
-
-
-@attrs.frozen
-class Timing:
-    """The time limits of one call, checked (from :meth:`RequestTracker.timing`).
-
-    :ivar timeout: seconds for the whole call, every attempt and backoff included
-    :ivar attempt_timeout: seconds for each attempt
-    :ivar retries: resends after timed-out attempts
-    """
-
-    timeout: float
-    attempt_timeout: float
-    retries: int
-
-
-class _Pending:
-    """One request awaiting its answer."""
-
-    __slots__ = (
-        "attempt",
-        "deadline",
-        "end",
-        "frames",
-        "gen",
-        "has_expires",
-        "no_workers",
-        "probe_at",
-        "probe_id",
-        "resending",
-        "retry_at",
-        "service",
-        "start",
-        "timing",
-    )
-
-    def __init__(self, service: bytes, timing: Timing, start: float) -> None:
-        self.service = service
-        self.timing = timing
-        self.start = start
-        self.frames: list[bytes] = []
-        #: Whether :attr:`frames` carries an expires-in option (at ``_EXPIRES_AT``).
-        self.has_expires = False
-        #: Attempts sent so far.
-        self.attempt = 0
-        #: When the request fails (Rule 3); moves earlier when the last attempt is sent.
-        self.end = start + timing.timeout
-        #: When the current attempt times out, or its backoff delay ends (``resending``);
-        #: ``inf`` once no resend is left.
-        self.retry_at = math.inf
-        #: True while waiting out a backoff delay before the next attempt.
-        self.resending = False
-        #: When to send the mmi.service probe (``inf``: not, or already sent).
-        self.probe_at = math.inf
-        self.probe_id: bytes | None = None
-        #: The latest probe answer was 404.
-        self.no_workers = False
-        #: The heap entry standing for this request: when, and its generation.
-        self.deadline = math.inf
-        self.gen = 0
 
 
 class RequestTracker:
@@ -302,10 +140,10 @@ class RequestTracker:
         probe: bool = True,
     ) -> None:
         check_type_width(type_width)
-        _check_timeout(timeout, "timeout")
+        check_timeout(timeout, "timeout")
         if attempt_timeout is not None:
-            _check_timeout(attempt_timeout, "attempt_timeout")
-        _check_retries(retries)
+            check_timeout(attempt_timeout, "attempt_timeout")
+        check_retries(retries)
         if backoff < 0 or backoff_max < 0 or backoff_factor < 1:
             raise ValueError("backoff and backoff_max must be >= 0 and backoff_factor >= 1")
         if not 0 <= jitter <= 1:
@@ -333,7 +171,7 @@ class RequestTracker:
         self._rng = rng if rng is not None else random.Random()
         self._prefix = REQUEST_ID_PREFIX + id_prefix
         self._counter = 0
-        self._pending: dict[bytes, _Pending] = {}
+        self._pending: dict[bytes, PendingCall] = {}
         # Probe id -> the id of the request it asks for.
         self._probes: dict[bytes, bytes] = {}
         # Deadlines by request id; an entry stands while its generation is the request's.
@@ -366,21 +204,9 @@ class RequestTracker:
 
         :raises ValueError: a timeout that is not > 0, or ``retries`` < 0
         """
-        if timeout is None:
-            timeout = self.timeout
-        else:
-            _check_timeout(timeout, "timeout")
-        if retries is None:
-            retries = self.retries
-        else:
-            _check_retries(retries)
-        if attempt_timeout is None:
-            attempt_timeout = self.attempt_timeout
-            if attempt_timeout is None:
-                attempt_timeout = timeout / (retries + 1)
-        else:
-            _check_timeout(attempt_timeout, "attempt_timeout")
-        return Timing(timeout, attempt_timeout, retries)
+        return Timing.resolve(
+            (self.timeout, self.attempt_timeout, self.retries), timeout, attempt_timeout, retries
+        )
 
     def request(
         self,
@@ -403,7 +229,7 @@ class RequestTracker:
             timing = self._default_timing
         self._counter += 1
         rid = self._prefix + self._counter.to_bytes(8, "big")
-        p = _Pending(service, timing, now)
+        p = PendingCall(service, timing, now)
         p.attempt = 1
         if timing.retries == 0:
             p.end = min(p.end, now + timing.attempt_timeout)
@@ -573,7 +399,7 @@ class RequestTracker:
 
     # ------------------------------------------------------------------ internals
 
-    def _resend(self, p: _Pending, now: float) -> None:
+    def _resend(self, p: PendingCall, now: float) -> None:
         timing = p.timing
         p.resending = False
         p.attempt += 1
@@ -594,7 +420,7 @@ class RequestTracker:
         p.frames = frames
         self.outbox.append(frames)
 
-    def _plan_probe(self, p: _Pending) -> None:
+    def _plan_probe(self, p: PendingCall) -> None:
         """Set when to probe (Rule 5), unless a probe was sent or none is wanted."""
         if (
             self.probe
@@ -604,7 +430,7 @@ class RequestTracker:
         ):
             p.probe_at = p.end - min(_PROBE_MAX, _PROBE_FRACTION * (p.end - p.start))
 
-    def _send_probe(self, rid: bytes, p: _Pending, now: float) -> None:
+    def _send_probe(self, rid: bytes, p: PendingCall, now: float) -> None:
         p.probe_at = math.inf
         self._counter += 1
         probe_id = self._prefix + self._counter.to_bytes(8, "big")
@@ -615,7 +441,7 @@ class RequestTracker:
         probe = Request(_MMI_SERVICE, None, metadata, (p.service,))
         self.outbox.append(serialize(probe, width=self.type_width))
 
-    def _ended(self, p: _Pending) -> RequestTimeout:
+    def _ended(self, p: PendingCall) -> RequestTimeout:
         timing = p.timing
         if p.no_workers:
             self._no_workers += 1
@@ -632,7 +458,7 @@ class RequestTracker:
     def _count_malformed(self, reason: str) -> None:
         self._malformed[reason] = self._malformed.get(reason, 0) + 1
 
-    def _schedule(self, rid: bytes, p: _Pending) -> None:
+    def _schedule(self, rid: bytes, p: PendingCall) -> None:
         deadline = min(p.end, p.retry_at, p.probe_at)
         p.deadline = deadline
         if deadline == math.inf:
@@ -647,7 +473,7 @@ class RequestTracker:
         p = self._pending.get(rid)
         return p is not None and p.gen == gen
 
-    def _done(self, rid: bytes, p: _Pending, *, answered: bool) -> None:
+    def _done(self, rid: bytes, p: PendingCall, *, answered: bool) -> None:
         """A request left :attr:`_pending`: forget its probe, remember its id."""
         if p.probe_id is not None and self._probes.pop(p.probe_id, None) is not None:
             self._finish(p.probe_id, answered=False)  # a later answer is late, not unknown
@@ -667,13 +493,3 @@ class RequestTracker:
 def _name(service: bytes) -> str:
     """A service name for messages: its text if it is UTF-8, quoted."""
     return repr(service.decode("utf-8", "backslashreplace"))
-
-
-def _check_timeout(timeout: float, name: str) -> None:
-    if not timeout > 0:  # also rejects NaN
-        raise ValueError(f"{name} must be > 0 seconds, not {timeout!r}")
-
-
-def _check_retries(retries: int) -> None:
-    if retries < 0:
-        raise ValueError(f"retries must be >= 0, not {retries!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 
-from ._tracker import Outcome
+from ._response import Outcome
 
 __all__ = ["Sink", "Waiter"]
 

@@ -23,7 +23,7 @@ import anyio.from_thread
 import attrs
 
 import dcp
-from dcp._messages import OPTION_PREFIX
+from dcp._messages import OPTION_PREFIX, REQUEST_ID_PREFIX
 from dcp._results import HandlerRequest
 
 __all__ = ["Recorder", "Services", "services", "slow_echo"]
@@ -77,7 +77,8 @@ async def _statistics(broker: dcp.Broker) -> dcp.BrokerStatistics:
 def _handler(recorder: Recorder) -> Callable[[HandlerRequest], Awaitable[bytes | list[bytes]]]:
     async def svc(request: HandlerRequest) -> bytes | list[bytes]:
         data = request.data[0] if request.data else b""
-        client = request.metadata[0][:8]
+        # The 8 random bytes after REQUEST_ID_PREFIX: one prefix per SyncClient.
+        client = request.dcp_metadata[0][len(REQUEST_ID_PREFIX) :][:8]
         with recorder.lock:
             # The request id (dcp's, in dcp_metadata), then the rest as sent but the
             # deadline (expires-in), which changes from attempt to attempt.

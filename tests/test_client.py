@@ -37,7 +37,7 @@ from dcp._messages import (
     error_reply_data,
     request_expires_in,
 )
-from dcp._tracker import Response
+from dcp._response import Response
 
 pytestmark = pytest.mark.anyio
 

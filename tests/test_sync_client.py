@@ -25,8 +25,8 @@ from _fake_peers import (
 
 from dcp import NoWorkers, RemoteError, Request, RequestTimeout
 from dcp._messages import NO_WAIT_OPTION, REQUEST_ID_PREFIX, error_reply_data
+from dcp._response import Response
 from dcp._sync_client import SyncClient
-from dcp._tracker import Response
 
 
 def assert_clean(client: SyncClient) -> None:

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import pytest
 
 from dcp import LocalProtocolError, NoWorkers, RemoteError, RequestTimeout
+from dcp._calls import Timing
 from dcp._messages import (
     OPTION_PREFIX,
     REQUEST_ID_PREFIX,
@@ -21,7 +22,8 @@ from dcp._messages import (
     expires_in_option,
     request_expires_in,
 )
-from dcp._tracker import RequestTracker, Response, Timing
+from dcp._response import Response
+from dcp._tracker import RequestTracker
 from dcp.wire.dcp1 import parse, serialize
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from .._tracker import Response
+from .._response import Response
 from ._commands import client_security
 from ._run import USAGE, CLIError, run_async, until_signal, zmq_problem
 

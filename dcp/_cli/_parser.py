@@ -229,7 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="broker endpoint, e.g. tcp://127.0.0.1:5555",
     )
     p.add_argument("--service", required=True, metavar="NAME", help="service to register")
-    p.add_argument("handler", metavar="module:function", help="async def handler(request)")
+    p.add_argument(
+        "handler",
+        metavar="module:function",
+        help="a handler: async def handler(request), or a plain def (run in a thread)",
+    )
     p.add_argument(
         "--concurrency", type=_POSITIVE, default=1, metavar="N", help="requests handled at once"
     )
@@ -264,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_SECONDS,
         default=5.0,
         metavar="SECONDS",
-        help="seconds each attempt waits for the reply",
+        help="seconds the whole call may take, every attempt included",
     )
     p.add_argument(
         "--retries",

@@ -33,8 +33,8 @@ import pyarrow as pa
 
 from .._calls import service_bytes
 from .._errors import DCPError, NoWorkers, RemoteError, RequestTimeout
+from .._response import Outcome, Response
 from .._sync_client import SyncClient
-from .._tracker import Outcome, Response
 
 __all__ = [
     "BATCH_BYTES",
