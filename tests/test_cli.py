@@ -278,8 +278,9 @@ def test_version_and_help_show_defaults() -> None:
     ]:
         assert text in flat
     code, out, _ = run("call", "--help")
-    assert "--timeout SECONDS seconds each attempt waits for the reply (default: 5.0)" in " ".join(
-        out.split()
+    assert (
+        "--timeout SECONDS seconds the whole call may take, every attempt included (default: 5.0)"
+        in " ".join(out.split())
     )
 
 
