@@ -26,6 +26,7 @@ from ._errors import TooManyFrames as TooManyFrames
 from ._errors import UnexpectedFrames as UnexpectedFrames
 from ._errors import UnknownMessageType as UnknownMessageType
 from ._errors import UnsupportedVersion as UnsupportedVersion
+from ._json import encode_json as to_json
 from ._messages import ERROR_MARKER as ERROR_MARKER
 from ._messages import Message as Message
 from ._messages import MessageType as MessageType
@@ -96,4 +97,5 @@ __all__ = [
     "WorkerStatistics",
     "parse",
     "serialize",
+    "to_json",
 ]

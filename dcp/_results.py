@@ -8,11 +8,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import anyio
 import attrs
 
 from ._messages import OPTION_PREFIX, Reply, Request, error_reply_data
+from ._response import OnePart
 
 __all__ = [
     "Forward",
@@ -63,16 +65,19 @@ def _tuple_of_bytes(value: Iterable[bytes]) -> tuple[bytes, ...]:
 
 
 @attrs.frozen
-class HandlerRequest(Request):
+class HandlerRequest(Request, OnePart):
     """A request as a worker's handler sees it: :attr:`metadata` holds the caller's own parts
     only; dcp's parts (every part starting with ``\\xffDCP:``: a dcp client's request id,
     ``\\xffDCP:id=...``, and request options such as ``work-timeout`` and ``expires-in``)
-    are in :attr:`dcp_metadata`, in the order they came. The worker answers (and forwards)
-    with the request's metadata exactly as it arrived, whatever the handler sees.
+    are in :attr:`dcp_metadata`, in the order they came. :attr:`text`, :attr:`bytes` and
+    :meth:`json` read its one data part, as on a :class:`~dcp.Response`. The worker answers
+    (and forwards) with the request's metadata exactly as it arrived, whatever the handler
+    sees.
 
     :ivar dcp_metadata: dcp's metadata parts, removed from :attr:`metadata`
     """
 
+    _what: ClassVar[str] = "request"
     dcp_metadata: tuple[bytes, ...] = attrs.field(default=(), converter=_tuple_of_bytes)
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+import dcp
 from dcp import Response
 from dcp._json import decode_json, encode_json
 
@@ -76,3 +77,20 @@ def test_response_text_and_json_errors() -> None:
         Response((b"\xff",)).text  # noqa: B018
     with pytest.raises(ValueError, match="the response's data part is not a JSON document"):
         Response((b"not json",)).json()
+
+
+@pytest.mark.anyio
+async def test_json_from_call_to_handler_and_back() -> None:
+    """``request_json`` sends one JSON part; the handler reads it with ``request.json()`` and
+    answers with ``dcp.to_json(...)``; the caller gets the object back."""
+
+    async def add(request: dcp.HandlerRequest) -> bytes:
+        numbers = request.json()
+        return dcp.to_json({"sum": sum(numbers), "text": request.text})
+
+    async with (
+        dcp.Broker("tcp://127.0.0.1:0") as broker,
+        dcp.Worker(broker.endpoints[0], "add", add),
+        dcp.Client(broker.endpoints[0], timeout=5) as client,
+    ):
+        assert await client.request_json("add", [1, 2, 39]) == {"sum": 42, "text": "[1,2,39]"}
