@@ -15,7 +15,7 @@ import pytest
 import zmq
 from _raw import Peers, wait_for
 
-from dcp import Ping, Reconnect, Register, Request
+from dcp import Ping, Pong, Reconnect, Register, Request
 from dcp._broker import Broker
 
 pytestmark = pytest.mark.anyio
@@ -212,3 +212,27 @@ async def test_exit_without_enter_does_nothing() -> None:
 def test_a_broker_needs_an_endpoint() -> None:
     with pytest.raises(ValueError, match="endpoint"):
         Broker()
+
+
+@pytest.mark.parametrize("io_thread", [True, False], ids=["io-thread", "event-loop"])
+async def test_both_io_loops_route_expire_and_stop(io_thread: bool) -> None:
+    """The broker's I/O loop in its own thread (the default) and in the event loop: each
+    routes a request, answers a stranger's ping, expires a silent worker (the timers), and
+    stops promptly when cancelled."""
+    broker = Broker("tcp://127.0.0.1:0", heartbeat_interval=0.05, liveness=2, io_thread=io_thread)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            [endpoint] = await tg.start(broker.serve)
+            with Peers(endpoint) as peers:
+                worker, client = peers(b"W"), peers(b"C")
+                worker.send(Register(b"echo"))
+                await worker.expect(Register(b"echo"))
+                client.send(Request(b"echo", None, (b"m",), (b"d",)))
+                await worker.expect(Request(b"echo", b"C", (b"m",), (b"d",)))
+                client.send(Ping())
+                await client.expect(Reconnect())
+                # The worker beat while busy (a pong): silent now, it expires (Rule L3).
+                worker.send(Pong())
+                await wait_for(lambda: broker.statistics().expired_workers == 1)
+            tg.cancel_scope.cancel()
+    assert broker.endpoints == []
