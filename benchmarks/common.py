@@ -111,6 +111,25 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def python_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process's own threads, without libzmq's (named ``ZMQbg/...``): the
+    Python work, wherever it runs (dcp's broker routes in a thread of its own)."""
+    total = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().startswith("ZMQbg"):
+                    continue
+            total += cpu_seconds(pid, int(tid))
+        except (OSError, ValueError):  # the thread ended meanwhile
+            continue
+    return total
+
+
 def _status_kib(pid: int, key: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -156,8 +175,8 @@ class Probe:
     """Samples the broker's (and the workers') CPU and memory around the measured window.
 
     CPU is ``utime + stime`` from ``/proc/<pid>/stat``: all threads of the process,
-    including libzmq's I/O thread, and separately its main thread. Memory is the RSS
-    at the start and the kernel's peak RSS (``VmHWM``, reset at the start) during the window.
+    including libzmq's I/O thread, and separately its own (Python) threads without libzmq's.
+    Memory is the RSS at the start and the kernel's peak RSS (``VmHWM``, reset at the start) during the window.
     """
 
     def __init__(self, broker_pid: int, worker_pids: Sequence[int] = ()) -> None:
@@ -177,7 +196,7 @@ class Probe:
             self.rss_start = rss_bytes(self.broker)
             self.peak_reset = _reset_peak_rss(self.broker)
             s["broker"] = cpu_seconds(self.broker)
-            s["broker_thread"] = cpu_seconds(self.broker, self.broker)
+            s["broker_thread"] = python_cpu_seconds(self.broker)
         s["wall"] = time.perf_counter()
 
     def stop(self) -> None:
@@ -189,7 +208,7 @@ class Probe:
         v["workers"] = sum(cpu_seconds(w) for w in self.workers) - s["workers"]
         if self.broker:
             v["broker"] = cpu_seconds(self.broker) - s["broker"]
-            v["broker_thread"] = cpu_seconds(self.broker, self.broker) - s["broker_thread"]
+            v["broker_thread"] = python_cpu_seconds(self.broker) - s["broker_thread"]
             peak = _peak_rss(self.broker) if self.peak_reset else None
             rss = rss_bytes(self.broker)
             v["rss_end"] = rss

@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             broker.popen.wait(30)
         print(
             f"{result['rate']:.0f} req/s, broker {result['broker_cpu_us']:.1f} us/req "
-            f"(main thread {result['broker_thread_cpu_us']:.1f}; profiling inflates both)"
+            f"(Python threads {result['broker_thread_cpu_us']:.1f}; profiling inflates both)"
         )
         stats = pstats.Stats(str(out))
         stats.strip_dirs().sort_stats(args.sort).print_stats(args.top)

@@ -125,7 +125,7 @@ def evaluate_targets(results: Rec) -> list[Target]:
             f"{_x(r)} (dcp {_fmt(m.median(DCP, small, 64, 'broker_cpu_us'), 1)} us vs "
             f"{_fmt(m.median(MINIMAL, small, 64, 'broker_cpu_us'), 1)} us)",
             _cmp(r, 1.0, below=True),
-            "process CPU (all threads); main thread only: "
+            "process CPU (all threads); Python threads only: "
             + _x(m.ratio(DCP, MINIMAL, small, 64, "broker_thread_cpu_us")),
         )
     )
@@ -465,7 +465,7 @@ def _main_section(m: Main) -> list[str]:
                 "p50 us",
                 "p99 us",
                 "broker CPU us/req",
-                "broker main thread us/req",
+                "broker Python threads us/req",
                 "broker peak RSS growth MiB",
                 "client CPU us/req",
                 "lost",
