@@ -176,7 +176,8 @@ class Probe:
 
     CPU is ``utime + stime`` from ``/proc/<pid>/stat``: all threads of the process,
     including libzmq's I/O thread, and separately its own (Python) threads without libzmq's.
-    Memory is the RSS at the start and the kernel's peak RSS (``VmHWM``, reset at the start) during the window.
+    Memory is the RSS at the start and the kernel's peak RSS (``VmHWM``, reset at the
+    start) during the window.
     """
 
     def __init__(self, broker_pid: int, worker_pids: Sequence[int] = ()) -> None:
