@@ -23,7 +23,7 @@ from ._exceptions import BaseExceptionGroup, single_error
 from ._guard import Guard
 from ._security import CurveServer, configure_server_socket
 from ._zap import ZapHandler
-from ._zmqio import AsyncSocket
+from ._zmqio import AsyncSocket, Received
 
 __all__ = ["Broker"]
 
@@ -260,25 +260,10 @@ class Broker:
                 self.endpoints = []
 
     async def _receive_loop(self, asock: AsyncSocket) -> None:
-        core = self._core
-        receive = core.receive
         batch = self._batch
-        max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
         while True:
             await asock.wait_readable()
-            now = anyio.current_time()
-            for msg in asock.drain(batch):
-                frames = msg.frames
-                if msg.nbytes - len(frames[0]) > max_bytes:
-                    core.reject_too_large(
-                        frames, msg.nbytes - len(frames[0]), max_bytes, now, msg.user_id
-                    )
-                elif msg.dropped_frames:
-                    core.reject_too_many_frames(frames, msg.dropped_frames, now, msg.user_id)
-                elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
-                    continue
-                else:
-                    receive(frames, now, msg.user_id)
+            self._handle(asock.drain(batch), anyio.current_time())
             self._flush(asock)
             # Let other tasks run between batches, however busy the socket is. (With no
             # input left, wait_readable parks, which lets them run: no extra pass then.)
@@ -331,9 +316,7 @@ class Broker:
         """The thread's loop: poll, drain, feed the core, flush; the core's timers every
         ``heartbeat_interval / 4``; return when woken."""
         core = self._core
-        receive = core.receive
         batch = self._batch
-        max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
         sock = asock.sock
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -353,21 +336,28 @@ class Broker:
                 return
             now = clock()
             while asock.has_input():
-                for msg in asock.drain(batch):
-                    frames = msg.frames
-                    if msg.nbytes - len(frames[0]) > max_bytes:
-                        core.reject_too_large(
-                            frames, msg.nbytes - len(frames[0]), max_bytes, now, msg.user_id
-                        )
-                    elif msg.dropped_frames:
-                        core.reject_too_many_frames(frames, msg.dropped_frames, now, msg.user_id)
-                    elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
-                        continue
-                    else:
-                        receive(frames, now, msg.user_id)
+                self._handle(asock.drain(batch), now)
                 self._flush(asock)
                 if clock() >= next_tick:
                     break
+
+    def _handle(self, received: list[Received], now: float) -> None:
+        """Feed drained messages to the core (cut ones as such)."""
+        core = self._core
+        receive = core.receive
+        max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
+        for msg in received:
+            frames = msg.frames
+            if msg.nbytes - len(frames[0]) > max_bytes:
+                core.reject_too_large(
+                    frames, msg.nbytes - len(frames[0]), max_bytes, now, msg.user_id
+                )
+            elif msg.dropped_frames:
+                core.reject_too_many_frames(frames, msg.dropped_frames, now, msg.user_id)
+            elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
+                continue
+            else:
+                receive(frames, now, msg.user_id)
 
     async def _expire_loop(self) -> None:
         core = self._core
