@@ -47,12 +47,14 @@ class Broker:
 
     or ``async with Broker("tcp://127.0.0.1:0") as broker: ...`` (see :attr:`endpoints`).
 
-    One ROUTER socket is bound to every endpoint; one task owns it. Routing follows the rules
-    in :mod:`dcp._broker_core`. Socket options: ``ROUTER_MANDATORY`` (so a send to a gone or
+    One ROUTER socket is bound to every endpoint; one thread owns it (the broker's I/O
+    thread; with ``io_thread=False``, one task). Routing follows the rules in
+    :mod:`dcp._broker_core`. Socket options: ``ROUTER_MANDATORY`` (so a send to a gone or
     full peer is known, counted and, for a worker, turned into redelivery),
     ``ROUTER_HANDOVER`` (a peer reconnecting with the same routing id keeps its address),
     ``MAXMSGSIZE`` (zmq disconnects a peer that sends a frame larger than the whole
-    message limit; it may reconnect).
+    message limit; it may reconnect), zmq heartbeats (a dead connection is dropped within
+    the liveness, so a probe to a busy worker that never beats fails once it is gone).
 
     With ``security`` (CURVE, see ``docs/security.md``) the socket is a CURVE server whose
     handshakes a ZAP handler task checks against the allow-lists; every message is
