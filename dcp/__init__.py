@@ -6,6 +6,7 @@ from ._broker import Broker as Broker
 from ._broker_core import BrokerStatistics as BrokerStatistics
 from ._broker_core import ServiceStatistics as ServiceStatistics
 from ._client import Client as Client
+from ._errors import AuthenticationFailed as AuthenticationFailed
 from ._errors import BadProtocolFrame as BadProtocolFrame
 from ._errors import BadTypeFrame as BadTypeFrame
 from ._errors import DCPError as DCPError

@@ -32,6 +32,8 @@ from ._calls import (
     service_bytes,
 )
 from ._context import get_context
+from ._errors import AuthenticationFailed
+from ._handshake import HandshakeWatch, monitor, watch_handshakes
 from ._json import encode_json
 from ._messages import work_timeout_option
 from ._response import Outcome, Response
@@ -99,9 +101,10 @@ class Client:
     :param work_timeout: default seconds a worker may hold a request before the broker
         treats it as lost and gives the request to another worker (``None``: the broker's
         default); see :doc:`reliability`
-    :param security: CURVE keys (see ``docs/security.md``; default: no security). A broker
-        that does not accept the key, or is not the one whose key is given, never
-        completes the handshake: requests time out.
+    :param security: CURVE keys (see ``docs/security.md``; default: no security). If the
+        broker refuses the key, or is not the one whose key is given, or one side uses
+        CURVE and the other not, the handshake fails: pending and later calls raise
+        :exc:`~dcp.AuthenticationFailed` (within about a second), and the client is closed.
     :param type_width: width of the type frame of every request: 1 (the spec, default) or 4
         (a little-endian ``int``, as the DagBox C++ reference writes it; its broker aborts on
         1-byte types). Replies are read in either width. With 4, no ``mmi.service`` question
@@ -170,19 +173,25 @@ class Client:
             raise RuntimeError("a Client can be entered only once")
         ctx = self._context if self._context is not None else get_context()
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        mon: zmq.Socket[bytes] | None = None
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
             configure_client_socket(sock, self._security)
+            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
             sock.connect(self.endpoint)
         except BaseException:
             sock.close(0)
+            if mon is not None:
+                mon.close(0)
             raise
         self._socket = AsyncSocket(sock)
+        watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="client")
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._shutdown, None)
             tg = await stack.enter_async_context(anyio.create_task_group())
             tg.start_soon(self._receive_loop)
+            tg.start_soon(watch_handshakes, sock, mon, watch, self._shutdown)
             stack.callback(tg.cancel_scope.cancel)
             self._exit_stack = stack.pop_all()
         return self
@@ -493,6 +502,8 @@ class Client:
         raise outcome
 
     def _closed_error(self) -> Exception:
+        if isinstance(self._broken, AuthenticationFailed):
+            return AuthenticationFailed(self._broken.endpoint, self._broken.reason)
         if self._broken is not None:
             exc = anyio.BrokenResourceError(f"the client's socket failed: {self._broken!r}")
             exc.__cause__ = self._broken

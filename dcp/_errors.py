@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AuthenticationFailed",
     "BadProtocolFrame",
     "BadTypeFrame",
     "DCPError",
@@ -183,3 +184,21 @@ class RegistrationRefused(DCPError):
         super().__init__(f"the broker refused the registration for {service!r}: {message}")
         self.service = service
         self.message = message
+
+
+class AuthenticationFailed(DCPError, ConnectionError):
+    """The broker will not talk to this peer: it refused the peer's CURVE key, or one side
+    uses CURVE and the other does not, or the peer has the wrong broker key. Raised within
+    about a second of connecting (zmq's handshake events), instead of a timeout.
+
+    :ivar endpoint: the broker endpoint the peer connected to
+    :ivar reason: what the handshake said
+    """
+
+    def __init__(self, endpoint: str, reason: str) -> None:
+        super().__init__(f"{endpoint}: {reason}")
+        self.endpoint = endpoint
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[AuthenticationFailed], tuple[str, str]]:
+        return (AuthenticationFailed, (self.endpoint, self.reason))

@@ -30,6 +30,8 @@ from ._calls import (
     service_bytes,
 )
 from ._context import get_context
+from ._errors import AuthenticationFailed
+from ._handshake import HandshakeWatch, close_monitor, monitor, read_events
 from ._json import encode_json
 from ._messages import work_timeout_option
 from ._response import Outcome, Response
@@ -123,17 +125,26 @@ class SyncClient:
         self._pid = os.getpid()
         ctx = context if context is not None else get_context()
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        mon: zmq.Socket[bytes] | None = None
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, routing_id)
             configure_client_socket(sock, security)
+            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
             sock.connect(endpoint)
         except BaseException:
             sock.close(0)
+            if mon is not None:
+                mon.close(0)
             raise
         self._sock = sock
+        self._monitor = mon
+        self._watch = HandshakeWatch(endpoint, secure=security is not None, role="client")
+        #: Set when a handshake failure ended the client (see dcp._handshake).
+        self._failure: AuthenticationFailed | None = None
         self._poller = zmq.Poller()
         self._poller.register(sock, _POLLIN)
+        self._poller.register(mon, _POLLIN)
         #: Outcomes received but not yet taken by the caller that waits for them.
         self._done: dict[bytes, Outcome] = {}
         self._closed = False
@@ -161,6 +172,7 @@ class SyncClient:
             return
         self._closed = True
         if self._pid == os.getpid():
+            close_monitor(self._sock, self._monitor)
             self._sock.close(0)
         self._tracker.cancel_all()
         self._done.clear()
@@ -404,6 +416,12 @@ class SyncClient:
             no_wait=self.no_wait if no_wait is None else no_wait,
         )
 
+    def _closed_error(self) -> Exception:
+        failure = self._failure
+        if failure is not None:
+            return AuthenticationFailed(failure.endpoint, failure.reason)
+        return anyio.ClosedResourceError("the client is closed")
+
     def _start(
         self,
         service: bytes,
@@ -412,7 +430,7 @@ class SyncClient:
         timing: Timing,
     ) -> bytes:
         if self._closed:
-            raise anyio.ClosedResourceError("the client is closed")
+            raise self._closed_error()
         if self._pid != os.getpid():
             raise RuntimeError("a SyncClient cannot be used in a forked child; create one there")
         if threading.get_ident() != self._owner:
@@ -467,9 +485,13 @@ class SyncClient:
             self._tracker.cancel(rid)
 
     def _pump(self) -> None:
-        """Wait for replies or the next deadline (whichever is first) and handle them."""
+        """Wait for replies or the next deadline (whichever is first) and handle them.
+
+        :raises AuthenticationFailed: the handshake with the broker failed (the client is
+            closed)
+        """
         if self._closed:
-            raise anyio.ClosedResourceError("the client is closed")
+            raise self._closed_error()
         if threading.get_ident() != self._owner:
             self._claim()
         tracker = self._tracker
@@ -478,7 +500,15 @@ class SyncClient:
             wait_ms = None
         else:
             wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-        if self._poller.poll(wait_ms):
+        ready = dict(self._poller.poll(wait_ms))
+        if self._monitor in ready:
+            for event, value in read_events(self._monitor):
+                failure = self._watch.event(event, value)
+                if failure is not None:
+                    self._failure = failure
+                    self.close()
+                    raise self._closed_error()
+        if ready:
             sock = self._sock
             done = self._done
             receive = tracker.receive

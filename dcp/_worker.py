@@ -16,8 +16,9 @@ import zmq
 
 from ._calls import make_routing_id
 from ._context import get_context
-from ._errors import RegistrationRefused, RemoteProtocolError
+from ._errors import AuthenticationFailed, RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
+from ._handshake import HandshakeWatch, monitor, watch_handshakes
 from ._messages import Message, Reply, Request, request_work_timeout
 from ._results import (
     Forward,
@@ -159,7 +160,8 @@ class Worker:
     ) -> None:
         self.endpoint = endpoint
         self._security = security
-        self._refused: RegistrationRefused | None = None
+        #: Why serving ended for good: a refused registration or a failed handshake.
+        self._refused: RegistrationRefused | AuthenticationFailed | None = None
         self.service = service.encode() if isinstance(service, str) else bytes(service)
         self._handler = handler
         self._is_async = is_async_handler(handler)
@@ -177,6 +179,7 @@ class Worker:
             type_width=type_width,
         )
         self._asock: AsyncSocket | None = None
+        self._watch_scope: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._handler_scopes: set[anyio.CancelScope] = set()
         self._wake_scope: anyio.CancelScope | None = None
@@ -265,6 +268,8 @@ class Worker:
 
         :raises RuntimeError: this worker is serving or has served already
         :raises RegistrationRefused: the broker refused the registration
+        :raises AuthenticationFailed: the broker will not talk to this worker (its key is
+            refused, one side uses CURVE and the other not, or the broker key is wrong)
         """
         if self._serving:
             raise RuntimeError("a Worker can serve only once")
@@ -319,6 +324,8 @@ class Worker:
         asock = self._asock
         assert asock is not None
         while True:
+            if self._refused is not None:  # the handshake failed (see _open)
+                return None
             now = anyio.current_time()
             if self._stop_deadline is not None and (
                 core.in_progress == 0 or now >= self._stop_deadline
@@ -406,18 +413,45 @@ class Worker:
     def _open(self) -> None:
         ctx = self._context if self._context is not None else get_context()
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        mon: zmq.Socket[bytes] | None = None
         try:
             sock.setsockopt(zmq.LINGER, 0)
             # An explicit random id: a secure broker refuses zmq-generated (guessable) ones.
             sock.setsockopt(zmq.ROUTING_ID, make_routing_id())
             configure_client_socket(sock, self._security)
+            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
             sock.connect(self.endpoint)
         except BaseException:
             sock.close(0)
+            if mon is not None:
+                mon.close(0)
             raise
         self._asock = AsyncSocket(sock)
+        assert self._tg is not None
+        self._watch_scope = scope = anyio.CancelScope()
+        watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="worker")
+        self._tg.start_soon(self._watch_handshakes, scope, sock, mon, watch)
+
+    async def _watch_handshakes(
+        self,
+        scope: anyio.CancelScope,
+        sock: zmq.Socket[bytes],
+        mon: zmq.Socket[bytes],
+        watch: HandshakeWatch,
+    ) -> None:
+        with scope:
+            await watch_handshakes(sock, mon, watch, self._handshake_failed)
+
+    def _handshake_failed(self, failure: AuthenticationFailed) -> None:
+        logger.error("worker for service %r: %s", self.service, failure)
+        if self._refused is None:
+            self._refused = failure
+        self._wake()
 
     def _close(self, linger: int) -> None:
+        scope, self._watch_scope = self._watch_scope, None
+        if scope is not None:
+            scope.cancel()
         asock, self._asock = self._asock, None
         if asock is not None:
             asock.close(linger)

@@ -19,6 +19,7 @@ from _raw import Peers, wait_for
 from zmq.utils import z85
 
 from dcp import (
+    AuthenticationFailed,
     Broker,
     Client,
     CurveClient,
@@ -28,7 +29,6 @@ from dcp import (
     RegistrationRefused,
     Reply,
     Request,
-    RequestTimeout,
     SyncClient,
     Worker,
     parse,
@@ -92,16 +92,20 @@ async def test_known_keys_get_through_unknown_keys_do_not(
                 assert (await client.request("echo", b"hi")).data == (b"HI",)
                 # A forward (the sealed client address goes on to the next worker).
                 assert (await client.request("front", b"dag")).data == (b"DAG",)
-                for security in [
-                    keys(STRANGER),  # a key on no list
-                    keys(ALICE, server_key=STRANGER[0]),  # the wrong broker key
-                    None,  # no CURVE at all
+                for security, reason in [
+                    (keys(STRANGER), "refused this client's CURVE key"),  # on no list
+                    (keys(ALICE, server_key=STRANGER[0]), "server key"),  # wrong broker key
+                    (None, "CURVE"),  # no CURVE at all
                 ]:
-                    async with Client(
-                        endpoint, security=security, timeout=0.3, retries=0
-                    ) as other:
-                        with pytest.raises(RequestTimeout):
+                    # Told at once (the handshake's events), not after the 30 s timeout.
+                    async with Client(endpoint, security=security, timeout=30) as other:
+                        with anyio.fail_after(10), pytest.raises(AuthenticationFailed) as info:
                             await other.request("echo", b"let me in")
+                        assert reason in info.value.reason
+                        assert info.value.endpoint == endpoint
+                        # The client is closed; later calls say why too.
+                        with pytest.raises(AuthenticationFailed):
+                            await other.request("echo", b"again")
             stats = broker.statistics()
     assert stats.requests == 3  # 2 requests + 1 forward: nothing from the others
     assert stats.rejections["zap_denied"] >= 1

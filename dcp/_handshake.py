@@ -1,0 +1,161 @@
+"""Handshake failures, read from a socket's zmq monitor, so that a peer the broker will
+never talk to learns it within about a second instead of timing out.
+
+zmq hides a failed handshake from the socket's user: messages just queue. The monitor sees
+it. Rules (:class:`HandshakeWatch`, pure: monitor events in, a verdict out):
+
+Rule H1 - Refused key. ``HANDSHAKE_FAILED_AUTH``: the broker's ZAP handler refused our key
+  (its status code is the event's value). libzmq does not reconnect after it. Fail at once.
+Rule H2 - Mismatch. ``HANDSHAKE_FAILED_PROTOCOL``: the two sides disagree on the security
+  mechanism (a plaintext peer and a CURVE broker, or the reverse) or the handshake broke
+  the protocol. libzmq does not reconnect after it either. Fail at once.
+Rule H3 - Wrong broker key. ``HANDSHAKE_FAILED_NO_DETAIL``: the broker hung up during the
+  handshake; with CURVE that is what a broker does with a HELLO it cannot decrypt (we were
+  given the wrong server key); without, what a CURVE broker may do (if it sees the
+  mismatch before we do). libzmq reconnects (every ``RECONNECT_IVL``, 0.1 s by
+  default), so one such failure may be a broker going down at a bad moment: fail after
+  :data:`NO_DETAIL_LIMIT` in a row with no successful handshake between them.
+Rule H4 - ``HANDSHAKE_SUCCEEDED`` clears the count of H3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import anyio
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from ._errors import AuthenticationFailed
+from ._zmqio import AsyncSocket
+
+__all__ = [
+    "EVENTS",
+    "NO_DETAIL_LIMIT",
+    "HandshakeWatch",
+    "close_monitor",
+    "monitor",
+    "read_events",
+    "watch_handshakes",
+]
+
+#: The monitor events the rules use.
+EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+#: Rule H3: failed handshakes in a row, without detail, that end the peer.
+NO_DETAIL_LIMIT = 3
+
+_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+
+
+class HandshakeWatch:
+    """Rules H1-H4 for one socket connected to ``endpoint``.
+
+    :param endpoint: the broker's endpoint, named in the error
+    :param secure: whether this side uses CURVE (it shapes the explanation)
+    :param role: ``"client"`` or ``"worker"``, named in the error
+    """
+
+    __slots__ = ("endpoint", "no_detail", "role", "secure")
+
+    def __init__(self, endpoint: str, *, secure: bool, role: str) -> None:
+        self.endpoint = endpoint
+        self.secure = secure
+        self.role = role
+        #: Rule H3: failures without detail since the last successful handshake.
+        self.no_detail = 0
+
+    def event(self, event: int, value: int) -> AuthenticationFailed | None:
+        """One monitor event; the error to raise if the rules say the peer is done for."""
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.no_detail = 0
+            return None
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return self._fail(
+                f"the broker refused this {self.role}'s CURVE key (ZAP status {value})"
+                if self.secure
+                else f"the broker refused this {self.role} (ZAP status {value})"
+            )
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if value == _MISMATCH:
+                return self._fail(
+                    f"this {self.role} uses CURVE and the broker does not"
+                    if self.secure
+                    else f"the broker requires CURVE security and this {self.role} has none "
+                    "(pass security=dcp.CurveClient(...))"
+                )
+            return self._fail(f"the security handshake broke the protocol (zmq code {value:#x})")
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self.no_detail += 1
+            if self.no_detail >= NO_DETAIL_LIMIT:
+                return self._fail(
+                    f"the broker hung up during {self.no_detail} handshakes in a row: is the "
+                    "server key this client was given the broker's public key?"
+                    if self.secure
+                    else f"the peer hung up during {self.no_detail} handshakes in a row: "
+                    "does the broker require CURVE (pass security=dcp.CurveClient(...))?"
+                )
+        return None
+
+    def _fail(self, reason: str) -> AuthenticationFailed:
+        return AuthenticationFailed(self.endpoint, reason)
+
+
+def monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
+    """A PAIR socket that receives ``sock``'s handshake events (call before ``connect``).
+
+    Close it with :func:`close_monitor`.
+    """
+    return sock.get_monitor_socket(EVENTS)
+
+
+def close_monitor(sock: zmq.Socket[bytes], mon: zmq.Socket[bytes]) -> None:
+    """Stop ``sock``'s monitor (if ``sock`` is still open) and close ``mon``."""
+    if not sock.closed:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+    mon.close(0)
+
+
+def read_events(mon: zmq.Socket[bytes]) -> list[tuple[int, int]]:
+    """Every event waiting on a monitor socket, as ``(event, value)``; never blocks."""
+    events: list[tuple[int, int]] = []
+    while True:
+        try:
+            frames = mon.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return events
+        parsed = parse_monitor_message(frames)
+        events.append((int(parsed["event"]), int(parsed["value"])))
+
+
+async def watch_handshakes(
+    sock: zmq.Socket[bytes],
+    mon: zmq.Socket[bytes],
+    watch: HandshakeWatch,
+    on_failure: Callable[[AuthenticationFailed], object],
+) -> None:
+    """Apply the rules to ``mon``'s events until one says the peer is done for (then call
+    ``on_failure`` with the error and return), the monitor is closed, or cancellation.
+    Closes the monitor on the way out."""
+    amon = AsyncSocket(mon)
+    try:
+        while True:
+            await amon.wait_readable()
+            for event, value in read_events(mon):
+                failure = watch.event(event, value)
+                if failure is not None:
+                    on_failure(failure)
+                    return
+    except anyio.ClosedResourceError:
+        pass
+    finally:
+        if not sock.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+        amon.close(0)
