@@ -67,18 +67,26 @@ def test_secure_broker_worker_and_call(procs: list[Proc], tmp_path: Path) -> Non
     )
     code, out, err = run("call", "--connect", tcp, "echo", "hello", *peer("alice", clients))
     assert (code, out, err) == (0, "HELLO\n", "")
-    # A key on no list gets no answer; a worker key may not serve another service.
-    code, out, err = run(
-        "call", "--connect", tcp, "--timeout", "0.3", "--retries", "0", "echo", "x",
-        *peer("stranger"),
-    )  # fmt: skip
+    # A key on no list is told so at once, in one line; a worker key may not serve another
+    # service; a worker without keys is told the broker requires them.
+    code, out, err = run("call", "--connect", tcp, "echo", "x", *peer("stranger"))
     assert (code, out) == (1, "")
-    assert "RequestTimeout" in err
+    assert err == (
+        f"dcp call: AuthenticationFailed: {tcp}: the broker refused this client's CURVE key"
+        " (ZAP status 400)\n"
+    )
+    code, _, err = run("worker", "--connect", tcp, "--service", "echo", HANDLER)
+    assert code == 3
+    last = err.splitlines()[-1]
+    assert last.startswith(f"dcp worker: AuthenticationFailed: {tcp}: ")
+    assert "CURVE" in last
+    assert "Traceback" not in err
     code, _, err = run(
         "worker", "--connect", tcp, "--service", "payroll", HANDLER, *peer("worker")
     )
     assert code == 3
-    assert "dcp worker: the broker refused the registration for b'payroll'" in err
+    refused = "dcp worker: RegistrationRefused: the broker refused the registration for b'payroll'"
+    assert refused in err
     assert "Traceback" not in err
     worker.kill()
     broker.kill()

@@ -130,7 +130,7 @@ def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .._errors import RegistrationRefused
+    from .._errors import AuthenticationFailed, RegistrationRefused
     from .._worker import Worker
 
     handler = _load_handler(args.handler)
@@ -157,8 +157,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         received = run_async(args.backend, until_signal, run, stop)
-    except RegistrationRefused as exc:
-        raise CLIError(str(exc), 3) from None
+    except (RegistrationRefused, AuthenticationFailed) as exc:
+        raise CLIError(f"{type(exc).__name__}: {exc}", 3) from None
     except zmq.ZMQError as exc:
         raise CLIError(zmq_problem(exc, "connect to", [args.connect])) from None
     logger.info("worker stopped: %s", worker.statistics())
