@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -31,6 +33,21 @@ __all__ = ["Broker"]
 #: a copy into ``bytes`` is cheaper than a ``zmq.Frame`` object. (pyzmq's own default
 #: ``copy_threshold`` for sends is 64 KiB too.)
 _ZERO_COPY_THRESHOLD = 65_536
+# What the event loop tells the I/O thread (the wake-up socket's messages).
+_STOP = b""
+_CALL = b"call"
+
+
+class _Call:
+    """Work for the core in the I/O thread: its function, result, and a done signal."""
+
+    __slots__ = ("done", "func", "result")
+
+    def __init__(self, func: Callable[[float], int]) -> None:
+        self.func = func
+        self.result = 0
+        self.done = threading.Event()
+
 
 logger = logging.getLogger("dcp.broker")
 
@@ -137,7 +154,7 @@ class Broker:
         self._zap: ZapHandler | None = None
         guard = None
         if security is not None:
-            guard = Guard(security.may_register, os.urandom(32))
+            guard = Guard(security.may_register, os.urandom(32), may_connect=security.may_connect)
         self._core = BrokerCore(
             heartbeat_interval=heartbeat_interval,
             liveness=liveness,
@@ -150,6 +167,9 @@ class Broker:
             **core_options,
         )
         self._socket: AsyncSocket | None = None
+        #: Work for the I/O thread's core (see _in_core), and how to wake the thread for it.
+        self._calls: collections.deque[_Call] = collections.deque()
+        self._wake_out: zmq.Socket[bytes] | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
         #: The bound endpoints (ports resolved) while serving; empty before.
         self.endpoints: list[str] = []
@@ -177,6 +197,69 @@ class Broker:
                     rejections[reason] = count
             stats = attrs.evolve(stats, rejections=rejections)
         return stats
+
+    async def reload_security(self, security: CurveServer) -> int:
+        """Replace the allow-lists while the broker runs (``dcp broker`` does on SIGHUP).
+
+        New handshakes follow the new lists at once. A key that may no longer connect is
+        no longer heard: every message from its connections is refused (``revoked`` in
+        ``statistics().rejections``; zmq cannot close one connection of a socket, so they
+        stay open, unheard). A worker whose key may no longer register one of its services
+        is removed and told (a dcp worker's ``serve`` raises
+        :exc:`~dcp.RegistrationRefused`), and the requests it held go to other workers.
+
+        :param security: the new settings, with this broker's key pair
+        :returns: how many workers were removed
+        :raises ValueError: the broker has no security, or ``security`` has another key pair
+            (restart the broker to change its keys: every peer must learn the new one)
+        """
+        old = self._security
+        if old is None:
+            raise ValueError("this broker was made without security=: nothing to reload")
+        if (security.public_key, security.secret_key) != (old.public_key, old.secret_key):
+            raise ValueError(
+                "reload_security changes the allow-lists, not the broker's key pair: restart "
+                "the broker to change its keys"
+            )
+        self._security = security
+        if self._zap is not None:
+            self._zap.allow = security.may_connect
+        core = self._core
+
+        def apply(now: float) -> int:
+            assert core.guard is not None
+            core.guard.reload(security.may_connect, security.may_register)
+            return core.revoke(now)
+
+        removed = await self._in_core(apply)
+        logger.info("security reloaded: %d worker(s) removed", removed)
+        return removed
+
+    async def _in_core(self, func: Callable[[float], int]) -> int:
+        """Run ``func(now)`` where the core runs (the I/O thread, while there is one) and
+        send what it put in the outbox."""
+        wake = self._wake_out
+        if wake is None or not self._io_thread:
+            result = func(time.monotonic() if self._io_thread else anyio.current_time())
+            if self._socket is not None:
+                self._flush(self._socket)
+            return result
+        call = _Call(func)
+        self._calls.append(call)
+        wake.send(_CALL, zmq.NOBLOCK)
+        await anyio.to_thread.run_sync(call.done.wait)
+        return call.result
+
+    def _run_calls(self, asock: AsyncSocket | None) -> None:
+        calls = self._calls
+        while calls:
+            call = calls.popleft()
+            try:
+                call.result = call.func(time.monotonic())
+                if asock is not None:
+                    self._flush(asock)
+            finally:
+                call.done.set()
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED
@@ -285,6 +368,7 @@ class Broker:
         wake_out: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
         wake_in.bind(wake_address)
         wake_out.connect(wake_address)
+        self._wake_out = wake_out
         stopped = threading.Event()
         lock = threading.Lock()
         # Whether the thread got going, and whether it may still (a cancellation can come
@@ -307,10 +391,12 @@ class Broker:
             with lock:
                 state["over"] = True
                 started = state["started"]
+            self._wake_out = None
             if started:
-                wake_out.send(b"", zmq.NOBLOCK)
+                wake_out.send(_STOP, zmq.NOBLOCK)
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(stopped.wait)
+            self._run_calls(None)  # any the thread did not take (its socket is done)
             wake_out.close(0)
             wake_in.close(0)
 
@@ -335,7 +421,9 @@ class Broker:
                 next_tick = now + period
             ready = poll(max(0, int((next_tick - now) * 1000) + 1))
             if ready and any(s is wake for s, _ in ready):
-                return
+                if wake.recv() == _STOP:
+                    return
+                self._run_calls(asock)
             now = clock()
             while asock.has_input():
                 self._handle(asock.drain(batch), now)

@@ -18,6 +18,13 @@ Rule S2 - Routing ids belong to keys. A routing id is bound to the first key tha
   bindings are kept, least recently used first out.
 Rule S3 - Registrations need permission: ``may_register(key, service)``. A refused one gets a
   ``registration_refused`` error reply (see the broker core).
+Rule S5 - Revocation. The allow-lists can be replaced while the broker runs
+  (:meth:`Guard.reload`). A key that may no longer connect is refused on every message
+  (``revoked``; zmq cannot close one connection of a ROUTER, so its connection stays open
+  but nothing it sends is heard), and the broker removes every worker whose key may no
+  longer register one of its services, telling it as a refused registration and
+  redelivering what it held (the routing core's ``revoke``). New handshakes follow the new
+  lists at once (the ZAP handler asks the same policy).
 Rule S4 - Client addresses are sealed. The client address in a request given to a worker is
   ``seal(address)``, an authenticated encryption of the address under a key only this
   broker knows, and the address in a worker's reply or forward must be a sealed one, which
@@ -53,6 +60,8 @@ class Guard:
 
     :param may_register: ``may_register(key, service)`` for registrations (key: z85 bytes)
     :param seal_key: 32 or more secret random bytes for sealing client addresses
+    :param may_connect: ``may_connect(key)``, whether a key may still be heard (Rule S5;
+        default: every key the ZAP handler let in)
     :param max_bound: routing-id bindings remembered (least recently used out)
     :param cache: sealed addresses remembered (oldest out)
     """
@@ -62,12 +71,16 @@ class Guard:
         may_register: Callable[[bytes | None, bytes], bool],
         seal_key: bytes,
         *,
+        may_connect: Callable[[bytes], bool] | None = None,
         max_bound: int = 65_536,
         cache: int = 4096,
     ) -> None:
         if len(seal_key) < 32:
             raise ValueError("seal_key needs at least 32 bytes")
         self.may_register = may_register
+        self.may_connect = may_connect
+        #: Rule S5: ``may_connect`` per principal seen since the last reload.
+        self._connect: dict[str, bool] = {}
         self.max_bound = max_bound
         # A 64-byte key (AES-256-SIV), derived from the secret for this one use.
         self._siv = AESSIV(hashlib.blake2b(b"dcp seal aes-siv", key=seal_key[:64]).digest())
@@ -83,6 +96,14 @@ class Guard:
         reason to refuse it."""
         if principal is None:
             return "unauthenticated"
+        if self.may_connect is not None:
+            allowed = self._connect.get(principal)
+            if allowed is None:
+                if len(self._connect) >= self.max_bound:
+                    self._connect.clear()
+                allowed = self._connect[principal] = self.may_connect(principal.encode())
+            if not allowed:
+                return "revoked"
         owners = self._owners
         owner = owners.get(peer)
         if owner is None:
@@ -94,6 +115,26 @@ class Guard:
         else:
             owners.move_to_end(peer)
         return None
+
+    def reload(
+        self,
+        may_connect: Callable[[bytes], bool],
+        may_register: Callable[[bytes | None, bytes], bool],
+    ) -> None:
+        """Rule S5: new allow-lists (the caller then removes the workers they refuse)."""
+        self.may_connect = may_connect
+        self.may_register = may_register
+        self._connect = {}
+
+    def may_serve(self, peer: bytes, service: bytes) -> bool:
+        """Whether the key ``peer`` is bound to may connect and register ``service``."""
+        principal = self._owners.get(peer)
+        if principal is None:
+            return False
+        key = principal.encode()
+        if self.may_connect is not None and not self.may_connect(key):
+            return False
+        return self.may_register(key, service)
 
     def owner(self, peer: bytes) -> str | None:
         """The key ``peer`` is bound to, if any."""

@@ -56,7 +56,8 @@ class ZapHandler:
         allow: Callable[[bytes], bool],
     ) -> None:
         self._context = context
-        self._allow = allow
+        #: The policy: whether a public key may connect (replaced by a security reload).
+        self.allow = allow
         self._socket: AsyncSocket | None = None
         #: Logs each denied key once among the most recent 4,096 (LRU).
         self._log_once = LogOnce(logger)
@@ -126,7 +127,7 @@ class ZapHandler:
             self._log_denial(mechanism, address, "only CURVE is accepted")
             return [*envelope, _VERSION, request_id, b"400", b"CURVE only", b"", b""]
         key = z85.encode(credentials[0])
-        if not self._allow(key):
+        if not self.allow(key):
             self.denied += 1
             self._log_denial(key, address, "unknown key")
             return [*envelope, _VERSION, request_id, b"400", b"Unknown key", b"", b""]

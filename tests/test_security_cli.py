@@ -4,7 +4,9 @@ real subprocesses (killed by PID at the end), plus in-process argument errors.""
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,3 +145,48 @@ def test_any_client_and_wildcard_flags(tmp_path: Path) -> None:
     security = _server_security(args)
     assert security is not None and security.clients is None
     assert security.workers == {b"*": frozenset([b"*"])}
+
+
+def test_sighup_reloads_the_allow_lists(procs: list[Proc], tmp_path: Path) -> None:
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    for directory, name in [(tmp_path, "broker"), (tmp_path, "bob"), (clients, "alice")]:
+        assert main(["keys", name, "--dir", str(directory)]) == 0
+    broker = start(
+        procs, "broker", "--bind", "tcp://127.0.0.1:0",
+        "--keys", str(tmp_path / "broker.key_secret"), "--allow-client", str(clients),
+        "--allow-worker", f"echo={clients}",
+    )  # fmt: skip
+    [tcp] = broker.read_lines(1)
+
+    def call(name: str, directory: Path) -> tuple[int, str, str]:
+        return run(
+            "call", "--connect", tcp, "--timeout", "5", "mmi.service", "echo",
+            "--keys", str(directory / f"{name}.key_secret"),
+            "--server-key", str(tmp_path / "broker.key"),
+        )  # fmt: skip
+
+    assert call("alice", clients) == (0, "404\n", "")  # no echo worker, but heard
+    code, _, err = call("bob", tmp_path)
+    assert code == 1 and "AuthenticationFailed" in err
+    # Bob's key joins the directory, Alice's leaves it; SIGHUP.
+    (tmp_path / "bob.key").rename(clients / "bob.key")
+    (clients / "alice.key").unlink()
+    broker.popen.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while (result := call("bob", clients.parent)) != (0, "404\n", "") and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert result == (0, "404\n", "")
+    code, _, err = call("alice", clients)
+    assert code == 1 and "AuthenticationFailed" in err
+    # A SIGHUP that finds a broken list keeps the lists in force, and the broker runs on.
+    (clients / "broken.key").write_text("not a key\n")
+    broker.popen.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    assert call("bob", clients.parent) == (0, "404\n", "")
+    assert broker.popen.poll() is None
+    broker.kill()
+    _, _, err = broker.finish(5)
+    assert "SIGHUP: kept the allow-lists in force" in err

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+import anyio.abc
 import zmq
 
 from ._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal, zmq_problem
@@ -93,11 +94,26 @@ def cmd_broker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CLIError(str(exc), USAGE) from None
 
+    async def reload_on_sighup(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+            task_status.started()
+            async for _ in signals:
+                try:
+                    new = _server_security(args)
+                except CLIError as exc:
+                    logger.error("SIGHUP: kept the allow-lists in force: %s", exc)
+                    continue
+                assert new is not None
+                logger.info("SIGHUP: reloading the allow-lists")
+                await broker.reload_security(new)
+
     async def run() -> None:
         async with anyio.create_task_group() as tg:
             endpoints = await tg.start(broker.serve)
             for endpoint in endpoints:
                 logger.info("broker listening on %s", endpoint)
+            if security is not None:
+                await tg.start(reload_on_sighup)  # before anyone can know we run
             print("\n".join(endpoints), flush=True)
 
     try:

@@ -402,7 +402,11 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
 
 
 def _add_server_security(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("CURVE security (docs/security.md)")
+    g = p.add_argument_group(
+        "CURVE security (docs/security.md)",
+        "SIGHUP re-reads the --allow-* files and directories: new keys get in, removed "
+        "ones are no longer heard, and their workers are removed",
+    )
     g.add_argument(
         "--keys", metavar="FILE", help="the broker's NAME.key_secret file: turns CURVE on"
     )

@@ -334,6 +334,28 @@ class Routing:
         self.reject(peer, reason, detail)
         self.outbox.append(dialect.refused(peer, name, "registration_refused", detail))
 
+    def revoke(self, now: float) -> int:
+        """Security Rule S5 (:mod:`dcp._guard`), after the allow-lists were replaced: remove
+        every worker whose key may no longer serve one of its services (each such
+        registration refused and told, counted as ``revoked``; held requests redelivered).
+        Returns how many workers were removed."""
+        guard = self.guard
+        if guard is None:
+            return 0
+        self._now = now
+        removed = 0
+        for worker in list(self.sessions.workers.values()):
+            ident = worker.ident
+            denied = [s.name for s in worker.services if not guard.may_serve(ident, s.name)]
+            if not denied:
+                continue
+            for name in denied:
+                detail = f"key {guard.owner(ident)} may no longer register {name[:64]!r}"
+                self._refuse_registration(ident, worker.dialect, name, "revoked", detail)
+            self.remove_worker(worker)
+            removed += 1
+        return removed
+
     def serves(self, name: bytes) -> bool:
         """Whether some registered worker provides ``name``."""
         service = self._services.get(name)
