@@ -18,6 +18,7 @@ import anyio.abc
 import anyio.to_thread
 import attrs
 import zmq
+from zmq.utils import z85
 
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._context import get_context
@@ -154,7 +155,14 @@ class Broker:
         self._zap: ZapHandler | None = None
         guard = None
         if security is not None:
-            guard = Guard(security.may_register, os.urandom(32), may_connect=security.may_connect)
+            # The sealing key comes from the broker's secret key (Guard derives its own key
+            # from it, for this one use), so a restarted broker opens the client addresses
+            # its predecessor sealed: work finished across a restart still reaches clients.
+            guard = Guard(
+                security.may_register,
+                z85.decode(security.secret_key),
+                may_connect=security.may_connect,
+            )
         self._core = BrokerCore(
             heartbeat_interval=heartbeat_interval,
             liveness=liveness,

@@ -24,8 +24,9 @@ Rule 3 - Addresses. A request without a client address gets the sender's address
   One that carries an address keeps it (a worker forwarding work), but only a registered
   worker may name an address other than its own, unless ``allow_foreign_address``.
   A reply is routed to its client address in the client's dialect (for a DCP client, the
-  type-frame width, 1 or 4 bytes, it used). A reply for a peer that is gone is counted and
-  dropped.
+  type-frame width, 1 or 4 bytes, it used). A reply for a peer that is not connected is
+  kept and sent again for ``liveness x heartbeat_interval`` (:mod:`dcp._core.unreachable`),
+  then counted and dropped.
 Rule 4 - Heartbeats. Every ping from a worker is answered with a pong and asks for work (Rule
   1); a pong from a worker is a keep-alive that asks for no work and is answered with a pong
   (dcp extension). A ping or pong from a peer that is not a registered worker is answered
@@ -59,6 +60,7 @@ from ._core.admission import Limits
 from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
 from ._core.majordomo import Majordomo
 from ._core.peers import Session, Sessions
+from ._core.unreachable import Unreachable
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
 from ._guard import Guard
 from ._messages import MessageType, Register, Reply, Request
@@ -101,6 +103,8 @@ class BrokerCore(Majordomo):
         work timeout (``None``: no limit); past it the worker is treated as lost (Rule 7)
     :param busy_timeout: seconds a busy worker that does not beat while busy may be silent
         (peers Rule L3); it is probed meanwhile, so a dead connection is noticed sooner
+    :param reply_grace: seconds a reply whose client is not connected is kept and sent
+        again (:mod:`dcp._core.unreachable`; ``None``: ``liveness x heartbeat_interval``)
     :param mdp_timeout: seconds an idle Majordomo worker may be silent (its libraries beat
         every 2.5 s by default)
     :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
@@ -124,6 +128,7 @@ class BrokerCore(Majordomo):
         work_timeout: float | None = None,
         busy_timeout: float = 60.0,
         mdp_timeout: float = 10.0,
+        reply_grace: float | None = None,
         guard: Guard | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
@@ -155,6 +160,10 @@ class BrokerCore(Majordomo):
         self.liveness = liveness
         self.allow_foreign_address = allow_foreign_address
         self.busy_timeout = busy_timeout
+        #: Replies whose client is not connected yet, sent again for a while (Rules U1-U3).
+        self.unreachable = Unreachable(
+            liveness * heartbeat_interval if reply_grace is None else reply_grace
+        )
         self._next_beat = 0.0
 
     # ------------------------------------------------------------------ input
@@ -396,7 +405,8 @@ class BrokerCore(Majordomo):
             self.counters.count(f"worker_unreachable_{why}")
             self.remove_worker(worker)
         elif _is_reply(frames):
-            self.counters.dropped_replies += 1
+            if why != "gone" or not self.unreachable.refused(frames, self._now):
+                self.counters.dropped_replies += 1
         else:
             self.counters.undeliverable += 1
 
@@ -409,6 +419,10 @@ class BrokerCore(Majordomo):
         self._now = now
         self.time_out_work(now)
         self._queues.expire(now)
+        if self.unreachable.kept:  # Rule U2 (dcp._core.unreachable)
+            again, expired = self.unreachable.due(now)
+            self.outbox += again
+            self.counters.dropped_replies += expired
         sessions = self.sessions
         for session in sessions.due(now):
             if session.ident not in sessions.workers:

@@ -40,9 +40,10 @@ __all__ = [
     "watch_handshakes",
 ]
 
-#: The monitor events the rules use.
+#: The monitor events the rules use, and ``DISCONNECTED`` (the worker's Rule 12).
 EVENTS = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL

@@ -18,7 +18,7 @@ from ._calls import make_routing_id
 from ._context import get_context
 from ._errors import AuthenticationFailed, RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
-from ._handshake import HandshakeWatch, monitor, watch_handshakes
+from ._handshake import HandshakeWatch, close_monitor, monitor, read_events
 from ._messages import Message, Reply, Request, request_work_timeout
 from ._results import (
     Forward,
@@ -180,6 +180,10 @@ class Worker:
         )
         self._asock: AsyncSocket | None = None
         self._watch_scope: anyio.CancelScope | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._watch = HandshakeWatch(endpoint, secure=security is not None, role="worker")
+        #: Handshakes that succeeded on the current socket (the first is the first connection).
+        self._handshakes = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._handler_scopes: set[anyio.CancelScope] = set()
         self._wake_scope: anyio.CancelScope | None = None
@@ -324,7 +328,8 @@ class Worker:
         asock = self._asock
         assert asock is not None
         while True:
-            if self._refused is not None:  # the handshake failed (see _open)
+            self._poll_monitor()
+            if self._refused is not None:  # the handshake failed (see _poll_monitor)
                 return None
             now = anyio.current_time()
             if self._stop_deadline is not None and (
@@ -427,32 +432,64 @@ class Worker:
                 mon.close(0)
             raise
         self._asock = AsyncSocket(sock)
+        self._monitor = mon
+        self._handshakes = 0
+        self._watch = HandshakeWatch(
+            self.endpoint, secure=self._security is not None, role="worker"
+        )
         assert self._tg is not None
         self._watch_scope = scope = anyio.CancelScope()
-        watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="worker")
-        self._tg.start_soon(self._watch_handshakes, scope, sock, mon, watch)
+        self._tg.start_soon(self._watch_monitor, scope, AsyncSocket(mon))
 
-    async def _watch_handshakes(
-        self,
-        scope: anyio.CancelScope,
-        sock: zmq.Socket[bytes],
-        mon: zmq.Socket[bytes],
-        watch: HandshakeWatch,
-    ) -> None:
+    async def _watch_monitor(self, scope: anyio.CancelScope, amon: AsyncSocket) -> None:
+        """Apply the socket's connection events as they come (see :meth:`_poll_monitor`)."""
         with scope:
-            await watch_handshakes(sock, mon, watch, self._handshake_failed)
+            try:
+                while True:
+                    await amon.wait_readable()
+                    if self._poll_monitor():
+                        self._wake()
+            except anyio.ClosedResourceError:  # pragma: no cover - closed by _close
+                pass
 
-    def _handshake_failed(self, failure: AuthenticationFailed) -> None:
-        logger.error("worker for service %r: %s", self.service, failure)
-        if self._refused is None:
-            self._refused = failure
-        self._wake()
+    def _poll_monitor(self) -> bool:
+        """Apply the connection events waiting on the monitor, without blocking; whether
+        there were any. A failed handshake ends serving (:exc:`AuthenticationFailed`); a
+        lost and a new connection go to the core (its Rule 12: register again before
+        anything else is sent). Called before anything is sent, so that an answer finished
+        after the connection dropped is not queued for a broker that does not know us."""
+        mon = self._monitor
+        if mon is None:
+            return False
+        events = read_events(mon)
+        core = self._core
+        for event, value in events:
+            failure = self._watch.event(event, value)
+            if failure is not None:
+                if self._refused is None:
+                    logger.error("worker for service %r: %s", self.service, failure)
+                    self._refused = failure
+            elif event == zmq.EVENT_DISCONNECTED:
+                core.connection_lost(anyio.current_time())
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshakes += 1
+                if self._handshakes > 1:
+                    logger.info(
+                        "worker for service %r: new connection to %s; registering",
+                        self.service,
+                        self.endpoint,
+                    )
+                    core.reconnected(anyio.current_time())
+        return bool(events)
 
     def _close(self, linger: int) -> None:
         scope, self._watch_scope = self._watch_scope, None
         if scope is not None:
             scope.cancel()
+        mon, self._monitor = self._monitor, None
         asock, self._asock = self._asock, None
+        if mon is not None and asock is not None:
+            close_monitor(asock.sock, mon)
         if asock is not None:
             asock.close(linger)
 
@@ -491,6 +528,7 @@ class Worker:
             finally:
                 self._handler_scopes.discard(scope)
                 core = self._core
+                self._poll_monitor()  # Rule 12: has the connection changed under us?
                 core.finish(message, anyio.current_time(), generation=generation)
                 outs, core.outbox = core.outbox, []
                 for out in outs:

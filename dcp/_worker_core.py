@@ -87,6 +87,18 @@ Rule 11 (type-frame width)
     message is written in 4 bytes from the first REGISTER on, whatever the broker writes: the
     explicit setting wins (a DagBox broker aborts on a 1-byte type; a dcp broker reads both).
 
+Rule 12 (a new connection on the same socket)
+    zmq reconnects a socket by itself, and the broker at the other end may be a new one (a
+    restart) that does not know us. The driver reports the socket's connection events (zmq's
+    monitor): :meth:`WorkerCore.connection_lost` makes the core DISCONNECTED without closing
+    anything (results that finish meanwhile are kept, Rule 7; the backlog is dropped; no
+    heartbeats, no liveness deadline: zmq is reconnecting), and
+    :meth:`WorkerCore.reconnected` sends REGISTER and then the kept results, so the broker
+    knows us before it sees our answers. A new broker routes a registered worker's answer
+    to its client even though it never saw the request (without CURVE; with it, a new
+    broker cannot unseal the old one's client addresses), so work finished across a
+    restart is delivered instead of refused and run again.
+
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
 """
@@ -270,6 +282,19 @@ class WorkerCore:
         self._pending.clear()
         self._last_send = now
 
+    def connection_lost(self, now: float) -> None:
+        """Rule 12: the socket's connection went down (zmq is reconnecting it)."""
+        if self.state in (State.REGISTERING, State.READY):
+            self.state = State.DISCONNECTED
+            self._drop_backlog()
+
+    def reconnected(self, now: float) -> None:
+        """Rule 12: the socket has a new connection: REGISTER, then the kept results."""
+        if self.state is State.DISCONNECTED:
+            self.connect(now)
+        elif self.state in (State.REGISTERING, State.READY):  # no loss was reported
+            self._reregister(now)
+
     def receive(self, frames: Sequence[bytes], now: float) -> None:
         """A message from the broker.
 
@@ -295,12 +320,7 @@ class WorkerCore:
             self._send(Pong(), now)
             return
         if isinstance(msg, Reconnect):
-            self._reregistrations += 1
-            self.state = State.REGISTERING
-            self._drop_backlog()
-            self._generation += 1
-            self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
-            self._send(Register(self.service), now)
+            self._reregister(now)
             return
         if isinstance(msg, Reply) and msg.client is None:
             refusal = parse_error_reply(msg.data)
@@ -442,6 +462,15 @@ class WorkerCore:
                 "expired", "the caller's deadline passed while the request waited for a slot"
             )
             self._send(Reply(request.client, request.metadata, data), now)
+
+    def _reregister(self, now: float) -> None:
+        """Rule 8: REGISTER again on this connection."""
+        self._reregistrations += 1
+        self.state = State.REGISTERING
+        self._drop_backlog()
+        self._generation += 1
+        self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
+        self._send(Register(self.service), now)
 
     def _has_free_slot(self) -> bool:
         return not self.stopping and self._in_progress < self.concurrency

@@ -322,8 +322,9 @@ async def test_dead_workers_request_is_redelivered_to_another_worker() -> None:
         assert stats.workers == 1
 
 
-async def test_reply_for_a_gone_client_is_counted_as_dropped() -> None:
-    async with serving() as (broker, peers):
+async def test_reply_for_a_gone_client_is_kept_a_while_then_counted_as_dropped() -> None:
+    # Kept for reply_grace (liveness x heartbeat_interval by default): dcp._core.unreachable.
+    async with serving(reply_grace=0.3) as (broker, peers):
         w = await worker(peers, b"W1")
         client = peers(b"C1")
         client.send(Request(ECHO, None, (b"m",), ()))
@@ -340,6 +341,18 @@ async def test_reply_for_a_gone_client_is_counted_as_dropped() -> None:
         # The worker is unaffected.
         w.send(Ping())
         await w.expect(Pong())
+
+
+async def test_a_reply_waits_for_its_client_to_connect() -> None:
+    # After a broker restart a worker may answer before its client has reconnected.
+    async with serving() as (broker, peers):
+        w = await worker(peers, b"W1")
+        w.send(Reply(b"LATE", (b"m",), (b"for you",)))
+        await anyio.sleep(0.2)
+        client = peers(b"LATE")
+        await client.expect(Reply(b"LATE", (b"m",), (b"for you",)))
+        stats = broker.statistics()
+        assert (stats.replies, stats.dropped_replies) == (1, 0)
 
 
 async def test_a_peer_reconnecting_with_the_same_routing_id_takes_over_its_address() -> None:

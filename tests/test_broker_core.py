@@ -27,6 +27,7 @@ from dcp import (
     serialize,
 )
 from dcp._broker_core import BrokerCore, ServiceStatistics
+from dcp._core.unreachable import Unreachable
 from dcp._messages import ERROR_MARKER, parse_error_reply, work_timeout_option
 
 W1, W2, W3 = b"W1", b"W2", b"W3"
@@ -589,14 +590,40 @@ def test_unreachable_worker_is_removed_and_its_request_redelivered() -> None:
 
 @pytest.mark.parametrize("width", [1, 4])
 def test_unreachable_client_counts_a_dropped_reply(width: int) -> None:
-    core = BrokerCore()
+    core = BrokerCore()  # grace: liveness x heartbeat_interval = 3 s
     reply = [C1, *serialize(Reply(C1, (b"m",), (b"d",)), width=width)]
-    core.undeliverable(reply, "gone")
-    core.undeliverable(reply, "full")
+    core.undeliverable(reply, "gone")  # kept (unreachable Rule U1)
+    core.undeliverable(reply, "full")  # a slow reader: dropped at once
     core.undeliverable([C1, *serialize(Reconnect(), width=width)], "gone")
+    stats = core.statistics()
+    assert (stats.dropped_replies, stats.undeliverable) == (1, 1)
+    # Sent again on each tick (U2) until the grace is over, then dropped.
+    core.expire(1.0)
+    assert core.outbox == [reply]
+    core.outbox = []
+    core.undeliverable(reply, "gone")  # refused again: keeps its first deadline
+    core.expire(2.0)
+    assert core.outbox == [reply]
+    core.outbox = []
+    core.undeliverable(reply, "gone")
+    core.expire(3.0)
+    assert core.outbox == []
     stats = core.statistics()
     assert (stats.dropped_replies, stats.undeliverable) == (2, 1)
     assert stats.rejections == {}
+
+
+def test_unreachable_replies_are_bounded_and_delivered_when_the_client_comes() -> None:
+    kept = Unreachable(grace=1.0, limit=2)
+    a, b, c = [b"a"], [b"b"], [b"c"]
+    assert kept.refused(a, 0.0) and kept.refused(b, 0.0)
+    assert not kept.refused(c, 0.0)  # U3: full
+    assert kept.due(0.5) == ([a, b], 0)
+    assert kept.refused(a, 0.6)  # a still unreachable; b got through
+    assert kept.due(0.9) == ([a], 0)
+    assert kept.due(2.0) == ([], 0)  # b and a were sent; nothing kept
+    assert kept.refused(c, 2.0)
+    assert kept.due(3.5) == ([], 1)  # U2: grace over
 
 
 # ------------------------------------------------------------------ Rule 6: bounds

@@ -298,6 +298,40 @@ def test_reconnect_from_broker_reregisters_at_once() -> None:
     assert state(w) is State.READY
 
 
+def test_a_new_connection_registers_before_the_results_kept_meanwhile() -> None:
+    # Rule 12: the broker restarted under the same socket.
+    w = ready(n=2, now=0.0)
+    deliver(w, req(1), 0.0)
+    deliver(w, req(2), 0.0)
+    w.connection_lost(0.5)
+    assert state(w) is State.DISCONNECTED
+    assert w.deadline() == math.inf  # zmq reconnects; no liveness clock meanwhile
+    w.tick(100.0)
+    assert take(w) == []
+    first = result_message(req(1), b"r1")
+    w.finish(first, 0.6)
+    assert take(w) == []  # kept: the broker there now may not know us
+    w.reconnected(0.7)
+    assert take(w) == [Register(SVC), first]
+    assert state(w) is State.REGISTERING
+    second = result_message(req(2), b"r2")
+    w.finish(second, 0.8)  # on the new connection, after the REGISTER
+    assert take(w) == [second]
+    assert w.statistics().reconnects == 1
+    # A new connection without a reported loss: register again on it at once.
+    assert deliver(w, Register(SVC), 0.9) == [Pong()]
+    w.reconnected(1.0)
+    assert take(w) == [Register(SVC)]
+    assert w.statistics().reregistrations == 1
+    # Nothing to do once closed.
+    w.leave()
+    take(w)
+    w.connection_lost(1.1)
+    w.reconnected(1.2)
+    assert take(w) == []
+    assert state(w) is State.CLOSED
+
+
 def test_malformed_message_is_counted_and_proves_liveness() -> None:
     w = ready(now=0.0)
     with pytest.raises(RemoteProtocolError):
