@@ -55,6 +55,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "ERROR_MARKER",
     "PROTOCOL",
+    "AuthenticationFailed",
     "BadProtocolFrame",
     "BadTypeFrame",
     "Broker",
