@@ -165,6 +165,7 @@ class Client:
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._closed = False
         self._broken: BaseException | None = None
+        self._watch: HandshakeWatch | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -186,7 +187,9 @@ class Client:
                 mon.close(0)
             raise
         self._socket = AsyncSocket(sock)
-        watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="client")
+        self._watch = watch = HandshakeWatch(
+            self.endpoint, secure=self._security is not None, role="client"
+        )
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._shutdown, None)
             tg = await stack.enter_async_context(anyio.create_task_group())
@@ -529,6 +532,8 @@ class Client:
         tracker = self._tracker
         waiters = self._waiters
         batch = self._batch
+        watch = self._watch
+        assert watch is not None
         failure: BaseException | None = None
         try:
             while True:
@@ -536,7 +541,10 @@ class Client:
                 await asock.wait_readable(math.inf if deadline is None else deadline)
                 if asock.closed:
                     break
-                for msg in asock.drain(batch):
+                received = asock.drain(batch)
+                if received:
+                    watch.heard = watch.handshakes  # handshakes Rule H5
+                for msg in received:
                     resolved = tracker.receive(msg.frames)
                     if resolved is not None:
                         rid, outcome = resolved
@@ -566,6 +574,17 @@ class Client:
         tracker = self._tracker
         failed = tracker.expire(now)
         out, tracker.outbox = tracker.outbox, []
+        watch = self._watch
+        if out and watch is not None and watch.unheard():
+            # Handshakes Rule H5: a secure broker ignores this connection; make a new one.
+            logger.warning(
+                "dcp client: the broker at %s has not answered on this connection since it "
+                "reconnected; connecting again",
+                self.endpoint,
+            )
+            watch.heard = watch.handshakes  # once per connection
+            asock.sock.disconnect(self.endpoint)
+            asock.sock.connect(self.endpoint)
         for frames in out:
             try:
                 asock.send_nowait(frames)

@@ -16,6 +16,16 @@ Rule H3 - Wrong broker key. ``HANDSHAKE_FAILED_NO_DETAIL``: the broker hung up d
   default), so one such failure may be a broker going down at a bad moment: fail after
   :data:`NO_DETAIL_LIMIT` in a row with no successful handshake between them.
 Rule H4 - ``HANDSHAKE_SUCCEEDED`` clears the count of H3.
+Rule H5 - Unheard reconnections (CURVE only). A secure broker does not let a new connection
+  take over a routing id (no ``ROUTER_HANDOVER``, see ``docs/security.md``), and zmq
+  checks the id once, when the connection attaches: a client whose reconnection beats the
+  broker's teardown of its old connection is ignored for as long as the new connection
+  lasts. So a secure client counts successful handshakes (:attr:`HandshakeWatch.handshakes`)
+  and notes the count whenever it hears the broker; when an attempt times out and it has
+  heard nothing on a connection that is not its first (:meth:`HandshakeWatch.unheard`), it
+  drops the connection and connects again before resending. By then the broker has torn
+  down the old one (zmq heartbeats, within its ``liveness x heartbeat_interval``), so the
+  new connection is heard.
 """
 
 from __future__ import annotations
@@ -62,7 +72,7 @@ class HandshakeWatch:
     :param role: ``"client"`` or ``"worker"``, named in the error
     """
 
-    __slots__ = ("endpoint", "no_detail", "role", "secure")
+    __slots__ = ("endpoint", "handshakes", "heard", "no_detail", "role", "secure")
 
     def __init__(self, endpoint: str, *, secure: bool, role: str) -> None:
         self.endpoint = endpoint
@@ -70,11 +80,23 @@ class HandshakeWatch:
         self.role = role
         #: Rule H3: failures without detail since the last successful handshake.
         self.no_detail = 0
+        #: Rule H5: successful handshakes so far, and their count when the broker was last
+        #: heard (the client sets :attr:`heard` as messages arrive).
+        self.handshakes = 0
+        self.heard = 0
+
+    def unheard(self) -> bool:
+        """Rule H5: whether the current connection is a reconnection (CURVE) on which the
+        broker was never heard."""
+        return self.secure and self.handshakes > 1 and self.heard < self.handshakes
 
     def event(self, event: int, value: int) -> AuthenticationFailed | None:
         """One monitor event; the error to raise if the rules say the peer is done for."""
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.no_detail = 0
+            self.handshakes += 1
+            if self.handshakes == 1:
+                self.heard = 1  # the first connection is attached like any new one
             return None
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return self._fail(

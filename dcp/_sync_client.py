@@ -517,6 +517,7 @@ class SyncClient:
                     frames = recv_frames(sock)
                 except zmq.Again:
                     break
+                self._watch.heard = self._watch.handshakes  # handshakes Rule H5
                 resolved = receive(frames)
                 if resolved is not None:
                     done[resolved[0]] = resolved[1]
@@ -526,6 +527,11 @@ class SyncClient:
             if deadline <= now:
                 failed = tracker.expire(now)
                 out, tracker.outbox = tracker.outbox, []
+                if out and self._watch.unheard():
+                    # Handshakes Rule H5: a secure broker ignores this connection.
+                    self._watch.heard = self._watch.handshakes
+                    self._sock.disconnect(self.endpoint)
+                    self._sock.connect(self.endpoint)
                 for frames in out:
                     try:
                         send_frames(self._sock, frames)

@@ -73,6 +73,24 @@ def test_hang_ups_fail_only_in_a_row(secure: bool) -> None:
     assert watch.event(zmq.EVENT_CONNECTED, 5) is None  # not a handshake event
 
 
+def test_a_reconnection_is_unheard_until_a_message_comes() -> None:
+    # Rule H5, CURVE only.
+    watch = HandshakeWatch("tcp://b:1", secure=True, role="client")
+    ok = zmq.EVENT_HANDSHAKE_SUCCEEDED
+    assert not watch.unheard()
+    watch.event(ok, 0)
+    assert not watch.unheard()  # the first connection
+    watch.event(zmq.EVENT_DISCONNECTED, 0)
+    watch.event(ok, 0)
+    assert watch.unheard()
+    watch.heard = watch.handshakes  # a message arrived
+    assert not watch.unheard()
+    plain = HandshakeWatch("tcp://b:1", secure=False, role="client")
+    plain.event(ok, 0)
+    plain.event(ok, 0)
+    assert not plain.unheard()  # ROUTER_HANDOVER: a plaintext reconnection takes over
+
+
 def test_the_error_pickles() -> None:
     failure = AuthenticationFailed("tcp://b:1", "no")
     copy = pickle.loads(pickle.dumps(failure))
