@@ -26,7 +26,7 @@ CASES = {
     "sync_client.py": ["7 squared is 49", "squares: [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]"],
     "secure.py": [
         "alice got HELLO",
-        "mallory got no answer: her key is on no list",
+        "mallory was turned away: the broker refused this client's CURVE key (ZAP status 400)",
         "the worker may not serve payroll",
         "broker refused: registration_refused, zap_denied",
     ],
