@@ -151,6 +151,27 @@ def hangs(
     return out
 
 
+def reruns_worker_survived(
+    worker_events: Sequence[Mapping[str, Any]], faults: Sequence[Mapping[str, Any]]
+) -> int:
+    """Requests run again although the process that ran them first was neither killed nor
+    hung on them: work that should have been delivered, not repeated (issue 17; broker
+    restarts are the case)."""
+    killed = {int(f["pid"]) for f in faults if f["kind"] == "kill_worker"}
+    hung = {(str(ev["id"]), int(ev["pid"])) for ev in worker_events if ev.get("ev") == "hang"}
+    first: dict[str, int] = {}
+    again: set[str] = set()
+    for ev in worker_events:
+        if ev.get("ev") != "run":
+            continue
+        rid = str(ev["id"])
+        if rid in first:
+            again.add(rid)
+        else:
+            first[rid] = int(ev["pid"])
+    return sum(1 for rid in again if first[rid] not in killed and (rid, first[rid]) not in hung)
+
+
 def compute(
     *,
     records: Sequence[Mapping[str, Any]],
@@ -194,6 +215,7 @@ def compute(
         "client_late_dropped": stats["late"],
         "handler_runs": sum(runs.values()),
         "requests_run_more_than_once": sum(1 for n in runs.values() if n > 1),
+        "reruns_worker_survived": reruns_worker_survived(worker_events, faults),
         "latency_ms": _latency_summary(latency),
         "worker_kills": len(kills),
         "worker_kills_confirmed": sum(1 for k in kills if k.get("signal") == 9),
@@ -267,6 +289,7 @@ def render(fig: Mapping[str, Any], settings: str) -> str:
         ("duplicate / late replies dropped by the clients", _pair(fig)),
         ("handler runs (beyond one per reply)", f"{fig['handler_runs']} ({runs_extra:+d})"),
         ("requests run more than once", fig["requests_run_more_than_once"]),
+        ("... of them where the first worker survived", fig["reruns_worker_survived"]),
         (
             "worker SIGKILLs (confirmed)",
             f"{fig['worker_kills']} ({fig['worker_kills_confirmed']})",

@@ -60,7 +60,7 @@ from ._core.admission import Limits
 from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
 from ._core.majordomo import Majordomo
 from ._core.peers import Session, Sessions
-from ._core.unreachable import Unreachable
+from ._core.unreachable import EarlyReplies, Unreachable
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
 from ._guard import Guard
 from ._messages import MessageType, Register, Reply, Request
@@ -104,7 +104,8 @@ class BrokerCore(Majordomo):
     :param busy_timeout: seconds a busy worker that does not beat while busy may be silent
         (peers Rule L3); it is probed meanwhile, so a dead connection is noticed sooner
     :param reply_grace: seconds a reply whose client is not connected is kept and sent
-        again (:mod:`dcp._core.unreachable`; ``None``: ``liveness x heartbeat_interval``)
+        again, and a reply from a peer not registered is kept for it to register
+        (:mod:`dcp._core.unreachable`; ``None``: ``liveness x heartbeat_interval``)
     :param mdp_timeout: seconds an idle Majordomo worker may be silent (its libraries beat
         every 2.5 s by default)
     :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
@@ -161,9 +162,10 @@ class BrokerCore(Majordomo):
         self.allow_foreign_address = allow_foreign_address
         self.busy_timeout = busy_timeout
         #: Replies whose client is not connected yet, sent again for a while (Rules U1-U3).
-        self.unreachable = Unreachable(
-            liveness * heartbeat_interval if reply_grace is None else reply_grace
-        )
+        grace = liveness * heartbeat_interval if reply_grace is None else reply_grace
+        self.unreachable = Unreachable(grace)
+        #: Replies from peers that may be about to register (Rules U4-U5).
+        self.early = EarlyReplies(grace)
         self._next_beat = 0.0
 
     # ------------------------------------------------------------------ input
@@ -238,7 +240,12 @@ class BrokerCore(Majordomo):
                     worker.beats_busy = True
         elif mtype is MessageType.REGISTER:
             assert isinstance(msg, Register)
-            self.register(peer, worker, msg.service, dialect, now, principal)
+            session = self.register(peer, worker, msg.service, dialect, now, principal)
+            if session is not None and len(self.early):
+                # Rule U4: its answers that came ahead of this registration.
+                for early in self.early.registered(peer):
+                    assert isinstance(early, Reply)
+                    self._on_reply(peer, session, early)
         elif worker is None:  # RECONNECT
             self.reject(peer, "unexpected_reconnect", "reconnect from a non-worker")
         else:
@@ -298,7 +305,9 @@ class BrokerCore(Majordomo):
 
     def _on_reply(self, peer: bytes, worker: Session | None, msg: Reply) -> None:
         if worker is None:
-            self.reject(peer, "reply_from_non_worker", "only registered workers may reply")
+            # Rule U4 (dcp._core.unreachable): it may register in a moment.
+            if not self.early.keep(peer, msg, self._now):
+                self.reject(peer, "reply_from_non_worker", "only registered workers may reply")
             return
         client = msg.client
         if client is None:
@@ -423,6 +432,9 @@ class BrokerCore(Majordomo):
             again, expired = self.unreachable.due(now)
             self.outbox += again
             self.counters.dropped_replies += expired
+        if len(self.early):  # Rule U4
+            for peer in self.early.expire(now):
+                self.reject(peer, "reply_from_non_worker", "only registered workers may reply")
         sessions = self.sessions
         for session in sessions.due(now):
             if session.ident not in sessions.workers:

@@ -412,12 +412,38 @@ def test_only_the_most_recent_four_byte_peers_are_remembered() -> None:
     assert [m[3] for m in sent] == [b"\x05", b"\x05\x00\x00\x00"]
 
 
-def test_reply_from_a_non_worker_is_rejected() -> None:
-    core = BrokerCore()
-    feed(core, C1, answer(1, C2))
+def test_reply_from_a_non_worker_is_rejected_once_its_grace_is_over() -> None:
+    core = BrokerCore()  # grace: liveness x heartbeat_interval = 3 s
+    feed(core, C1, answer(1, C2), now=0.0)
+    assert take(core) == []
+    assert core.statistics().rejections == {}  # kept: it may register (unreachable U4)
+    core.expire(2.9)
+    assert core.statistics().rejections == {}
+    core.expire(3.0)
     assert take(core) == []
     assert core.statistics().rejections == {"reply_from_non_worker": 1}
     assert core.statistics().replies == 0
+    # With no grace, at once.
+    core = BrokerCore(reply_grace=0)
+    feed(core, C1, answer(1, C2))
+    assert core.statistics().rejections == {"reply_from_non_worker": 1}
+
+
+def test_answers_ahead_of_a_registration_are_handled_after_it() -> None:
+    # A worker's answers finished while its connection was down reach a restarted broker
+    # ahead of its REGISTER (unreachable Rule U4): routed once it has registered.
+    core = BrokerCore()
+    feed(core, W1, answer(1, C1), now=0.0)
+    feed(core, W1, answer(2, C2), now=0.0)
+    feed(core, W3, answer(3, C1), now=0.0)  # never registers
+    assert take(core) == []
+    feed(core, W1, Register(b"a"), now=0.5)
+    assert take(core) == [out(W1, Register(b"a")), out(C1, answer(1, C1)), out(C2, answer(2, C2))]
+    stats = core.statistics()
+    assert (stats.replies, stats.unmatched, stats.rejections) == (2, 2, {})
+    core.expire(3.0)
+    assert core.statistics().rejections == {"reply_from_non_worker": 1}
+    assert len(core.early) == 0
 
 
 def test_reply_without_client_is_rejected_but_frees_the_worker() -> None:
@@ -551,7 +577,7 @@ def test_a_busy_silent_worker_expires_after_the_busy_timeout_or_work_timeout() -
 
 
 def test_worker_reconnect_means_leaving_and_redelivers() -> None:
-    core = BrokerCore()
+    core = BrokerCore(reply_grace=0)  # a reply from a non-worker is refused at once
     workers(core, W1, W2)
     feed(core, C1, req(1))
     feed(core, C1, req(2))
@@ -718,7 +744,7 @@ def test_invalid_core_options() -> None:
 
 
 def test_statistics_figures() -> None:
-    core = BrokerCore()
+    core = BrokerCore(reply_grace=0)
     workers(core, W1, W2, service=b"a")
     workers(core, W3, service=b"b")
     for n in range(4):

@@ -80,7 +80,7 @@ def test_malformed_work_timeout_options_are_ignored(part: bytes) -> None:
 
 
 def test_a_worker_past_the_work_timeout_is_dropped_and_the_request_redelivered() -> None:
-    core = BrokerCore(heartbeat_interval=100.0)
+    core = BrokerCore(heartbeat_interval=100.0, reply_grace=0)
     workers(core, W1)
     feed(core, C1, timed(1, 5.0), now=0.0)
     [sent] = take(core)

@@ -250,12 +250,17 @@ def test_compute_and_render() -> None:
         {"ev": "run", "id": "c0:3", "pid": 12},
         {"ev": "hang", "mode": "hang-async", "id": "c0:3", "pid": 13, "t": 0.0},
         {"ev": "hang", "mode": "hang-block", "id": "c1:7", "pid": 14, "t": 0.0},
+        # Run by 15 (killed), then again; run by 16 (alive, not hung), then again.
+        {"ev": "run", "id": "c1:1", "pid": 15},
+        {"ev": "run", "id": "c1:1", "pid": 12},
+        {"ev": "run", "id": "c1:2", "pid": 16},
+        {"ev": "run", "id": "c1:2", "pid": 12},
     ]
     faults = [
-        {"kind": "kill_broker", "t": 0.5, "signal": 9},
-        {"kind": "start_broker", "t": 1.0},
-        {"kind": "kill_worker", "t": 1.2, "signal": 9},
-        {"kind": "kill_worker", "t": 1.3, "signal": None},
+        {"kind": "kill_broker", "t": 0.5, "pid": 10, "signal": 9},
+        {"kind": "start_broker", "t": 1.0, "pid": 11},
+        {"kind": "kill_worker", "t": 1.2, "pid": 15, "signal": 9},
+        {"kind": "kill_worker", "t": 1.3, "pid": 17, "signal": None},
     ]
     phases = [Phase("steady", 0, 0.5), Phase("broker down", 0.5, 1.0)]
     phases += [Phase("broker recovery", 1.0, 2.0)]
@@ -271,8 +276,9 @@ def test_compute_and_render() -> None:
     assert fig["sent"] == 9
     assert fig["lost"] == 1
     assert fig["client_retries"] == 2
-    assert fig["handler_runs"] == 2
-    assert fig["requests_run_more_than_once"] == 1
+    assert fig["handler_runs"] == 6
+    assert fig["requests_run_more_than_once"] == 3
+    assert fig["reruns_worker_survived"] == 1  # c1:2 (c0:3's first run hung, c1:1's died)
     assert fig["worker_kills"] == 2
     assert fig["worker_kills_confirmed"] == 1
     assert fig["broker_restarts"] == 1
@@ -290,3 +296,4 @@ def test_compute_and_render() -> None:
     assert "| hung requests answered / by another worker process | 1 / 1 of 2 |" in table
     assert "| hang-block | 14 | - | - |" in table
     assert "| messages refused (last broker) | 0 |" in table
+    assert "| ... of them where the first worker survived | 1 |" in table

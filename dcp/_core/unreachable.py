@@ -1,4 +1,7 @@
-"""Replies whose client is not connected (yet): kept briefly and sent again.
+"""Replies that cannot be handled yet: kept briefly instead of being dropped.
+
+Two cases come with a broker restart: a worker answers before its client has reconnected
+(U1-U3), and a worker's answer reaches the new broker ahead of its registration (U4-U5).
 
 Rule U1 - A reply the broker's socket refuses because its client has no connection (zmq's
   ``EHOSTUNREACH`` with ``ROUTER_MANDATORY``) is kept, not dropped: after a broker restart
@@ -8,11 +11,21 @@ Rule U1 - A reply the broker's socket refuses because its client has no connecti
 U2 - Kept replies are sent again on every timer tick (``heartbeat_interval / 4``) until
   ``grace`` seconds after the first refusal; then dropped and counted (``dropped_replies``).
 U3 - Bounded: at most ``limit`` replies are kept; one more is dropped and counted.
+Rule U4 - A DCP reply from a peer that is not a registered worker is kept (not refused at
+  once) for ``grace`` seconds, at most ``limit`` of them: a worker writes the answers it
+  finished while its connection was down ahead of the REGISTER it sends on the new one
+  (zmq queues them on the socket until it reconnects). If the peer registers within the
+  grace, its kept replies are handled right after the registration, in order, as a
+  worker's. A peer that does not: its replies are refused then (``reply_from_non_worker``,
+  as before).
+U5 - Bounded: beyond ``limit`` kept, a reply from a non-worker is refused at once.
 """
 
 from __future__ import annotations
 
-__all__ = ["Unreachable"]
+from collections import deque
+
+__all__ = ["EarlyReplies", "Unreachable"]
 
 
 class Unreachable:
@@ -60,3 +73,56 @@ class Unreachable:
                 self._resent[key] = deadline
         self.kept = {}
         return again, expired
+
+
+class EarlyReplies:
+    """Rules U4-U5 (module docstring): replies from peers not registered (yet).
+
+    :param grace: seconds a reply is kept for its sender to register
+    :param limit: the most replies kept at once
+    """
+
+    __slots__ = ("_by_peer", "_order", "grace", "limit")
+
+    def __init__(self, grace: float, limit: int = 10_000) -> None:
+        self.grace = grace
+        self.limit = limit
+        #: peer -> its kept replies, oldest first.
+        self._by_peer: dict[bytes, list[object]] = {}
+        #: (deadline, peer, reply), oldest first, for expiry.
+        self._order: deque[tuple[float, bytes, object]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def keep(self, peer: bytes, reply: object, now: float) -> bool:
+        """Rule U4/U5: keep ``reply`` from ``peer``; ``False`` if full or the grace is 0
+        (refuse it now)."""
+        if self.grace <= 0 or len(self._order) >= self.limit:
+            return False
+        self._by_peer.setdefault(peer, []).append(reply)
+        self._order.append((now + self.grace, peer, reply))
+        return True
+
+    def registered(self, peer: bytes) -> list[object]:
+        """``peer`` registered: its kept replies, oldest first, to handle now."""
+        replies = self._by_peer.pop(peer, None)
+        if replies is None:
+            return []
+        kept = set(map(id, replies))
+        self._order = deque(e for e in self._order if id(e[2]) not in kept)
+        return replies
+
+    def expire(self, now: float) -> list[bytes]:
+        """The senders of the replies whose grace is over (one per reply), forgotten."""
+        order = self._order
+        out: list[bytes] = []
+        while order and order[0][0] <= now:
+            _, peer, reply = order.popleft()
+            replies = self._by_peer.get(peer)
+            if replies is not None:
+                replies.remove(reply)
+                if not replies:
+                    del self._by_peer[peer]
+            out.append(peer)
+        return out
