@@ -332,6 +332,8 @@ def run(cfg: Config) -> dict[str, Any]:
     else:
         log_dir = Path(cfg.logs)
         log_dir.mkdir(parents=True, exist_ok=True)
+        # Workers append to it: a --logs directory reused from an earlier run starts afresh.
+        (log_dir / "events.jsonl").unlink(missing_ok=True)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     try:
         with Procs(log_dir) as procs:

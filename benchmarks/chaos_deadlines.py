@@ -79,6 +79,7 @@ def run(cfg: DeadlineConfig) -> dict[str, Any]:
         log_dir.mkdir(parents=True, exist_ok=True)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     events = str(log_dir / "events.jsonl")
+    Path(events).unlink(missing_ok=True)  # a reused --logs directory starts afresh
     pids: list[int] = []
     try:
         with Procs(log_dir) as procs:

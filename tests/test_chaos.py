@@ -297,3 +297,17 @@ def test_compute_and_render() -> None:
     assert "| hang-block | 14 | - | - |" in table
     assert "| messages refused (last broker) | 0 |" in table
     assert "| ... of them where the first worker survived | 1 |" in table
+
+
+def test_restart_while_jobs_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # benchmarks.restart, one short round: the jobs end just after the new broker is up.
+    from benchmarks import restart
+
+    out = tmp_path / "restart.json"
+    argv = ["--rounds", "1", "--jobs", "4", "--work", "1.5", "--json", str(out)]
+    assert restart.main(argv) == 0
+    [fig] = json.loads(out.read_text())["rounds"]
+    assert fig["answered"] == fig["handler_runs"] == 4  # each job run once
+    assert fig["client_retries"] == 0
+    assert fig["new_broker_rejections"] == {}
+    assert "every job answered, run once" in capsys.readouterr().out
