@@ -65,6 +65,7 @@ from .variants import free_port
 
 __all__ = ["Config", "Event", "main", "run", "schedule"]
 
+_KINDS = ("dcp", "majortomo", "dagbox")
 #: Seconds a process may take to start (import, connect, register).
 START_TIMEOUT = 30.0
 
@@ -102,6 +103,10 @@ class Config:
     #: Seconds between starting the clients and the start of the load.
     client_start: float = 1.5
     bucket: float = 0.01
+    #: ``dcp``: every worker is a :class:`dcp.Worker`; ``mixed``: the workers take turns
+    #: being a dcp worker, majortomo's MDP/0.2 Worker and a DagBox-style DCP worker (4-byte
+    #: types), the last two silent while busy (:mod:`benchmarks.chaos_silent`).
+    peers: str = "dcp"
     #: Extra ``dcp broker`` arguments.
     broker_args: tuple[str, ...] = ()
     #: Where the logs and event files go (default: a temporary directory, removed).
@@ -228,6 +233,7 @@ class _Run:
             hang_for=cfg.hang_for,
             heartbeat=cfg.heartbeat,
             liveness=cfg.liveness,
+            kind=_KINDS[index % 3] if cfg.peers == "mixed" and mode == "normal" else "dcp",
         )
         return self.start(f"worker-{index}-{mode}", *argv)
 
@@ -413,6 +419,7 @@ def _drive(state: _Run, events: list[Event]) -> tuple[list[dict[str, Any]], str]
 def settings_line(cfg: Config) -> str:
     return (
         f"{cfg.duration:.0f} s, {cfg.n_cycles} cycle(s), seed {cfg.seed}; {cfg.workers} "
+        f"{'mixed (dcp, majortomo, DagBox-style) ' if cfg.peers == 'mixed' else ''}"
         f"workers (+2 hanging per cycle), {cfg.clients} clients x window {cfg.window}; "
         f"heartbeat {cfg.heartbeat} s x liveness {cfg.liveness}; client timeout "
         f"{cfg.timeout} s x {cfg.retries} retries; broker down {cfg.downtime} s; hangs "
@@ -451,6 +458,12 @@ def _main(argv: Sequence[str] | None) -> int:
     parser.add_argument("--clients", type=int, default=d.clients)
     parser.add_argument("--window", type=int, default=d.window, help="in flight per client")
     parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument(
+        "--peers",
+        choices=["dcp", "mixed"],
+        default=d.peers,
+        help="mixed: dcp workers, majortomo's Worker and DagBox-style DCP workers in turn",
+    )
     parser.add_argument(
         "--heartbeat",
         type=float,
@@ -517,6 +530,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 downtime=args.downtime,
                 hang_for=args.hang_for,
                 work=args.work,
+                peers=args.peers,
                 logs=logs,
             )
             record = run(cfg)

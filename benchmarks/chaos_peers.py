@@ -94,6 +94,7 @@ def worker_argv(
     hang_count: int = 1,
     heartbeat: float = 1.0,
     liveness: int = 3,
+    kind: str = "dcp",
 ) -> list[str]:
     """The arguments of ``python -m`` for a worker process."""
     return [
@@ -121,6 +122,8 @@ def worker_argv(
         str(heartbeat),
         "--liveness",
         str(liveness),
+        "--kind",
+        kind,
     ]
 
 
@@ -417,6 +420,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--count", type=int, default=1, help="workers in this process")
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--liveness", type=int, default=3)
+    p.add_argument(
+        "--kind",
+        choices=["dcp", "majortomo", "dagbox"],
+        default="dcp",
+        help="dcp.Worker, or a worker that is silent while busy (benchmarks.chaos_silent)",
+    )
 
     p = sub.add_parser("client")
     p.add_argument("--endpoint", required=True)
@@ -450,7 +459,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     args = parser.parse_args(argv)
     if args.command == "worker":
-        anyio.run(_serve_workers, args, backend=args.backend)
+        if args.kind == "dcp":
+            anyio.run(_serve_workers, args, backend=args.backend)
+        else:
+            from . import chaos_silent
+
+            serve = {
+                "majortomo": chaos_silent.serve_majortomo,
+                "dagbox": chaos_silent.serve_dagbox,
+            }
+            serve[args.kind](args, EventLog(args.events).write)
         return
     if not math.isfinite(args.until) or args.until < args.start:
         raise SystemExit("chaos_peers client: --until must be a time after --start")

@@ -82,11 +82,14 @@ def _check(record: dict[str, Any], cycles: int) -> None:
 
 @pytest.mark.timeout(120)
 def test_chaos_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    record = _run(tmp_path, "--duration", "12", "--seed", "5")
+    # Mixed peers: dcp workers, majortomo's Worker and DagBox-style DCP workers (the last
+    # two silent while busy) are killed, hung and restarted on alike.
+    record = _run(tmp_path, "--duration", "12", "--seed", "5", "--peers", "mixed")
     _check(record, cycles=1)
     table = capsys.readouterr().out
     assert "| duplicates delivered to the application | 0 |" in table
     assert "| lost (timed out or unfinished) | 0 |" in table
+    assert "mixed (dcp, majortomo, DagBox-style) workers" in table
     assert record["command"].startswith("python -m benchmarks.chaos --duration 12")
 
 
