@@ -65,6 +65,7 @@ def run_round(
         async def drive() -> dict[str, Any]:
             nonlocal broker
             replies: dict[bytes, bytes] = {}
+            errors: Counter[str] = Counter()
             async with (
                 dcp.Client(
                     endpoint,
@@ -77,7 +78,11 @@ def run_round(
 
                 async def call(i: int) -> None:
                     payload = b"job:%d" % i
-                    reply = await client.request("chaos", payload)
+                    try:
+                        reply = await client.request("chaos", payload)
+                    except dcp.DCPError as exc:  # counted: the round fails
+                        errors[type(exc).__name__ + ": " + str(exc)[:60]] += 1
+                        return
                     replies[payload] = reply.data[0]
 
                 for i in range(jobs):
@@ -98,6 +103,7 @@ def run_round(
             stats = client.statistics()
             return {
                 "answered": sum(1 for p, r in replies.items() if r == b"ok:" + p),
+                "errors": dict(errors),
                 "client_retries": stats.retries,
                 "client_duplicates_dropped": stats.duplicates,
                 "reply_after_kill_s": round(time.monotonic() - kill_at[0], 2),
