@@ -66,6 +66,7 @@ from ._stats import BrokerStatistics, ServiceStatistics
 from .wire import mdp
 from .wire.dcp1 import PROTOCOL, TYPE_FRAMES, parse
 from .wire.sniff import Family, sniff
+from .wire.streams import TYPE_FRAMES as STREAM_TYPE_FRAMES
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
 
@@ -190,6 +191,9 @@ class BrokerCore(Majordomo):
         now: float,
         principal: str | None,
     ) -> None:
+        if len(body) > 2 and body[2] in STREAM_TYPE_FRAMES and body[1] == PROTOCOL:
+            self.on_stream(peer, body, worker, now)  # dcp streams (_core/streams.py)
+            return
         try:
             msg, width = parse(body)
         except RemoteProtocolError as exc:
@@ -390,6 +394,8 @@ class BrokerCore(Majordomo):
         pongs, reconnects) in ``undeliverable``.
         """
         peer = frames[0]
+        if self._streams:
+            self.reader_gone(peer)  # streams Rule T3
         worker = self.sessions.workers.get(peer)
         if worker is not None:
             logger.warning("worker %s unreachable (%s): removing it", peer.hex(), why)
@@ -469,6 +475,7 @@ class BrokerCore(Majordomo):
             partials=c.partials,
             expired_in_queue=c.expired_in_queue,
             replaced=c.replaced,
+            streams=self.stream_statistics(),
         )
 
 
