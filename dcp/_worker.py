@@ -5,9 +5,9 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
 import anyio
 import anyio.abc
@@ -40,6 +40,7 @@ from ._worker_core import (
     State,
     WorkerCore,
 )
+from ._worker_streams import WorkerStreams, is_stream_handler
 from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize
 
@@ -52,7 +53,9 @@ HandlerResult: TypeAlias = bytes | Sequence[bytes] | Forward
 AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
 #: ``async def handler(request: dcp.Request) -> bytes | Sequence[bytes] | dcp.Forward``, or
 #: the same as a plain ``def`` (run in a worker thread).
-Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult]
+#: ``async def handler(request)`` with ``yield``: a stream handler (docs/streams.md).
+StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncGenerator[Any, None]]
+Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult] | StreamHandler
 
 #: Messages read per wake-up before other tasks get a turn.
 _BATCH = 64
@@ -163,6 +166,9 @@ class Worker:
         self.service = service.encode() if isinstance(service, str) else bytes(service)
         self._handler = handler
         self._is_async = is_async_handler(handler)
+        #: An async generator function streams its answer (docs/streams.md).
+        self._streaming = is_stream_handler(handler)
+        self._streams = WorkerStreams()
         self._handler_name = handler_name(handler)
         #: Bounds the threads of a plain ``def`` handler (made in :meth:`serve`).
         self._threads: anyio.CapacityLimiter | None = None
@@ -300,6 +306,7 @@ class Worker:
             for out in outs:
                 self._do(out)
             lost = await self._session()
+            self._streams.cancel_all()  # the broker forgot our streams
             if lost is None:
                 return
             self._close(0)
@@ -343,6 +350,8 @@ class Worker:
             batch = asock.drain(_BATCH)
             now = anyio.current_time()
             for received in batch:
+                if self._streams.receive(received.frames):
+                    continue  # a stream's credit or cancel (_worker_streams.py)
                 try:
                     core.receive(received.frames, now)
                 except RemoteProtocolError as exc:
@@ -432,6 +441,22 @@ class Worker:
             self._send_failures += 1
             logger.warning("could not send %s to broker: %s", type(message).__name__, exc)
 
+    async def _send_part(self, frames: list[bytes]) -> None:
+        """Send a stream's part, waiting while zmq's queue is full (dropped if there is no
+        connection: the broker has ended the stream then)."""
+        pause = 0.001
+        while (asock := self._asock) is not None:
+            try:
+                asock.send_nowait(frames)
+                return
+            except zmq.Again:
+                await anyio.sleep(pause)
+                pause = min(2 * pause, 0.05)
+            except zmq.ZMQError as exc:
+                self._send_failures += 1
+                logger.warning("could not send a stream part to broker: %s", exc)
+                return
+
     def _do(self, out: Output) -> None:
         if isinstance(out, Run):
             assert self._tg is not None
@@ -473,6 +498,14 @@ class Worker:
     async def _call(self, request: Request) -> Reply | Request:
         view = handler_view(request)
         try:
+            if self._streaming:
+                return await self._streams.run(
+                    cast(StreamHandler, self._handler),
+                    request,
+                    view,
+                    self._send_part,
+                    lambda: self._core.width,
+                )
             if self._is_async:
                 result: object = await cast(AsyncHandler, self._handler)(view)
             else:

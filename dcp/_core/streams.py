@@ -50,8 +50,8 @@ from .._guard import Guard
 from .._stats import StreamStatistics
 from ..wire import streams as wire
 from ..wire.streams import StreamMessage, StreamType, parse_stream, stream_window
-from .dialects import DcpDialect, Dialect
 from .admission import Limits
+from .dialects import DcpDialect, Dialect
 from .peers import Session, Sessions
 from .queues import Pending
 from .routing import Routing

@@ -33,6 +33,7 @@ __all__ = [
     "StreamType",
     "build",
     "is_stream",
+    "parse_part",
     "parse_stream",
     "stream_option",
     "stream_window",
@@ -98,6 +99,17 @@ def parse_stream(frames: Sequence[bytes]) -> StreamMessage:
     if data:
         raise UnexpectedFrames(f"a CANCEL has no data; got {len(data)} part(s)")
     return StreamMessage(mtype, client, metadata)
+
+
+def parse_part(frames: Sequence[bytes]) -> StreamMessage | None:
+    """A PARTIAL naming a request (first metadata part), or ``None`` for anything else."""
+    try:
+        msg = parse_stream(frames)
+    except RemoteProtocolError:
+        return None
+    if msg.type is not StreamType.PARTIAL or not msg.metadata:
+        return None
+    return msg
 
 
 class BadCredit(RemoteProtocolError):
