@@ -96,6 +96,12 @@ def _control(mtype: wire.StreamType, rid: bytes, n: int = 0) -> list[bytes]:
     return wire.build(mtype, None, (rid,), credit=n)
 
 
+def _answered(done: bool, outcome: Outcome | None) -> bool:
+    """Whether the stream's final answer came from the broker (not a local timeout, not the
+    client closing): then there is nothing to cancel."""
+    return done and outcome is not None and not isinstance(outcome, RequestTimeout)
+
+
 def _end(outcome: Outcome | None, received: int) -> Part | None:
     """What the final outcome means for the reader (Rule C2): a last part, or the end
     (``None``); raises the stream's error."""
@@ -129,7 +135,7 @@ class Stream:
         self._waiter = StreamWaiter()
         self._rid: bytes | None = None
         self._read = 0
-        self._ended = False
+        self._ended = self._closed = False
         #: Parts read so far.
         self.received = 0
 
@@ -157,15 +163,19 @@ class Stream:
         self.close()
 
     def close(self) -> None:
-        """Rule C4: stop reading; the worker is told to stop. Idempotent."""
-        if self._ended or self._rid is None:
-            self._ended = True
+        """Rule C4: stop reading; the worker is told to stop unless the stream ended.
+        Idempotent."""
+        if self._closed:
             return
-        self._ended = True
+        self._closed = self._ended = True
         client = self._client
         rid = self._rid
-        if client._waiters.get(rid) is self._waiter and client._socket is not None:
-            # Closed or full: then the CANCEL is lost, and the stream runs to its end.
+        if rid is None:
+            return
+        if not _answered(self._waiter.done, self._waiter.outcome) and not client._closed:
+            assert client._socket is not None
+            # A full queue loses the CANCEL: the worker then waits for credit that never
+            # comes, until its work timeout (if any) or the broker forgets this client.
             with contextlib.suppress(zmq.ZMQError):
                 client._socket.send_nowait(_control(wire.StreamType.CANCEL, rid))
         client._forget([rid])
@@ -238,7 +248,8 @@ class SyncStream:
         self._grant = max(1, window // 2)
         self._stall = stall_timeout
         self._read = 0
-        self._ended = False
+        self._ended = self._closed = self._final = False
+        self._outcome: Outcome | None = None
         #: Parts read so far.
         self.received = 0
         metadata = (*metadata, wire.stream_option(window))
@@ -258,19 +269,24 @@ class SyncStream:
         self.close()
 
     def __del__(self) -> None:
-        if not self._ended and not self._client._closed:
+        if not self._closed and not self._client._closed:
             self.close()
 
     def close(self) -> None:
-        """Rule C4: stop reading; the worker is told to stop. Idempotent."""
-        if self._ended:
+        """Rule C4: stop reading; the worker is told to stop unless the stream ended.
+        Idempotent."""
+        if self._closed:
             return
-        self._ended = True
+        self._closed = self._ended = True
         client = self._client
         rid = self._rid
         client._stream_parts.pop(rid, None)
-        if client._done.pop(rid, None) is None and not client._closed:
+        outcome = client._done.pop(rid, None)
+        if outcome is None:
             client._tracker.cancel(rid)
+        if outcome is None:
+            outcome = self._outcome
+        if not _answered(outcome is not None, outcome) and not client._closed:
             with contextlib.suppress(zmq.ZMQError):
                 client._sock.send_multipart(
                     _control(wire.StreamType.CANCEL, rid), flags=zmq.NOBLOCK
@@ -307,9 +323,10 @@ class SyncStream:
                 n, self._read = self._read, 0
                 client._send(_control(wire.StreamType.CREDIT, rid, n), time.monotonic() + 1)
             return part
-        self._ended = True
+        self._ended = self._final = True
         client._stream_parts.pop(rid, None)
-        last = _end(done.pop(rid), self.received)
+        self._outcome = done.pop(rid)
+        last = _end(self._outcome, self.received)
         if last is None:
             raise StopIteration
         self.received += 1

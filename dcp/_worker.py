@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeAlias, cast
 
@@ -54,7 +54,7 @@ AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
 #: ``async def handler(request: dcp.Request) -> bytes | Sequence[bytes] | dcp.Forward``, or
 #: the same as a plain ``def`` (run in a worker thread).
 #: ``async def handler(request)`` with ``yield``: a stream handler (docs/streams.md).
-StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncGenerator[Any, None]]
+StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncIterator[Any]]
 Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult] | StreamHandler
 
 #: Messages read per wake-up before other tasks get a turn.

@@ -26,9 +26,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -112,7 +112,7 @@ class WorkerStreams:
 
     async def run(
         self,
-        handler: Callable[[HandlerRequest], AsyncGenerator[Any, None]],
+        handler: Callable[[HandlerRequest], AsyncIterator[Any]],
         request: Request,
         view: HandlerRequest,
         send: Callable[[list[bytes]], Awaitable[None]],
@@ -123,7 +123,7 @@ class WorkerStreams:
         :raises Exception: what the generator raised (the caller answers ``handler_error``)
         """
         window = wire.stream_window(request.metadata)
-        agen = handler(view)
+        agen = cast(AsyncGenerator[Any, None], handler(view))
         if window is None:
             parts: list[bytes] = []
             async with aclosing(agen):
