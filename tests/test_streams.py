@@ -7,6 +7,8 @@ worker killed mid-stream, a slow reader pausing the writer, Majordomo peers on e
 
 from __future__ import annotations
 
+import functools
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +22,10 @@ from majortomo import Client as MtClient
 from test_mdp_peers import majortomo_worker
 
 import dcp
+from dcp._streams import StreamWaiter, deliver_part
+from dcp._worker_streams import WorkerStreams, is_stream_handler
 from dcp.wire import mdp
+from dcp.wire import streams as wire
 
 pytestmark = pytest.mark.anyio
 
@@ -339,3 +344,89 @@ def test_dcp_call_stream_prints_parts_as_they_arrive(tmp_path: Path) -> None:
     finally:
         for proc in procs:
             proc.kill()
+
+
+async def test_stream_objects_misused_exhausted_and_closed() -> None:
+    handler = Counting()
+
+    class Bad:
+        async def __call__(self, request: dcp.HandlerRequest) -> AsyncIterator[object]:
+            yield [b"fine", b"parts"]
+            yield "text"
+
+    async with (
+        serving() as (_, endpoint),
+        dcp.Worker(endpoint, "count", functools.partial(handler)),
+        dcp.Worker(endpoint, "bad", Bad()),
+        dcp.Client(endpoint, timeout=20) as client,
+    ):
+        stream = client.stream("count", b"2")
+        stream.close()  # before it started: nothing to do
+        stream = client.stream("count", b"2")
+        with pytest.raises(RuntimeError, match="async with"):
+            await stream.__anext__()
+        async with stream as parts:
+            assert [p async for p in parts] == [(b"0",), (b"1",)]
+            with pytest.raises(StopAsyncIteration):
+                await parts.__anext__()
+        with pytest.raises(RuntimeError, match="once"):
+            await stream.__aenter__()
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+        # A plain request to a generator that yields a bad part.
+        with pytest.raises(dcp.RemoteError, match="bad_handler_result"):
+            await client.request("bad")
+        async with client.stream("bad") as parts:
+            assert await parts.__anext__() == (b"fine", b"parts")
+            with pytest.raises(dcp.RemoteError, match="yielded str"):
+                await parts.__anext__()
+        # The client closing under a reader.
+        with pytest.raises(anyio.ClosedResourceError):
+            async with client.stream("count", b"1000000", window=2) as parts:
+                await parts.__anext__()
+                await client.aclose()
+                async for _part in parts:
+                    pass
+
+
+def test_a_malformed_part_is_dropped() -> None:
+    waiters: dict[bytes, Any] = {b"rid": StreamWaiter()}
+    assert deliver_part([b"", b"DGBX\x01", b"\x10", b"", b"rid"], waiters) is None
+    frames = wire.build(wire.StreamType.PARTIAL, None, (b"other",), (b"x",))
+    assert deliver_part(frames, waiters) is None
+    frames = wire.build(wire.StreamType.PARTIAL, None, (b"rid",), (b"x",))
+    assert deliver_part(frames, waiters) == deque([(b"x",)])
+
+
+async def test_worker_streams_ignore_what_they_do_not_run() -> None:
+    streams = WorkerStreams()
+    assert not streams.receive([b"", b"DGBX\x01", b"\x05", b"", b"", b""])
+    assert streams.receive([b"", b"DGBX\x01", b"\x11", b"", b"rid", b"", b"x"])  # malformed
+    assert streams.receive(wire.build(wire.StreamType.CREDIT, b"C", (b"rid",), credit=1))
+    assert streams.receive(wire.build(wire.StreamType.CANCEL, b"C", (b"rid",)))
+    assert not streams.receive([b"", b"DGBX\x01", b"\x06"])  # RECONNECT: also the core's
+    assert streams.cancelled == 0
+    assert not is_stream_handler(lambda request: b"")
+
+
+async def test_sync_stream_exhausted_closed_and_collected() -> None:
+    handler = Counting()
+    async with serving() as (_, endpoint), dcp.Worker(endpoint, "count", handler):
+
+        def read() -> None:
+            with dcp.SyncClient(endpoint, timeout=20) as client:
+                parts = client.stream("count", b"2")
+                assert list(parts) == [(b"0",), (b"1",)]
+                with pytest.raises(StopIteration):
+                    next(parts)
+                parts.close()
+                parts.close()
+                with pytest.raises(ValueError, match="stall_timeout"):
+                    client.stream("count", stall_timeout=-1)
+                abandoned = client.stream("count", b"1000000", window=2)
+                assert next(abandoned) == (b"0",)
+                del abandoned  # collected: cancelled
+
+        await anyio.to_thread.run_sync(read)
+        with anyio.fail_after(2):
+            await handler.closed.wait()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from dcp._broker_core import BrokerCore
 from dcp._errors import RemoteProtocolError
 from dcp._guard import Guard
-from dcp._messages import Register, Reply, Request, parse_error_reply
+from dcp._messages import Ping, Register, Reply, Request, parse_error_reply
 from dcp.wire import mdp
 from dcp.wire import streams as wire
 from dcp.wire.dcp1 import parse, serialize
@@ -331,3 +331,23 @@ def test_parts_under_a_guard_carry_sealed_addresses() -> None:
     core.receive([b"W", *wire.build(StreamType.PARTIAL, b"forged", meta(), (b"0",))], 0.0, "kw")
     assert take(core) == []
     assert core.statistics().rejections == {"bad_client_address": 1}
+
+
+def test_mdp01_readers_get_no_parts_and_lost_streams_spare_other_requests() -> None:
+    core = BrokerCore()
+    feed(core, b"W", V02W.worker_ready(SVC))
+    feed(core, b"M1", V01C.client_request(SVC, [b"q"]))
+    take(core)
+    feed(core, b"W", V02W.worker_answer(b"M1", [b"0"], final=False))
+    assert take(core) == []
+    assert core.statistics().rejections == {"partial_dropped": 1}
+    # A DCP worker holding a stream with parts and a plain request: only the plain one
+    # is redelivered when it goes away.
+    core = started()
+    feed(core, b"W", part(b"0"))
+    feed(core, b"W", serialize(Ping()))  # ask for one more
+    feed(core, b"C2", serialize(Request(SVC, None, (b"plain",), (b"x",))))
+    take(core)
+    core.expire(100.0)
+    stats = core.statistics()
+    assert (stats.redeliveries, stats.streams.broken) == (1, 1)
