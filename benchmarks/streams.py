@@ -68,7 +68,7 @@ def _mt_broker(conn: multiprocessing.connection.Connection) -> None:
     import zmq
     from majortomo.broker import Broker
 
-    class Announcing(Broker):  # type: ignore[misc]
+    class Announcing(Broker):
         def bind(self) -> None:
             super().bind()  # type: ignore[no-untyped-call]
             conn.send(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
