@@ -309,7 +309,7 @@ class BrokerCore(Majordomo):
             origin, name = pending.origin, pending.service.name
         else:
             origin, name = self.sessions.dialect_of(client), b""
-        self.outbox.append(origin.reply(client, name, msg.metadata, msg.data))
+        self.answer(client, origin.reply(client, name, msg.metadata, msg.data))
         self.credit(worker, released=pending is not None)
 
     def _admitted(self, peer: bytes, principal: str | None) -> bool:
@@ -393,9 +393,9 @@ class BrokerCore(Majordomo):
         message is dropped and counted: replies in ``dropped_replies``, the rest (echoes,
         pongs, reconnects) in ``undeliverable``.
         """
+        if self.undelivered(frames, why):
+            return  # held for a full socket (streams Rule T3)
         peer = frames[0]
-        if self._streams:
-            self.reader_gone(peer)  # streams Rule T3
         worker = self.sessions.workers.get(peer)
         if worker is not None:
             logger.warning("worker %s unreachable (%s): removing it", peer.hex(), why)

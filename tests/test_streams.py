@@ -8,6 +8,8 @@ worker killed mid-stream, a slow reader pausing the writer, Majordomo peers on e
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -430,3 +432,25 @@ async def test_sync_stream_exhausted_closed_and_collected() -> None:
         await anyio.to_thread.run_sync(read)
         with anyio.fail_after(2):
             await handler.closed.wait()
+
+
+def test_the_streams_benchmark_runs(tmp_path: Path) -> None:
+    """``benchmarks.streams --tiny``: every variant moves its parts and the section is
+    written into the page (the full run's figures are in docs/performance.md)."""
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n")
+    command = [sys.executable, "-m", "benchmarks.streams", "--tiny", "--rounds", "1"]
+    proc = subprocess.run(
+        [*command, "--page", str(page)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text()
+    assert "## Streams: one stream against unary requests" in text
+    for variant in ("dcp stream", "dcp unary", "majortomo partials", "via dcp"):
+        assert text.count(f"| {variant}") >= 2 or variant == "via dcp"
+    assert "Traceback" not in proc.stderr

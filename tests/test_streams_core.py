@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dcp._broker_core import BrokerCore
+from dcp._core.streams import MAX_HELD
 from dcp._errors import RemoteProtocolError
 from dcp._guard import Guard
 from dcp._messages import Ping, Register, Reply, Request, parse_error_reply
@@ -31,6 +32,10 @@ def feed(core: BrokerCore, peer: bytes, frames: list[bytes], now: float = 0.0) -
 def take(core: BrokerCore) -> list[list[bytes]]:
     sent, core.outbox = core.outbox, []
     return sent
+
+
+def stalled(core: BrokerCore) -> bool:
+    return core.stalled
 
 
 def meta(window: int | None = 2) -> tuple[bytes, ...]:
@@ -287,13 +292,28 @@ def test_mdp02_readers_get_parts_and_the_broker_grants_credit() -> None:
     # Half the window used: the broker tops the worker's credit up.
     assert sent[16] == [b"W", *wire.build(StreamType.CREDIT, b"M", (option,), credit=16)]
     assert sent[17] == [b"M", *V02C.client_answer(SVC, [b"16"], final=False)]
-    # A part the client's socket cannot take ends the stream (Rule T5).
+    # A part the client's socket cannot take is held, with what follows, and the worker
+    # gets no more credit (it pauses).
     core.undeliverable(sent[17], "full")
-    assert take(core) == [[b"W", *wire.build(StreamType.CANCEL, b"M", (option,))]]
-    assert core.statistics().streams.cancelled == 1
+    assert stalled(core)
+    for i in range(17, 32):
+        feed(core, b"W", wire.build(StreamType.PARTIAL, b"M", (option,), (b"%d" % i,)))
+    feed(core, b"W", serialize(Reply(b"M", (option,), ())))  # the end, held too
+    assert take(core) == []
+    # The retry sends them in order; once it went out whole, the streams get credit.
+    core.retry_held()
+    resent = take(core)
+    assert resent[0] == sent[17]
+    assert resent[1:16] == [
+        [b"M", *V02C.client_answer(SVC, [b"%d" % i], final=False)] for i in range(17, 32)
+    ]
+    assert resent[16] == [b"M", *V02C.client_answer(SVC, [], final=True)]
+    core.retry_held()
+    assert take(core) == []  # that stream has ended: nothing to top up
+    assert not stalled(core)
+    stats = core.statistics()
+    assert (stats.streams.open, stats.dropped_replies, stats.partials) == (0, 0, 32)
     # MDP/0.1 clients get no parts (their requests carry no option).
-    feed(core, b"W", serialize(Reply(b"M", (option,), ())))
-    take(core)
     feed(core, b"M1", V01C.client_request(SVC, [b"q"]))
     [given_] = take(core)
     assert parse(given_[1:])[0] == Request(SVC, b"M1", (), (b"q",))
@@ -351,3 +371,57 @@ def test_mdp01_readers_get_no_parts_and_lost_streams_spare_other_requests() -> N
     core.expire(100.0)
     stats = core.statistics()
     assert (stats.redeliveries, stats.streams.broken) == (1, 1)
+
+
+def test_held_parts_pause_the_worker_until_a_retry_goes_out_whole() -> None:
+    """Rule T3 in detail: credit comes back only after a whole retry; a client that is gone
+    cancels; holding is bounded."""
+    core = BrokerCore()
+    feed(core, b"W", serialize(Register(SVC)))
+    feed(core, b"M", V02C.client_request(SVC, [b"q"]))
+    take(core)
+    option = (wire.stream_option(32),)
+
+    def worker_part(i: int) -> None:
+        feed(core, b"W", wire.build(StreamType.PARTIAL, b"M", option, (b"%d" % i,)))
+
+    for i in range(10):
+        worker_part(i)
+    first = take(core)
+    core.undeliverable(first[5], "full")
+    for frames in first[6:]:
+        core.undeliverable(frames, "gone")  # the rest of that flush, in order
+    core.retry_held()
+    assert take(core) == first[5:]
+    for i in range(10, 20):
+        worker_part(i)  # while the retry's fate is unknown: sent, but no credit yet
+    assert len(take(core)) == 10
+    core.retry_held()  # the retry went out whole: credit again (20 used, 12 left -> 32)
+    assert take(core) == [[b"W", *wire.build(StreamType.CREDIT, b"M", option, credit=20)]]
+    # A client that is gone: its streams are cancelled.
+    core.undeliverable([b"M", *V02C.client_answer(SVC, [b"x"], final=False)], "gone")
+    assert take(core) == [[b"W", *wire.build(StreamType.CANCEL, b"M", option)]]
+    assert core.statistics().dropped_replies == 1
+    # Bounded: a worker without credit (an MDP one) fills the hold; then parts are dropped.
+    core = BrokerCore()
+    feed(core, b"W", V02W.worker_ready(SVC))
+    feed(core, b"M", V02C.client_request(SVC, [b"q"]))
+    take(core)
+    core.undeliverable([b"M", *V02C.client_answer(SVC, [b"x"], final=False)], "full")
+    for i in range(MAX_HELD):  # one held already: the last one is dropped
+        feed(core, b"W", V02W.worker_answer(b"M", [b"%d" % i], final=False))
+    assert take(core) == []
+    assert core.statistics().rejections["partial_dropped"] == 1
+    core.retry_held()
+    assert len(take(core)) == MAX_HELD
+    core.undeliverable([b"M", *V02C.client_answer(SVC, [b"x"], final=False)], "full")
+    for _ in range(MAX_HELD + 1):  # the driver's rest of a flush, past the bound
+        core.undeliverable([b"M", *V02C.client_answer(SVC, [b"y"], final=False)], "gone")
+    assert core.statistics().rejections["partial_dropped"] == 3
+    # A full DCP reader is not held: its stream is cancelled.
+    core = started()
+    feed(core, b"W", part(b"0"))
+    [frames] = take(core)
+    core.undeliverable(frames, "full")
+    assert take(core) == [to_worker(StreamType.CANCEL)]
+    assert not stalled(core)

@@ -107,12 +107,13 @@ class Majordomo(Streams):
         client, pending = answered
         self.counters.replies += 1
         if pending is not None:
-            self.outbox.append(
-                pending.origin.reply(client, pending.service.name, pending.metadata, event.body)
+            self.answer(  # after what is held for the client (streams Rule T3)
+                client,
+                pending.origin.reply(client, pending.service.name, pending.metadata, event.body),
             )
         else:
             origin = self.sessions.dialect_of(client)
-            self.outbox.append(origin.reply(client, b"", (), event.body))
+            self.answer(client, origin.reply(client, b"", (), event.body))
         self.credit(worker, released=pending is not None)
 
     def _expel(self, worker: Session) -> None:

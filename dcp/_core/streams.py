@@ -19,11 +19,16 @@ Rule T2 - Credit. A stream's credit starts at its window; each part forwarded ta
   and the reader an error reply ``stream_overrun``. So at most *window* parts of one stream
   are ever outstanding, whatever the reader's speed.
 Rule T3 - Readers without credit. An MDP/0.2 or majortomo client has no credit: the broker
-  asks for a stream on its behalf (it adds the stream option with ``stream_window`` to the
+  asks for a stream on its behalf (it adds the stream option with ``STREAM_WINDOW`` to the
   request) and is the reader towards the worker: it grants the worker credit again as it
-  writes parts to the client's socket (topping it up to the window once half is used).
-  Pushing back further is zmq's: a part the client's socket cannot take (its high-water
-  mark, or the client is gone) ends the stream (Rule T5's cancel towards the worker).
+  writes parts to the client's socket (topping it up to the window once half is used). A
+  part the client's socket cannot take (its high-water mark) is *held*, with everything
+  after it for that client (parts and final replies, in order; at most ``MAX_HELD``), and
+  the worker gets no more credit: it pauses. The driver retries held messages every few
+  milliseconds (:meth:`Streams.retry_held`); once a retry went out whole, the client's
+  streams get credit again. A held part beyond ``MAX_HELD`` (only a worker without credit,
+  Rule T4, gets there) is dropped and counted (``partial_dropped``) and the stream
+  cancelled. A client that is gone cancels its streams (Rule T5).
 Rule T4 - Writers without credit. A Majordomo worker's partials are forwarded as they come
   (MDP has no credit and no cancel): a cancel only stops forwarding them.
 Rule T5 - Cancel. A CANCEL from the reader (or a part its socket could not take) is relayed
@@ -43,11 +48,12 @@ bound the whole stream), or read frames other than the stream messages.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from .._guard import Guard
 from .._stats import StreamStatistics
+from ..wire import mdp
 from ..wire import streams as wire
 from ..wire.streams import StreamMessage, StreamType, parse_stream, stream_window
 from .admission import Limits
@@ -62,6 +68,9 @@ __all__ = ["Stream", "Streams"]
 STREAM_WINDOW = 32
 #: Early cancels remembered (Rule T5).
 MAX_CANCELLED = 10_000
+#: Messages held per client without credit whose socket is full (Rule T3).
+MAX_HELD = 2 * STREAM_WINDOW + 1
+_MDP_C02 = mdp.C02
 
 
 class Stream:
@@ -106,6 +115,10 @@ class Streams(Routing):
         self._streams: dict[Pending, Stream] = {}
         self._stream_keys: dict[tuple[bytes, bytes], Stream] = {}
         self._early_cancels: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+        # Rule T3: messages held for clients whose socket was full, and the clients whose
+        # held messages the last retry sent.
+        self._held_out: dict[bytes, deque[list[bytes]]] = {}
+        self._retried: set[bytes] = set()
         self._stream_stats = {"cancelled": 0, "broken": 0, "overruns": 0, "outstanding_max": 0}
 
     # ------------------------------------------------------------------ input
@@ -179,7 +192,7 @@ class Streams(Routing):
             self._stream_stats["overruns"] += 1
             self.reject(peer, "stream_overrun", "a part sent without credit")
             self._cancel(stream)
-            self.error_reply(pending, "stream_overrun", "the worker sent a part without credit")
+            self._error(pending, "stream_overrun", "the worker sent a part without credit")
             return
         self._forward(stream, msg.data)
 
@@ -252,14 +265,28 @@ class Streams(Routing):
             if stream.outstanding > self._stream_stats["outstanding_max"]:
                 self._stream_stats["outstanding_max"] = stream.outstanding
             return
-        self.outbox.append(
-            origin.reply(client, pending.service.name, pending.metadata, data, final=False)
-        )
-        if stream.credit <= stream.window // 2:
-            # Rule T3: the broker reads for this client; top the worker's credit up.
+        frames = origin.reply(client, pending.service.name, pending.metadata, data, final=False)
+        held = self._held_out.get(client)
+        if held is not None:
+            self._hold(stream, held, frames)  # Rule T3: after what is held; no credit
+            return
+        self.outbox.append(frames)
+        if client not in self._retried and stream.credit <= stream.window // 2:
+            self._top_up(stream)
+
+    def _top_up(self, stream: Stream) -> None:
+        """Rule T3: the broker reads for this client; top the worker's credit up."""
+        if stream.credit < stream.window:
             grant = stream.window - stream.credit
             stream.credit = stream.window
             self._relay_credit(stream, grant)
+
+    def _hold(self, stream: Stream, held: deque[list[bytes]], frames: list[bytes]) -> None:
+        if len(held) < MAX_HELD:
+            held.append(frames)
+        else:
+            self.counters.count("partial_dropped")
+            self._cancel(stream)
 
     def _relay_credit(self, stream: Stream, n: int) -> None:
         pending = stream.pending
@@ -289,11 +316,64 @@ class Streams(Routing):
         frames = wire.build(mtype, client, metadata, credit=n, width=dialect.width)
         self.outbox.append([worker.ident, *frames])
 
-    def reader_gone(self, ident: bytes) -> None:
-        """Rule T3/T5: a message to ``ident`` could not be delivered: cancel its streams."""
-        for stream in list(self._streams.values()):
-            if stream.pending.client == ident and not stream.cancelled:
-                self._cancel(stream)
+    def _error(self, pending: Pending, code: str, message: str) -> None:
+        """An error reply ending ``pending``'s stream (after what is held, Rule T3)."""
+        client = pending.client
+        self.answer(
+            client,
+            pending.origin.error(client, pending.service.name, pending.metadata, code, message),
+        )
+
+    def answer(self, client: bytes, frames: list[bytes]) -> None:
+        """Send a final reply to ``client`` (after its held messages, Rule T3)."""
+        held = self._held_out.get(client)
+        if held is None:
+            self.outbox.append(frames)
+        else:
+            held.append(frames)
+
+    def undelivered(self, frames: list[bytes], why: str) -> bool:
+        """Rules T3, T5: the driver could not send ``frames``. An answer to an MDP/0.2 or
+        majortomo client whose socket is full is held (returns ``True``: handled); a reader
+        that is gone has its streams cancelled (returns ``False``: counted as usual)."""
+        peer = frames[0]
+        held = self._held_out.get(peer)
+        if held is None:
+            if why == "full" and _MDP_C02 in frames[1:3]:
+                held = self._held_out[peer] = deque()
+            else:
+                if self._streams:
+                    for stream in list(self._streams.values()):
+                        if stream.pending.client == peer and not stream.cancelled:
+                            self._cancel(stream)
+                return False
+        # After a failure, the driver fails the rest of its flush to that peer (in order).
+        if len(held) < MAX_HELD:
+            held.append(frames)
+        else:
+            self.counters.count("partial_dropped")
+        return True
+
+    @property
+    def stalled(self) -> bool:
+        """Whether messages are held for full sockets, or were just retried (the driver then
+        calls :meth:`retry_held` within a few milliseconds)."""
+        return bool(self._held_out or self._retried)
+
+    def retry_held(self) -> None:
+        """Rule T3: send what is held again (the driver calls it while :attr:`stalled`).
+        Clients whose last retry went out whole get credit again for their streams."""
+        retried = self._retried
+        if retried:
+            delivered = retried.difference(self._held_out)
+            if delivered:
+                for stream in list(self._streams.values()):
+                    if stream.key is None and stream.pending.client in delivered:
+                        self._top_up(stream)
+        held, self._held_out = self._held_out, {}
+        self._retried = set(held)
+        for messages in held.values():
+            self.outbox.extend(messages)
 
     # ------------------------------------------------------------- overrides
 
@@ -318,7 +398,7 @@ class Streams(Routing):
                 if not stream.cancelled:
                     self._stream_stats["broken"] += 1
                     self.counters.count("stream_broken")
-                    self.error_reply(
+                    self._error(
                         pending,
                         "stream_broken",
                         f"the worker went away after {stream.parts} part(s)",
