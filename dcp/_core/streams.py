@@ -3,8 +3,9 @@
 A *stream* is a request whose answer comes in parts (frames in :mod:`dcp.wire.streams`,
 the whole design in ``docs/streams.md``). The broker relays parts from the worker to the
 reader and credit and cancels from the reader to the worker, and polices the credit. It
-never stores a part: a part is written to the reader's socket at once, and credit bounds
-how many parts of one stream are between the broker and its reader (*outstanding*).
+stores no part of a dcp reader's stream: a part is written to the reader's socket at once,
+and credit bounds how many parts of one stream are between the broker and its reader
+(*outstanding*). Only for readers without credit does it hold a bounded few (Rule T3).
 
 Rule T1 - Open. The broker knows a stream from the first PARTIAL its worker sends for a
   request it holds (matched by client address and metadata, as a reply is; a Majordomo
@@ -42,7 +43,7 @@ Rule T6 - No redelivery after a part. A worker that goes away holding a request 
   yet is redelivered as any request.
 Rule T7 - End. The final reply ends the stream (it is routed as any reply).
 
-What this module does NOT do: buffer parts, time streams (work timeouts, routing Rule 7,
+What this module does NOT do: buffer parts beyond Rule T3's bound, time streams (work timeouts, routing Rule 7,
 bound the whole stream), or read frames other than the stream messages.
 """
 
