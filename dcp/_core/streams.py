@@ -43,8 +43,9 @@ Rule T6 - No redelivery after a part. A worker that goes away holding a request 
   yet is redelivered as any request.
 Rule T7 - End. The final reply ends the stream (it is routed as any reply).
 
-What this module does NOT do: buffer parts beyond Rule T3's bound, time streams (work timeouts, routing Rule 7,
-bound the whole stream), or read frames other than the stream messages.
+What this module does NOT do: buffer parts beyond Rule T3's bound, time streams (work
+timeouts, routing Rule 7, bound the whole stream), or read frames other than the stream
+messages.
 """
 
 from __future__ import annotations
