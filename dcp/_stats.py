@@ -78,6 +78,8 @@ class StreamStatistics:
     broken: int = 0
     #: Parts a worker sent without credit (the stream is ended with ``stream_overrun``).
     overruns: int = 0
+    #: Messages held because a reader's socket was full (MDP readers; retried until sent).
+    held: int = 0
 
 
 @attrs.frozen

@@ -454,3 +454,35 @@ def test_the_streams_benchmark_runs(tmp_path: Path) -> None:
     for variant in ("dcp stream", "dcp unary", "majortomo partials", "via dcp"):
         assert text.count(f"| {variant}") >= 2 or variant == "via dcp"
     assert "Traceback" not in proc.stderr
+
+
+async def test_a_slow_mdp02_reader_pauses_a_dcp_worker_and_loses_nothing() -> None:
+    """Streams Rule T3 with real sockets: the broker's queue to the MDP client is tiny
+    (inproc, high-water marks of 4), so parts are held and the worker paused; every part
+    arrives, in order, and nothing is dropped."""
+    handler = Counting()
+    broker = dcp.Broker("inproc://streams-slow-mdp", send_hwm=4)
+    async with anyio.create_task_group() as tg:
+        [endpoint] = await tg.start(broker.serve)
+        async with dcp.Worker(endpoint, "count", handler) as worker:
+            with Peers(endpoint) as peers:
+                reader = peers(b"M", rcvhwm=4)
+                reader.send_frames(V02C.client_request(b"count", [b"200"]))
+                got = []
+                ahead = 0
+                for _ in range(201):
+                    got.append(await reader.recv_frames())
+                    ahead = max(ahead, handler.produced - len(got))
+                    await anyio.sleep(0.002)  # far slower than the worker
+        tg.cancel_scope.cancel()
+    assert got == [
+        *(V02C.client_answer(b"count", [b"%d" % i], final=False) for i in range(200)),
+        V02C.client_answer(b"count", [], final=True),
+    ]
+    # Paused: never more ahead than the queues, the broker's hold and one window.
+    assert ahead <= 4 + 4 + 65 + 32
+    assert worker._streams.credit_waits > 0
+    stats = broker.statistics()
+    assert stats.dropped_replies == 0
+    assert "partial_dropped" not in stats.rejections
+    assert stats.streams.held > 0

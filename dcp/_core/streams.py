@@ -121,7 +121,13 @@ class Streams(Routing):
         # held messages the last retry sent.
         self._held_out: dict[bytes, deque[list[bytes]]] = {}
         self._retried: set[bytes] = set()
-        self._stream_stats = {"cancelled": 0, "broken": 0, "overruns": 0, "outstanding_max": 0}
+        self._stream_stats = {
+            "cancelled": 0,
+            "broken": 0,
+            "overruns": 0,
+            "outstanding_max": 0,
+            "held": 0,
+        }
 
     # ------------------------------------------------------------------ input
 
@@ -352,6 +358,7 @@ class Streams(Routing):
         # After a failure, the driver fails the rest of its flush to that peer (in order).
         if len(held) < MAX_HELD:
             held.append(frames)
+            self._stream_stats["held"] += 1
         else:
             self.counters.count("partial_dropped")
         return True
@@ -418,6 +425,7 @@ class Streams(Routing):
             cancelled=stats["cancelled"],
             broken=stats["broken"],
             overruns=stats["overruns"],
+            held=stats["held"],
         )
 
 
