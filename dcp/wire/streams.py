@@ -19,16 +19,22 @@ which is how a worker names the request. Only peers that asked for a stream ever
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import typing
 
 import attrs
 
-from .._errors import RemoteProtocolError, UnexpectedFrames
-from .._messages import OPTION_PREFIX
-from .dcp1 import PROTOCOL, _split_body
+from .. import _errors
+from .._messages import OPTION_PREFIX as _OPTION_PREFIX
+from . import dcp1 as _dcp1
+
+if typing.TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
+    "MAX_CREDIT",
     "STREAM_OPTION",
+    "TYPE_FRAMES",
+    "BadCredit",
     "StreamMessage",
     "StreamType",
     "build",
@@ -39,8 +45,10 @@ __all__ = [
     "stream_window",
 ]
 
+_PROTOCOL = _dcp1.PROTOCOL
+
 #: The metadata option that asks for a stream; its value is the reader's first credit.
-STREAM_OPTION = OPTION_PREFIX + b"stream="
+STREAM_OPTION = _OPTION_PREFIX + b"stream="
 #: Largest credit (and window) written or read.
 MAX_CREDIT = 999_999_999
 
@@ -77,7 +85,7 @@ class StreamMessage:
 
 def is_stream(frames: Sequence[bytes]) -> bool:
     """Whether ``frames`` (DEALER view) is a DCP message of a stream type."""
-    return len(frames) > 2 and frames[2] in TYPE_FRAMES and frames[1] == PROTOCOL
+    return len(frames) > 2 and frames[2] in TYPE_FRAMES and frames[1] == _PROTOCOL
 
 
 def parse_stream(frames: Sequence[bytes]) -> StreamMessage:
@@ -88,7 +96,7 @@ def parse_stream(frames: Sequence[bytes]) -> StreamMessage:
     """
     tframe = frames[2]
     mtype = _CODES[tframe[0] if len(tframe) == 1 else int.from_bytes(tframe, "little")]
-    client, metadata, data = _split_body(frames, 3)
+    client, metadata, data = _dcp1._split_body(frames, 3)
     if mtype is StreamType.PARTIAL:
         return StreamMessage(mtype, client, metadata, data)
     if mtype is StreamType.CREDIT:
@@ -97,7 +105,7 @@ def parse_stream(frames: Sequence[bytes]) -> StreamMessage:
             raise BadCredit("a CREDIT's data must be one count of 1 to 9 ASCII digits")
         return StreamMessage(mtype, client, metadata, credit=n)
     if data:
-        raise UnexpectedFrames(f"a CANCEL has no data; got {len(data)} part(s)")
+        raise _errors.UnexpectedFrames(f"a CANCEL has no data; got {len(data)} part(s)")
     return StreamMessage(mtype, client, metadata)
 
 
@@ -105,14 +113,14 @@ def parse_part(frames: Sequence[bytes]) -> StreamMessage | None:
     """A PARTIAL naming a request (first metadata part), or ``None`` for anything else."""
     try:
         msg = parse_stream(frames)
-    except RemoteProtocolError:
+    except _errors.RemoteProtocolError:
         return None
     if msg.type is not StreamType.PARTIAL or not msg.metadata:
         return None
     return msg
 
 
-class BadCredit(RemoteProtocolError):
+class BadCredit(_errors.RemoteProtocolError):
     """A CREDIT whose count is not 1 to 9 ASCII digits."""
 
     reason = "bad_credit"
@@ -135,7 +143,7 @@ def build(
     width: int = 1,
 ) -> list[bytes]:
     """The frames (DEALER view) of a stream message."""
-    frames = [b"", PROTOCOL, _TFRAMES[width][mtype]]
+    frames = [b"", _PROTOCOL, _TFRAMES[width][mtype]]
     if client is not None:
         frames.append(client)
     frames.append(b"")
