@@ -290,11 +290,15 @@ async def test_sync_client_stream() -> None:
         yield b"one"
         await anyio.sleep_forever()
 
+    async def plain(request: dcp.HandlerRequest) -> bytes:
+        return b"whole"
+
     handler = Counting()
     async with (
         serving() as (_, endpoint),
         dcp.Worker(endpoint, "count", handler),
         dcp.Worker(endpoint, "stall", stall),
+        dcp.Worker(endpoint, "plain", plain),
     ):
 
         def read() -> tuple[list[tuple[bytes, ...]], list[tuple[bytes, ...]]]:
@@ -314,6 +318,9 @@ async def test_sync_client_stream() -> None:
                 ):
                     stalled.extend(parts)
                 assert stalled == [(b"one",)]
+                # A worker that does not stream: its reply is the one last part.
+                with client.stream("plain") as parts:
+                    assert list(parts) == [(b"whole",)]
                 return everything, some
 
         everything, some = await anyio.to_thread.run_sync(read)
