@@ -196,6 +196,7 @@ class StreamBroken(RemoteError):
     def __init__(self, message: str, parts: int) -> None:
         super().__init__("stream_broken", f"{message} ({parts} part(s) received)")
         self.parts = parts
+        self._said = message
 
     def __reduce__(self) -> tuple[type[StreamBroken], tuple[str, int]]:
-        return (type(self), (self.message, self.parts))
+        return (type(self), (self._said, self.parts))

@@ -18,12 +18,14 @@ from typing import Any
 
 import anyio
 import pytest
+import zmq
 from _cli_procs import Proc, start, start_broker
 from _raw import Peers, wait_for
 from majortomo import Client as MtClient
 from test_mdp_peers import majortomo_worker
 
 import dcp
+from dcp._context import get_context
 from dcp._streams import StreamWaiter, deliver_part
 from dcp._worker_streams import WorkerStreams, is_stream_handler
 from dcp.wire import mdp
@@ -47,12 +49,15 @@ class Counting:
     """A stream handler: ``int(data[0])`` parts (``b"<i>"``, or 64 KiB each with ``big``),
     counting what it produced and whether its ``finally`` ran."""
 
-    def __init__(self, *, big: bool = False, pause_after: int | None = None) -> None:
+    def __init__(
+        self, *, big: bool = False, pause_after: int | None = None, repeat: int = 8192
+    ) -> None:
         self.produced = 0
         self.closed = anyio.Event()
         self.started = anyio.Event()
         self.big = big
         self.pause_after = pause_after
+        self.repeat = repeat
 
     async def __call__(self, request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
         self.started.set()
@@ -61,7 +66,7 @@ class Counting:
                 if i == self.pause_after:
                     await anyio.sleep_forever()  # busy, not at a yield
                 self.produced += 1
-                yield (b"%08d" % i) * 8192 if self.big else b"%d" % i
+                yield (b"%08d" % i) * self.repeat if self.big else b"%d" % i
         finally:
             self.closed.set()
 
@@ -493,3 +498,59 @@ async def test_a_slow_mdp02_reader_pauses_a_dcp_worker_and_loses_nothing() -> No
     assert stats.dropped_replies == 0
     assert "partial_dropped" not in stats.rejections
     assert stats.streams.held > 0
+
+
+async def test_a_worker_waits_for_room_in_its_own_send_queue() -> None:
+    """With ample credit and a broker that does not read for a while (a raw ROUTER here),
+    the worker's zmq queue fills: the parts wait for room (none is lost) and arrive in
+    order."""
+    router: zmq.Socket[bytes] = get_context().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVHWM, 8)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    handler = Counting(big=True, repeat=512)  # 4 KiB parts
+    rid = b"\xffDCP:id=" + b"w" * 16
+    metadata = [rid, wire.stream_option(10_000)]
+
+    async def recv() -> list[bytes]:
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    return router.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    await anyio.sleep(0.001)
+
+    try:
+        worker = dcp.Worker(f"tcp://127.0.0.1:{port}", "big", handler, heartbeat_interval=5)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.serve)
+            ident, *register = await recv()
+            router.send_multipart([ident, *register])  # the echo: registered
+            request = [b"", b"DGBX\x01", b"\x04", b"big", b"C", b"", *metadata, b"", b"4000"]
+            router.send_multipart([ident, *request])
+            with anyio.fail_after(10):
+                while handler.produced < 1000:  # noqa: ASYNC110 (a counter, not an event)
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.2)  # the worker is stuck on a full queue now
+            assert handler.produced < 4000
+            parts: list[list[bytes]] = []
+            while len(parts) < 4001:
+                frames = await recv()
+                if frames[3] in (b"\x10", b"\x05"):
+                    parts.append(frames)
+            tg.cancel_scope.cancel()
+    finally:
+        router.close(0)
+    assert [p[-1][:8] for p in parts[:4000]] == [b"%08d" % i for i in range(4000)]
+    assert parts[4000][3] == b"\x05"  # the final reply
+
+
+def test_stream_broken_pickles() -> None:
+    import pickle
+
+    error = pickle.loads(pickle.dumps(dcp.StreamBroken("gone", 3)))
+    assert (error.code, error.parts, error.message) == (
+        "stream_broken",
+        3,
+        "gone (3 part(s) received)",
+    )
