@@ -22,6 +22,7 @@ from ._errors import RegistrationRefused as RegistrationRefused
 from ._errors import RemoteError as RemoteError
 from ._errors import RemoteProtocolError as RemoteProtocolError
 from ._errors import RequestTimeout as RequestTimeout
+from ._errors import StreamBroken as StreamBroken
 from ._errors import TooFewFrames as TooFewFrames
 from ._errors import TooManyFrames as TooManyFrames
 from ._errors import UnexpectedFrames as UnexpectedFrames
@@ -43,7 +44,10 @@ from ._results import HandlerRequest as HandlerRequest
 from ._security import CurveClient as CurveClient
 from ._security import CurveServer as CurveServer
 from ._stats import ClientStatistics as ClientStatistics
+from ._stats import StreamStatistics as StreamStatistics
 from ._stats import WorkerStatistics as WorkerStatistics
+from ._streams import Stream as Stream
+from ._streams import SyncStream as SyncStream
 from ._sync_client import SyncClient as SyncClient
 from ._worker import Worker as Worker
 from .wire.dcp1 import PROTOCOL as PROTOCOL
@@ -89,7 +93,11 @@ __all__ = [
     "RequestTimeout",
     "Response",
     "ServiceStatistics",
+    "Stream",
+    "StreamBroken",
+    "StreamStatistics",
     "SyncClient",
+    "SyncStream",
     "TooFewFrames",
     "TooManyFrames",
     "UnexpectedFrames",

@@ -50,6 +50,9 @@ class _Call:
         self.done = threading.Event()
 
 
+#: How soon (ms) the I/O thread retries messages held for full sockets (streams Rule T3).
+_RETRY_MS = 2
+
 logger = logging.getLogger("dcp.broker")
 
 
@@ -427,7 +430,12 @@ class Broker:
                 core.expire(now)
                 self._flush(asock)
                 next_tick = now + period
-            ready = poll(max(0, int((next_tick - now) * 1000) + 1))
+            if core.stalled:  # messages held for full sockets (_core/streams.py Rule T3)
+                core.retry_held()
+                self._flush(asock)
+                ready = poll(_RETRY_MS)
+            else:
+                ready = poll(max(0, int((next_tick - now) * 1000) + 1))
             if ready and any(s is wake for s, _ in ready):
                 if wake.recv() == _STOP:
                     return
@@ -463,6 +471,8 @@ class Broker:
         while True:
             await anyio.sleep(period)
             core.expire(anyio.current_time())
+            if core.stalled:  # without the I/O thread, held messages wait for this tick
+                core.retry_held()
             if core.outbox and self._socket is not None:
                 self._flush(self._socket)
 

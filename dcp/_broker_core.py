@@ -68,6 +68,7 @@ from ._stats import BrokerStatistics, ServiceStatistics
 from .wire import mdp
 from .wire.dcp1 import PROTOCOL, TYPE_FRAMES, parse
 from .wire.sniff import Family, sniff
+from .wire.streams import TYPE_FRAMES as STREAM_TYPE_FRAMES
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
 
@@ -201,6 +202,9 @@ class BrokerCore(Majordomo):
         now: float,
         principal: str | None,
     ) -> None:
+        if len(body) > 2 and body[2] in STREAM_TYPE_FRAMES and body[1] == PROTOCOL:
+            self.on_stream(peer, body, worker, now)  # dcp streams (_core/streams.py)
+            return
         try:
             msg, width = parse(body)
         except RemoteProtocolError as exc:
@@ -323,7 +327,7 @@ class BrokerCore(Majordomo):
             origin, name = pending.origin, pending.service.name
         else:
             origin, name = self.sessions.dialect_of(client), b""
-        self.outbox.append(origin.reply(client, name, msg.metadata, msg.data))
+        self.answer(client, origin.reply(client, name, msg.metadata, msg.data))
         self.credit(worker, released=pending is not None)
 
     def _admitted(self, peer: bytes, principal: str | None) -> bool:
@@ -407,6 +411,8 @@ class BrokerCore(Majordomo):
         message is dropped and counted: replies in ``dropped_replies``, the rest (echoes,
         pongs, reconnects) in ``undeliverable``.
         """
+        if self.undelivered(frames, why):
+            return  # held for a full socket (streams Rule T3)
         peer = frames[0]
         worker = self.sessions.workers.get(peer)
         if worker is not None:
@@ -495,6 +501,7 @@ class BrokerCore(Majordomo):
             partials=c.partials,
             expired_in_queue=c.expired_in_queue,
             replaced=c.replaced,
+            streams=self.stream_statistics(),
         )
 
 

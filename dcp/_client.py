@@ -39,9 +39,11 @@ from ._messages import work_timeout_option
 from ._response import Outcome, Response
 from ._security import CurveClient, configure_client_socket
 from ._stats import ClientStatistics
+from ._streams import DEFAULT_WINDOW, Stream, deliver_part, stream_timing
 from ._tracker import RequestTracker
 from ._waiters import Sink, Waiter
 from ._zmqio import AsyncSocket
+from .wire.streams import is_stream
 
 __all__ = ["Client"]
 
@@ -430,6 +432,41 @@ class Client:
         finally:
             self._forget(inflight)
 
+    def stream(
+        self,
+        service: str | bytes,
+        *data: Part,
+        metadata: Sequence[Part] = (),
+        window: int = DEFAULT_WINDOW,
+        timeout: float | None = None,
+        stall_timeout: float | None = None,
+        work_timeout: float | None = None,
+    ) -> Stream:
+        """Request ``service`` and read its answer part by part (``docs/streams.md``)::
+
+            async with client.stream("rows", b"query") as parts:
+                async for part in parts:  # each part: a tuple of bytes
+                    ...
+
+        At most ``window`` parts are sent ahead of what was read (the worker waits for
+        credit). Leaving the block early cancels the stream at the worker. The request is
+        sent once, never resent.
+
+        :param timeout: seconds for the whole stream (default: the client's)
+        :param stall_timeout: seconds to wait for each next part (default: no limit)
+        :raises ValueError: a bad option (at once, nothing is sent)
+        :raises StreamBroken: (while reading) the worker went away mid-stream
+        :raises RemoteError: (while reading) the stream ended with an error reply
+        :raises RequestTimeout: (while reading) ``timeout`` or ``stall_timeout`` passed
+        """
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise ValueError("stall_timeout must be positive")
+        service = service_bytes(service)
+        parts = tuple(data_parts(data))
+        meta = self._metadata(metadata, work_timeout, False)
+        timing = stream_timing(self._tracker.timing(timeout, None, 0))
+        return Stream(self, service, parts, meta, timing, window, stall_timeout)
+
     # ------------------------------------------------------------------ internals
 
     def _metadata(
@@ -545,6 +582,9 @@ class Client:
                 if received:
                     watch.heard = watch.handshakes  # handshakes Rule H5
                 for msg in received:
+                    if is_stream(msg.frames):
+                        deliver_part(msg.frames, waiters)  # dcp streams (_streams.py)
+                        continue
                     resolved = tracker.receive(msg.frames)
                     if resolved is not None:
                         rid, outcome = resolved

@@ -202,3 +202,20 @@ class AuthenticationFailed(DCPError, ConnectionError):
 
     def __reduce__(self) -> tuple[type[AuthenticationFailed], tuple[str, str]]:
         return (AuthenticationFailed, (self.endpoint, self.reason))
+
+
+class StreamBroken(RemoteError):
+    """A stream ended early because its worker went away after some parts were delivered
+    (dcp streams, ``docs/streams.md``; the broker never gives such a request to another
+    worker). A :class:`RemoteError` with code ``stream_broken``.
+
+    :ivar parts: how many parts the reader had received
+    """
+
+    def __init__(self, message: str, parts: int) -> None:
+        super().__init__("stream_broken", f"{message} ({parts} part(s) received)")
+        self.parts = parts
+        self._said = message
+
+    def __reduce__(self) -> tuple[type[StreamBroken], tuple[str, int]]:
+        return (type(self), (self._said, self.parts))

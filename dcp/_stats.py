@@ -62,6 +62,27 @@ class BrokerCounters:
 
 
 @attrs.frozen
+class StreamStatistics:
+    """The broker's figures of dcp streams (``BrokerStatistics.streams``; see
+    ``docs/streams.md``)."""
+
+    #: Streams open now (a part was forwarded, the final reply has not come).
+    open: int = 0
+    #: Parts forwarded now and not yet credited back by their readers, all streams together.
+    outstanding: int = 0
+    #: The most parts one stream ever had outstanding (never above its window).
+    outstanding_max: int = 0
+    #: Streams their reader cancelled.
+    cancelled: int = 0
+    #: Streams whose worker went away after a part was delivered (``stream_broken``).
+    broken: int = 0
+    #: Parts a worker sent without credit (the stream is ended with ``stream_overrun``).
+    overruns: int = 0
+    #: Messages held because a reader's socket was full (MDP readers; retried until sent).
+    held: int = 0
+
+
+@attrs.frozen
 class ServiceStatistics:
     """Per-service figures from :meth:`BrokerCore.statistics`."""
 
@@ -115,6 +136,8 @@ class BrokerStatistics:
     #: Retries that replaced their still-queued copy instead of queueing another (queues
     #: Rule Q4; not counted in :attr:`requests`).
     replaced: int = 0
+    #: dcp streams (``docs/streams.md``).
+    streams: StreamStatistics = StreamStatistics()
 
 
 @attrs.frozen

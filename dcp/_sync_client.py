@@ -37,8 +37,10 @@ from ._messages import work_timeout_option
 from ._response import Outcome, Response
 from ._security import CurveClient, configure_client_socket
 from ._stats import ClientStatistics
+from ._streams import DEFAULT_WINDOW, SyncStream, stream_timing
 from ._tracker import RequestTracker
 from ._zmqio import recv_frames, send_frames
+from .wire.streams import is_stream, parse_part
 
 __all__ = ["SyncClient"]
 
@@ -147,6 +149,8 @@ class SyncClient:
         self._poller.register(mon, _POLLIN)
         #: Outcomes received but not yet taken by the caller that waits for them.
         self._done: dict[bytes, Outcome] = {}
+        #: Parts of the streams being read (dcp._streams), by request id.
+        self._stream_parts: dict[bytes, deque[tuple[bytes, ...]]] = {}
         self._closed = False
         # The thread the client belongs to: the first one to send a request.
         self._owner: int | None = None
@@ -326,6 +330,35 @@ class SyncClient:
         timing = self._tracker.timing(timeout, attempt_timeout, retries)
         return self._map_unordered(service, payloads, window, metadata, timing)
 
+    def stream(
+        self,
+        service: str | bytes,
+        *data: Part,
+        metadata: Sequence[Part] = (),
+        window: int = DEFAULT_WINDOW,
+        timeout: float | None = None,
+        stall_timeout: float | None = None,
+        work_timeout: float | None = None,
+    ) -> SyncStream:
+        """Request ``service`` and iterate over its answer part by part, as
+        :meth:`dcp.Client.stream` (the same options and errors)::
+
+            with client.stream("rows", b"query") as parts:
+                for part in parts:
+                    ...
+
+        Closing it (leaving the ``with`` block, or :meth:`SyncStream.close`) before the end
+        cancels the stream at the worker (so does an exception raised while waiting for a
+        part). The request is sent when this is called.
+        """
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise ValueError("stall_timeout must be positive")
+        service = service_bytes(service)
+        parts = tuple(data_parts(data))
+        meta = self._metadata(metadata, work_timeout, False)
+        timing = stream_timing(self._tracker.timing(timeout, None, 0))
+        return SyncStream(self, service, parts, meta, timing, window, stall_timeout)
+
     def _map(
         self,
         service: str | bytes,
@@ -484,8 +517,16 @@ class SyncClient:
         if self._done.pop(rid, None) is None:
             self._tracker.cancel(rid)
 
-    def _pump(self) -> None:
-        """Wait for replies or the next deadline (whichever is first) and handle them.
+    def _stream_part(self, frames: list[bytes]) -> None:
+        msg = parse_part(frames)
+        if msg is not None:
+            queue = self._stream_parts.get(msg.metadata[0])
+            if queue is not None:
+                queue.append(msg.data)
+
+    def _pump(self, wait_max: float | None = None) -> None:
+        """Wait for replies or the next deadline (whichever is first, or ``wait_max``
+        seconds if given and sooner) and handle them.
 
         :raises AuthenticationFailed: the handshake with the broker failed (the client is
             closed)
@@ -500,6 +541,9 @@ class SyncClient:
             wait_ms = None
         else:
             wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+        if wait_max is not None:
+            most = math.ceil(wait_max * 1000)
+            wait_ms = most if wait_ms is None else min(wait_ms, most)
         ready = dict(self._poller.poll(wait_ms))
         if self._monitor in ready:
             for event, value in read_events(self._monitor):
@@ -518,6 +562,9 @@ class SyncClient:
                 except zmq.Again:
                     break
                 self._watch.heard = self._watch.handshakes  # handshakes Rule H5
+                if self._stream_parts and is_stream(frames):
+                    self._stream_part(frames)  # dcp streams (_streams.py)
+                    continue
                 resolved = receive(frames)
                 if resolved is not None:
                     done[resolved[0]] = resolved[1]

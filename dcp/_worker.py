@@ -5,9 +5,9 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
 import anyio
 import anyio.abc
@@ -41,6 +41,7 @@ from ._worker_core import (
     State,
     WorkerCore,
 )
+from ._worker_streams import WorkerStreams, is_stream_handler
 from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize
 
@@ -53,7 +54,9 @@ HandlerResult: TypeAlias = bytes | Sequence[bytes] | Forward
 AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
 #: ``async def handler(request: dcp.Request) -> bytes | Sequence[bytes] | dcp.Forward``, or
 #: the same as a plain ``def`` (run in a worker thread).
-Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult]
+#: ``async def handler(request)`` with ``yield``: a stream handler (docs/streams.md).
+StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncIterator[Any]]
+Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult] | StreamHandler
 
 #: Messages read per wake-up before other tasks get a turn.
 _BATCH = 64
@@ -165,6 +168,9 @@ class Worker:
         self.service = service.encode() if isinstance(service, str) else bytes(service)
         self._handler = handler
         self._is_async = is_async_handler(handler)
+        #: An async generator function streams its answer (docs/streams.md).
+        self._streaming = is_stream_handler(handler)
+        self._streams = WorkerStreams()
         self._handler_name = handler_name(handler)
         #: Bounds the threads of a plain ``def`` handler (made in :meth:`serve`).
         self._threads: anyio.CapacityLimiter | None = None
@@ -309,6 +315,7 @@ class Worker:
             for out in outs:
                 self._do(out)
             lost = await self._session()
+            self._streams.cancel_all()  # the broker forgot our streams
             if lost is None:
                 return
             self._close(0)
@@ -355,6 +362,8 @@ class Worker:
             batch = asock.drain(_BATCH)
             now = anyio.current_time()
             for received in batch:
+                if self._streams.receive(received.frames):
+                    continue  # a stream's credit or cancel (_worker_streams.py)
                 try:
                     core.receive(received.frames, now)
                 except RemoteProtocolError as exc:
@@ -471,6 +480,7 @@ class Worker:
                     self._refused = failure
             elif event == zmq.EVENT_DISCONNECTED:
                 core.connection_lost(anyio.current_time())
+                self._streams.cancel_all()  # whoever answers next has not heard of them
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._handshakes += 1
                 if self._handshakes > 1:
@@ -502,6 +512,22 @@ class Worker:
         except zmq.ZMQError as exc:
             self._send_failures += 1
             logger.warning("could not send %s to broker: %s", type(message).__name__, exc)
+
+    async def _send_part(self, frames: list[bytes]) -> None:
+        """Send a stream's part, waiting while zmq's queue is full (dropped if there is no
+        connection: the broker has ended the stream then)."""
+        pause = 0.001
+        while (asock := self._asock) is not None:
+            try:
+                asock.send_nowait(frames)
+                return
+            except zmq.Again:
+                await anyio.sleep(pause)
+                pause = min(2 * pause, 0.05)
+            except zmq.ZMQError as exc:
+                self._send_failures += 1
+                logger.warning("could not send a stream part to broker: %s", exc)
+                return
 
     def _do(self, out: Output) -> None:
         if isinstance(out, Run):
@@ -545,6 +571,14 @@ class Worker:
     async def _call(self, request: Request) -> Reply | Request:
         view = handler_view(request)
         try:
+            if self._streaming:
+                return await self._streams.run(
+                    cast(StreamHandler, self._handler),
+                    request,
+                    view,
+                    self._send_part,
+                    lambda: self._core.width,
+                )
             if self._is_async:
                 result: object = await cast(AsyncHandler, self._handler)(view)
             else:

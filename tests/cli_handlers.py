@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import anyio
 
 import dcp
@@ -20,3 +22,11 @@ async def slow(request: dcp.Request) -> bytes:
 
 #: Not a handler: ``dcp worker`` must refuse it.
 not_callable = 42
+
+
+async def trickle(request: dcp.Request) -> AsyncIterator[bytes]:
+    """A stream: ``request.data[0]`` parts, ``part <i>``, one every 0.2 s."""
+    for i in range(int(request.data[0])):
+        if i:
+            await anyio.sleep(0.2)
+        yield b"part %d" % i

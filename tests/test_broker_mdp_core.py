@@ -95,8 +95,10 @@ def test_mdp_client_served_by_dcp_worker_gets_a_final() -> None:
     feed(core, b"M", MTC.client_request(ECHO, [b"x"]))
     [given] = take(core)
     msg, _ = parse(given[1:])
-    assert msg == Request(ECHO, b"M", (), (b"x",))
-    feed(core, b"W", serialize(Reply(b"M", (), (b"X",))))
+    # An MDP/0.2 (here majortomo) client can take parts: the broker asks for a stream.
+    stream = (b"\xffDCP:stream=32",)
+    assert msg == Request(ECHO, b"M", stream, (b"x",))
+    feed(core, b"W", serialize(Reply(b"M", stream, (b"X",))))
     assert take(core) == [[b"M", *MTC.client_answer(ECHO, [b"X"], final=True)]]
 
 

@@ -23,6 +23,11 @@ CASES = {
         "10 x plum = 2.00",
         "forwards seen by the broker: 6",
     ],
+    "streams.py": [
+        "parts: ['3', '2', '1', 'liftoff']",
+        "request: ['2', '1', 'liftoff']",
+        "stopped early: the worker's generator was closed",
+    ],
     "sync_client.py": ["7 squared is 49", "squares: [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]"],
     "secure.py": [
         "alice got HELLO",

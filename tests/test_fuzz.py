@@ -43,7 +43,7 @@ import zmq
 
 import dcp
 from dcp._context import get_context
-from dcp.wire import mdp
+from dcp.wire import mdp, streams
 from dcp.wire.sniff import Family, sniff
 
 pytestmark = pytest.mark.anyio
@@ -120,6 +120,8 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
         return REJECT, "unknown_protocol"
     if family is Family.MDP:
         return classify_mdp(frames, worker=worker)
+    if streams.is_stream(frames):
+        return classify_stream(frames, worker=worker)
     try:
         msg, _ = dcp.parse(frames)
     except dcp.RemoteProtocolError as exc:
@@ -153,6 +155,23 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
         return SKIP, ""  # a stranger would become a worker; never echo
     assert isinstance(msg, dcp.Reconnect)
     return (SKIP, "") if worker else (REJECT, "unexpected_reconnect")
+
+
+def classify_stream(frames: Sequence[bytes], *, worker: bool) -> tuple[str, str]:
+    """:func:`classify` for a stream message (docs/streams.md): no fuzz peer reads or writes
+    a real stream."""
+    try:
+        msg = streams.parse_stream(frames)
+    except dcp.RemoteProtocolError as exc:
+        return REJECT, exc.reason
+    if msg.type is streams.StreamType.PARTIAL:
+        # A fuzz worker's part could match a garbage request it holds: not sent.
+        return (SKIP, "") if worker else (REJECT, "partial_from_non_worker")
+    if not msg.metadata:
+        return REJECT, "stream_without_id"
+    if msg.type is streams.StreamType.CANCEL:
+        return SILENT, ""  # remembered in case its stream starts later
+    return REJECT, "stream_unknown"
 
 
 def classify_mdp(frames: Sequence[bytes], *, worker: bool) -> tuple[str, str]:

@@ -7,12 +7,16 @@ import base64
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import zmq
 
 from .._response import Response
 from ._commands import client_security
 from ._run import USAGE, CLIError, run_async, until_signal, zmq_problem
+
+if TYPE_CHECKING:
+    from .._security import CurveClient
 
 __all__ = ["cmd_call", "reply_json"]
 
@@ -55,6 +59,9 @@ def cmd_call(args: argparse.Namespace) -> int:
     replies: list[Response] = []
 
     async def run() -> None:
+        if args.stream:
+            await call_stream(args, data, metadata, security)
+            return
         async with Client(
             args.connect,
             timeout=args.timeout,
@@ -81,6 +88,8 @@ def cmd_call(args: argparse.Namespace) -> int:
         raise CLIError(str(exc), USAGE) from None
     if received is not None:
         return 128 + received
+    if args.stream:
+        return 0
     (reply,) = replies
     if args.json:
         print(reply_json(reply), flush=True)
@@ -90,3 +99,37 @@ def cmd_call(args: argparse.Namespace) -> int:
             out.write(part + b"\n")
         out.flush()
     return 0
+
+
+async def call_stream(
+    args: argparse.Namespace,
+    data: list[bytes],
+    metadata: list[bytes],
+    security: CurveClient | None,
+) -> None:
+    """``--stream``: print each part as it arrives (one line per data part, or one JSON
+    object per part with ``--json``)."""
+    from .._client import Client
+    from .._errors import DCPError
+
+    out = sys.stdout.buffer
+    async with Client(
+        args.connect,
+        timeout=args.timeout,
+        security=security,
+        type_width=args.type_width,
+    ) as client:
+        try:
+            async with client.stream(
+                args.service.encode(), *data, metadata=metadata, work_timeout=args.work_timeout
+            ) as parts:
+                async for part in parts:
+                    if args.json:
+                        line = json.dumps({"data": [_part(p) for p in part]}, ensure_ascii=False)
+                        out.write(line.encode() + b"\n")
+                    else:
+                        for frame in part:
+                            out.write(frame + b"\n")
+                    out.flush()
+        except DCPError as exc:
+            raise CLIError(f"{type(exc).__name__}: {exc}") from None

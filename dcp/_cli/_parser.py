@@ -297,6 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
         help='print the reply as one JSON object, {"data": [...], "metadata": [...]}: each '
         'part a string (UTF-8), or {"base64": "..."} if it is not UTF-8',
     )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="ask for a stream (docs/streams.md) and print each part as it arrives: its data "
+        "parts one per line (with --json, one JSON object per part); --timeout bounds the "
+        "whole stream, and the request is not resent",
+    )
     p.add_argument("service", metavar="SERVICE")
     p.add_argument(
         "data",

@@ -8,9 +8,10 @@ Rule M2 - Workers. READY registers the worker for one service (a second READY, o
   peer that is not a registered worker gets DISCONNECT (RFC 7), except DISCONNECT itself.
   Registered MDP workers hold one request at a time: READY and each FINAL (REPLY in MDP/0.1)
   give one credit; HEARTBEAT asks for no work. An answer is matched by client address alone.
-Rule M3 - Partials. A PARTIAL goes to the client of the request the worker holds for that
-  address if the client's dialect has partials (MDP/0.2 and majortomo clients); otherwise it
-  is dropped and counted (``partial_dropped``): DCP v1 and MDP/0.1 clients get the FINAL only.
+Rule M3 - Partials. A PARTIAL is a part of a stream (:mod:`.streams`): it goes to the client
+  of the request the worker holds for that address if the client's dialect has partials
+  (MDP/0.2 and majortomo clients) or it asked for a stream (a dcp client); otherwise it is
+  dropped and counted (``partial_dropped``): other clients get the FINAL only.
 Rule M4 - Heartbeats. The broker sends HEARTBEAT to every MDP worker each
   ``heartbeat_interval``; an MDP worker's own heartbeats keep it alive (peers Rule L1).
 """
@@ -23,12 +24,12 @@ from .._errors import RemoteProtocolError, UnknownMessageType
 from ..wire import mdp
 from .dialects import MdpDialect, mdp_dialect
 from .peers import Session
-from .routing import Routing
+from .streams import Streams
 
 __all__ = ["Majordomo"]
 
 
-class Majordomo(Routing):
+class Majordomo(Streams):
     """Routing plus the Majordomo dialects (the module's rules)."""
 
     def _on_mdp(
@@ -60,7 +61,8 @@ class Majordomo(Routing):
             if name[:4] == b"mmi.":
                 self.answer_directly(peer, dialect, name, (), event.body)
                 return
-            refused = self.submit(peer, dialect, name, (), event.body, forward=False)
+            metadata = self.mdp_metadata(dialect)  # streams Rule T3
+            refused = self.submit(peer, dialect, name, metadata, event.body, forward=False)
             if refused is not None:
                 self.refuse(peer, dialect, name, (), *refused)
             return
@@ -97,16 +99,7 @@ class Majordomo(Routing):
                 if unsealed is None:
                     return
                 client = unsealed
-            pending = self.find_held(worker, client)
-            if pending is None or not pending.origin.partials:
-                self.counters.count("partial_dropped")
-                return
-            self.counters.partials += 1
-            self.outbox.append(
-                pending.origin.reply(
-                    client, pending.service.name, pending.metadata, event.body, final=False
-                )
-            )
+            self.mdp_partial(worker, client, event.body)  # streams Rules T1, T4
             return
         answered = self.answered(peer, worker, event.client, None)
         if answered is None:
@@ -114,12 +107,13 @@ class Majordomo(Routing):
         client, pending = answered
         self.counters.replies += 1
         if pending is not None:
-            self.outbox.append(
-                pending.origin.reply(client, pending.service.name, pending.metadata, event.body)
+            self.answer(  # after what is held for the client (streams Rule T3)
+                client,
+                pending.origin.reply(client, pending.service.name, pending.metadata, event.body),
             )
         else:
             origin = self.sessions.dialect_of(client)
-            self.outbox.append(origin.reply(client, b"", (), event.body))
+            self.answer(client, origin.reply(client, b"", (), event.body))
         self.credit(worker, released=pending is not None)
 
     def _expel(self, worker: Session) -> None:
