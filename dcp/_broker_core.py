@@ -58,7 +58,9 @@ from collections.abc import Sequence
 from ._core.admission import Limits
 from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
 from ._core.majordomo import Majordomo
+from ._core.mc0 import Mc0Peers
 from ._core.peers import Session, Sessions
+from ._core.pubsub_peers import PUBSUB_PREFIX, PubSubOptions
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
 from ._guard import Guard
 from ._messages import MessageType, Register, Reply, Request
@@ -74,7 +76,7 @@ logger = logging.getLogger("dcp.broker")
 _REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
 
-class BrokerCore(Majordomo):
+class BrokerCore(Mc0Peers, Majordomo):
     """The broker's state machine (see the module docstring for its rules and layout).
 
     :param heartbeat_interval: seconds between worker heartbeats (agreed with the workers)
@@ -104,6 +106,7 @@ class BrokerCore(Majordomo):
     :param mdp_timeout: seconds an idle Majordomo worker may be silent (its libraries beat
         every 2.5 s by default)
     :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
+    :param pubsub: pub/sub settings (:mod:`dcp._core.pubsub_peers`, :mod:`dcp._core.mc0`)
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class BrokerCore(Majordomo):
         busy_timeout: float = 60.0,
         mdp_timeout: float = 10.0,
         guard: Guard | None = None,
+        pubsub: PubSubOptions | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -156,6 +160,7 @@ class BrokerCore(Majordomo):
         self.allow_foreign_address = allow_foreign_address
         self.busy_timeout = busy_timeout
         self._next_beat = 0.0
+        self.init_pubsub(pubsub)
 
     # ------------------------------------------------------------------ input
 
@@ -179,8 +184,10 @@ class BrokerCore(Majordomo):
             self._on_dcp(peer, body, worker, now, principal)
         elif family is Family.MDP:
             self._on_mdp(peer, body, worker, now, principal)
+        elif family is Family.MC0:
+            self.on_mc0(peer, body, now, principal)
         else:
-            self.reject(peer, "unknown_protocol", "no DCP or MDP header")
+            self.reject(peer, "unknown_protocol", "no DCP, MDP or mc0 header")
 
     def _on_dcp(
         self,
@@ -210,7 +217,10 @@ class BrokerCore(Majordomo):
         mtype = msg.type
         if mtype is MessageType.REQUEST:
             assert isinstance(msg, Request)
-            self._on_request(peer, worker, msg, dialect)
+            if msg.service[:5] == PUBSUB_PREFIX:
+                self.on_pubsub(peer, msg, dialect, now, principal)
+            else:
+                self._on_request(peer, worker, msg, dialect)
         elif mtype is MessageType.REPLY:
             assert isinstance(msg, Reply)
             self._on_reply(peer, worker, msg)
@@ -389,6 +399,8 @@ class BrokerCore(Majordomo):
         message is dropped and counted: replies in ``dropped_replies``, the rest (echoes,
         pongs, reconnects) in ``undeliverable``.
         """
+        if self.pubsub_undeliverable(frames, why):
+            return
         peer = frames[0]
         worker = self.sessions.workers.get(peer)
         if worker is not None:
@@ -430,6 +442,7 @@ class BrokerCore(Majordomo):
         if sessions.beating and now >= self._next_beat:
             self._beat(now)
             self._next_beat = now + self.heartbeat_interval
+        self.expire_pubsub(now)
 
     def next_expiry(self) -> float | None:
         """When :meth:`expire` next has something to do, unless messages arrive first
@@ -440,6 +453,9 @@ class BrokerCore(Majordomo):
             when = work
         if self.sessions.beating and (when is None or self._next_beat < when):
             when = self._next_beat
+        pubsub = self.next_pubsub_expiry()
+        if pubsub is not None and (when is None or pubsub < when):
+            when = pubsub
         return when
 
     # --------------------------------------------------------- statistics
