@@ -6,6 +6,8 @@ from ._broker import Broker as Broker
 from ._broker_core import BrokerStatistics as BrokerStatistics
 from ._broker_core import ServiceStatistics as ServiceStatistics
 from ._client import Client as Client
+from ._core.pubsub import PubSubStatistics as PubSubStatistics
+from ._core.pubsub_peers import PubSubOptions as PubSubOptions
 from ._errors import BadProtocolFrame as BadProtocolFrame
 from ._errors import BadTypeFrame as BadTypeFrame
 from ._errors import DCPError as DCPError
@@ -36,6 +38,10 @@ from ._messages import Reconnect as Reconnect
 from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
+from ._pubsub import PubSubMessage as PubSubMessage
+from ._pubsub import SlowConsumer as SlowConsumer
+from ._pubsub import Subscription as Subscription
+from ._pubsub import SyncSubscription as SyncSubscription
 from ._response import Response as Response
 from ._results import Forward as Forward
 from ._results import HandlerRequest as HandlerRequest
@@ -76,6 +82,9 @@ __all__ = [
     "NoWorkers",
     "Ping",
     "Pong",
+    "PubSubMessage",
+    "PubSubOptions",
+    "PubSubStatistics",
     "ProtocolError",
     "Reconnect",
     "Register",
@@ -86,6 +95,9 @@ __all__ = [
     "Request",
     "RequestTimeout",
     "Response",
+    "SlowConsumer",
+    "Subscription",
+    "SyncSubscription",
     "ServiceStatistics",
     "SyncClient",
     "TooFewFrames",

@@ -34,6 +34,9 @@ from ._calls import (
 from ._context import get_context
 from ._json import encode_json
 from ._messages import work_timeout_option
+from ._pubsub import Subscription, deliver
+from ._pubsub import publish as _publish
+from ._pubsub import subscribe as _subscribe
 from ._response import Outcome, Response
 from ._security import CurveClient, configure_client_socket
 from ._stats import ClientStatistics
@@ -162,6 +165,7 @@ class Client:
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._closed = False
         self._broken: BaseException | None = None
+        self._subscriptions: dict[bytes, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -418,6 +422,38 @@ class Client:
         finally:
             self._forget(inflight)
 
+    # ------------------------------------------------------------------ pub/sub
+
+    async def publish(self, subject: str | bytes, *data: Part, ack: bool = False) -> int | None:
+        """Publish ``data`` to ``subject`` (see ``docs/pubsub.md``). Without ``ack`` it returns
+        ``None`` once sent (at most once); with ``ack`` it waits for the broker and returns how
+        many subscriptions the message was routed to (a queue group counts once).
+
+        :raises ValueError: a bad subject (nothing is sent)
+        :raises RemoteError: with ``ack``, a refusal (``forbidden_subject``, ...)
+        """
+        return await _publish(self, subject, data, ack)
+
+    def subscribe(
+        self,
+        pattern: str | bytes,
+        queue: str | bytes | None = None,
+        *,
+        max_pending: int = 1000,
+        overflow: str = "drop-oldest",
+        window: int = 256,
+        refresh: float = 1.0,
+        last_value: bool = False,
+    ) -> contextlib.AbstractAsyncContextManager[Subscription]:
+        """Subscribe to ``pattern`` (``*``: one token, ``>``: the rest) for the ``async with``
+        block: ``async for msg in sub`` yields :class:`~dcp.Message` objects (see
+        ``docs/pubsub.md`` for the options: queue groups, the broker's buffer of
+        ``max_pending`` messages and its ``overflow`` policy, gap notices, re-subscribing).
+
+        :raises ValueError: a bad pattern or option (nothing is sent)
+        """
+        return _subscribe(self, pattern, queue, max_pending, overflow, window, refresh, last_value)
+
     # ------------------------------------------------------------------ internals
 
     def _metadata(
@@ -507,6 +543,8 @@ class Client:
         if self._socket is not None:
             self._socket.close(0)
         self._tracker.cancel_all()
+        for state in self._subscriptions.values():
+            state.close()
         waiters = list(self._waiters.items())
         self._waiters.clear()
         for rid, waiter in waiters:
@@ -525,7 +563,10 @@ class Client:
                 await asock.wait_readable(math.inf if deadline is None else deadline)
                 if asock.closed:
                     break
+                subscriptions = self._subscriptions
                 for msg in asock.drain(batch):
+                    if subscriptions and deliver(subscriptions, msg.frames):
+                        continue
                     resolved = tracker.receive(msg.frames)
                     if resolved is not None:
                         rid, outcome = resolved

@@ -5,6 +5,7 @@ per-request path is kept short: one tracker entry, one frames list, one result s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -32,6 +33,7 @@ from ._calls import (
 from ._context import get_context
 from ._json import encode_json
 from ._messages import work_timeout_option
+from ._pubsub import SyncSubscription, deliver, publish_sync, subscribe_sync
 from ._response import Outcome, Response
 from ._security import CurveClient, configure_client_socket
 from ._stats import ClientStatistics
@@ -136,6 +138,7 @@ class SyncClient:
         self._poller.register(sock, _POLLIN)
         #: Outcomes received but not yet taken by the caller that waits for them.
         self._done: dict[bytes, Outcome] = {}
+        self._subscriptions: dict[bytes, Any] = {}
         self._closed = False
         # The thread the client belongs to: the first one to send a request.
         self._owner: int | None = None
@@ -394,6 +397,27 @@ class SyncClient:
 
     # ------------------------------------------------------------------ internals
 
+    def publish(self, subject: str | bytes, *data: Part, ack: bool = False) -> int | None:
+        """:meth:`dcp.Client.publish`, blocking."""
+        return publish_sync(self, subject, data, ack)
+
+    def subscribe(
+        self,
+        pattern: str | bytes,
+        queue: str | bytes | None = None,
+        *,
+        max_pending: int = 1000,
+        overflow: str = "drop-oldest",
+        window: int = 256,
+        refresh: float = 1.0,
+        last_value: bool = False,
+    ) -> contextlib.AbstractContextManager[SyncSubscription]:
+        """:meth:`dcp.Client.subscribe`, blocking: ``for msg in sub`` (or ``sub.next(timeout)``).
+        Credit and refreshes are sent while the caller takes messages."""
+        return subscribe_sync(
+            self, pattern, queue, max_pending, overflow, window, refresh, last_value
+        )
+
     def _metadata(
         self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
     ) -> tuple[bytes, ...]:
@@ -487,6 +511,8 @@ class SyncClient:
                     frames = recv_frames(sock)
                 except zmq.Again:
                     break
+                if self._subscriptions and deliver(self._subscriptions, frames):
+                    continue
                 resolved = receive(frames)
                 if resolved is not None:
                     done[resolved[0]] = resolved[1]

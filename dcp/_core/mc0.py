@@ -11,7 +11,7 @@ Rule C2 - Answers. A command with an ``ID`` header is answered ``OK`` with it, o
   ``forbidden_subject``, ``too_many_subscriptions``, ``bad_ttl``).
 Rule C3 - Liveness. ``CONNECT`` may set ``TTL`` (ms, 100 to 86,400,000): when the broker has
   not heard from the peer for that long it sends ``NOOP`` (again every TTL of silence). A peer
-  the broker cannot reach any more (a send fails), one that sends ``DISCONNECT``, or the least
+  the broker cannot send its NOOP to (gone, or hopelessly behind), one that sends ``DISCONNECT``, or the least
   recently heard one when more than ``max_mc0_peers`` are known, loses its subscriptions.
 Rule C4 - Flow. mc0 has no credit and no gap notice: deliveries go out at once (pubsub Rule
   P2, no credit accounting), a delivery zmq's send queue has no room for is lost and counted
@@ -196,6 +196,7 @@ class Mc0Peers(PubSubPeers):
             return False
         if verb == b"MESSAGE":
             self.pubsub.lost += 1
-        if why == "gone":
-            self._mc0_forget(frames[0])
+            self.pubsub.delivered -= 1
+        elif verb == b"NOOP":
+            self._mc0_forget(frames[0])  # gone, or hopelessly behind
         return True

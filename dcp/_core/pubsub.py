@@ -182,6 +182,7 @@ class PubSub:
         self._groups: dict[tuple[bytes, bytes], _Group] = {}
         self._peers: dict[bytes, dict[bytes, Subscription]] = {}
         self._count = 0
+        self._turn = 0
         # Subscriptions with a timeout, least recently refreshed first (Rule P5).
         self._timed: OrderedDict[Subscription, None] = OrderedDict()
         self._last: OrderedDict[bytes, tuple[list[bytes], Sequence[bytes]]] = OrderedDict()
@@ -286,6 +287,20 @@ class PubSub:
             self._flush(sub)
         return True
 
+    def undelivered(self, peer: bytes, sid: bytes, lost: int, *, counted: bool) -> None:
+        """The driver could not send a delivery (``counted=False``: count it) or a gap
+        notice of ``lost`` messages: tell them in the next notice, give the credit back."""
+        known = self._peers.get(peer)
+        sub = known.get(sid) if known is not None else None
+        if not counted:
+            self.lost += lost
+            self.delivered -= lost
+        if sub is None:
+            return
+        sub.tail_lost += lost
+        if not counted and sub.credit is not None:
+            sub.credit += lost
+
     def subscriptions_of(self, peer: bytes) -> int:
         known = self._peers.get(peer)
         return len(known) if known is not None else 0
@@ -326,6 +341,10 @@ class PubSub:
     def _pick(self, groups: list[_Group]) -> Subscription:
         """Rule P1: the next member (across ``groups``) that can take a message at once."""
         first: Subscription | None = None
+        if len(groups) > 1:  # the groups of one name take turns too
+            self._turn += 1
+            k = self._turn % len(groups)
+            groups = groups[k:] + groups[:k]
         for group in groups:
             members = group.members
             n = len(members)

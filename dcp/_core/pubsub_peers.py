@@ -318,13 +318,19 @@ class PubSubPeers(Routing):
         self.drain_pubsub()
 
     def pubsub_undeliverable(self, frames: list[bytes], why: str) -> bool:
-        """A pub/sub message the driver could not send: counted as lost; a subscriber that
-        is gone loses its subscriptions. Whether ``frames`` was one."""
-        head = frames[5] if len(frames) > 5 else b""
-        if head.__class__ is bytes and head[:9] in (MSG_PREFIX, GAP_PREFIX):
-            if head[:9] == MSG_PREFIX:
-                self.pubsub.lost += 1
-            if why == "gone":
-                self.pubsub.drop_peer(frames[0])
-            return True
-        return False
+        """A pub/sub message the driver could not send (zmq's queue to the subscriber is
+        full, or it is gone): a lost message, told in the subscription's next gap notice, its
+        credit given back (pubsub Rule P4). Whether ``frames`` was one."""
+        head = frames[5] if len(frames) > 7 else b""
+        if head.__class__ is not bytes:
+            return False
+        kind = head[:9]
+        if kind == MSG_PREFIX:
+            self.pubsub.undelivered(frames[0], head[9:], 1, counted=False)
+        elif kind == GAP_PREFIX:
+            lost = frames[7]
+            if lost.__class__ is bytes and lost.isdigit():
+                self.pubsub.undelivered(frames[0], head[9:], int(lost), counted=True)
+        else:
+            return False
+        return True
