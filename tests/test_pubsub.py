@@ -19,7 +19,9 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def serving(endpoint: str = "tcp://127.0.0.1:0", **options: Any) -> AsyncIterator[tuple[dcp.Broker, str]]:
+async def serving(
+    endpoint: str = "tcp://127.0.0.1:0", **options: Any
+) -> AsyncIterator[tuple[dcp.Broker, str]]:
     broker = dcp.Broker(endpoint, **options)
     async with anyio.create_task_group() as tg:
         [bound] = await tg.start(broker.serve)
@@ -199,21 +201,32 @@ def _free_port() -> int:
         return port
 
 
+async def _run(broker: dcp.Broker, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            await tg.start(broker.serve)
+            task_status.started(scope)
+            await anyio.sleep_forever()
+
+
 async def test_subscription_survives_a_broker_restart() -> None:
     ep = f"tcp://127.0.0.1:{_free_port()}"
-    async with dcp.Client(ep, timeout=5) as c:
-        async with serving(ep) as (_, _ep), c.subscribe("r.>", refresh=0.1) as sub:
-            await c.publish("r.1", b"before", ack=True)
+    async with dcp.Client(ep, timeout=5) as c, anyio.create_task_group() as tg:
+        first = await tg.start(_run, dcp.Broker(ep))
+        async with c.subscribe("r.>", refresh=0.1) as sub:
+            assert await c.publish("r.1", b"before", ack=True) == 1
             await take(sub, 1)
-            async with serving(ep):
-                pass
-            # Gone and back (a new broker knows nothing of it):
-            async with serving(ep) as (broker2, _):
-                await wait_for(lambda: broker2.pubsub_statistics().subscriptions or None)
-                assert sub.resubscribed >= 1
-                assert await c.publish("r.2", b"after", ack=True) == 1
-                [msg] = await take(sub, 1)
-                assert msg.data == (b"after",)
+            first.cancel()
+            await anyio.sleep(0.2)
+            broker = dcp.Broker(ep)
+            second = await tg.start(_run, broker)
+            # The new broker knows nothing of the subscription until the client tells it.
+            await wait_for(lambda: broker.pubsub_statistics().subscriptions or None)
+            assert sub.resubscribed >= 1
+            assert await c.publish("r.2", b"after", ack=True) == 1
+            [msg] = await take(sub, 1)
+            assert msg.data == (b"after",)
+        second.cancel()
 
 
 async def test_sync_client_pubsub() -> None:

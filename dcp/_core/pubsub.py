@@ -321,7 +321,7 @@ class PubSub:
                 last.popitem(last=False)
         routed = 0
         groups: dict[bytes, list[_Group]] | None = None
-        for entry in self._trie.match(tokens):
+        for entry in list(self._trie.match(tokens)):  # a disconnect may remove one
             if entry.__class__ is Subscription:
                 assert isinstance(entry, Subscription)
                 routed += 1
