@@ -10,9 +10,10 @@ Rule C2 - Answers. A command with an ``ID`` header is answered ``OK`` with it, o
   alone. Every failure is also counted by reason (``bad_mc0_message``, ``bad_subject``,
   ``forbidden_subject``, ``too_many_subscriptions``, ``bad_ttl``).
 Rule C3 - Liveness. ``CONNECT`` may set ``TTL`` (ms, 100 to 86,400,000): when the broker has
-  not heard from the peer for that long it sends ``NOOP`` (again every TTL of silence). A peer
-  the broker cannot send its NOOP to (gone, or hopelessly behind), one that sends ``DISCONNECT``, or the least
-  recently heard one when more than ``max_mc0_peers`` are known, loses its subscriptions.
+  not heard from the peer for that long it sends ``NOOP`` (again every TTL of silence). A
+  peer the broker cannot send its NOOP to (gone, or hopelessly behind), one that sends
+  ``DISCONNECT``, or the least recently heard one when more than ``max_mc0_peers`` are
+  known, loses its subscriptions.
 Rule C4 - Flow. mc0 has no credit and no gap notice: deliveries go out at once (pubsub Rule
   P2, no credit accounting), a delivery zmq's send queue has no room for is lost and counted
   (``lost`` in the pub/sub statistics), so a slow mc0 peer costs nobody else anything.
