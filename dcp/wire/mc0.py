@@ -11,16 +11,19 @@ carry an ``ID`` header, which asks for ``OK``/``ERROR`` with that ``ID``. The br
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import typing
 
 import attrs
 
-from .._errors import RemoteProtocolError
+from .. import _errors
+
+if typing.TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
+    "VERBS",
     "BadMc0Message",
     "Command",
-    "VERBS",
     "error",
     "message",
     "noop",
@@ -33,7 +36,7 @@ VERBS = frozenset({b"CONNECT", b"DISCONNECT", b"SUB", b"UNSUB", b"PUT", b"NOOP"}
 _MAX_HEADERS = 32
 
 
-class BadMc0Message(RemoteProtocolError):
+class BadMc0Message(_errors.RemoteProtocolError):
     """An mc0 message that does not parse (odd header frames, a verb we do not take)."""
 
     reason = "bad_mc0_message"
