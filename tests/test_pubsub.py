@@ -133,6 +133,9 @@ async def test_stalled_subscriber_is_bounded_and_told() -> None:
                         peak = max(peak, broker.pubsub_statistics().pending)
         assert got == total
         assert reader.lost == 0
+        # The request/reply path is not held up either (the broker answers mmi.*).
+        with anyio.fail_after(5):
+            assert (await c.request("mmi.service", b"nobody")).data == (b"404",)
         stats = await wait_for(lambda: s if (s := broker.pubsub_statistics()).lost else None)
         assert stats is not None
         assert stats.pending <= 100
