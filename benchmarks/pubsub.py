@@ -124,7 +124,7 @@ def subscriber_socket(
         sock.send_multipart([b"S", SUBJECT])
     else:
         sock.send_multipart(
-            sub_request(b"s%06d" % i, SUBJECT, b"window=1000", b"max-pending=100000")
+            sub_request(b"s%06d" % i, SUBJECT, b"window=400", b"max-pending=100000")
         )
     return sock
 
@@ -164,7 +164,7 @@ def receive(kind: str, ep: str, n: int, expected: int, idle: float) -> None:
                     if not frames[5].startswith(b"\xffDCP:msg="):
                         continue  # a reply
                     owed[i] += 1
-                    if owed[i] >= 500:
+                    if owed[i] >= 200:
                         s.send_multipart(credit(b"s%06d" % i, owed[i]))
                         owed[i] = 0
                 if body[:1] == b"m":
@@ -312,7 +312,7 @@ def case_on(
     sub.connect(ep)
     pub = publisher(ctx, "dcp", ep)
     try:
-        sub.send_multipart(sub_request(b"a", SUBJECT, b"window=1000", b"max-pending=100000"))
+        sub.send_multipart(sub_request(b"a", SUBJECT, b"window=400", b"max-pending=100000"))
         sub.recv_multipart()
         frames = publish_frames("dcp", b"m" * 16)
         cpu0 = cpu_seconds(broker.pid)
