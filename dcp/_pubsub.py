@@ -21,6 +21,7 @@ Rule C4 - Leaving. Leaving the ``with`` block unsubscribes (best effort, bounded
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from ._sync_client import SyncClient
 
 __all__ = ["PubSubMessage", "SlowConsumer", "Subscription", "SyncSubscription"]
+
+logger = logging.getLogger("dcp.client")
 
 _SEND_PAUSE = 0.001
 _SEND_PAUSE_MAX = 0.05
@@ -233,12 +236,16 @@ class Subscription:
                 await client.request(CREDIT, state.sid, b"%d" % grant, timeout=max(refresh, 1))
             except RemoteError as exc:
                 if exc.code != "unknown_subscription":
-                    raise
+                    logger.warning("credit refused for %s: %s", self.pattern, exc)
+                    continue
                 with contextlib.suppress(RequestTimeout, RemoteError):
                     await client.request(SUB, *state.sub, timeout=max(refresh, 1))
                     state.resubscribed += 1
             except RequestTimeout:
-                pass
+                pass  # the broker is away; the next refresh tells whether it forgot us
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                state.close()
+                return
 
 
 async def publish(

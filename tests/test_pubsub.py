@@ -255,3 +255,15 @@ async def test_sync_client_pubsub() -> None:
         got = await anyio.to_thread.run_sync(run)
         assert [m.data[0] for m in got] == [b"%d" % i for i in range(10)] + [b"acked"]
         await wait_for(lambda: broker.pubsub_statistics().subscriptions == 0 or None)
+
+
+async def test_closing_the_client_ends_iteration() -> None:
+    async with serving() as (_, ep), dcp.Client(ep) as c:
+        async with c.subscribe("z", refresh=0.05) as sub:
+            await c.publish("z", b"kept", ack=True)
+            await anyio.sleep(0.1)  # refreshes go on meanwhile
+            await c.aclose()
+            assert [m.data async for m in sub] == [(b"kept",)]
+            await anyio.sleep(0.1)  # the refresher notices and stops
+        with pytest.raises(anyio.ClosedResourceError):
+            await c.publish("z", b"late")
