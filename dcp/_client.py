@@ -446,7 +446,7 @@ class Client:
         last_value: bool = False,
     ) -> contextlib.AbstractAsyncContextManager[Subscription]:
         """Subscribe to ``pattern`` (``*``: one token, ``>``: the rest) for the ``async with``
-        block: ``async for msg in sub`` yields :class:`~dcp.Message` objects (see
+        block: ``async for msg in sub`` yields :class:`~dcp.PubSubMessage` objects (see
         ``docs/pubsub.md`` for the options: queue groups, the broker's buffer of
         ``max_pending`` messages and its ``overflow`` policy, gap notices, re-subscribing).
 

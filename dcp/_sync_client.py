@@ -395,7 +395,7 @@ class SyncClient:
                     return inflight.pop(rid), _result(done.pop(rid))
             self._pump()
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ pub/sub
 
     def publish(self, subject: str | bytes, *data: Part, ack: bool = False) -> int | None:
         """:meth:`dcp.Client.publish`, blocking."""
@@ -417,6 +417,8 @@ class SyncClient:
         return subscribe_sync(
             self, pattern, queue, max_pending, overflow, window, refresh, last_value
         )
+
+    # ------------------------------------------------------------------ internals
 
     def _metadata(
         self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
