@@ -6,6 +6,8 @@ from ._broker import Broker as Broker
 from ._broker_core import BrokerStatistics as BrokerStatistics
 from ._broker_core import ServiceStatistics as ServiceStatistics
 from ._client import Client as Client
+from ._core.pubsub import PubSubStatistics as PubSubStatistics
+from ._core.pubsub_peers import PubSubOptions as PubSubOptions
 from ._errors import AuthenticationFailed as AuthenticationFailed
 from ._errors import BadProtocolFrame as BadProtocolFrame
 from ._errors import BadTypeFrame as BadTypeFrame
@@ -38,6 +40,10 @@ from ._messages import Reconnect as Reconnect
 from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
+from ._pubsub import PubSubMessage as PubSubMessage
+from ._pubsub import SlowConsumer as SlowConsumer
+from ._pubsub import Subscription as Subscription
+from ._pubsub import SyncSubscription as SyncSubscription
 from ._response import Response as Response
 from ._results import Forward as Forward
 from ._results import HandlerRequest as HandlerRequest
@@ -83,6 +89,9 @@ __all__ = [
     "Ping",
     "Pong",
     "ProtocolError",
+    "PubSubMessage",
+    "PubSubOptions",
+    "PubSubStatistics",
     "Reconnect",
     "Register",
     "RegistrationRefused",
@@ -93,11 +102,14 @@ __all__ = [
     "RequestTimeout",
     "Response",
     "ServiceStatistics",
+    "SlowConsumer",
     "Stream",
     "StreamBroken",
     "StreamStatistics",
+    "Subscription",
     "SyncClient",
     "SyncStream",
+    "SyncSubscription",
     "TooFewFrames",
     "TooManyFrames",
     "UnexpectedFrames",

@@ -22,6 +22,7 @@ from zmq.utils import z85
 
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._context import get_context
+from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
 from ._guard import Guard
 from ._security import CurveServer, configure_server_socket
@@ -184,6 +185,15 @@ class Broker:
         self._exit_stack: contextlib.AsyncExitStack | None = None
         #: The bound endpoints (ports resolved) while serving; empty before.
         self.endpoints: list[str] = []
+
+    def pubsub_statistics(self) -> PubSubStatistics:
+        """Pub/sub counters and gauges (published, routed, delivered, lost, ...)."""
+        for _ in range(100):
+            try:
+                return self._core.pubsub.statistics()
+            except RuntimeError:  # pragma: no cover - a rare race with the I/O thread
+                time.sleep(0)
+        return self._core.pubsub.statistics()  # pragma: no cover
 
     def statistics(self) -> BrokerStatistics:
         """Counters (requests, replies, forwards, redeliveries, rejections by reason) and

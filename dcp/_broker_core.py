@@ -59,7 +59,9 @@ from collections.abc import Sequence
 from ._core.admission import Limits
 from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
 from ._core.majordomo import Majordomo
+from ._core.mc0 import Mc0Peers
 from ._core.peers import Session, Sessions
+from ._core.pubsub_peers import PUBSUB_PREFIX, PubSubOptions
 from ._core.unreachable import EarlyReplies, Unreachable
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
 from ._guard import Guard
@@ -77,7 +79,7 @@ logger = logging.getLogger("dcp.broker")
 _REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
 
-class BrokerCore(Majordomo):
+class BrokerCore(Mc0Peers, Majordomo):
     """The broker's state machine (see the module docstring for its rules and layout).
 
     :param heartbeat_interval: seconds between worker heartbeats (agreed with the workers)
@@ -110,6 +112,7 @@ class BrokerCore(Majordomo):
     :param mdp_timeout: seconds an idle Majordomo worker may be silent (its libraries beat
         every 2.5 s by default)
     :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
+    :param pubsub: pub/sub settings (:mod:`dcp._core.pubsub_peers`, :mod:`dcp._core.mc0`)
     """
 
     def __init__(
@@ -132,6 +135,7 @@ class BrokerCore(Majordomo):
         mdp_timeout: float = 10.0,
         reply_grace: float | None = None,
         guard: Guard | None = None,
+        pubsub: PubSubOptions | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -168,6 +172,7 @@ class BrokerCore(Majordomo):
         #: Replies from peers that may be about to register (Rules U4-U5).
         self.early = EarlyReplies(grace)
         self._next_beat = 0.0
+        self.init_pubsub(pubsub)
 
     # ------------------------------------------------------------------ input
 
@@ -191,8 +196,10 @@ class BrokerCore(Majordomo):
             self._on_dcp(peer, body, worker, now, principal)
         elif family is Family.MDP:
             self._on_mdp(peer, body, worker, now, principal)
+        elif family is Family.MC0:
+            self.on_mc0(peer, body, now, principal)
         else:
-            self.reject(peer, "unknown_protocol", "no DCP or MDP header")
+            self.reject(peer, "unknown_protocol", "no DCP, MDP or mc0 header")
 
     def _on_dcp(
         self,
@@ -225,7 +232,10 @@ class BrokerCore(Majordomo):
         mtype = msg.type
         if mtype is MessageType.REQUEST:
             assert isinstance(msg, Request)
-            self._on_request(peer, worker, msg, dialect)
+            if msg.service[:5] == PUBSUB_PREFIX:
+                self.on_pubsub(peer, msg, dialect, now, principal)
+            else:
+                self._on_request(peer, worker, msg, dialect)
         elif mtype is MessageType.REPLY:
             assert isinstance(msg, Reply)
             self._on_reply(peer, worker, msg)
@@ -413,6 +423,8 @@ class BrokerCore(Majordomo):
         """
         if self.undelivered(frames, why):
             return  # held for a full socket (streams Rule T3)
+        if self.pubsub_undeliverable(frames, why):
+            return
         peer = frames[0]
         worker = self.sessions.workers.get(peer)
         if worker is not None:
@@ -462,6 +474,7 @@ class BrokerCore(Majordomo):
         if sessions.beating and now >= self._next_beat:
             self._beat(now)
             self._next_beat = now + self.heartbeat_interval
+        self.expire_pubsub(now)
 
     def next_expiry(self) -> float | None:
         """When :meth:`expire` next has something to do, unless messages arrive first
@@ -472,6 +485,9 @@ class BrokerCore(Majordomo):
             when = work
         if self.sessions.beating and (when is None or self._next_beat < when):
             when = self._next_beat
+        pubsub = self.next_pubsub_expiry()
+        if pubsub is not None and (when is None or pubsub < when):
+            when = pubsub
         return when
 
     # --------------------------------------------------------- statistics

@@ -36,6 +36,9 @@ from ._errors import AuthenticationFailed
 from ._handshake import HandshakeWatch, monitor, watch_handshakes
 from ._json import encode_json
 from ._messages import work_timeout_option
+from ._pubsub import Subscription, deliver
+from ._pubsub import publish as _publish
+from ._pubsub import subscribe as _subscribe
 from ._response import Outcome, Response
 from ._security import CurveClient, configure_client_socket
 from ._stats import ClientStatistics
@@ -168,6 +171,7 @@ class Client:
         self._closed = False
         self._broken: BaseException | None = None
         self._watch: HandshakeWatch | None = None
+        self._subscriptions: dict[bytes, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -467,6 +471,38 @@ class Client:
         timing = stream_timing(self._tracker.timing(timeout, None, 0))
         return Stream(self, service, parts, meta, timing, window, stall_timeout)
 
+    # ------------------------------------------------------------------ pub/sub
+
+    async def publish(self, subject: str | bytes, *data: Part, ack: bool = False) -> int | None:
+        """Publish ``data`` to ``subject`` (see ``docs/pubsub.md``). Without ``ack`` it returns
+        ``None`` once sent (at most once); with ``ack`` it waits for the broker and returns how
+        many subscriptions the message was routed to (a queue group counts once).
+
+        :raises ValueError: a bad subject (nothing is sent)
+        :raises RemoteError: with ``ack``, a refusal (``forbidden_subject``, ...)
+        """
+        return await _publish(self, subject, data, ack)
+
+    def subscribe(
+        self,
+        pattern: str | bytes,
+        queue: str | bytes | None = None,
+        *,
+        max_pending: int = 1000,
+        overflow: str = "drop-oldest",
+        window: int = 256,
+        refresh: float = 1.0,
+        last_value: bool = False,
+    ) -> contextlib.AbstractAsyncContextManager[Subscription]:
+        """Subscribe to ``pattern`` (``*``: one token, ``>``: the rest) for the ``async with``
+        block: ``async for msg in sub`` yields :class:`~dcp.PubSubMessage` objects (see
+        ``docs/pubsub.md`` for the options: queue groups, the broker's buffer of
+        ``max_pending`` messages and its ``overflow`` policy, gap notices, re-subscribing).
+
+        :raises ValueError: a bad pattern or option (nothing is sent)
+        """
+        return _subscribe(self, pattern, queue, max_pending, overflow, window, refresh, last_value)
+
     # ------------------------------------------------------------------ internals
 
     def _metadata(
@@ -558,6 +594,8 @@ class Client:
         if self._socket is not None:
             self._socket.close(0)
         self._tracker.cancel_all()
+        for state in self._subscriptions.values():
+            state.close()
         waiters = list(self._waiters.items())
         self._waiters.clear()
         for rid, waiter in waiters:
@@ -581,9 +619,12 @@ class Client:
                 received = asock.drain(batch)
                 if received:
                     watch.heard = watch.handshakes  # handshakes Rule H5
+                subscriptions = self._subscriptions
                 for msg in received:
                     if is_stream(msg.frames):
                         deliver_part(msg.frames, waiters)  # dcp streams (_streams.py)
+                        continue
+                    if subscriptions and deliver(subscriptions, msg.frames):
                         continue
                     resolved = tracker.receive(msg.frames)
                     if resolved is not None:

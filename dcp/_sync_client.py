@@ -5,6 +5,7 @@ per-request path is kept short: one tracker entry, one frames list, one result s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -34,6 +35,7 @@ from ._errors import AuthenticationFailed
 from ._handshake import HandshakeWatch, close_monitor, monitor, read_events
 from ._json import encode_json
 from ._messages import work_timeout_option
+from ._pubsub import SyncSubscription, deliver, publish_sync, subscribe_sync
 from ._response import Outcome, Response
 from ._security import CurveClient, configure_client_socket
 from ._stats import ClientStatistics
@@ -151,6 +153,7 @@ class SyncClient:
         self._done: dict[bytes, Outcome] = {}
         #: Parts of the streams being read (dcp._streams), by request id.
         self._stream_parts: dict[bytes, deque[tuple[bytes, ...]]] = {}
+        self._subscriptions: dict[bytes, Any] = {}
         self._closed = False
         # The thread the client belongs to: the first one to send a request.
         self._owner: int | None = None
@@ -437,6 +440,29 @@ class SyncClient:
                     return inflight.pop(rid), _result(done.pop(rid))
             self._pump()
 
+    # ------------------------------------------------------------------ pub/sub
+
+    def publish(self, subject: str | bytes, *data: Part, ack: bool = False) -> int | None:
+        """:meth:`dcp.Client.publish`, blocking."""
+        return publish_sync(self, subject, data, ack)
+
+    def subscribe(
+        self,
+        pattern: str | bytes,
+        queue: str | bytes | None = None,
+        *,
+        max_pending: int = 1000,
+        overflow: str = "drop-oldest",
+        window: int = 256,
+        refresh: float = 1.0,
+        last_value: bool = False,
+    ) -> contextlib.AbstractContextManager[SyncSubscription]:
+        """:meth:`dcp.Client.subscribe`, blocking: ``for msg in sub`` (or ``sub.next(timeout)``).
+        Credit and refreshes are sent while the caller takes messages."""
+        return subscribe_sync(
+            self, pattern, queue, max_pending, overflow, window, refresh, last_value
+        )
+
     # ------------------------------------------------------------------ internals
 
     def _metadata(
@@ -564,6 +590,8 @@ class SyncClient:
                 self._watch.heard = self._watch.handshakes  # handshakes Rule H5
                 if self._stream_parts and is_stream(frames):
                     self._stream_part(frames)  # dcp streams (_streams.py)
+                    continue
+                if self._subscriptions and deliver(self._subscriptions, frames):
                     continue
                 resolved = receive(frames)
                 if resolved is not None:

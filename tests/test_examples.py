@@ -35,6 +35,13 @@ CASES = {
         "the worker may not serve payroll",
         "broker refused: registration_refused, zap_denied",
     ],
+    "pubsub.py": [
+        "orders.eu.paid went to 2 subscriptions",
+        "everything: orders.us.new order 2",
+        "billing a: order 1",
+        "lost 86 ticks before tick 91",
+        "total lost: 86",
+    ],
 }
 
 

@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``dcp`` parser; each subcommand sets ``func`` to its ``cmd_*`` function."""
     from ._call import cmd_call
     from ._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
+    from ._pubsub import add_pubsub_commands
 
     parser = _Parser(
         prog="dcp",
@@ -334,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=".", metavar="DIR", help="where to write")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_keys)
+    add_pubsub_commands(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     return parser
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import typing
 
+from .mc0 import VERBS as _MC0_VERBS
 from .mdp import HEADERS as _MDP_HEADERS
 
 if typing.TYPE_CHECKING:
@@ -26,6 +27,8 @@ class Family(enum.Enum):
     DCP = "dcp"
     #: Majordomo (:mod:`dcp.wire.mdp`): ``MDPC0x``/``MDPW0x``, after an optional empty frame.
     MDP = "mdp"
+    #: mc0 (:mod:`dcp.wire.mc0`): a verb such as ``SUB`` or ``PUT`` first, no empty frame.
+    MC0 = "mc0"
 
 
 def sniff(frames: Sequence[bytes]) -> Family | None:
@@ -48,4 +51,6 @@ def sniff(frames: Sequence[bytes]) -> Family | None:
         head = frames[0]
         if head.__class__ is bytes and head in _MDP_HEADERS:
             return Family.MDP
+        if head.__class__ is bytes and head in _MC0_VERBS:
+            return Family.MC0
     return None

@@ -1,0 +1,114 @@
+"""``dcp pub`` and ``dcp sub``: publish one message; print messages as they arrive."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ._commands import client_security
+from ._run import USAGE, CLIError, run_async, until_signal, zmq_problem
+
+__all__ = ["add_pubsub_commands"]
+
+
+def add_pubsub_commands(
+    command: Callable[..., argparse.ArgumentParser],
+    endpoint: Callable[[str], str],
+    seconds: Callable[[str], float],
+    positive: Callable[[str], int],
+    security: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    """Add ``pub`` and ``sub`` to the ``dcp`` parser (``command`` makes a subparser)."""
+    p = command(
+        "pub",
+        help="publish one message to a subject; print how many subscriptions it reached",
+        description="Publish DATA (UTF-8 parts) to SUBJECT and print the number of\n"
+        "subscriptions the broker routed it to (the publish is acknowledged).",
+    )
+    p.add_argument("--connect", required=True, type=endpoint, metavar="ENDPOINT")
+    p.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS")
+    p.add_argument("subject", metavar="SUBJECT")
+    p.add_argument("data", nargs="*", metavar="DATA", help="data parts (UTF-8)")
+    security(p)
+    p.set_defaults(func=cmd_pub)
+
+    p = command(
+        "sub",
+        help="subscribe to a pattern and print messages as they arrive",
+        description="Print each message on PATTERN ('*': one token, '>': the rest) as one\n"
+        "line: the subject, then the data parts (UTF-8), separated by spaces. Gap notices\n"
+        "('lost N message(s)') go to stderr. Runs until SIGINT or --count messages.",
+    )
+    p.add_argument("--connect", required=True, type=endpoint, metavar="ENDPOINT")
+    p.add_argument("--queue", metavar="NAME", help="join this queue group")
+    p.add_argument("--count", type=positive, metavar="N", help="exit after N messages")
+    p.add_argument("--max-pending", type=positive, default=1000, metavar="N", help="broker buffer")
+    p.add_argument(
+        "--overflow",
+        choices=["drop-oldest", "drop-newest", "disconnect"],
+        default="drop-oldest",
+        help="what the broker does when the buffer is full",
+    )
+    p.add_argument("pattern", metavar="PATTERN")
+    security(p)
+    p.set_defaults(func=cmd_sub)
+
+
+def _run(args: argparse.Namespace, body: Callable[[Any], Any]) -> int:
+    from .._client import Client
+    from .._errors import DCPError
+    from .._pubsub import SlowConsumer
+
+    security = client_security(args)
+
+    async def run() -> None:
+        async with Client(
+            args.connect, timeout=getattr(args, "timeout", 5.0), security=security
+        ) as client:
+            try:
+                await body(client)
+            except SlowConsumer as exc:
+                raise CLIError(str(exc)) from None
+            except DCPError as exc:
+                raise CLIError(f"{type(exc).__name__}: {exc}") from None
+
+    try:
+        received = run_async(args.backend, until_signal, run)
+    except zmq.ZMQError as exc:
+        raise CLIError(zmq_problem(exc, "connect to", [args.connect])) from None
+    except (TypeError, ValueError) as exc:
+        raise CLIError(str(exc), USAGE) from None
+    return 0 if received is None else 128 + received
+
+
+def cmd_pub(args: argparse.Namespace) -> int:
+    async def body(client: Any) -> None:
+        n = await client.publish(args.subject, *(d.encode() for d in args.data), ack=True)
+        print(n, flush=True)
+
+    return _run(args, body)
+
+
+def cmd_sub(args: argparse.Namespace) -> int:
+    async def body(client: Any) -> None:
+        seen = 0
+        async with client.subscribe(
+            args.pattern,
+            queue=args.queue,
+            max_pending=args.max_pending,
+            overflow=args.overflow,
+        ) as sub:
+            async for msg in sub:
+                if msg.gap:
+                    print(f"lost {msg.gap} message(s)", file=sys.stderr, flush=True)
+                parts = (p.decode("utf-8", "backslashreplace") for p in msg.data)
+                print(msg.subject, *parts, flush=True)
+                seen += 1
+                if args.count is not None and seen >= args.count:
+                    return
+
+    return _run(args, body)
