@@ -17,6 +17,7 @@ import anyio.to_thread
 import attrs
 import zmq
 
+from ._approver import Approver, ApproverRunner
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._context import get_context
 from ._exceptions import BaseExceptionGroup, single_error
@@ -97,6 +98,12 @@ class Broker:
         64, ``python -m benchmarks.ab``). The broker is still a task of your task group;
         cancelling it stops the thread promptly. ``False`` keeps everything in the event
         loop (one thread in all)
+    :param approve: a registration approver (``docs/services.md``): called (plain ``def``,
+        on the event loop: keep it quick; or ``async def``) with a
+        :class:`dcp.ApprovalRequest` for each registration (service, the info the worker
+        gave, routing id, CURVE key) and returns ``True``, ``False``, ``(bool, reason)`` or
+        a :class:`dcp.Approval`; a denied worker is told the reason. CURVE allow-lists
+        apply first
     :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
     """
 
@@ -118,6 +125,7 @@ class Broker:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         security: CurveServer | None = None,
         io_thread: bool = True,
+        approve: Approver | None = None,
         **core_options: Any,
     ) -> None:
         if not endpoints:
@@ -147,8 +155,12 @@ class Broker:
             max_client_inflight=max_client_inflight,
             work_timeout=work_timeout,
             guard=guard,
+            approve=approve is not None,
             **core_options,
         )
+        self._approve = approve
+        self._approver: ApproverRunner | None = None
+        self._wake_out: zmq.Socket[bytes] | None = None
         self._socket: AsyncSocket | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
         #: The bound endpoints (ports resolved) while serving; empty before.
@@ -250,6 +262,9 @@ class Broker:
                 async with anyio.create_task_group() as tg:
                     if zap is not None:
                         tg.start_soon(zap.serve)
+                    if self._approve is not None:
+                        self._approver = ApproverRunner(self._approve)
+                        tg.start_soon(self._approver.run, self._answered)
                     if self._io_thread:
                         task_status.started(bound)
                         await self._thread_loop(asock, ctx)
@@ -285,6 +300,7 @@ class Broker:
         wake_out: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
         wake_in.bind(wake_address)
         wake_out.connect(wake_address)
+        self._wake_out = wake_out
         stopped = threading.Event()
         lock = threading.Lock()
         # Whether the thread got going, and whether it may still (a cancellation can come
@@ -307,6 +323,7 @@ class Broker:
             with lock:
                 state["over"] = True
                 started = state["started"]
+            self._wake_out = None
             if started:
                 wake_out.send(b"", zmq.NOBLOCK)
                 with anyio.CancelScope(shield=True):
@@ -335,7 +352,9 @@ class Broker:
                 next_tick = now + period
             ready = poll(max(0, int((next_tick - now) * 1000) + 1))
             if ready and any(s is wake for s, _ in ready):
-                return
+                if b"" in _drain_wake(wake):
+                    return
+                self._decide(asock, clock())  # only approvals wake it otherwise
             now = clock()
             while asock.has_input():
                 self._handle(asock.drain(batch), now)
@@ -370,8 +389,29 @@ class Broker:
             if core.outbox and self._socket is not None:
                 self._flush(self._socket)
 
+    def _answered(self) -> None:
+        """The approver answered: feed the core (from its own thread)."""
+        wake = self._wake_out
+        if wake is not None:
+            wake.send(b"a", zmq.NOBLOCK)
+        elif self._socket is not None:
+            self._decide(self._socket, anyio.current_time())
+
+    def _decide(self, asock: AsyncSocket, now: float) -> None:
+        approver = self._approver
+        if approver is not None:
+            answers = approver.answers
+            while answers:
+                token, answer = answers.popleft()
+                self._core.decide(token, answer, now)
+            self._flush(asock)
+
     def _flush(self, asock: AsyncSocket) -> None:
         core = self._core
+        approvals = core.approvals
+        if approvals is not None and approvals.asked and self._approver is not None:
+            asked, approvals.asked = approvals.asked, []
+            self._approver.ask(asked, threaded=self._wake_out is not None)
         gone: set[bytes] = set()
         while core.outbox:
             out, core.outbox = core.outbox, []
@@ -420,3 +460,13 @@ class Broker:
         except BaseExceptionGroup as group:
             raise single_error(group) from None
         return None
+
+
+def _drain_wake(wake: zmq.Socket[bytes]) -> list[bytes]:
+    """What woke the I/O thread: ``b""`` to stop, ``b"a"`` for approvals' answers."""
+    got = []
+    while True:
+        try:
+            got.append(wake.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            return got

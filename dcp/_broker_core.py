@@ -56,12 +56,13 @@ import logging
 from collections.abc import Sequence
 
 from ._core.admission import Limits
+from ._core.approval import Approval, Approvals, decide
 from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
 from ._core.majordomo import Majordomo
 from ._core.peers import Session, Sessions
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
 from ._guard import Guard
-from ._messages import MessageType, Register, Reply, Request
+from ._messages import ERROR_MARKER, MessageType, Register, Reply, Request
 from ._stats import BrokerStatistics, ServiceStatistics
 from .wire import mdp
 from .wire.dcp1 import PROTOCOL, TYPE_FRAMES, parse
@@ -104,6 +105,8 @@ class BrokerCore(Majordomo):
     :param mdp_timeout: seconds an idle Majordomo worker may be silent (its libraries beat
         every 2.5 s by default)
     :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
+    :param approve: registrations wait for an approver (:mod:`dcp._core.approval`): the
+        driver answers the questions in ``approvals.asked`` with :meth:`decide`
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class BrokerCore(Majordomo):
         busy_timeout: float = 60.0,
         mdp_timeout: float = 10.0,
         guard: Guard | None = None,
+        approve: bool = False,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -150,6 +154,7 @@ class BrokerCore(Majordomo):
             work_timeout=work_timeout,
             quarantine=timeout,
             guard=guard,
+            approvals=Approvals() if approve else None,
         )
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
@@ -303,6 +308,9 @@ class BrokerCore(Majordomo):
         self.counters.replies += 1
         if pending is not None:
             origin, name = pending.origin, pending.service.name
+            data = msg.data
+            if data and data[0] == ERROR_MARKER:
+                pending.service.errors += 1  # directory Rule D5
         else:
             origin, name = self.sessions.dialect_of(client), b""
         self.outbox.append(origin.reply(client, name, msg.metadata, msg.data))
@@ -317,6 +325,10 @@ class BrokerCore(Majordomo):
             self.reject(peer, refused, f"key {principal}")
             return False
         return True
+
+    def decide(self, token: int, answer: Approval, now: float) -> None:
+        """The approver answered registration question ``token`` (approval Rule A2)."""
+        decide(self, token, answer, now)
 
     # --------------------------------------------------------- cut messages
 

@@ -12,7 +12,7 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -35,7 +35,9 @@ from ._context import get_context
 from ._json import encode_json
 from ._messages import work_timeout_option
 from ._response import Outcome, Response
+from . import _services
 from ._security import CurveClient, configure_client_socket
+from ._services import ServiceChange, ServiceInfo, ServiceStats, ServiceSummary
 from ._stats import ClientStatistics
 from ._tracker import RequestTracker
 from ._waiters import Sink, Waiter
@@ -299,6 +301,33 @@ class Client:
             no_wait=no_wait,
         )
         return response.json()
+
+    async def services(self, *, timeout: float | None = None) -> list[ServiceSummary]:
+        """Every service the broker knows, with workers, queue and version (``mmi.services``,
+        ``docs/services.md``).
+
+        :raises RuntimeError: the broker does not answer it (not a dcp broker)
+        """
+        return await _services.services(self, timeout=timeout)
+
+    async def service_info(
+        self, name: str | bytes, *, timeout: float | None = None
+    ) -> ServiceInfo | None:
+        """One service's version, description, metadata and schemas (``mmi.info``);
+        ``None`` if the broker knows no such service."""
+        return await _services.service_info(self, name, timeout=timeout)
+
+    async def service_stats(
+        self, name: str | bytes, *, timeout: float | None = None
+    ) -> ServiceStats | None:
+        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
+        return await _services.service_stats(self, name, timeout=timeout)
+
+    def watch_services(
+        self, *, interval: float = 1.0, timeout: float | None = None
+    ) -> AsyncIterator[ServiceChange]:
+        """Services coming up and going down, polled every ``interval`` seconds."""
+        return _services.watch_services(self, interval=interval, timeout=timeout)
 
     def map(
         self,

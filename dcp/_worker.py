@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TypeAlias, cast
 
@@ -31,6 +31,7 @@ from ._results import (
     wait_blocked,
 )
 from ._security import CurveClient, configure_client_socket
+from ._services import Service, several_services
 from ._stats import WorkerStatistics
 from ._worker_core import (
     BrokerLost,
@@ -118,6 +119,10 @@ class Worker:
     :param endpoint: the broker's zmq endpoint
     :param service: the service name (``str`` is UTF-8 encoded)
     :param handler: the function (``async def`` or plain ``def``) that serves one request
+    :param services: instead of ``service`` and ``handler``, several services on one socket
+        (``docs/services.md``): names to handlers or :class:`dcp.Service` objects (handler,
+        concurrency, version, description, metadata, schemas); ``concurrency`` is then
+        the sum of theirs
     :param concurrency: most requests handled at once
     :param heartbeat_interval: seconds between heartbeats (agreed with the broker)
     :param liveness: heartbeats the broker may miss before the worker reconnects
@@ -145,9 +150,10 @@ class Worker:
     def __init__(
         self,
         endpoint: str,
-        service: str | bytes,
-        handler: Handler,
+        service: str | bytes | None = None,
+        handler: Handler | None = None,
         *,
+        services: Mapping[str | bytes, Service | Handler] | None = None,
         concurrency: int = 1,
         heartbeat_interval: float = 1.0,
         liveness: int = 3,
@@ -160,6 +166,11 @@ class Worker:
         self.endpoint = endpoint
         self._security = security
         self._refused: RegistrationRefused | None = None
+        several = several_services(service, handler, services)
+        if several is not None:
+            # docs/services.md: one dispatching handler; concurrency is the services' sum.
+            service, handler, concurrency = several.first, several.handler, several.concurrency
+        assert service is not None and handler is not None
         self.service = service.encode() if isinstance(service, str) else bytes(service)
         self._handler = handler
         self._is_async = is_async_handler(handler)
@@ -175,6 +186,8 @@ class Worker:
             reconnect_min=reconnect_min,
             reconnect_max=reconnect_max,
             type_width=type_width,
+            more_services=() if several is None else several.more,
+            infos=None if several is None else several.infos,
         )
         self._asock: AsyncSocket | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -357,7 +370,9 @@ class Worker:
                             self.service,
                             out.message,
                         )
-                        self._refused = RegistrationRefused(self.service, out.message)
+                        self._refused = RegistrationRefused(
+                            out.service or self.service, out.message
+                        )
                         return None
                     self._do(out)
                 if core.state is State.READY and self._task_status is not None:

@@ -86,6 +86,12 @@ Rule 11 (type-frame width)
     then write in the width of the broker's last message. With ``type_width=4`` every
     message is written in 4 bytes from the first REGISTER on, whatever the broker writes: the
     explicit setting wins (a DagBox broker aborts on a 1-byte type; a dcp broker reads both).
+Rule 12 (several services)
+    A worker may register several services on one connection. Each connection (and each
+    RECONNECT) sends first one ``mmi.describe`` request per service that has an info
+    document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
+    is ignored), then one REGISTER per service. READY comes once every registration is
+    echoed; a refusal of any of them closes the core (Rule 10).
 
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
@@ -97,7 +103,7 @@ import enum
 import math
 import random as _random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 import attrs
@@ -115,8 +121,12 @@ from ._messages import (
     parse_error_reply,
     request_expires_in,
 )
+from ._core.directory import DESCRIBE
 from ._stats import WorkerStatistics
 from .wire.dcp1 import check_type_width, parse
+
+#: The metadata of a worker's ``mmi.describe`` request (Rule 12), to know the answer.
+DESCRIBE_TAG = b"\xffDCP:describe"
 
 __all__ = [
     "BrokerLost",
@@ -176,6 +186,8 @@ class Refused:
 
     #: The broker's explanation.
     message: str
+    #: The service refused.
+    service: bytes = b""
 
 
 #: What the core asks the I/O layer to do (the items of :attr:`WorkerCore.outbox`).
@@ -205,6 +217,8 @@ class WorkerCore:
         reconnect_max: float = 5.0,
         random: Callable[[], float] = _random.random,
         type_width: int = 1,
+        more_services: Sequence[bytes] = (),
+        infos: Mapping[bytes, bytes] | None = None,
     ) -> None:
         check_type_width(type_width)
         if concurrency < 1:
@@ -216,6 +230,11 @@ class WorkerCore:
         if not 0 < reconnect_min <= reconnect_max:
             raise ValueError("need 0 < reconnect_min <= reconnect_max")
         self.service = service
+        #: Every service registered (Rule 12): ``service`` first.
+        self.services = (service, *more_services)
+        #: Their info documents, sent with ``mmi.describe`` before the registrations.
+        self.infos = dict(infos or {})
+        self._unconfirmed: set[bytes] = set()
         self.concurrency = concurrency
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
@@ -265,7 +284,7 @@ class WorkerCore:
         self._generation += 1
         self._credit = 1
         outbox = self.outbox
-        outbox.append(Register(self.service))
+        outbox += self._registrations()
         outbox += self._pending
         self._pending.clear()
         self._last_send = now
@@ -288,7 +307,10 @@ class WorkerCore:
         if isinstance(msg, Request):
             self._on_request(msg, now)
             return
-        if isinstance(msg, Register) and msg.service == self.service:
+        if isinstance(msg, Register) and msg.service in self.services:
+            self._unconfirmed.discard(msg.service)
+            if self._unconfirmed:
+                return  # Rule 12: ready once every registration is echoed
             self.state = State.READY
             self._failures = 0
             # Rule 1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
@@ -300,20 +322,24 @@ class WorkerCore:
             self._drop_backlog()
             self._generation += 1
             self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
-            self._send(Register(self.service), now)
+            for message in self._registrations():
+                self._send(message, now)
             return
         if isinstance(msg, Reply) and msg.client is None:
             refusal = parse_error_reply(msg.data)
             if (
                 refusal is not None
                 and refusal[0] == "registration_refused"
-                and msg.metadata == ((self.service,) if self.service else ())
+                and (msg.metadata[0] if msg.metadata else b"") in self.services
             ):
                 self.state = State.CLOSED
                 self.stopping = True
                 self._drop_backlog()
-                self.outbox.append(Refused(refusal[1]))
+                refused = msg.metadata[0] if msg.metadata else b""
+                self.outbox.append(Refused(refusal[1], refused))
                 return
+        if isinstance(msg, Reply) and msg.metadata == (DESCRIBE_TAG,):
+            return  # the broker's answer to mmi.describe (Rule 12)
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
 
@@ -406,6 +432,17 @@ class WorkerCore:
         )
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _registrations(self) -> list[Message]:
+        """Rule 12: every description, then every registration."""
+        self._unconfirmed = set(self.services)
+        infos = self.infos
+        described: list[Message] = [
+            Request(DESCRIBE, None, (DESCRIBE_TAG,), (name, infos[name]))
+            for name in self.services
+            if name in infos
+        ]
+        return described + [Register(name) for name in self.services]
 
     def _on_request(self, request: Request, now: float) -> None:
         self._received += 1
