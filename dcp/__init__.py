@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._beacon import find_broker as find_broker
 from ._broker import Broker as Broker
 from ._broker_core import BrokerStatistics as BrokerStatistics
 from ._broker_core import ServiceStatistics as ServiceStatistics
@@ -36,11 +37,18 @@ from ._messages import Reconnect as Reconnect
 from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
+from ._core.approval import Approval as Approval
+from ._core.approval import ApprovalRequest as ApprovalRequest
 from ._response import Response as Response
 from ._results import Forward as Forward
 from ._results import HandlerRequest as HandlerRequest
 from ._security import CurveClient as CurveClient
 from ._security import CurveServer as CurveServer
+from ._services import Service as Service
+from ._services import ServiceChange as ServiceChange
+from ._services import ServiceInfo as ServiceInfo
+from ._services import ServiceStats as ServiceStats
+from ._services import ServiceSummary as ServiceSummary
 from ._stats import ClientStatistics as ClientStatistics
 from ._stats import WorkerStatistics as WorkerStatistics
 from ._sync_client import SyncClient as SyncClient
@@ -54,6 +62,8 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "ERROR_MARKER",
     "PROTOCOL",
+    "Approval",
+    "ApprovalRequest",
     "BadProtocolFrame",
     "BadTypeFrame",
     "Broker",
@@ -86,7 +96,12 @@ __all__ = [
     "Request",
     "RequestTimeout",
     "Response",
+    "Service",
+    "ServiceChange",
+    "ServiceInfo",
     "ServiceStatistics",
+    "ServiceStats",
+    "ServiceSummary",
     "SyncClient",
     "TooFewFrames",
     "TooManyFrames",
@@ -95,6 +110,7 @@ __all__ = [
     "UnsupportedVersion",
     "Worker",
     "WorkerStatistics",
+    "find_broker",
     "parse",
     "serialize",
     "to_json",

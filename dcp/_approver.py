@@ -9,6 +9,7 @@ must be quick. An approver that raises or returns something else denies (approva
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -45,15 +46,17 @@ class ApproverRunner:
     def ask(self, questions: list[ApprovalRequest], *, threaded: bool) -> None:
         """Pass the core's questions to :meth:`run` (``threaded``: from the I/O thread)."""
         for question in questions:
-            if threaded:
-                anyio.from_thread.run_sync(self._send.send_nowait, question)
-            else:
-                self._send.send_nowait(question)
+            # Closed: the broker is stopping, and the worker will not be confirmed.
+            with contextlib.suppress(anyio.ClosedResourceError):
+                if threaded:
+                    anyio.from_thread.run_sync(self._send.send_nowait, question)
+                else:
+                    self._send.send_nowait(question)
 
     async def run(self, answered: Callable[[], None]) -> None:
         """Answer questions until cancelled; after each answer, call ``answered`` (which
         feeds :attr:`answers` to the core, or wakes the thread that does)."""
-        async with anyio.create_task_group() as tg, self._receive:
+        async with self._send, self._receive, anyio.create_task_group() as tg:
             async for question in self._receive:
                 tg.start_soon(self._one, question, answered)
 

@@ -18,6 +18,7 @@ import attrs
 import zmq
 
 from ._approver import Approver, ApproverRunner
+from ._beacon import send_beacons
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._context import get_context
 from ._exceptions import BaseExceptionGroup, single_error
@@ -104,6 +105,9 @@ class Broker:
         gave, routing id, CURVE key) and returns ``True``, ``False``, ``(bool, reason)`` or
         a :class:`dcp.Approval`; a denied worker is told the reason. CURVE allow-lists
         apply first
+    :param beacon: a UDP port to announce the broker on, every second (the first
+        ``tcp://`` endpoint's port, and with CURVE its public key; ``docs/services.md``)
+    :param beacon_address: where the beacon goes (default: the broadcast address)
     :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
     """
 
@@ -126,6 +130,8 @@ class Broker:
         security: CurveServer | None = None,
         io_thread: bool = True,
         approve: Approver | None = None,
+        beacon: int | None = None,
+        beacon_address: str = "255.255.255.255",
         **core_options: Any,
     ) -> None:
         if not endpoints:
@@ -159,6 +165,10 @@ class Broker:
             **core_options,
         )
         self._approve = approve
+        if beacon is not None and not any(e.startswith("tcp://") for e in endpoints):
+            raise ValueError("a beacon announces a tcp:// endpoint: bind one")
+        self._beacon = beacon
+        self._beacon_address = beacon_address
         self._approver: ApproverRunner | None = None
         self._wake_out: zmq.Socket[bytes] | None = None
         self._socket: AsyncSocket | None = None
@@ -262,6 +272,8 @@ class Broker:
                 async with anyio.create_task_group() as tg:
                     if zap is not None:
                         tg.start_soon(zap.serve)
+                    if self._beacon is not None:
+                        await tg.start(self._send_beacons, bound)
                     if self._approve is not None:
                         self._approver = ApproverRunner(self._approve)
                         tg.start_soon(self._approver.run, self._answered)
@@ -275,6 +287,16 @@ class Broker:
             finally:
                 self._socket = None
                 self.endpoints = []
+
+    async def _send_beacons(
+        self, bound: list[str], *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        assert self._beacon is not None
+        port = next(int(e.rpartition(":")[2]) for e in bound if e.startswith("tcp://"))
+        key = None if self._security is None else self._security.public_key
+        await send_beacons(
+            self._beacon, port, address=self._beacon_address, key=key, task_status=task_status
+        )
 
     async def _receive_loop(self, asock: AsyncSocket) -> None:
         batch = self._batch

@@ -36,6 +36,7 @@ from ._json import encode_json
 from ._messages import work_timeout_option
 from ._response import Outcome, Response
 from . import _services
+from ._beacon import BEACON_SCHEME, resolve
 from ._security import CurveClient, configure_client_socket
 from ._services import ServiceChange, ServiceInfo, ServiceStats, ServiceSummary
 from ._stats import ClientStatistics
@@ -170,6 +171,9 @@ class Client:
     async def __aenter__(self) -> Client:
         if self._socket is not None or self._closed:
             raise RuntimeError("a Client can be entered only once")
+        if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
+            key = None if self._security is None else self._security.server_key
+            self.endpoint = await resolve(self.endpoint, key=key)
         ctx = self._context if self._context is not None else get_context()
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         try:

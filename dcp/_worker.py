@@ -14,6 +14,7 @@ import anyio.abc
 import attrs
 import zmq
 
+from ._beacon import BEACON_SCHEME, resolve
 from ._calls import make_routing_id
 from ._context import get_context
 from ._errors import RegistrationRefused, RemoteProtocolError
@@ -282,6 +283,9 @@ class Worker:
         if self._serving:
             raise RuntimeError("a Worker can serve only once")
         self._serving = True
+        if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
+            key = None if self._security is None else self._security.server_key
+            self.endpoint = await resolve(self.endpoint, key=key)
         self._done = anyio.Event()
         self._task_status = task_status
         try:
