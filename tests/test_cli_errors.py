@@ -121,7 +121,7 @@ USAGE_ERRORS = [
     (
         ["fly"],
         "dcp: argument COMMAND: invalid choice: 'fly' (choose from 'broker', 'worker', "
-        "'call', 'demo', 'keys')" + see("dcp"),
+        "'call', 'demo', 'keys', 'services', 'find')" + see("dcp"),
     ),
     ([], "dcp: the following arguments are required: COMMAND" + see("dcp")),
     (
