@@ -7,6 +7,8 @@ from ._broker import Broker as Broker
 from ._broker_core import BrokerStatistics as BrokerStatistics
 from ._broker_core import ServiceStatistics as ServiceStatistics
 from ._client import Client as Client
+from ._core.approval import Approval as Approval
+from ._core.approval import ApprovalRequest as ApprovalRequest
 from ._errors import BadProtocolFrame as BadProtocolFrame
 from ._errors import BadTypeFrame as BadTypeFrame
 from ._errors import DCPError as DCPError
@@ -37,8 +39,6 @@ from ._messages import Reconnect as Reconnect
 from ._messages import Register as Register
 from ._messages import Reply as Reply
 from ._messages import Request as Request
-from ._core.approval import Approval as Approval
-from ._core.approval import ApprovalRequest as ApprovalRequest
 from ._response import Response as Response
 from ._results import Forward as Forward
 from ._results import HandlerRequest as HandlerRequest

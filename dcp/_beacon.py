@@ -111,7 +111,11 @@ async def send_beacons(
 
 
 async def listen(
-    port: int, *, host: str = "", timeout: float = 5.0, key: bytes | None = None
+    port: int,
+    *,
+    host: str = "",
+    timeout: float = 5.0,  # noqa: ASYNC109 (how long to listen)
+    key: bytes | None = None,
 ) -> BeaconHeard:
     """The first beacon heard on UDP ``host``:``port`` (``""``: every interface).
 
@@ -134,7 +138,11 @@ async def listen(
 
 
 async def find_broker(
-    port: int, *, host: str = "", timeout: float = 5.0, key: bytes | str | None = None
+    port: int,
+    *,
+    host: str = "",
+    timeout: float = 5.0,  # noqa: ASYNC109 (how long to listen)
+    key: bytes | str | None = None,
 ) -> str:
     """The endpoint of the first broker heard announcing itself on UDP ``port``
     (``dcp broker --beacon PORT``); see ``docs/services.md``.
@@ -149,7 +157,12 @@ async def find_broker(
     return (await listen(port, host=host, timeout=timeout, key=wanted)).endpoint
 
 
-async def resolve(endpoint: str, *, timeout: float = 5.0, key: bytes | None = None) -> str:
+async def resolve(
+    endpoint: str,
+    *,
+    timeout: float = 5.0,  # noqa: ASYNC109 (how long to listen)
+    key: bytes | None = None,
+) -> str:
     """``endpoint``, or for ``beacon://[HOST]:PORT`` the broker endpoint heard there.
 
     :raises ValueError: a malformed ``beacon://`` address

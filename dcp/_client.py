@@ -20,6 +20,8 @@ import anyio
 import anyio.lowlevel
 import zmq
 
+from . import _services
+from ._beacon import BEACON_SCHEME, resolve
 from ._calls import (
     Part,
     Payload,
@@ -35,8 +37,6 @@ from ._context import get_context
 from ._json import encode_json
 from ._messages import work_timeout_option
 from ._response import Outcome, Response
-from . import _services
-from ._beacon import BEACON_SCHEME, resolve
 from ._security import CurveClient, configure_client_socket
 from ._services import ServiceChange, ServiceInfo, ServiceStats, ServiceSummary
 from ._stats import ClientStatistics
@@ -306,7 +306,11 @@ class Client:
         )
         return response.json()
 
-    async def services(self, *, timeout: float | None = None) -> list[ServiceSummary]:
+    async def services(
+        self,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> list[ServiceSummary]:
         """Every service the broker knows, with workers, queue and version (``mmi.services``,
         ``docs/services.md``).
 
@@ -315,14 +319,20 @@ class Client:
         return await _services.services(self, timeout=timeout)
 
     async def service_info(
-        self, name: str | bytes, *, timeout: float | None = None
+        self,
+        name: str | bytes,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> ServiceInfo | None:
         """One service's version, description, metadata and schemas (``mmi.info``);
         ``None`` if the broker knows no such service."""
         return await _services.service_info(self, name, timeout=timeout)
 
     async def service_stats(
-        self, name: str | bytes, *, timeout: float | None = None
+        self,
+        name: str | bytes,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> ServiceStats | None:
         """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
         return await _services.service_stats(self, name, timeout=timeout)

@@ -18,8 +18,14 @@ from ._json import decode_json, encode_json
 from ._results import HandlerRequest, is_async_handler
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from ._client import Client
     from ._worker import Handler, HandlerResult
+
+    #: ``Worker(services=...)``: service names (``str`` or ``bytes``) to handlers or
+    #: :class:`Service` objects.
+    ServiceTable: TypeAlias = Mapping[Any, "Service | Handler"]
 
 __all__ = [
     "Service",
@@ -127,7 +133,7 @@ class Several:
 def several_services(
     service: str | bytes | None,
     handler: Handler | None,
-    services: Mapping[str | bytes, Service | Handler] | None,
+    services: ServiceTable | None,
 ) -> Several | None:
     """Check a :class:`dcp.Worker`'s service arguments; ``None`` for one ``service`` and
     ``handler``.
@@ -142,7 +148,8 @@ def several_services(
     if service is not None or handler is not None:
         raise TypeError("give a Worker either a service and a handler, or services={...}")
     table: dict[bytes, Service] = {}
-    for name, value in services.items():
+    items: Any = services.items()
+    for name, value in items:
         key = name.encode() if isinstance(name, str) else bytes(name)
         if key in table:
             raise ValueError(f"service {key!r} given twice")
@@ -222,7 +229,12 @@ class ServiceChange:
     workers: int
 
 
-async def _ask(client: Client, name: str, arg: bytes | None, timeout: float | None) -> Any:
+async def _ask(
+    client: Client,
+    name: str,
+    arg: bytes | None,
+    timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+) -> Any:
     args = () if arg is None else (arg,)
     response = await client.request(name, *args, timeout=timeout, retries=0)
     if response.data == (b"404",):
@@ -236,14 +248,21 @@ def _name(name: str | bytes) -> bytes:
     return name.encode() if isinstance(name, str) else bytes(name)
 
 
-async def services(client: Client, *, timeout: float | None = None) -> list[ServiceSummary]:
+async def services(
+    client: Client,
+    *,
+    timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
+) -> list[ServiceSummary]:
     """Every service the broker knows (see :meth:`dcp.Client.services`)."""
     listing = await _ask(client, "mmi.services", None, timeout)
     return [ServiceSummary(**entry) for entry in listing]
 
 
 async def service_info(
-    client: Client, name: str | bytes, *, timeout: float | None = None
+    client: Client,
+    name: str | bytes,
+    *,
+    timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
 ) -> ServiceInfo | None:
     """One service's info, ``None`` if the broker knows no such service."""
     doc = await _ask(client, "mmi.info", _name(name), timeout)
@@ -255,7 +274,10 @@ async def service_info(
 
 
 async def service_stats(
-    client: Client, name: str | bytes, *, timeout: float | None = None
+    client: Client,
+    name: str | bytes,
+    *,
+    timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
 ) -> ServiceStats | None:
     """One service's stats, ``None`` if the broker knows no such service."""
     doc = await _ask(client, "mmi.stats", _name(name), timeout)
@@ -268,7 +290,10 @@ async def service_stats(
 
 
 async def watch_services(
-    client: Client, *, interval: float = 1.0, timeout: float | None = None
+    client: Client,
+    *,
+    interval: float = 1.0,
+    timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
 ) -> AsyncIterator[ServiceChange]:
     """Changes to the services workers serve, by asking ``mmi.services`` every
     ``interval`` seconds: first one ``up`` change per service served now, then each

@@ -5,9 +5,9 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TypeAlias, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import anyio
 import anyio.abc
@@ -32,7 +32,7 @@ from ._results import (
     wait_blocked,
 )
 from ._security import CurveClient, configure_client_socket
-from ._services import Service, several_services
+from ._services import several_services
 from ._stats import WorkerStatistics
 from ._worker_core import (
     BrokerLost,
@@ -44,6 +44,9 @@ from ._worker_core import (
 )
 from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize
+
+if TYPE_CHECKING:
+    from ._services import ServiceTable
 
 __all__ = ["Forward", "Handler", "HandlerRequest", "Worker", "WorkerStatistics"]
 
@@ -154,7 +157,7 @@ class Worker:
         service: str | bytes | None = None,
         handler: Handler | None = None,
         *,
-        services: Mapping[str | bytes, Service | Handler] | None = None,
+        services: ServiceTable | None = None,
         concurrency: int = 1,
         heartbeat_interval: float = 1.0,
         liveness: int = 3,

@@ -108,6 +108,7 @@ from typing import TypeAlias
 
 import attrs
 
+from ._core.directory import DESCRIBE
 from ._errors import RemoteProtocolError
 from ._messages import (
     Message,
@@ -121,7 +122,6 @@ from ._messages import (
     parse_error_reply,
     request_expires_in,
 )
-from ._core.directory import DESCRIBE
 from ._stats import WorkerStatistics
 from .wire.dcp1 import check_type_width, parse
 

@@ -7,6 +7,7 @@ import json
 import logging
 
 import anyio
+import anyio.lowlevel
 import pytest
 import zmq
 
@@ -153,9 +154,9 @@ async def test_watch_services() -> None:
 async def test_approval_async_and_sync(io_thread: bool) -> None:
     seen: list[dcp.ApprovalRequest] = []
 
-    async def approve(request: dcp.ApprovalRequest) -> dcp.Approval | bool:
+    async def approve(request: dcp.ApprovalRequest) -> dcp.Approval | bool | tuple[bool, str]:
         seen.append(request)
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         if request.service == b"denied":
             return dcp.Approval.deny("not on my broker")
         if request.info is not None and request.info.get("version") == "0.1.0":

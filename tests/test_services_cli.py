@@ -53,7 +53,15 @@ def test_services_find_and_several_services(
         assert {"name", "workers", "queued", "version", "description"} <= set(entry)
     assert main(["services", "--connect", tcp]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["name", "workers", "idle", "busy", "queued", "version", "description"]
+    assert table[0].split() == [
+        "name",
+        "workers",
+        "idle",
+        "busy",
+        "queued",
+        "version",
+        "description",
+    ]
     assert sorted(line.split()[0] for line in table[1:]) == ["echo", "slow"]
 
     assert main(["find", "--beacon", str(port), "--host", "127.0.0.1", "--timeout", "5"]) == 0

@@ -134,9 +134,8 @@ def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from .._errors import RegistrationRefused
-    from .._worker import Worker
-
     from .._services import Service
+    from .._worker import Worker
 
     served = worker_services(args.service, args.handler, _load_handler)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._run import USAGE, CLIError, run_async
@@ -94,7 +94,7 @@ def add_commands(
     p.set_defaults(func=cmd_find)
 
 
-def render_table(rows: list[Mapping[str, Any]]) -> str:
+def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The services as an aligned text table (header first)."""
     cells = [list(_COLUMNS)] + [[str(row.get(c, "")) for c in _COLUMNS] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
@@ -114,9 +114,7 @@ def cmd_services(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with Client(args.connect, security=security, timeout=args.timeout) as client:
-            rows.extend(
-                {c: getattr(s, c) for c in _COLUMNS} for s in await client.services()
-            )
+            rows.extend({c: getattr(s, c) for c in _COLUMNS} for s in await client.services())
 
     try:
         run_async(args.backend, run)

@@ -180,9 +180,7 @@ class Directory:
         #: Info of registered workers: service -> peer -> info (newest last).
         self.infos: dict[bytes, dict[bytes, dict[str, Any]]] = {}
 
-    def describe(
-        self, peer: bytes, name: bytes, info: dict[str, Any], registered: bool
-    ) -> None:
+    def describe(self, peer: bytes, name: bytes, info: dict[str, Any], registered: bool) -> None:
         """Rule D3: ``peer`` describes ``name`` (``registered``: it provides it already)."""
         if registered:
             infos = self.infos.setdefault(name, {})
