@@ -57,6 +57,7 @@ from collections.abc import Sequence
 
 from ._core.admission import Limits
 from ._core.approval import Approval, Approvals, decide
+from ._core.dbp import DbpPeers
 from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
 from ._core.majordomo import Majordomo
 from ._core.peers import Session, Sessions
@@ -75,7 +76,7 @@ logger = logging.getLogger("dcp.broker")
 _REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
 
-class BrokerCore(Majordomo):
+class BrokerCore(Majordomo, DbpPeers):
     """The broker's state machine (see the module docstring for its rules and layout).
 
     :param heartbeat_interval: seconds between worker heartbeats (agreed with the workers)
@@ -184,6 +185,8 @@ class BrokerCore(Majordomo):
             self._on_dcp(peer, body, worker, now, principal)
         elif family is Family.MDP:
             self._on_mdp(peer, body, worker, now, principal)
+        elif family is Family.DBP:
+            self._on_dbp(peer, body, worker, now, principal)
         else:
             self.reject(peer, "unknown_protocol", "no DCP or MDP header")
 

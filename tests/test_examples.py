@@ -30,6 +30,16 @@ CASES = {
         "the worker may not serve payroll",
         "broker refused: registration_refused, zap_denied",
     ],
+    "services.py": [
+        "found the broker: True",
+        "HELLO",
+        "olleh",
+        "upper 1.2.0 workers=1: Upper-cases UTF-8 text",
+        "reverse 0.3.1 workers=1: Reverses bytes",
+        "upper metadata: {'owner': 'text-team'} schema: {'type': 'string'}",
+        "upper requests: 1 queued: 0",
+        "refused: describe your service (version) first",
+    ],
 }
 
 

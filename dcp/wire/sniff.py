@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import typing
 
+from .dbp import COMMANDS as _DBP_COMMANDS
 from .mdp import HEADERS as _MDP_HEADERS
 
 if typing.TYPE_CHECKING:
@@ -26,6 +27,8 @@ class Family(enum.Enum):
     DCP = "dcp"
     #: Majordomo (:mod:`dcp.wire.mdp`): ``MDPC0x``/``MDPW0x``, after an optional empty frame.
     MDP = "mdp"
+    #: DBP (:mod:`dcp.wire.dbp`): empty frame, then a DBP command (``u_U``, ``UwU``, ...).
+    DBP = "dbp"
 
 
 def sniff(frames: Sequence[bytes]) -> Family | None:
@@ -43,6 +46,8 @@ def sniff(frames: Sequence[bytes]) -> Family | None:
             return Family.DCP
         if head in _MDP_HEADERS:
             return Family.MDP
+        if head in _DBP_COMMANDS:
+            return Family.DBP
         return None
     if n >= 1:
         head = frames[0]
