@@ -186,8 +186,8 @@ class Refused:
 
     #: The broker's explanation.
     message: str
-    #: The service refused.
-    service: bytes = b""
+    #: The service refused (not compared: one worker core refuses at most once).
+    service: bytes = attrs.field(default=b"", eq=False)
 
 
 #: What the core asks the I/O layer to do (the items of :attr:`WorkerCore.outbox`).
@@ -330,7 +330,7 @@ class WorkerCore:
             if (
                 refusal is not None
                 and refusal[0] == "registration_refused"
-                and (msg.metadata[0] if msg.metadata else b"") in self.services
+                and any(msg.metadata == ((s,) if s else ()) for s in self.services)
             ):
                 self.state = State.CLOSED
                 self.stopping = True

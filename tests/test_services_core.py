@@ -244,5 +244,6 @@ def test_worker_core_several_services() -> None:
     # A refusal of either closes the core, naming the service.
     refusal = Reply(None, (b"b",), error_reply_data("registration_refused", "no"))
     core.receive(serialize(refusal), 0.3)
-    assert core.outbox == [Refused("no", b"b")]
+    assert core.outbox == [Refused("no")]
+    assert isinstance(core.outbox[0], Refused) and core.outbox[0].service == b"b"
     assert cast("State", core.state) is State.CLOSED
