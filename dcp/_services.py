@@ -244,6 +244,11 @@ async def _ask(
     return decode_json(response.bytes, name=f"{name} answer")
 
 
+def _known(cls: type[Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``cls`` in ``doc`` (a newer broker may say more)."""
+    return {f.name: doc[f.name] for f in attrs.fields(cls) if f.name in doc}
+
+
 def _name(name: str | bytes) -> bytes:
     return name.encode() if isinstance(name, str) else bytes(name)
 
@@ -255,7 +260,7 @@ async def services(
 ) -> list[ServiceSummary]:
     """Every service the broker knows (see :meth:`dcp.Client.services`)."""
     listing = await _ask(client, "mmi.services", None, timeout)
-    return [ServiceSummary(**entry) for entry in listing]
+    return [ServiceSummary(**_known(ServiceSummary, entry)) for entry in listing]
 
 
 async def service_info(
@@ -268,9 +273,8 @@ async def service_info(
     doc = await _ask(client, "mmi.info", _name(name), timeout)
     if doc is None:
         return None
-    doc.pop("type", None)
     doc["versions"] = tuple(doc["versions"])
-    return ServiceInfo(**doc)
+    return ServiceInfo(**_known(ServiceInfo, doc))
 
 
 async def service_stats(
@@ -283,10 +287,9 @@ async def service_stats(
     doc = await _ask(client, "mmi.stats", _name(name), timeout)
     if doc is None:
         return None
-    doc.pop("type", None)
     for key in ("processing_time", "average_processing_time"):
         doc[key] = doc[key] / 1e9
-    return ServiceStats(**doc)
+    return ServiceStats(**_known(ServiceStats, doc))
 
 
 async def watch_services(

@@ -81,15 +81,16 @@ async def expect(peer: RawPeer, command: bytes) -> list[bytes]:
 
 
 async def test_dbp_service_and_info() -> None:
-    async with Broker("inproc://dbp-live", heartbeat_interval=0.2) as broker:
-        with Peers("inproc://dbp-live") as peers:
+    async with Broker("tcp://127.0.0.1:0", heartbeat_interval=0.2) as broker:
+        endpoint = broker.endpoints[0]
+        with Peers(endpoint) as peers:
             service = peers(b"dbp-service")
             service.send_frames(
                 reg("shout", version="2.0.0", description="DBP upper", ip="127.0.0.1", port=1)
             )
             await expect(service, dbp.APPROVED)
             async with (
-                Client("inproc://dbp-live", timeout=5) as client,
+                Client(endpoint, timeout=5) as client,
                 anyio.create_task_group() as tg,
             ):
                 tg.start_soon(client.request, "shout", b"hi")
@@ -137,8 +138,8 @@ async def test_dbp_denied_by_the_approver() -> None:
     def approve(request: dcp.ApprovalRequest) -> tuple[bool, str]:
         return request.service != b"bad", "bad is not welcome"
 
-    async with Broker("inproc://dbp-deny", approve=approve):
-        with Peers("inproc://dbp-deny") as peers:
+    async with Broker("tcp://127.0.0.1:0", approve=approve) as broker:
+        with Peers(broker.endpoints[0]) as peers:
             service = peers(b"dbp-bad")
             service.send_frames(reg("bad"))
             frames = await expect(service, dbp.DENIED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 
 import anyio
 import anyio.lowlevel
@@ -18,6 +19,22 @@ from dcp._errors import RegistrationRefused
 from dcp._worker import Worker
 
 pytestmark = pytest.mark.anyio
+
+
+class _Endpoints(dict[str, str]):
+    """A fresh inproc endpoint per name and test (both backends share one zmq context)."""
+
+    def __missing__(self, key: str) -> str:
+        value = self[key] = f"inproc://{key}-{uuid.uuid4().hex}"
+        return value
+
+
+EP = _Endpoints()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_endpoints() -> None:
+    EP.clear()
 
 
 async def upper(request: dcp.HandlerRequest) -> bytes:
@@ -45,12 +62,12 @@ UPPER = dcp.Service(
 
 async def test_one_worker_several_services(io_thread: bool) -> None:
     async with (
-        Broker("inproc://svc-multi", io_thread=io_thread) as broker,
+        Broker(EP["svc-multi"], io_thread=io_thread) as broker,
         Worker(
-            "inproc://svc-multi",
+            EP["svc-multi"],
             services={"upper": UPPER, b"lower": lower, "fail": fail},
         ) as worker,
-        Client("inproc://svc-multi", timeout=5) as client,
+        Client(EP["svc-multi"], timeout=5) as client,
     ):
         assert worker.registered
         assert (await client.request("upper", b"Ab")).bytes == b"AB"
@@ -108,12 +125,12 @@ async def test_per_service_concurrency() -> None:
         return b"ok"
 
     async with (
-        Broker("inproc://svc-conc"),
+        Broker(EP["svc-conc"]),
         Worker(
-            "inproc://svc-conc",
+            EP["svc-conc"],
             services={"slow": dcp.Service(slow, concurrency=2), "fast": upper},
         ) as worker,
-        Client("inproc://svc-conc", timeout=5) as client,
+        Client(EP["svc-conc"], timeout=5) as client,
         anyio.create_task_group() as tg,
     ):
         for _ in range(2):
@@ -135,11 +152,11 @@ async def test_per_service_concurrency() -> None:
 
 async def test_watch_services() -> None:
     async with (
-        Broker("inproc://svc-watch"),
-        Client("inproc://svc-watch", timeout=5) as client,
+        Broker(EP["svc-watch"]),
+        Client(EP["svc-watch"], timeout=5) as client,
     ):
         changes = client.watch_services(interval=0.05)
-        async with Worker("inproc://svc-watch", "w1", upper):
+        async with Worker(EP["svc-watch"], "w1", upper):
             with anyio.fail_after(5):
                 change = await anext(changes)
             assert change == dcp.ServiceChange("w1", True, 1)
@@ -163,19 +180,19 @@ async def test_approval_async_and_sync(io_thread: bool) -> None:
             return False, "too old"
         return True
 
-    async with Broker("inproc://svc-approve", approve=approve, io_thread=io_thread) as broker:
-        async with Worker("inproc://svc-approve", services={"ok": UPPER}):
+    async with Broker(EP["svc-approve"], approve=approve, io_thread=io_thread) as broker:
+        async with Worker(EP["svc-approve"], services={"ok": UPPER}):
             assert seen[-1].service == b"ok"
             assert seen[-1].info is not None and seen[-1].info["version"] == "1.2.0"
             assert seen[-1].key is None
             assert len(seen[-1].routing_id) == 16
         with pytest.raises(RegistrationRefused, match="not on my broker") as refused:
-            async with Worker("inproc://svc-approve", "denied", upper):
+            async with Worker(EP["svc-approve"], "denied", upper):
                 pass  # pragma: no cover
         assert refused.value.service == b"denied"
         old = dcp.Service(upper, version="0.1.0")
         with pytest.raises(RegistrationRefused, match="too old"):
-            async with Worker("inproc://svc-approve", services={"old": old}):
+            async with Worker(EP["svc-approve"], services={"old": old}):
                 pass  # pragma: no cover
         assert broker.statistics().rejections["registration_refused"] == 2
 
@@ -188,16 +205,16 @@ async def test_approval_failures(caplog: pytest.LogCaptureFixture) -> None:
             return "yes"
         return True
 
-    async with Broker("inproc://svc-approve2", approve=approve):
+    async with Broker(EP["svc-approve2"], approve=approve):
         with caplog.at_level(logging.ERROR, "dcp.broker"):
             with pytest.raises(RegistrationRefused, match="approver failed"):
-                async with Worker("inproc://svc-approve2", "raises", upper):
+                async with Worker(EP["svc-approve2"], "raises", upper):
                     pass  # pragma: no cover
             with pytest.raises(RegistrationRefused, match="approver failed"):
-                async with Worker("inproc://svc-approve2", "weird", upper):
+                async with Worker(EP["svc-approve2"], "weird", upper):
                     pass  # pragma: no cover
         assert "KeyError" in caplog.text
-        async with Worker("inproc://svc-approve2", "fine", upper):
+        async with Worker(EP["svc-approve2"], "fine", upper):
             pass
 
 
@@ -252,8 +269,8 @@ async def test_worker_arguments() -> None:
 async def test_discovery_from_a_plain_broker_fails_clearly() -> None:
     """A broker that answers 501 (no discovery): a clear error, not a JSON one."""
     async with (
-        Broker("inproc://svc-501"),
-        Client("inproc://svc-501", timeout=5) as client,
+        Broker(EP["svc-501"]),
+        Client(EP["svc-501"], timeout=5) as client,
     ):
         assert (await client.request("mmi.nothing")).data == (b"501",)
         # mmi.describe with bad info: 400, counted.

@@ -130,7 +130,7 @@ def parse_info(raw: bytes) -> dict[str, Any]:
     return info
 
 
-def service_entry(service: Service, info: dict[str, Any] | None, now: float) -> dict[str, Any]:
+def service_entry(service: Service, info: dict[str, Any] | None) -> dict[str, Any]:
     """One service as ``mmi.services`` lists it (Rules D4, D5)."""
     idle = len(service.idle)
     entry: dict[str, Any] = {
@@ -257,7 +257,7 @@ def answer(
     if services is None or directory is None:
         return (b"501",)
     if name == b"mmi.services":
-        listing = [service_entry(s, directory.info(n), now) for n, s in services.items()]
+        listing = [service_entry(s, directory.info(n)) for n, s in services.items()]
         return (encode_json(listing),)
     if name == b"mmi.info" or name == b"mmi.stats":
         one = directory.info_entry if name == b"mmi.info" else _stats
