@@ -247,3 +247,16 @@ def test_worker_core_several_services() -> None:
     assert core.outbox == [Refused("no")]
     assert isinstance(core.outbox[0], Refused) and core.outbox[0].service == b"b"
     assert cast("State", core.state) is State.CLOSED
+
+
+def test_mdp_clients_get_discovery_answers_too() -> None:
+    core = BrokerCore()
+    feed(core, W1, Register(b"a"))
+    take(core)
+    core.receive([b"M", b"", mdp.C01, b"mmi.services"], 0.0)
+    (frames,) = take(core)
+    assert frames[:4] == [b"M", b"", mdp.C01, b"mmi.services"]
+    assert [e["name"] for e in json.loads(frames[4])] == ["a"]
+    core.receive([b"M", b"", mdp.C01, b"mmi.stats", b"a"], 0.0)
+    (frames,) = take(core)
+    assert json.loads(frames[4])["workers"] == 1
