@@ -5,6 +5,7 @@ denied, requests served as a worker would, heartbeats and disconnect)."""
 from __future__ import annotations
 
 import json
+import os
 
 import anyio
 import pytest
@@ -15,6 +16,7 @@ from dcp._broker import Broker
 from dcp._broker_core import BrokerCore
 from dcp._client import Client
 from dcp._errors import RemoteProtocolError
+from dcp._guard import Guard
 from dcp.wire import dbp
 from dcp.wire.sniff import Family, sniff
 
@@ -146,3 +148,45 @@ async def test_dbp_denied_by_the_approver() -> None:
             assert frames[3] == b"bad is not welcome"
             service.send_frames(reg("mmi.x"))
             await expect(service, dbp.DENIED)
+
+
+def test_dbp_core_edges() -> None:
+    """Sans-IO: what the live test does not reach."""
+    core = BrokerCore()
+    P = b"P"
+
+    def send(*frames: bytes) -> list[list[bytes]]:
+        core.receive([P, b"", *frames], 0.0)
+        out, core.outbox = core.outbox, []
+        return out
+
+    assert send(dbp.ACK, T) == []  # ignored, registered or not
+    [approved] = send(*reg("s")[1:])
+    assert approved[2] == dbp.APPROVED
+    assert send(dbp.ACK, T) == []
+    # An answer that matches nothing is passed on, and asks for nothing.
+    [passed] = send(dbp.REPLY, T, b"C", b"", b"late")
+    assert passed[0] == b"C"
+    # A bad update is counted and dropped; a heartbeat while busy marks it as beating.
+    assert send(dbp.UPDATE, T, b'{"version": "nope"}') == []
+    assert core.counters.rejections["bad_service_info"] == 1
+    core.receive([b"C", *dcp.serialize(dcp.Request(b"s", None, (b"m",), (b"x",)))], 0.0)
+    core.outbox = []
+    assert send(dbp.HEARTBEAT, T) == []
+    assert core.sessions.workers[P].beats_busy
+    # A DCP worker that speaks DBP: a dialect mismatch, for a registration too.
+    core.receive([b"D", *dcp.serialize(dcp.Register(b"d"))], 0.0)
+    core.outbox = []
+    for frames in ([b"D", b"", dbp.HEARTBEAT, T], [b"D", *reg("d")]):
+        core.receive(frames, 0.0)
+        assert core.outbox == []
+    assert core.counters.rejections["dialect_mismatch"] == 2
+
+
+def test_dbp_reply_with_a_forged_address_in_secure_mode() -> None:
+    core = BrokerCore(guard=Guard(lambda key, name: True, os.urandom(32)))
+    core.receive([b"P", *reg("s")], 0.0, "KEY")
+    core.outbox = []
+    core.receive([b"P", b"", dbp.REPLY, T, b"forged", b"", b"x"], 0.0, "KEY")
+    assert core.outbox == []
+    assert core.counters.rejections["bad_client_address"] == 1
