@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from ._beacon import find_broker as find_broker
 from ._broker import Broker as Broker
 from ._broker_core import BrokerStatistics as BrokerStatistics
 from ._broker_core import ServiceStatistics as ServiceStatistics
 from ._client import Client as Client
+from ._core.approval import Approval as Approval
+from ._core.approval import ApprovalRequest as ApprovalRequest
 from ._core.pubsub import PubSubStatistics as PubSubStatistics
 from ._core.pubsub_peers import PubSubOptions as PubSubOptions
 from ._errors import AuthenticationFailed as AuthenticationFailed
@@ -49,6 +52,11 @@ from ._results import Forward as Forward
 from ._results import HandlerRequest as HandlerRequest
 from ._security import CurveClient as CurveClient
 from ._security import CurveServer as CurveServer
+from ._services import Service as Service
+from ._services import ServiceChange as ServiceChange
+from ._services import ServiceInfo as ServiceInfo
+from ._services import ServiceStats as ServiceStats
+from ._services import ServiceSummary as ServiceSummary
 from ._stats import ClientStatistics as ClientStatistics
 from ._stats import StreamStatistics as StreamStatistics
 from ._stats import WorkerStatistics as WorkerStatistics
@@ -65,6 +73,8 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "ERROR_MARKER",
     "PROTOCOL",
+    "Approval",
+    "ApprovalRequest",
     "AuthenticationFailed",
     "BadProtocolFrame",
     "BadTypeFrame",
@@ -101,7 +111,12 @@ __all__ = [
     "Request",
     "RequestTimeout",
     "Response",
+    "Service",
+    "ServiceChange",
+    "ServiceInfo",
     "ServiceStatistics",
+    "ServiceStats",
+    "ServiceSummary",
     "SlowConsumer",
     "Stream",
     "StreamBroken",
@@ -117,6 +132,7 @@ __all__ = [
     "UnsupportedVersion",
     "Worker",
     "WorkerStatistics",
+    "find_broker",
     "parse",
     "serialize",
     "to_json",

@@ -20,6 +20,8 @@ import attrs
 import zmq
 from zmq.utils import z85
 
+from ._approver import Approver, ApproverRunner
+from ._beacon import send_beacons
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._context import get_context
 from ._core.pubsub import PubSubStatistics
@@ -119,6 +121,15 @@ class Broker:
         64, ``python -m benchmarks.ab``). The broker is still a task of your task group;
         cancelling it stops the thread promptly. ``False`` keeps everything in the event
         loop (one thread in all)
+    :param approve: a registration approver (``docs/services.md``): called (plain ``def``,
+        on the event loop: keep it quick; or ``async def``) with a
+        :class:`dcp.ApprovalRequest` for each registration (service, the info the worker
+        gave, routing id, CURVE key) and returns ``True``, ``False``, ``(bool, reason)`` or
+        a :class:`dcp.Approval`; a denied worker is told the reason. CURVE allow-lists
+        apply first
+    :param beacon: a UDP port to announce the broker on, every second (the first
+        ``tcp://`` endpoint's port, and with CURVE its public key; ``docs/services.md``)
+    :param beacon_address: where the beacon goes (default: the broadcast address)
     :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
     """
 
@@ -140,6 +151,9 @@ class Broker:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         security: CurveServer | None = None,
         io_thread: bool = True,
+        approve: Approver | None = None,
+        beacon: int | None = None,
+        beacon_address: str = "255.255.255.255",
         **core_options: Any,
     ) -> None:
         if not endpoints:
@@ -176,10 +190,18 @@ class Broker:
             max_client_inflight=max_client_inflight,
             work_timeout=work_timeout,
             guard=guard,
+            approve=approve is not None,
             **core_options,
         )
+        self._approve = approve
+        if beacon is not None and not any(e.startswith("tcp://") for e in endpoints):
+            raise ValueError("a beacon announces a tcp:// endpoint: bind one")
+        self._beacon = beacon
+        self._beacon_address = beacon_address
+        self._approver: ApproverRunner | None = None
         self._socket: AsyncSocket | None = None
-        #: Work for the I/O thread's core (see _in_core), and how to wake the thread for it.
+        #: Work for the I/O thread's core (see _in_core), and how to wake the thread for it
+        #: (also for the approver's answers, _answered).
         self._calls: collections.deque[_Call] = collections.deque()
         self._wake_out: zmq.Socket[bytes] | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
@@ -354,6 +376,11 @@ class Broker:
                 async with anyio.create_task_group() as tg:
                     if zap is not None:
                         tg.start_soon(zap.serve)
+                    if self._beacon is not None:
+                        await tg.start(self._send_beacons, bound)
+                    if self._approve is not None:
+                        self._approver = ApproverRunner(self._approve)
+                        tg.start_soon(self._approver.run, self._answered)
                     if self._io_thread:
                         task_status.started(bound)
                         await self._thread_loop(asock, ctx)
@@ -364,6 +391,16 @@ class Broker:
             finally:
                 self._socket = None
                 self.endpoints = []
+
+    async def _send_beacons(
+        self, bound: list[str], *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        assert self._beacon is not None
+        port = next(int(e.rpartition(":")[2]) for e in bound if e.startswith("tcp://"))
+        key = None if self._security is None else self._security.public_key
+        await send_beacons(
+            self._beacon, port, address=self._beacon_address, key=key, task_status=task_status
+        )
 
     async def _receive_loop(self, asock: AsyncSocket) -> None:
         batch = self._batch
@@ -447,9 +484,11 @@ class Broker:
             else:
                 ready = poll(max(0, int((next_tick - now) * 1000) + 1))
             if ready and any(s is wake for s, _ in ready):
-                if wake.recv() == _STOP:
+                woken = _drain_wake(wake)
+                if _STOP in woken:
                     return
-                self._run_calls(asock)
+                self._run_calls(asock)  # a security reload (reload_security)
+                self._decide(asock, clock())  # approvals (dcp._approver)
             now = clock()
             while asock.has_input():
                 self._handle(asock.drain(batch), now)
@@ -486,8 +525,29 @@ class Broker:
             if core.outbox and self._socket is not None:
                 self._flush(self._socket)
 
+    def _answered(self) -> None:
+        """The approver answered: feed the core (from its own thread)."""
+        wake = self._wake_out
+        if wake is not None:
+            wake.send(b"a", zmq.NOBLOCK)
+        elif self._socket is not None:
+            self._decide(self._socket, anyio.current_time())
+
+    def _decide(self, asock: AsyncSocket, now: float) -> None:
+        approver = self._approver
+        if approver is not None:
+            answers = approver.answers
+            while answers:
+                token, answer = answers.popleft()
+                self._core.decide(token, answer, now)
+            self._flush(asock)
+
     def _flush(self, asock: AsyncSocket) -> None:
         core = self._core
+        approvals = core.approvals
+        if approvals is not None and approvals.asked and self._approver is not None:
+            asked, approvals.asked = approvals.asked, []
+            self._approver.ask(asked, threaded=self._wake_out is not None)
         gone: set[bytes] = set()
         while core.outbox:
             out, core.outbox = core.outbox, []
@@ -536,3 +596,14 @@ class Broker:
         except BaseExceptionGroup as group:
             raise single_error(group) from None
         return None
+
+
+def _drain_wake(wake: zmq.Socket[bytes]) -> list[bytes]:
+    """What woke the I/O thread: ``b""`` to stop, ``b"a"`` for approvals' answers, ``b"call"``
+    for work queued by :meth:`Broker._in_core`."""
+    got = []
+    while True:
+        try:
+            got.append(wake.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            return got

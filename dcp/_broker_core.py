@@ -57,6 +57,8 @@ import logging
 from collections.abc import Sequence
 
 from ._core.admission import Limits
+from ._core.approval import Approval, Approvals, decide
+from ._core.dbp import DbpPeers
 from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
 from ._core.majordomo import Majordomo
 from ._core.mc0 import Mc0Peers
@@ -65,7 +67,7 @@ from ._core.pubsub_peers import PUBSUB_PREFIX, PubSubOptions
 from ._core.unreachable import EarlyReplies, Unreachable
 from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
 from ._guard import Guard
-from ._messages import MessageType, Register, Reply, Request
+from ._messages import ERROR_MARKER, MessageType, Register, Reply, Request
 from ._stats import BrokerStatistics, ServiceStatistics
 from .wire import mdp
 from .wire.dcp1 import PROTOCOL, TYPE_FRAMES, parse
@@ -79,7 +81,7 @@ logger = logging.getLogger("dcp.broker")
 _REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
 
-class BrokerCore(Mc0Peers, Majordomo):
+class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
     """The broker's state machine (see the module docstring for its rules and layout).
 
     :param heartbeat_interval: seconds between worker heartbeats (agreed with the workers)
@@ -113,6 +115,8 @@ class BrokerCore(Mc0Peers, Majordomo):
         every 2.5 s by default)
     :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
     :param pubsub: pub/sub settings (:mod:`dcp._core.pubsub_peers`, :mod:`dcp._core.mc0`)
+    :param approve: registrations wait for an approver (:mod:`dcp._core.approval`): the
+        driver answers the questions in ``approvals.asked`` with :meth:`decide`
     """
 
     def __init__(
@@ -136,6 +140,7 @@ class BrokerCore(Mc0Peers, Majordomo):
         reply_grace: float | None = None,
         guard: Guard | None = None,
         pubsub: PubSubOptions | None = None,
+        approve: bool = False,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -161,6 +166,7 @@ class BrokerCore(Mc0Peers, Majordomo):
             work_timeout=work_timeout,
             quarantine=timeout,
             guard=guard,
+            approvals=Approvals() if approve else None,
         )
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
@@ -198,6 +204,8 @@ class BrokerCore(Mc0Peers, Majordomo):
             self._on_mdp(peer, body, worker, now, principal)
         elif family is Family.MC0:
             self.on_mc0(peer, body, now, principal)
+        elif family is Family.DBP:
+            self._on_dbp(peer, body, worker, now, principal)
         else:
             self.reject(peer, "unknown_protocol", "no DCP, MDP or mc0 header")
 
@@ -335,6 +343,9 @@ class BrokerCore(Mc0Peers, Majordomo):
         self.counters.replies += 1
         if pending is not None:
             origin, name = pending.origin, pending.service.name
+            data = msg.data
+            if data and data[0] == ERROR_MARKER:
+                pending.service.errors += 1  # directory Rule D5
         else:
             origin, name = self.sessions.dialect_of(client), b""
         self.answer(client, origin.reply(client, name, msg.metadata, msg.data))
@@ -349,6 +360,10 @@ class BrokerCore(Mc0Peers, Majordomo):
             self.reject(peer, refused, f"key {principal}")
             return False
         return True
+
+    def decide(self, token: int, answer: Approval, now: float) -> None:
+        """The approver answered registration question ``token`` (approval Rule A2)."""
+        decide(self, token, answer, now)
 
     # --------------------------------------------------------- cut messages
 

@@ -12,7 +12,7 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -20,6 +20,8 @@ import anyio
 import anyio.lowlevel
 import zmq
 
+from . import _services
+from ._beacon import BEACON_SCHEME, resolve
 from ._calls import (
     Part,
     Payload,
@@ -41,6 +43,7 @@ from ._pubsub import publish as _publish
 from ._pubsub import subscribe as _subscribe
 from ._response import Outcome, Response
 from ._security import CurveClient, configure_client_socket
+from ._services import ServiceChange, ServiceInfo, ServiceStats, ServiceSummary
 from ._stats import ClientStatistics
 from ._streams import DEFAULT_WINDOW, Stream, deliver_part, stream_timing
 from ._tracker import RequestTracker
@@ -178,6 +181,9 @@ class Client:
     async def __aenter__(self) -> Client:
         if self._socket is not None or self._closed:
             raise RuntimeError("a Client can be entered only once")
+        if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
+            key = None if self._security is None else self._security.server_key
+            self.endpoint = await resolve(self.endpoint, key=key)
         ctx = self._context if self._context is not None else get_context()
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         mon: zmq.Socket[bytes] | None = None
@@ -317,6 +323,43 @@ class Client:
             no_wait=no_wait,
         )
         return response.json()
+
+    async def services(
+        self,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> list[ServiceSummary]:
+        """Every service the broker knows, with workers, queue and version (``mmi.services``,
+        ``docs/services.md``).
+
+        :raises RuntimeError: the broker does not answer it (not a dcp broker)
+        """
+        return await _services.services(self, timeout=timeout)
+
+    async def service_info(
+        self,
+        name: str | bytes,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> ServiceInfo | None:
+        """One service's version, description, metadata and schemas (``mmi.info``);
+        ``None`` if the broker knows no such service."""
+        return await _services.service_info(self, name, timeout=timeout)
+
+    async def service_stats(
+        self,
+        name: str | bytes,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> ServiceStats | None:
+        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
+        return await _services.service_stats(self, name, timeout=timeout)
+
+    def watch_services(
+        self, *, interval: float = 1.0, timeout: float | None = None
+    ) -> AsyncIterator[ServiceChange]:
+        """Services coming up and going down, polled every ``interval`` seconds."""
+        return _services.watch_services(self, interval=interval, timeout=timeout)
 
     def map(
         self,

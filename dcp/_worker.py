@@ -7,13 +7,14 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import anyio
 import anyio.abc
 import attrs
 import zmq
 
+from ._beacon import BEACON_SCHEME, resolve
 from ._calls import make_routing_id
 from ._context import get_context
 from ._errors import AuthenticationFailed, RegistrationRefused, RemoteProtocolError
@@ -32,6 +33,7 @@ from ._results import (
     wait_blocked,
 )
 from ._security import CurveClient, configure_client_socket
+from ._services import several_services
 from ._stats import WorkerStatistics
 from ._worker_core import (
     BrokerLost,
@@ -44,6 +46,9 @@ from ._worker_core import (
 from ._worker_streams import WorkerStreams, is_stream_handler
 from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize
+
+if TYPE_CHECKING:
+    from ._services import ServiceTable
 
 __all__ = ["Forward", "Handler", "HandlerRequest", "Worker", "WorkerStatistics"]
 
@@ -122,6 +127,10 @@ class Worker:
     :param endpoint: the broker's zmq endpoint
     :param service: the service name (``str`` is UTF-8 encoded)
     :param handler: the function (``async def`` or plain ``def``) that serves one request
+    :param services: instead of ``service`` and ``handler``, several services on one socket
+        (``docs/services.md``): names to handlers or :class:`dcp.Service` objects (handler,
+        concurrency, version, description, metadata, schemas); ``concurrency`` is then
+        the sum of theirs
     :param concurrency: most requests handled at once
     :param heartbeat_interval: seconds between heartbeats (agreed with the broker)
     :param liveness: heartbeats the broker may miss before the worker reconnects
@@ -149,9 +158,10 @@ class Worker:
     def __init__(
         self,
         endpoint: str,
-        service: str | bytes,
-        handler: Handler,
+        service: str | bytes | None = None,
+        handler: Handler | None = None,
         *,
+        services: ServiceTable | None = None,
         concurrency: int = 1,
         heartbeat_interval: float = 1.0,
         liveness: int = 3,
@@ -165,6 +175,11 @@ class Worker:
         self._security = security
         #: Why serving ended for good: a refused registration or a failed handshake.
         self._refused: RegistrationRefused | AuthenticationFailed | None = None
+        several = several_services(service, handler, services)
+        if several is not None:
+            # docs/services.md: one dispatching handler; concurrency is the services' sum.
+            service, handler, concurrency = several.first, several.handler, several.concurrency
+        assert service is not None and handler is not None
         self.service = service.encode() if isinstance(service, str) else bytes(service)
         self._handler = handler
         self._is_async = is_async_handler(handler)
@@ -183,6 +198,8 @@ class Worker:
             reconnect_min=reconnect_min,
             reconnect_max=reconnect_max,
             type_width=type_width,
+            more_services=() if several is None else several.more,
+            infos=None if several is None else several.infos,
         )
         self._asock: AsyncSocket | None = None
         self._watch_scope: anyio.CancelScope | None = None
@@ -284,6 +301,9 @@ class Worker:
         if self._serving:
             raise RuntimeError("a Worker can serve only once")
         self._serving = True
+        if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
+            key = None if self._security is None else self._security.server_key
+            self.endpoint = await resolve(self.endpoint, key=key)
         self._done = anyio.Event()
         self._task_status = task_status
         try:
@@ -378,7 +398,9 @@ class Worker:
                             self.service,
                             out.message,
                         )
-                        self._refused = RegistrationRefused(self.service, out.message)
+                        self._refused = RegistrationRefused(
+                            out.service or self.service, out.message
+                        )
                         return None
                     self._do(out)
                 if core.state is State.READY and self._task_status is not None:

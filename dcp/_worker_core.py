@@ -86,6 +86,12 @@ Rule 11 (type-frame width)
     then write in the width of the broker's last message. With ``type_width=4`` every
     message is written in 4 bytes from the first REGISTER on, whatever the broker writes: the
     explicit setting wins (a DagBox broker aborts on a 1-byte type; a dcp broker reads both).
+Rule 12 (several services)
+    A worker may register several services on one connection. Each connection (and each
+    RECONNECT) sends first one ``mmi.describe`` request per service that has an info
+    document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
+    is ignored), then one REGISTER per service. READY comes once every registration is
+    echoed; a refusal of any of them closes the core (Rule 10).
 
 Rule 12 (a new connection on the same socket)
     zmq reconnects a socket by itself, and the broker at the other end may be a new one (a
@@ -109,11 +115,12 @@ import enum
 import math
 import random as _random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 import attrs
 
+from ._core.directory import DESCRIBE
 from ._errors import RemoteProtocolError
 from ._messages import (
     Message,
@@ -129,6 +136,9 @@ from ._messages import (
 )
 from ._stats import WorkerStatistics
 from .wire.dcp1 import check_type_width, parse
+
+#: The metadata of a worker's ``mmi.describe`` request (Rule 12), to know the answer.
+DESCRIBE_TAG = b"\xffDCP:describe"
 
 __all__ = [
     "BrokerLost",
@@ -188,6 +198,8 @@ class Refused:
 
     #: The broker's explanation.
     message: str
+    #: The service refused (not compared: one worker core refuses at most once).
+    service: bytes = attrs.field(default=b"", eq=False)
 
 
 #: What the core asks the I/O layer to do (the items of :attr:`WorkerCore.outbox`).
@@ -217,6 +229,8 @@ class WorkerCore:
         reconnect_max: float = 5.0,
         random: Callable[[], float] = _random.random,
         type_width: int = 1,
+        more_services: Sequence[bytes] = (),
+        infos: Mapping[bytes, bytes] | None = None,
     ) -> None:
         check_type_width(type_width)
         if concurrency < 1:
@@ -228,6 +242,11 @@ class WorkerCore:
         if not 0 < reconnect_min <= reconnect_max:
             raise ValueError("need 0 < reconnect_min <= reconnect_max")
         self.service = service
+        #: Every service registered (Rule 12): ``service`` first.
+        self.services = (service, *more_services)
+        #: Their info documents, sent with ``mmi.describe`` before the registrations.
+        self.infos = dict(infos or {})
+        self._unconfirmed: set[bytes] = set()
         self.concurrency = concurrency
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
@@ -277,7 +296,7 @@ class WorkerCore:
         self._generation += 1
         self._credit = 1
         outbox = self.outbox
-        outbox.append(Register(self.service))
+        outbox += self._registrations()
         outbox += self._pending
         self._pending.clear()
         self._last_send = now
@@ -313,7 +332,10 @@ class WorkerCore:
         if isinstance(msg, Request):
             self._on_request(msg, now)
             return
-        if isinstance(msg, Register) and msg.service == self.service:
+        if isinstance(msg, Register) and msg.service in self.services:
+            self._unconfirmed.discard(msg.service)
+            if self._unconfirmed:
+                return  # Rule 12: ready once every registration is echoed
             self.state = State.READY
             self._failures = 0
             # Rule 1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
@@ -327,13 +349,16 @@ class WorkerCore:
             if (
                 refusal is not None
                 and refusal[0] == "registration_refused"
-                and msg.metadata == ((self.service,) if self.service else ())
+                and any(msg.metadata == ((s,) if s else ()) for s in self.services)
             ):
                 self.state = State.CLOSED
                 self.stopping = True
                 self._drop_backlog()
-                self.outbox.append(Refused(refusal[1]))
+                refused = msg.metadata[0] if msg.metadata else b""
+                self.outbox.append(Refused(refusal[1], refused))
                 return
+        if isinstance(msg, Reply) and msg.metadata == (DESCRIBE_TAG,):
+            return  # the broker's answer to mmi.describe (Rule 12)
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
 
@@ -427,6 +452,17 @@ class WorkerCore:
 
     # -- helpers ------------------------------------------------------------------------
 
+    def _registrations(self) -> list[Message]:
+        """Rule 12: every description, then every registration."""
+        self._unconfirmed = set(self.services)
+        infos = self.infos
+        described: list[Message] = [
+            Request(DESCRIBE, None, (DESCRIBE_TAG,), (name, infos[name]))
+            for name in self.services
+            if name in infos
+        ]
+        return described + [Register(name) for name in self.services]
+
     def _on_request(self, request: Request, now: float) -> None:
         self._received += 1
         if self._credit:
@@ -470,7 +506,8 @@ class WorkerCore:
         self._drop_backlog()
         self._generation += 1
         self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
-        self._send(Register(self.service), now)
+        for message in self._registrations():
+            self._send(message, now)
 
     def _has_free_slot(self) -> bool:
         return not self.stopping and self._in_progress < self.concurrency

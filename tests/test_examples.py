@@ -42,6 +42,16 @@ CASES = {
         "lost 86 ticks before tick 91",
         "total lost: 86",
     ],
+    "services.py": [
+        "found the broker: True",
+        "HELLO",
+        "olleh",
+        "upper 1.2.0 workers=1: Upper-cases UTF-8 text",
+        "reverse 0.3.1 workers=1: Reverses bytes",
+        "upper metadata: {'owner': 'text-team'} schema: {'type': 'string'}",
+        "upper requests: 1 queued: 0",
+        "refused: describe your service (version) first",
+    ],
 }
 
 

@@ -15,6 +15,7 @@ import anyio.abc
 import zmq
 
 from ._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal, zmq_problem
+from ._services import worker_services
 
 if TYPE_CHECKING:
     from .._security import CurveClient, CurveServer
@@ -90,6 +91,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             busy_timeout=args.busy_timeout,
             mdp_timeout=args.mdp_timeout,
             security=security,
+            beacon=args.beacon,
+            beacon_address=args.beacon_address,
         )
     except ValueError as exc:
         raise CLIError(str(exc), USAGE) from None
@@ -147,14 +150,21 @@ def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from .._errors import AuthenticationFailed, RegistrationRefused
+    from .._services import Service
     from .._worker import Worker
 
-    handler = _load_handler(args.handler)
+    served = worker_services(args.service, args.handler, _load_handler)
     try:
+        if isinstance(served, dict):
+            one: tuple[str | None, Any] = (None, None)
+            several = {k: Service(h, concurrency=args.concurrency) for k, h in served.items()}
+        else:
+            one, several = served, None
         worker = Worker(
             args.connect,
-            args.service.encode(),
-            handler,
+            None if one[0] is None else one[0].encode(),
+            one[1],
+            services=several,
             concurrency=args.concurrency,
             heartbeat_interval=args.heartbeat_interval,
             liveness=args.liveness,
@@ -165,7 +175,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise CLIError(str(exc), USAGE) from None
 
     async def run() -> None:
-        logger.info("worker for %r connecting to %s", args.service, args.connect)
+        names = [spec[0] for spec in args.service]
+        logger.info("worker for %s connecting to %s", ", ".join(names), args.connect)
         await worker.serve()
 
     def stop() -> None:

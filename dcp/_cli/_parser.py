@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from .. import __version__
 from .._endpoints import check_endpoint
 from ._run import USAGE
+from ._services import add_broker_beacon, add_commands
 
 __all__ = ["DISTRIBUTION", "build_parser"]
 
@@ -219,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_limits(p)
     _add_server_security(p)
+    add_broker_beacon(p)
     p.set_defaults(func=cmd_broker)
 
     p = command("worker", help="serve a service with a handler function")
@@ -229,14 +231,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ENDPOINT",
         help="broker endpoint, e.g. tcp://127.0.0.1:5555",
     )
-    p.add_argument("--service", required=True, metavar="NAME", help="service to register")
+    p.add_argument(
+        "--service",
+        required=True,
+        action="append",
+        nargs="+",
+        metavar=("NAME", "MODULE:FUNC"),
+        help="service to register, served by the handler argument; or, repeatable, "
+        "--service NAME MODULE:FUNC for several services on one socket",
+    )
     p.add_argument(
         "handler",
+        nargs="?",
         metavar="module:function",
         help="a handler: async def handler(request), or a plain def (run in a thread)",
     )
     p.add_argument(
-        "--concurrency", type=_POSITIVE, default=1, metavar="N", help="requests handled at once"
+        "--concurrency",
+        type=_POSITIVE,
+        default=1,
+        metavar="N",
+        help="requests handled at once (per service, with several)",
     )
     _add_heartbeats(p, "the worker")
     p.add_argument(
@@ -336,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_keys)
     add_pubsub_commands(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
+    add_commands(command, _endpoint(bind=False), _SECONDS, _add_client_security)
     return parser
 
 

@@ -8,13 +8,24 @@ that speaks it, so remembering a peer's dialect costs one reference.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from .._messages import MessageType, error_reply_data
-from ..wire import mdp
+from ..wire import dbp, mdp
 from ..wire.dcp1 import PROTOCOL, TYPE_FRAMES
 
-__all__ = ["DCP1", "DCP4", "Dialect", "DcpDialect", "MdpDialect", "dcp_dialect", "mdp_dialect"]
+__all__ = [
+    "DBP",
+    "DCP1",
+    "DCP4",
+    "DbpDialect",
+    "Dialect",
+    "DcpDialect",
+    "MdpDialect",
+    "dcp_dialect",
+    "mdp_dialect",
+]
 
 
 class Dialect:
@@ -185,6 +196,53 @@ class MdpDialect(Dialect):
         return [ident, *self.peer.worker_disconnect()]
 
 
+class DbpDialect(Dialect):
+    """DBP services (:mod:`dcp.wire.dbp`): approved/denied, ``REQ``, heartbeats. The time
+    frame DBP puts in every command is read from :attr:`clock` (epoch seconds; a formatting
+    detail, not a rule: the core's own time is the ``now`` it is given)."""
+
+    __slots__ = ("clock",)
+
+    def __init__(self) -> None:
+        super().__init__("DBP", partials=False, beats=True)
+        self.clock: Callable[[], float] = time.time
+
+    def request(
+        self,
+        ident: bytes,
+        service: bytes,
+        client: bytes,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+    ) -> list[bytes]:
+        return [ident, *dbp.request(client, data, self.clock())]
+
+    def reply(
+        self,
+        ident: bytes,
+        service: bytes,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        *,
+        final: bool = True,
+    ) -> list[bytes]:
+        """An answer to a DBP peer is an info reply (DBP has no requests to services)."""
+        return [ident, *dbp.info_reply(data[0] if data else b"", self.clock())]
+
+    def registered(self, ident: bytes, service: bytes) -> list[bytes] | None:
+        return [ident, *dbp.approved(self.clock())]
+
+    def refused(self, ident: bytes, service: bytes, code: str, message: str) -> list[bytes]:
+        return [ident, *dbp.denied(message, self.clock())]
+
+    def beat(self, ident: bytes) -> list[bytes]:
+        return [ident, *dbp.beat(self.clock())]
+
+    def expel(self, ident: bytes) -> list[bytes]:
+        return [ident, *dbp.disconnect(self.clock())]
+
+
+DBP = DbpDialect()
 DCP1 = DcpDialect(1)
 DCP4 = DcpDialect(4)
 _DCP = {1: DCP1, 4: DCP4}

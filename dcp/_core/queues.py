@@ -113,6 +113,7 @@ class Pending:
         "seq",
         "service",
         "shown",
+        "since",
         "token",
         "work_timeout",
     )
@@ -149,12 +150,24 @@ class Pending:
         self.holder: Session | None = None
         #: Counts dispatches: a work-timeout entry is live only while its token matches.
         self.token = 0
+        #: When it was queued or last dispatched (directory Rule D5: queue age, timing).
+        self.since = 0.0
 
 
 class Service:
     """A service: its queue (Rule Q3: the front is never a tombstone) and its workers."""
 
-    __slots__ = ("dead", "idle", "name", "queue", "workers")
+    __slots__ = (
+        "answered",
+        "busy_time",
+        "dead",
+        "errors",
+        "idle",
+        "name",
+        "queue",
+        "requests",
+        "workers",
+    )
 
     def __init__(self, name: bytes) -> None:
         self.name = name
@@ -164,6 +177,10 @@ class Service:
         #: Ready workers, least recently used first.
         self.idle: OrderedDict[bytes, Session] = OrderedDict()
         self.workers = 0
+        #: Directory Rule D5: requests accepted, error replies, answers and their total
+        #: processing time (s, dispatch to answer).
+        self.requests = self.errors = self.answered = 0
+        self.busy_time = 0.0
 
     def queued(self) -> int:
         """Live requests in the queue."""

@@ -46,6 +46,7 @@ from .._stats import BrokerCounters
 from .._util import DeadlineHeap, LogOnce
 from . import admission, directory
 from .admission import Limits, Load
+from .approval import Approvals
 from .dialects import Dialect
 from .peers import Session, Sessions
 from .queues import Expiry, Pending, QueueDeadlines, Service, read_options
@@ -74,8 +75,13 @@ class Routing:
         work_timeout: float | None,
         quarantine: float,
         guard: Guard | None,
+        approvals: Approvals | None = None,
     ) -> None:
         self.limits = limits
+        #: Registrations waiting for the approver (:mod:`.approval`; ``None``: no approver).
+        self.approvals = approvals
+        #: What workers said about their services (:mod:`.directory`).
+        self.directory = directory.Directory()
         self.sessions = sessions
         self.work_timeout = work_timeout
         self.guard = guard
@@ -159,6 +165,8 @@ class Routing:
             work_timeout,
             expiry,
         )
+        pending.since = self._now
+        service.requests += 1
         if idle:
             self._dispatch(next(iter(idle.values())), pending)
         else:
@@ -178,6 +186,9 @@ class Routing:
         for i, pending in enumerate(held):
             if pending.client == client and (metadata is None or pending.metadata == metadata):
                 del held[i]
+                service = pending.service
+                service.answered += 1
+                service.busy_time += self._now - pending.since
                 self._finish(pending)
                 return pending
         self.counters.unmatched += 1
@@ -245,6 +256,7 @@ class Routing:
             self.counters.count("held_overflow")
         held.append(pending)
         pending.holder = worker
+        pending.since = self._now
         if pending.work_timeout is not None:
             pending.token += 1
             self._deadlines.live += 1
@@ -290,9 +302,12 @@ class Routing:
         dialect: Dialect,
         now: float,
         principal: str | None,
+        *,
+        approved: bool = False,
     ) -> Session | None:
-        """A registration for ``name`` (any dialect): confirmed, or refused and told.
-        Returns the worker's session, or ``None`` if refused."""
+        """A registration for ``name`` (any dialect): confirmed, refused and told, or left
+        waiting for the approver (approval Rule A1; ``approved``: it said yes). Returns the
+        worker's session, or ``None`` if refused or waiting."""
         if len(name) > self.limits.max_service_name:
             self.reject(peer, "service_name_too_long", f"{len(name)} bytes")
             if worker is None and dialect.beats:
@@ -310,6 +325,17 @@ class Routing:
                 detail = f"key {principal} may not register {name[:64]!r}"
                 self._refuse_registration(peer, dialect, name, "registration_refused", detail)
                 return None
+        approvals = self.approvals
+        if (
+            approvals is not None
+            and not approved
+            and (worker is None or not any(s.name == name for s in worker.services))
+        ):
+            info = self.directory.waiting_info(peer, name)
+            if not approvals.ask(peer, name, dialect, principal, info):
+                detail = "too many registrations await approval"
+                self._refuse_registration(peer, dialect, name, "registration_refused", detail)
+            return None
         if worker is not None:
             services = worker.services
             if len(services) >= self.limits.max_services_per_worker and not any(
@@ -321,6 +347,7 @@ class Routing:
             worker = self.sessions.add(peer, dialect, now)
             logger.info("worker %s (%s) registered for %r", peer.hex(), dialect.name, name)
         self.add_service(worker, name)
+        self.directory.registered(peer, name)
         confirmation = dialect.registered(peer, name)
         if confirmation is not None:
             self.outbox.append(confirmation)
@@ -366,6 +393,7 @@ class Routing:
         ident = worker.ident
         self.sessions.remove(worker)
         held, worker.held = worker.held, []
+        self.directory.forget(ident, [s.name for s in worker.services])
         for service in worker.services:
             service.workers -= 1
             service.idle.pop(ident, None)
@@ -393,6 +421,7 @@ class Routing:
                 self._queues.drop(pending)  # queues Rule Q3: its caller gave up
                 continue
             self.counters.redeliveries += 1
+            pending.since = now
             pending.service.queue.appendleft(pending)
             pending.load.queued += 1
             if expiry is not None:
@@ -476,9 +505,14 @@ class Routing:
         metadata: tuple[bytes, ...],
         data: Sequence[bytes],
     ) -> None:
-        """Rule D1 (:mod:`.directory`): the broker answers an ``mmi.*`` request itself."""
-        code = directory.answer(name, data, self.serves)
-        self.outbox.append(origin.reply(client, name, metadata, (code,)))
+        """Rules D1, D3 (:mod:`.directory`): the broker answers an ``mmi.*`` request itself."""
+        if name == directory.DESCRIBE:
+            answer: tuple[bytes, ...] = (directory.describe(self, client, data),)
+        else:
+            answer = directory.answer(
+                name, data, self.serves, self._services, self.directory, self._now
+            )
+        self.outbox.append(origin.reply(client, name, metadata, answer))
 
     def error_reply(self, pending: Pending, code: str, message: str) -> None:
         self.outbox.append(

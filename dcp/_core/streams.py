@@ -59,6 +59,7 @@ from ..wire import mdp
 from ..wire import streams as wire
 from ..wire.streams import StreamMessage, StreamType, parse_stream, stream_window
 from .admission import Limits
+from .approval import Approvals
 from .dialects import DcpDialect, Dialect
 from .peers import Session, Sessions
 from .queues import Pending
@@ -106,6 +107,7 @@ class Streams(Routing):
         work_timeout: float | None,
         quarantine: float,
         guard: Guard | None,
+        approvals: Approvals | None = None,
     ) -> None:
         super().__init__(
             limits=limits,
@@ -113,6 +115,7 @@ class Streams(Routing):
             work_timeout=work_timeout,
             quarantine=quarantine,
             guard=guard,
+            approvals=approvals,
         )
         self._streams: dict[Pending, Stream] = {}
         self._stream_keys: dict[tuple[bytes, bytes], Stream] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import typing
 
+from .dbp import COMMANDS as _DBP_COMMANDS
 from .mc0 import VERBS as _MC0_VERBS
 from .mdp import HEADERS as _MDP_HEADERS
 
@@ -29,6 +30,8 @@ class Family(enum.Enum):
     MDP = "mdp"
     #: mc0 (:mod:`dcp.wire.mc0`): a verb such as ``SUB`` or ``PUT`` first, no empty frame.
     MC0 = "mc0"
+    #: DBP (:mod:`dcp.wire.dbp`): empty frame, then a DBP command (``u_U``, ``UwU``, ...).
+    DBP = "dbp"
 
 
 def sniff(frames: Sequence[bytes]) -> Family | None:
@@ -46,6 +49,8 @@ def sniff(frames: Sequence[bytes]) -> Family | None:
             return Family.DCP
         if head in _MDP_HEADERS:
             return Family.MDP
+        if head in _DBP_COMMANDS:
+            return Family.DBP
         return None
     if n >= 1:
         head = frames[0]
