@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import time
 from typing import NamedTuple
 
 import anyio
@@ -25,11 +26,13 @@ __all__ = [
     "BEACON_SCHEME",
     "SIGNATURE",
     "BeaconHeard",
+    "beacon_port",
     "decode",
     "encode",
     "find_broker",
     "listen",
     "resolve",
+    "resolve_blocking",
     "send_beacons",
 ]
 
@@ -157,6 +160,45 @@ async def find_broker(
     return (await listen(port, host=host, timeout=timeout, key=wanted)).endpoint
 
 
+def beacon_port(endpoint: str) -> tuple[str, int]:
+    """The host and UDP port of a ``beacon://[HOST]:PORT`` address.
+
+    :raises ValueError: a malformed ``beacon://`` address
+    """
+    host, sep, port = endpoint[len(BEACON_SCHEME) :].rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad beacon address {endpoint!r}: expected beacon://[HOST]:PORT")
+    return host, int(port)
+
+
+def resolve_blocking(endpoint: str, *, timeout: float = 5.0, key: bytes | None = None) -> str:
+    """:func:`resolve` for blocking code (:class:`dcp.SyncClient`): waits in the calling
+    thread.
+
+    :raises ValueError: a malformed ``beacon://`` address
+    :raises TimeoutError: no beacon within ``timeout`` seconds
+    """
+    if not endpoint.startswith(BEACON_SCHEME):
+        return endpoint
+    host, port = beacon_port(endpoint)
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        udp.bind((host or "0.0.0.0", port))
+        while (left := deadline - time.monotonic()) > 0:
+            udp.settimeout(left)
+            try:
+                datagram, (sender, _) = udp.recvfrom(2048)
+            except TimeoutError:
+                break
+            heard = decode(datagram, sender)
+            if heard is not None and (key is None or heard.key == key):
+                return heard.endpoint
+    raise TimeoutError(f"no broker beacon on UDP port {port} within {timeout:g} s")
+
+
 async def resolve(
     endpoint: str,
     *,
@@ -170,7 +212,5 @@ async def resolve(
     """
     if not endpoint.startswith(BEACON_SCHEME):
         return endpoint
-    host, sep, port = endpoint[len(BEACON_SCHEME) :].rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"bad beacon address {endpoint!r}: expected beacon://[HOST]:PORT")
-    return (await listen(int(port), host=host, timeout=timeout, key=key)).endpoint
+    host, port = beacon_port(endpoint)
+    return (await listen(port, host=host, timeout=timeout, key=key)).endpoint

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import anyio
 import zmq
 
+from ._beacon import BEACON_SCHEME, resolve_blocking
 from ._calls import (
     Part,
     Payload,
@@ -109,6 +110,9 @@ class SyncClient:
         self.work_timeout = work_timeout
         #: Default of :meth:`request`'s ``no_wait``.
         self.no_wait = no_wait
+        if endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
+            key = None if security is None else security.server_key
+            endpoint = resolve_blocking(endpoint, key=key)
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id

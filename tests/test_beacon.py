@@ -12,7 +12,15 @@ import pytest
 import zmq
 
 import dcp
-from dcp._beacon import BeaconHeard, decode, encode, listen, resolve, send_beacons
+from dcp._beacon import (
+    BeaconHeard,
+    decode,
+    encode,
+    listen,
+    resolve,
+    resolve_blocking,
+    send_beacons,
+)
 from dcp._broker import Broker
 from dcp._client import Client
 from dcp._worker import Worker
@@ -96,6 +104,28 @@ async def test_listen_ignores_other_datagrams_and_times_out() -> None:
         tg.cancel_scope.cancel()
     with pytest.raises(ValueError, match="timeout"):
         await listen(port, timeout=0)
+
+
+async def test_a_sync_client_takes_a_beacon() -> None:
+    port = free_udp_port()
+    async with (
+        Broker("tcp://127.0.0.1:0", beacon=port, beacon_address="127.0.0.1") as broker,
+        Worker(broker.endpoints[0], "up", upper),
+    ):
+
+        def call() -> tuple[str, bytes]:
+            with dcp.SyncClient(f"beacon://127.0.0.1:{port}", timeout=5) as client:
+                return client.endpoint, client.request("up", b"b").bytes
+
+        with anyio.fail_after(15):
+            endpoint, reply = await anyio.to_thread.run_sync(call)
+        assert (endpoint, reply) == (broker.endpoints[0], b"B")
+    quiet = free_udp_port()
+    with pytest.raises(TimeoutError, match="no broker beacon"):
+        resolve_blocking(f"beacon://127.0.0.1:{quiet}", timeout=0.2)
+    assert resolve_blocking("tcp://127.0.0.1:1") == "tcp://127.0.0.1:1"
+    with pytest.raises(ValueError, match="bad beacon address"):
+        resolve_blocking("beacon://127.0.0.1")
 
 
 async def test_resolve_and_bad_addresses() -> None:

@@ -66,6 +66,14 @@ def test_services_find_and_several_services(
 
     assert main(["find", "--beacon", str(port), "--host", "127.0.0.1", "--timeout", "5"]) == 0
     assert capsys.readouterr().out.strip() == tcp
+    # A beacon instead of an endpoint, for any command that connects.
+    assert run("call", "--connect", f"beacon://127.0.0.1:{port}", "echo", "hi") == (
+        0,
+        "HI\n",
+        "",
+    )
+    code, _, err = run("call", "--connect", "beacon://127.0.0.1", "echo", "hi")
+    assert code == 2 and "expected beacon://[HOST]:PORT" in err
     worker.kill()
     broker.kill()
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .. import __version__
+from .._beacon import BEACON_SCHEME, beacon_port
 from .._endpoints import check_endpoint
 from ._run import USAGE
 from ._services import add_broker_beacon, add_commands
@@ -102,6 +103,12 @@ def _seconds(*, zero: bool = False) -> Callable[[str], float]:
 
 def _endpoint(*, bind: bool) -> Callable[[str], str]:
     def parse(text: str) -> str:
+        if not bind and text.startswith(BEACON_SCHEME):  # docs/services.md
+            try:
+                beacon_port(text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+            return text
         try:
             check_endpoint(text, bind=bind)
         except ValueError as exc:
