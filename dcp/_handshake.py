@@ -31,6 +31,8 @@ Rule H5 - Unheard reconnections (CURVE only). A secure broker does not let a new
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 from collections.abc import Callable
 
 import anyio
@@ -62,6 +64,8 @@ EVENTS = (
 NO_DETAIL_LIMIT = 3
 
 _MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+#: Numbers the monitors' inproc addresses (with the process id: forks do not share them).
+_MONITORS = (f"{os.getpid()}-{n}" for n in itertools.count())
 
 
 class HandshakeWatch:
@@ -134,7 +138,10 @@ def monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
 
     Close it with :func:`close_monitor`.
     """
-    return sock.get_monitor_socket(EVENTS)
+    # A unique address: pyzmq's default names it after the socket's file descriptor, which
+    # a new socket reuses while libzmq may still be tearing down the old monitor (seen as
+    # clients whose monitor never connected, in a long test run).
+    return sock.get_monitor_socket(EVENTS, addr=f"inproc://dcp-monitor-{next(_MONITORS)}")
 
 
 def close_monitor(sock: zmq.Socket[bytes], mon: zmq.Socket[bytes]) -> None:

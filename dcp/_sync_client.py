@@ -138,7 +138,8 @@ class SyncClient:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, routing_id)
             configure_client_socket(sock, security)
-            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
+            if security is not None:  # CURVE only, as in Client (see there)
+                mon = monitor(sock)  # handshake failures raise AuthenticationFailed
             sock.connect(endpoint)
         except BaseException:
             sock.close(0)
@@ -152,7 +153,8 @@ class SyncClient:
         self._failure: AuthenticationFailed | None = None
         self._poller = zmq.Poller()
         self._poller.register(sock, _POLLIN)
-        self._poller.register(mon, _POLLIN)
+        if mon is not None:
+            self._poller.register(mon, _POLLIN)
         #: Outcomes received but not yet taken by the caller that waits for them.
         self._done: dict[bytes, Outcome] = {}
         #: Parts of the streams being read (dcp._streams), by request id.
@@ -183,7 +185,8 @@ class SyncClient:
             return
         self._closed = True
         if self._pid == os.getpid():
-            close_monitor(self._sock, self._monitor)
+            if self._monitor is not None:
+                close_monitor(self._sock, self._monitor)
             self._sock.close(0)
         self._tracker.cancel_all()
         self._done.clear()
@@ -575,7 +578,7 @@ class SyncClient:
             most = math.ceil(wait_max * 1000)
             wait_ms = most if wait_ms is None else min(wait_ms, most)
         ready = dict(self._poller.poll(wait_ms))
-        if self._monitor in ready:
+        if self._monitor is not None and self._monitor in ready:
             for event, value in read_events(self._monitor):
                 failure = self._watch.event(event, value)
                 if failure is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -19,7 +20,7 @@ from ._calls import make_routing_id
 from ._context import get_context
 from ._errors import AuthenticationFailed, RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
-from ._handshake import HandshakeWatch, close_monitor, monitor, read_events
+from ._handshake import HandshakeWatch, monitor, read_events
 from ._messages import Message, Reply, Request, request_work_timeout
 from ._results import (
     Forward,
@@ -204,6 +205,7 @@ class Worker:
         self._asock: AsyncSocket | None = None
         self._watch_scope: anyio.CancelScope | None = None
         self._monitor: zmq.Socket[bytes] | None = None
+        self._amonitor: AsyncSocket | None = None
         self._watch = HandshakeWatch(endpoint, secure=security is not None, role="worker")
         #: Handshakes that succeeded on the current socket (the first is the first connection).
         self._handshakes = 0
@@ -470,7 +472,8 @@ class Worker:
         )
         assert self._tg is not None
         self._watch_scope = scope = anyio.CancelScope()
-        self._tg.start_soon(self._watch_monitor, scope, AsyncSocket(mon))
+        self._amonitor = AsyncSocket(mon)
+        self._tg.start_soon(self._watch_monitor, scope, self._amonitor)
 
     async def _watch_monitor(self, scope: anyio.CancelScope, amon: AsyncSocket) -> None:
         """Apply the socket's connection events as they come (see :meth:`_poll_monitor`)."""
@@ -480,7 +483,7 @@ class Worker:
                     await amon.wait_readable()
                     if self._poll_monitor():
                         self._wake()
-            except anyio.ClosedResourceError:  # pragma: no cover - closed by _close
+            except (anyio.ClosedResourceError, zmq.ZMQError):  # pragma: no cover - _close
                 pass
 
     def _poll_monitor(self) -> bool:
@@ -519,9 +522,15 @@ class Worker:
         if scope is not None:
             scope.cancel()
         mon, self._monitor = self._monitor, None
+        amon, self._amonitor = self._amonitor, None
         asock, self._asock = self._asock, None
-        if mon is not None and asock is not None:
-            close_monitor(asock.sock, mon)
+        if mon is not None and asock is not None and not asock.sock.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                asock.sock.disable_monitor()
+        if amon is not None:
+            amon.close(0)  # tells the event loop first (its fd may be waited on)
+        elif mon is not None:  # pragma: no cover - both are set together
+            mon.close(0)
         if asock is not None:
             asock.close(linger)
 

@@ -29,6 +29,7 @@ from dcp import (
     RegistrationRefused,
     Reply,
     Request,
+    RequestTimeout,
     SyncClient,
     Worker,
     parse,
@@ -95,7 +96,6 @@ async def test_known_keys_get_through_unknown_keys_do_not(
                 for security, reason in [
                     (keys(STRANGER), "refused this client's CURVE key"),  # on no list
                     (keys(ALICE, server_key=STRANGER[0]), "server key"),  # wrong broker key
-                    (None, "CURVE"),  # no CURVE at all
                 ]:
                     # Told at once (the handshake's events), not after the 30 s timeout.
                     async with Client(endpoint, security=security, timeout=30) as other:
@@ -106,6 +106,10 @@ async def test_known_keys_get_through_unknown_keys_do_not(
                         # The client is closed; later calls say why too.
                         with pytest.raises(AuthenticationFailed):
                             await other.request("echo", b"again")
+                # A plaintext client (no monitor yet, see Client): it times out.
+                async with Client(endpoint, timeout=0.3, retries=0) as plain:
+                    with pytest.raises(RequestTimeout):
+                        await plain.request("echo", b"let me in")
             stats = broker.statistics()
     assert stats.requests == 3  # 2 requests + 1 forward: nothing from the others
     assert stats.rejections["zap_denied"] >= 1
