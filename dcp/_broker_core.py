@@ -447,7 +447,13 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
             self.counters.count(f"worker_unreachable_{why}")
             self.remove_worker(worker)
         elif _is_reply(frames):
-            if why != "gone" or not self.unreachable.refused(frames, self._now):
+            # Rule U1 for DCP replies only: a DCP client keeps its address when it
+            # reconnects; a Majordomo client without an id of its own gets a new one.
+            if (
+                why != "gone"
+                or not _is_dcp_reply(frames)
+                or not self.unreachable.refused(frames, self._now)
+            ):
                 self.counters.dropped_replies += 1
         else:
             self.counters.undeliverable += 1
@@ -536,8 +542,12 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         )
 
 
+def _is_dcp_reply(frames: list[bytes]) -> bool:
+    return len(frames) > 3 and frames[3] in _REPLY_TYPE_FRAMES and frames[2][:4] == b"DGBX"
+
+
 def _is_reply(frames: list[bytes]) -> bool:
     """Whether a message to a client is a reply (DCP REPLY, or an MDP client answer)."""
-    if len(frames) > 3 and frames[3] in _REPLY_TYPE_FRAMES and frames[2][:4] == b"DGBX":
+    if _is_dcp_reply(frames):
         return True
     return any(f in mdp.CLIENT_HEADERS for f in frames[1:3])

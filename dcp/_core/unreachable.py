@@ -3,7 +3,7 @@
 Two cases come with a broker restart: a worker answers before its client has reconnected
 (U1-U3), and a worker's answer reaches the new broker ahead of its registration (U4-U5).
 
-Rule U1 - A reply the broker's socket refuses because its client has no connection (zmq's
+Rule U1 - A DCP reply the broker's socket refuses because its client has no connection (zmq's
   ``EHOSTUNREACH`` with ``ROUTER_MANDATORY``) is kept, not dropped: after a broker restart
   a worker may answer before the client has reconnected (both reconnect on their own,
   0.1 s apart or so), and a client may be between two connections. A reply refused because
