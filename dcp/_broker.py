@@ -6,7 +6,7 @@ import collections
 import contextlib
 import errno
 import logging
-import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +23,7 @@ from zmq.utils import z85
 from ._approver import Approver, ApproverRunner
 from ._beacon import send_beacons
 from ._broker_core import BrokerCore, BrokerStatistics
+from ._broker_io import EVENTS, POLLIN, Waker, drain_ready, events_of
 from ._context import get_context
 from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
@@ -37,9 +38,6 @@ __all__ = ["Broker"]
 #: a copy into ``bytes`` is cheaper than a ``zmq.Frame`` object. (pyzmq's own default
 #: ``copy_threshold`` for sends is 64 KiB too.)
 _ZERO_COPY_THRESHOLD = 65_536
-# What the event loop tells the I/O thread (the wake-up socket's messages).
-_STOP = b""
-_CALL = b"call"
 
 
 class _Call:
@@ -203,7 +201,7 @@ class Broker:
         #: Work for the I/O thread's core (see _in_core), and how to wake the thread for it
         #: (also for the approver's answers, _answered).
         self._calls: collections.deque[_Call] = collections.deque()
-        self._wake_out: zmq.Socket[bytes] | None = None
+        self._waker: Waker | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
         #: The bound endpoints (ports resolved) while serving; empty before.
         self.endpoints: list[str] = []
@@ -281,15 +279,15 @@ class Broker:
     async def _in_core(self, func: Callable[[float], int]) -> int:
         """Run ``func(now)`` where the core runs (the I/O thread, while there is one) and
         send what it put in the outbox."""
-        wake = self._wake_out
-        if wake is None or not self._io_thread:
+        waker = self._waker
+        if waker is None or not self._io_thread:
             result = func(time.monotonic() if self._io_thread else anyio.current_time())
             if self._socket is not None:
                 self._flush(self._socket)
             return result
         call = _Call(func)
         self._calls.append(call)
-        wake.send(_CALL, zmq.NOBLOCK)
+        waker.wake()
         await anyio.to_thread.run_sync(call.done.wait)
         return call.result
 
@@ -383,7 +381,7 @@ class Broker:
                         tg.start_soon(self._approver.run, self._answered)
                     if self._io_thread:
                         task_status.started(bound)
-                        await self._thread_loop(asock, ctx)
+                        await self._thread_loop(asock)
                     else:
                         tg.start_soon(self._expire_loop)
                         task_status.started(bound)
@@ -413,20 +411,17 @@ class Broker:
             if asock.has_input():
                 await anyio.lowlevel.checkpoint()
 
-    async def _thread_loop(self, asock: AsyncSocket, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    async def _thread_loop(self, asock: AsyncSocket) -> None:
         """Run the broker's I/O loop in a thread of its own (``io_thread=True``): a blocking
-        ``zmq.Poller`` on the socket and a wake-up socket, the core fed from that thread.
+        ``poll(2)`` on the socket and a wake-up pipe (:mod:`dcp._broker_io`), the core fed
+        from that thread.
 
-        One wake-up costs a ``zmq_poll`` there, against an event loop's wait, cancel scope
+        One wake-up costs a ``poll(2)`` there, against an event loop's wait, cancel scope
         and task switch here (measured: ``python -m benchmarks.ab``). The thread owns the
         socket while it runs; cancelling this task wakes it and waits for it to stop, so
         the socket is closed only after."""
-        wake_address = f"inproc://dcp-broker-wake-{id(self):x}-{os.getpid()}"
-        wake_in: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
-        wake_out: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
-        wake_in.bind(wake_address)
-        wake_out.connect(wake_address)
-        self._wake_out = wake_out
+        waker = Waker()
+        self._waker = waker
         stopped = threading.Event()
         lock = threading.Lock()
         # Whether the thread got going, and whether it may still (a cancellation can come
@@ -439,7 +434,7 @@ class Broker:
                     return
                 state["started"] = True
             try:
-                self._io_loop(asock, wake_in)
+                self._io_loop(asock, waker)
             finally:
                 stopped.set()
 
@@ -449,52 +444,60 @@ class Broker:
             with lock:
                 state["over"] = True
                 started = state["started"]
-            self._wake_out = None
+            self._waker = None
             if started:
-                wake_out.send(_STOP, zmq.NOBLOCK)
+                waker.stop()
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(stopped.wait)
             self._run_calls(None)  # any the thread did not take (its socket is done)
-            wake_out.close(0)
-            wake_in.close(0)
+            waker.close()
 
-    def _io_loop(self, asock: AsyncSocket, wake: zmq.Socket[bytes]) -> None:
-        """The thread's loop: poll, drain, feed the core, flush; the core's timers every
-        ``heartbeat_interval / 4``; return when woken."""
+    def _io_loop(self, asock: AsyncSocket, waker: Waker) -> None:
+        """The thread's loop (rules in :mod:`dcp._broker_io`): read while ``ZMQ_EVENTS``
+        says a message waits, feed the core, flush; else block in one ``poll(2)`` on the
+        socket's ``FD`` and the wake-up pipe; the core's timers every
+        ``heartbeat_interval / 4``; return when told to stop."""
         core = self._core
         batch = self._batch
         sock = asock.sock
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(wake, zmq.POLLIN)
+        waiter = select.poll()
+        waiter.register(sock.FD, select.POLLIN)
+        wake_fd = waker.fd
+        waiter.register(wake_fd, select.POLLIN)
+        wait = waiter.poll
+        events = events_of(sock)
+        handle = self._handle
+        flush = self._flush
         clock = time.monotonic
         period = self.heartbeat_interval / 4
         next_tick = clock() + period
-        poll = poller.poll
         while True:
             now = clock()
             if now >= next_tick:
                 core.expire(now)
-                self._flush(asock)
+                flush(asock)
                 next_tick = now + period
-            if core.stalled:  # messages held for full sockets (_core/streams.py Rule T3)
-                core.retry_held()
-                self._flush(asock)
-                ready = poll(_RETRY_MS)
-            else:
-                ready = poll(max(0, int((next_tick - now) * 1000) + 1))
-            if ready and any(s is wake for s, _ in ready):
-                woken = _drain_wake(wake)
-                if _STOP in woken:
+            if waker.pending:  # checked here too: a busy socket may never let it poll
+                waker.pending = False
+                waker.clear()
+                if waker.stopped:
                     return
                 self._run_calls(asock)  # a security reload (reload_security)
-                self._decide(asock, clock())  # approvals (dcp._approver)
-            now = clock()
-            while asock.has_input():
-                self._handle(asock.drain(batch), now)
-                self._flush(asock)
-                if clock() >= next_tick:
-                    break
+                self._decide(asock, now)  # approvals (dcp._approver)
+            if core.stalled:  # messages held for full sockets (_core/streams.py Rule T3)
+                core.retry_held()
+                flush(asock)
+                timeout = _RETRY_MS
+            else:
+                timeout = max(0, int((next_tick - now) * 1000) + 1)
+            # Rule I2: checked after every zmq call, before blocking.
+            if events(EVENTS) & POLLIN:
+                handle(drain_ready(asock, batch), now)
+                flush(asock)
+            else:
+                for fd, _ in wait(timeout):
+                    if fd == wake_fd:  # (wake sets pending too, but may race with a clear)
+                        waker.pending = True
 
     def _handle(self, received: list[Received], now: float) -> None:
         """Feed drained messages to the core (cut ones as such)."""
@@ -527,9 +530,9 @@ class Broker:
 
     def _answered(self) -> None:
         """The approver answered: feed the core (from its own thread)."""
-        wake = self._wake_out
-        if wake is not None:
-            wake.send(b"a", zmq.NOBLOCK)
+        waker = self._waker
+        if waker is not None:
+            waker.wake()
         elif self._socket is not None:
             self._decide(self._socket, anyio.current_time())
 
@@ -547,7 +550,7 @@ class Broker:
         approvals = core.approvals
         if approvals is not None and approvals.asked and self._approver is not None:
             asked, approvals.asked = approvals.asked, []
-            self._approver.ask(asked, threaded=self._wake_out is not None)
+            self._approver.ask(asked, threaded=self._waker is not None)
         gone: set[bytes] = set()
         while core.outbox:
             out, core.outbox = core.outbox, []
@@ -596,14 +599,3 @@ class Broker:
         except BaseExceptionGroup as group:
             raise single_error(group) from None
         return None
-
-
-def _drain_wake(wake: zmq.Socket[bytes]) -> list[bytes]:
-    """What woke the I/O thread: ``b""`` to stop, ``b"a"`` for approvals' answers, ``b"call"``
-    for work queued by :meth:`Broker._in_core`."""
-    got = []
-    while True:
-        try:
-            got.append(wake.recv(zmq.NOBLOCK))
-        except zmq.Again:
-            return got
