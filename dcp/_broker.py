@@ -471,6 +471,7 @@ class Broker:
         clock = time.monotonic
         period = self.heartbeat_interval / 4
         next_tick = clock() + period
+        busy = False
         while True:
             now = clock()
             if now >= next_tick:
@@ -492,9 +493,12 @@ class Broker:
                 timeout = max(0, int((next_tick - now) * 1000) + 1)
             # Rule I2: checked after every zmq call, before blocking.
             if events(EVENTS) & POLLIN:
-                handle(drain_ready(asock, batch), now)
+                # Rule I3: one message right after a wake-up, batches while busy.
+                handle(drain_ready(asock, batch if busy else 1), now)
                 flush(asock)
+                busy = True
             else:
+                busy = False
                 for fd, _ in wait(timeout):
                     if fd == wake_fd:  # (wake sets pending too, but may race with a clear)
                         waker.pending = True

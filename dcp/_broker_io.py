@@ -5,16 +5,19 @@ Rules (measured with ``strace -c -f`` on the broker under the common load, and
 
 Rule I1 - One wait per wake-up. The thread blocks in one ``poll(2)`` on the ROUTER's ``FD``
   and on a pipe (:class:`Waker`), not in ``zmq_poll``: ``zmq_poll`` costs two ``poll(2)``
-  calls per pass plus a ``ZMQEVENTS`` check (one more ``poll(2)`` on the socket's mailbox)
+  calls per pass plus a ``ZMQ_EVENTS`` check (one more ``poll(2)`` on the socket's mailbox)
   per zmq socket, before and after blocking; a zmq socket used only to wake the thread
   doubled that.
 Rule I2 - Edge-triggered, checked before blocking. The ``FD`` of a zmq socket tells that its
   state changed, not that a message waits; any zmq call on the socket may consume that
-  signal. So the thread blocks only after ``ZMQEVENTS`` said no message is waiting, with no
+  signal. So the thread blocks only after ``ZMQ_EVENTS`` said no message is waiting, with no
   zmq call on the socket in between.
-Rule I3 - No ``EAGAIN`` per batch. :func:`drain_ready` reads while ``ZMQEVENTS`` says a
+Rule I3 - No ``EAGAIN`` per batch. :func:`drain_ready` reads while ``ZMQ_EVENTS`` says a
   message waits (at most ``batch``): a failed non-blocking ``recv`` costs the same mailbox
-  check plus a Python exception (several times a ``ZMQEVENTS`` check).
+  check plus a Python exception (several times a ``ZMQ_EVENTS`` check). Right after a
+  wake-up the thread reads one message only (usually all there is at low load): the check
+  it makes before blocking again, needed anyway after its sends (Rule I2), tells whether
+  more came; while messages keep coming it reads them in batches.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ _UNLIMITED = 1 << 62
 
 
 def events_of(sock: zmq.Socket[bytes]) -> Callable[[int], int]:
-    """``sock.getsockopt``, typed for ``ZMQEVENTS`` (call it with :data:`EVENTS`)."""
+    """``sock.getsockopt``, typed for ``ZMQ_EVENTS`` (call it with :data:`EVENTS`)."""
     return cast("Callable[[int], int]", sock.getsockopt)
 
 
@@ -89,8 +92,8 @@ class Waker:
 def drain_ready(asock: AsyncSocket, batch: int) -> list[Received]:
     """Read whole messages while one is waiting, at most ``batch`` (Rule I3), as
     :meth:`AsyncSocket.drain` does (same limits, zero-copy threshold and user ids). The
-    caller knows a message is waiting (``ZMQEVENTS`` said so) and calls this from the
-    socket's owning thread; the last ``ZMQEVENTS`` check said no more was waiting, unless
+    caller knows a message is waiting (``ZMQ_EVENTS`` said so) and calls this from the
+    socket's owning thread; the last ``ZMQ_EVENTS`` check said no more was waiting, unless
     ``batch`` messages were read."""
     sock = asock.sock
     recv = sock.recv
@@ -101,7 +104,7 @@ def drain_ready(asock: AsyncSocket, batch: int) -> list[Received]:
     zero_copy = asock.zero_copy_threshold
     user_ids = asock.user_ids
     user_id = None
-    for _ in range(batch):
+    while True:
         frame = recv(_NOBLOCK, copy=False)
         if user_ids:
             try:
@@ -120,6 +123,6 @@ def drain_ready(asock: AsyncSocket, batch: int) -> list[Received]:
             else:
                 frames.append(frame.bytes if size < zero_copy else cast(bytes, frame))
         out.append(Received(frames, dropped, nbytes, user_id))
-        if not events(EVENTS) & POLLIN:
+        if len(out) >= batch or not events(EVENTS) & POLLIN:
             break
     return out
