@@ -234,3 +234,31 @@ def test_ab_benchmark_compares_two_checkouts() -> None:
         ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
     )
     assert "dcp-ab-" not in listed.stdout  # its checkout was removed
+
+
+def test_trace_broker_runs_a_tool_on_the_broker_pid(tmp_path: Path) -> None:
+    """benchmarks.trace_broker starts a broker under load and gives its PID to the tool."""
+    out = tmp_path / "pid"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.trace_broker",
+            "--variant",
+            "minimal",
+            "--seconds",
+            "0.5",
+            "--",
+            "sh",
+            "-c",
+            f"echo {{pid}} > {out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert int(out.read_text()) > 0
+    assert proc.stdout.startswith("minimal window 1: ") and " req/s, broker " in proc.stdout
