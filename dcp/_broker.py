@@ -6,7 +6,6 @@ import collections
 import contextlib
 import errno
 import logging
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from zmq.utils import z85
 from ._approver import Approver, ApproverRunner
 from ._beacon import send_beacons
 from ._broker_core import BrokerCore, BrokerStatistics
-from ._broker_io import EVENTS, POLLIN, Waker, drain_ready, events_of
+from ._broker_io import EVENTS, POLLIN, Waker, events_of, read_one
 from ._context import get_context
 from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
@@ -55,6 +54,8 @@ class _Call:
 _RETRY_MS = 2
 
 logger = logging.getLogger("dcp.broker")
+
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Broker:
@@ -381,7 +382,7 @@ class Broker:
                         tg.start_soon(self._approver.run, self._answered)
                     if self._io_thread:
                         task_status.started(bound)
-                        await self._thread_loop(asock)
+                        await self._thread_loop(asock, ctx)
                     else:
                         tg.start_soon(self._expire_loop)
                         task_status.started(bound)
@@ -411,16 +412,16 @@ class Broker:
             if asock.has_input():
                 await anyio.lowlevel.checkpoint()
 
-    async def _thread_loop(self, asock: AsyncSocket) -> None:
+    async def _thread_loop(self, asock: AsyncSocket, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
         """Run the broker's I/O loop in a thread of its own (``io_thread=True``): a blocking
-        ``poll(2)`` on the socket and a wake-up pipe (:mod:`dcp._broker_io`), the core fed
+        ``recv`` on the socket, woken by messages (:mod:`dcp._broker_io`), the core fed
         from that thread.
 
-        One wake-up costs a ``poll(2)`` there, against an event loop's wait, cancel scope
-        and task switch here (measured: ``python -m benchmarks.ab``). The thread owns the
-        socket while it runs; cancelling this task wakes it and waits for it to stop, so
-        the socket is closed only after."""
-        waker = Waker()
+        One wake-up costs a ``poll(2)`` in libzmq there, against an event loop's wait,
+        cancel scope and task switch here (measured: ``python -m benchmarks.ab``). The
+        thread owns the socket while it runs; cancelling this task wakes it and waits for it
+        to stop, so the socket is closed only after."""
+        waker = Waker(ctx, asock.sock)
         self._waker = waker
         stopped = threading.Event()
         lock = threading.Lock()
@@ -453,55 +454,66 @@ class Broker:
             waker.close()
 
     def _io_loop(self, asock: AsyncSocket, waker: Waker) -> None:
-        """The thread's loop (rules in :mod:`dcp._broker_io`): read while ``ZMQ_EVENTS``
-        says a message waits, feed the core, flush; else block in one ``poll(2)`` on the
-        socket's ``FD`` and the wake-up pipe; the core's timers every
-        ``heartbeat_interval / 4``; return when told to stop."""
+        """The thread's loop (rules in :mod:`dcp._broker_io`): wait in ``recv`` until the
+        next timer, read on while messages wait, feed them to the core, flush; the core's
+        timers every ``heartbeat_interval / 4``; return when woken after
+        :meth:`Waker.stop`."""
         core = self._core
-        batch = self._batch
         sock = asock.sock
-        waiter = select.poll()
-        waiter.register(sock.FD, select.POLLIN)
-        wake_fd = waker.fd
-        waiter.register(wake_fd, select.POLLIN)
-        wait = waiter.poll
         events = events_of(sock)
-        handle = self._handle
+        batch = self._batch
+        receive = core.receive
         flush = self._flush
+        max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
+        wake_id = waker.ident
         clock = time.monotonic
         period = self.heartbeat_interval / 4
+        # Rule I1: the receive waits at most until the next timer (a little later at worst).
+        wait_ms = max(1, round(period * 1000))
+        timeout = wait_ms
+        sock.setsockopt(zmq.RCVTIMEO, timeout)
         next_tick = clock() + period
-        busy = False
         while True:
             now = clock()
             if now >= next_tick:
                 core.expire(now)
                 flush(asock)
                 next_tick = now + period
-            if waker.pending:  # checked here too: a busy socket may never let it poll
-                waker.pending = False
-                waker.clear()
+            if core.stalled:  # messages held for full sockets (_core/streams.py Rule T3)
+                core.retry_held()
+                flush(asock)
+                wanted = _RETRY_MS
+            else:
+                wanted = wait_ms
+            if wanted != timeout:
+                timeout = wanted
+                sock.setsockopt(zmq.RCVTIMEO, timeout)
+            msg = read_one(asock)
+            if msg is None:
+                continue
+            received = [msg]
+            # Rule I3: all that has come, before anything is sent.
+            while len(received) < batch and events(EVENTS) & POLLIN:
+                more = read_one(asock, _NOBLOCK)
+                if more is None:  # pragma: no cover - ZMQ_EVENTS said one was there
+                    break
+                received.append(more)
+            now = clock()
+            woken = False
+            for msg in received:
+                frames = msg.frames
+                if frames[0] == wake_id:  # Rule I2
+                    woken = True
+                elif msg.dropped_frames or msg.nbytes - len(frames[0]) > max_bytes:
+                    self._handle([msg], now)
+                elif len(frames) > 1:  # (a ROUTER always adds the routing id)
+                    receive(frames, now, msg.user_id)
+            flush(asock)
+            if woken:
                 if waker.stopped:
                     return
                 self._run_calls(asock)  # a security reload (reload_security)
                 self._decide(asock, now)  # approvals (dcp._approver)
-            if core.stalled:  # messages held for full sockets (_core/streams.py Rule T3)
-                core.retry_held()
-                flush(asock)
-                timeout = _RETRY_MS
-            else:
-                timeout = max(0, int((next_tick - now) * 1000) + 1)
-            # Rule I2: checked after every zmq call, before blocking.
-            if events(EVENTS) & POLLIN:
-                # Rule I3: one message right after a wake-up, batches while busy.
-                handle(drain_ready(asock, batch if busy else 1), now)
-                flush(asock)
-                busy = True
-            else:
-                busy = False
-                for fd, _ in wait(timeout):
-                    if fd == wake_fd:  # (wake sets pending too, but may race with a clear)
-                        waker.pending = True
 
     def _handle(self, received: list[Received], now: float) -> None:
         """Feed drained messages to the core (cut ones as such)."""

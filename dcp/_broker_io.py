@@ -1,29 +1,36 @@
-"""What the broker's I/O thread blocks on and how it reads: few system calls per message.
+"""How the broker's I/O thread waits and reads: as few system calls per message as libzmq
+allows.
 
-Rules (measured with ``strace -c -f`` on the broker under the common load, and
-``python -m benchmarks.ab``; ``docs/performance-broker.md``):
+Rules (measured with ``strace -f`` on the broker under the common load,
+``python -m benchmarks.trace_broker``, and ``python -m benchmarks.ab``;
+``docs/performance-broker.md``):
 
-Rule I1 - One wait per wake-up. The thread blocks in one ``poll(2)`` on the ROUTER's ``FD``
-  and on a pipe (:class:`Waker`), not in ``zmq_poll``: ``zmq_poll`` costs two ``poll(2)``
-  calls per pass plus a ``ZMQ_EVENTS`` check (one more ``poll(2)`` on the socket's mailbox)
-  per zmq socket, before and after blocking; a zmq socket used only to wake the thread
-  doubled that.
-Rule I2 - Edge-triggered, checked before blocking. The ``FD`` of a zmq socket tells that its
-  state changed, not that a message waits; any zmq call on the socket may consume that
-  signal. So the thread blocks only after ``ZMQ_EVENTS`` said no message is waiting, with no
-  zmq call on the socket in between.
-Rule I3 - No ``EAGAIN`` per batch. :func:`drain_ready` reads while ``ZMQ_EVENTS`` says a
-  message waits (at most ``batch``): a failed non-blocking ``recv`` costs the same mailbox
-  check plus a Python exception (several times a ``ZMQ_EVENTS`` check). Right after a
-  wake-up the thread reads one message only (usually all there is at low load): the check
-  it makes before blocking again, needed anyway after its sends (Rule I2), tells whether
-  more came; while messages keep coming it reads them in batches.
+Rule I1 - Block in libzmq. The thread waits in a blocking ``recv`` (``RCVTIMEO``: until its
+  next timer), which sleeps in one ``poll(2)`` on the socket's own mailbox and returns with
+  the message: one ``poll`` and one ``read`` per wake-up, plus one ``poll`` that finds the
+  mailbox empty. ``zmq_poll`` (before: on the socket and a wake-up socket) costs two
+  ``poll(2)`` per pass plus a ``ZMQ_EVENTS`` check per socket before and after blocking;
+  waiting on the socket's ``FD`` needs such checks too (it is edge-triggered). When a
+  message is waiting, the ``recv`` makes no system call at all.
+Rule I2 - Woken by a message. Work for the thread from other threads (a stop, calls into
+  the core, approvers' answers) wakes it with an empty message from a DEALER of its own
+  (:class:`Waker`), connected over ``inproc`` with a random routing id: the thread reads it
+  like any other message and never hands it to the core. It is fair-queued with the peers'
+  messages, so a busy socket cannot keep it waiting long.
+Rule I3 - What has come is handled before anything is sent. After the blocking ``recv``
+  the thread reads on (without blocking) while ``ZMQ_EVENTS`` says a message waits, at most
+  ``batch``, feeds them all to the core, then sends. A peer's messages that arrived together
+  are seen together: a worker's last answers and its leave come just before its connection
+  closes, and a send to it in between would fail and remove it before its answers are read.
+  ``ZMQ_EVENTS`` (one ``poll(2)`` on the mailbox) ends a batch more cheaply than a failed
+  ``recv`` (the same, plus a Python exception).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 from typing import cast
 
@@ -31,13 +38,57 @@ import zmq
 
 from ._zmqio import AsyncSocket, Received
 
-__all__ = ["EVENTS", "POLLIN", "Waker", "drain_ready", "events_of"]
+__all__ = ["EVENTS", "POLLIN", "Waker", "events_of", "read_one"]
 
+_NOBLOCK = int(zmq.NOBLOCK)
 POLLIN = int(zmq.POLLIN)
 #: The enum member: pyzmq looks it up faster than a plain int.
 EVENTS: int = zmq.EVENTS
-_NOBLOCK = int(zmq.NOBLOCK)
 _UNLIMITED = 1 << 62
+
+
+class Waker:
+    """Wakes the I/O thread blocked in ``recv`` on ``sock`` (Rule I2).
+
+    :meth:`wake` may be called from any thread, any number of times; it never blocks (a
+    full queue means the thread has wake-ups to read already). Make it before the thread
+    starts, close it after the thread stopped.
+
+    :ivar ident: the routing id its messages arrive with (random; never a peer's)
+    :ivar stopped: set by :meth:`stop`: the thread returns when it reads a wake-up
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], sock: zmq.Socket[bytes]) -> None:
+        # libzmq reserves routing ids starting with a zero byte for its own.
+        self.ident = b"\x01dcp-wake-" + os.urandom(16)
+        self.stopped = False
+        address = f"inproc://dcp-broker-wake-{self.ident[10:].hex()}"
+        sock.bind(address)
+        out: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        out.setsockopt(zmq.LINGER, 0)
+        out.setsockopt(zmq.ROUTING_ID, self.ident)
+        out.connect(address)
+        self._out: zmq.Socket[bytes] | None = out
+        # A zmq socket is not thread-safe: the event loop and an approver's thread both wake.
+        self._lock = threading.Lock()
+
+    def wake(self) -> None:
+        with self._lock:
+            if self._out is not None:
+                with contextlib.suppress(zmq.Again):  # full: the thread has wake-ups queued
+                    self._out.send(b"", _NOBLOCK)
+
+    def stop(self) -> None:
+        """Tell the I/O thread to return."""
+        self.stopped = True
+        self.wake()
+
+    def close(self) -> None:
+        """Close its socket (idempotent); later wake-ups do nothing."""
+        with self._lock:
+            out, self._out = self._out, None
+        if out is not None:
+            out.close(0)
 
 
 def events_of(sock: zmq.Socket[bytes]) -> Callable[[int], int]:
@@ -45,84 +96,39 @@ def events_of(sock: zmq.Socket[bytes]) -> Callable[[int], int]:
     return cast("Callable[[int], int]", sock.getsockopt)
 
 
-class Waker:
-    """A pipe another thread writes to, to wake the I/O thread's ``poll(2)`` (Rule I1).
-
-    :meth:`wake` may be called from any thread, any number of times; it never blocks (a full
-    pipe is already readable). The I/O thread polls :attr:`fd` and calls :meth:`clear`.
-    """
-
-    def __init__(self) -> None:
-        self.fd, self._write_fd = os.pipe()
-        os.set_blocking(self.fd, False)
-        os.set_blocking(self._write_fd, False)
-        self._closed = False
-        #: Set before each write: the I/O thread looks at it on every pass, so a socket
-        #: that is never idle cannot keep it from being woken.
-        self.pending = False
-        #: Set by :meth:`stop`: the I/O thread returns when it sees it.
-        self.stopped = False
-
-    def wake(self) -> None:
-        if self._closed:
-            return
-        self.pending = True
-        # BlockingIOError: the pipe is full, so already readable. OSError: closed meanwhile.
-        with contextlib.suppress(OSError):
-            os.write(self._write_fd, b"\0")
-
-    def stop(self) -> None:
-        """Tell the I/O thread to return."""
-        self.stopped = True
-        self.wake()
-
-    def clear(self) -> None:
-        """Read everything written so far."""
-        with contextlib.suppress(OSError):
-            while os.read(self.fd, 4096):
-                pass
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self._write_fd)
-            os.close(self.fd)
-
-
-def drain_ready(asock: AsyncSocket, batch: int) -> list[Received]:
-    """Read whole messages while one is waiting, at most ``batch`` (Rule I3), as
-    :meth:`AsyncSocket.drain` does (same limits, zero-copy threshold and user ids). The
-    caller knows a message is waiting (``ZMQ_EVENTS`` said so) and calls this from the
-    socket's owning thread; the last ``ZMQ_EVENTS`` check said no more was waiting, unless
-    ``batch`` messages were read."""
-    sock = asock.sock
-    recv = sock.recv
-    events = events_of(sock)
-    out: list[Received] = []
+def read_one(asock: AsyncSocket, flags: int = 0) -> Received | None:
+    """Read one whole message as :meth:`AsyncSocket.drain` does (same limits, zero-copy
+    threshold and user ids): with ``flags`` 0, wait for it at most the socket's
+    ``RCVTIMEO``; with ``zmq.NOBLOCK``, not at all. ``None`` if none came. Only the
+    socket's owning thread calls it (Rules I1, I3)."""
+    recv = asock.sock.recv
+    try:
+        frame = recv(flags, copy=False)
+    except zmq.Again:
+        return None
+    user_id = None
+    if asock.user_ids:
+        try:
+            user_id = cast(str, frame.get("User-Id"))
+        except zmq.ZMQError:  # no handshake metadata (e.g. inproc)
+            user_id = None
+    zero_copy = asock.zero_copy_threshold
+    nbytes = len(frame)
+    frames = [frame.bytes if nbytes < zero_copy else cast(bytes, frame)]
+    more: bool = frame.more
+    if not more:
+        return Received(frames, 0, nbytes, user_id)
     max_frames = asock.max_frames or _UNLIMITED
     max_bytes = asock.max_bytes or _UNLIMITED
-    zero_copy = asock.zero_copy_threshold
-    user_ids = asock.user_ids
-    user_id = None
-    while True:
+    dropped = 0
+    # The parts of a multipart message arrive together: these never block.
+    while more:
         frame = recv(_NOBLOCK, copy=False)
-        if user_ids:
-            try:
-                user_id = cast(str, frame.get("User-Id"))
-            except zmq.ZMQError:  # no handshake metadata (e.g. inproc)
-                user_id = None
-        nbytes = len(frame)
-        frames = [frame.bytes if nbytes < zero_copy else cast(bytes, frame)]
-        dropped = 0
-        while frame.more:
-            frame = recv(_NOBLOCK, copy=False)
-            size = len(frame)
-            nbytes += size
-            if len(frames) >= max_frames or nbytes > max_bytes:
-                dropped += 1
-            else:
-                frames.append(frame.bytes if size < zero_copy else cast(bytes, frame))
-        out.append(Received(frames, dropped, nbytes, user_id))
-        if len(out) >= batch or not events(EVENTS) & POLLIN:
-            break
-    return out
+        more = frame.more
+        size = len(frame)
+        nbytes += size
+        if len(frames) >= max_frames or nbytes > max_bytes:
+            dropped += 1
+        else:
+            frames.append(frame.bytes if size < zero_copy else cast(bytes, frame))
+    return Received(frames, dropped, nbytes, user_id)

@@ -1,10 +1,8 @@
-"""The broker I/O thread's helpers (dcp._broker_io): the wake-up pipe, reading while
-``ZMQ_EVENTS`` says a message waits, and the thread woken while its socket is never idle."""
+"""The broker I/O thread's helpers (dcp._broker_io): its waker, reading one message with a
+blocking receive, and the thread woken while its socket is busy."""
 
 from __future__ import annotations
 
-import select
-import time
 from collections.abc import Iterator
 
 import anyio
@@ -14,7 +12,7 @@ from _raw import Peers, wait_for
 
 from dcp import Register, Reply, Request
 from dcp._broker import Broker
-from dcp._broker_io import EVENTS, POLLIN, Waker, drain_ready, events_of
+from dcp._broker_io import Waker, read_one
 from dcp._zmqio import AsyncSocket
 
 
@@ -31,95 +29,89 @@ def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
     ctx.destroy(linger=0)
 
 
-def _wait_input(sock: zmq.Socket[bytes]) -> None:
-    deadline = time.monotonic() + 5
-    while not events_of(sock)(EVENTS) & POLLIN:
-        assert time.monotonic() < deadline, "no message arrived"
-        time.sleep(0.001)
-
-
-def test_waker_wakes_a_poll_and_clears() -> None:
-    waker = Waker()
+def test_waker_wakes_a_blocked_receive(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    router, _ = pair
+    waker = Waker(router.context, router)
     try:
-        poller = select.poll()
-        poller.register(waker.fd, select.POLLIN)
-        assert poller.poll(0) == []
+        assert waker.ident[:1] != b"\0"
+        router.setsockopt(zmq.RCVTIMEO, 10)
+        assert read_one(AsyncSocket(router)) is None  # nothing came within RCVTIMEO
         waker.wake()
-        waker.wake()  # any number of times
-        assert waker.pending
-        assert [fd for fd, _ in poller.poll(1000)] == [waker.fd]
-        waker.clear()
-        assert poller.poll(0) == []
         waker.stop()
-        assert waker.stopped and poller.poll(0) != []
+        assert waker.stopped
+        router.setsockopt(zmq.RCVTIMEO, 5000)
+        for _ in range(2):
+            msg = read_one(AsyncSocket(router))
+            assert msg is not None and msg.frames == [waker.ident, b""]
     finally:
         waker.close()
     waker.close()  # idempotent
     waker.wake()  # after close: nothing happens, no error
 
 
-def test_waker_full_pipe_does_not_block() -> None:
-    waker = Waker()
+def test_waker_full_queue_does_not_block(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    router, _ = pair
+    waker = Waker(router.context, router)
     try:
-        for _ in range(100_000):  # far more than a pipe holds
+        for _ in range(5000):  # far past the send high-water mark (1000)
             waker.wake()
-        waker.clear()
-        poller = select.poll()
-        poller.register(waker.fd, select.POLLIN)
-        assert poller.poll(0) == []
     finally:
         waker.close()
 
 
-def test_drain_ready_reads_what_waits_in_batches(
+def test_read_one_reads_whole_messages_in_order(
     pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
 ) -> None:
     router, dealer = pair
-    for i in range(5):
+    router.setsockopt(zmq.RCVTIMEO, 5000)
+    for i in range(3):
         dealer.send_multipart([b"", b"part", b"%d" % i])
-    _wait_input(router)
     asock = AsyncSocket(router)
-    first = drain_ready(asock, 2)
-    assert [r.frames for r in first] == [[b"D", b"", b"part", b"0"], [b"D", b"", b"part", b"1"]]
-    assert first[0].nbytes == 1 + 4 + 1 and first[0].dropped_frames == 0
-    rest = drain_ready(asock, 256)
-    assert [r.frames[-1] for r in rest] == [b"2", b"3", b"4"]
-    # It stopped because ZMQ_EVENTS said nothing more waits.
-    assert not events_of(router)(EVENTS) & POLLIN
+    for i in range(3):
+        msg = read_one(asock)
+        assert msg is not None and msg.frames == [b"D", b"", b"part", b"%d" % i]
+        assert msg.nbytes == 1 + 4 + 1 and msg.dropped_frames == 0 and msg.user_id is None
 
 
-def test_drain_ready_limits_and_zero_copy(
+def test_read_one_limits_and_zero_copy(
     pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
 ) -> None:
     router, dealer = pair
+    router.setsockopt(zmq.RCVTIMEO, 5000)
     big = b"x" * 100
     dealer.send_multipart([b"", b"a", b"b", b"c", b"d"])  # cut at 3 frames
     dealer.send_multipart([b"", big, big])  # cut at 150 bytes
     dealer.send_multipart([b"", big])  # kept as a zmq.Frame (zero copy)
-    _wait_input(router)
     asock = AsyncSocket(router, max_frames=3, max_bytes=150, zero_copy_threshold=64)
-    cut, large, whole = drain_ready(asock, 256)
-    assert cut.frames == [b"D", b"", b"a"] and cut.dropped_frames == 3
-    assert len(large.frames) == 3 and large.dropped_frames == 1 and large.nbytes == 201
+    cut, large, whole = (read_one(asock) for _ in range(3))
+    assert cut is not None and cut.frames == [b"D", b"", b"a"] and cut.dropped_frames == 3
+    assert large is not None and len(large.frames) == 3 and large.dropped_frames == 1
+    assert large.nbytes == 201
+    assert whole is not None
     kept: object = whole.frames[2]
     assert isinstance(kept, zmq.Frame) and kept.bytes == big
 
 
-def test_drain_ready_user_ids_without_handshake_metadata(
+def test_read_one_user_ids_without_handshake_metadata(
     pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
 ) -> None:
     router, dealer = pair
-    dealer.send_multipart([b"", b"hello"])
-    _wait_input(router)
-    [msg] = drain_ready(AsyncSocket(router, user_ids=True), 256)
-    assert msg.frames[-1] == b"hello" and msg.user_id is None  # inproc: no ZAP user id
+    router.setsockopt(zmq.RCVTIMEO, 5000)
+    dealer.send(b"hello")
+    msg = read_one(AsyncSocket(router, user_ids=True))
+    assert msg is not None and msg.frames == [b"D", b"hello"]
+    assert msg.user_id is None  # inproc: no ZAP user id
 
 
 @pytest.mark.anyio
 async def test_io_thread_takes_calls_while_its_socket_is_busy() -> None:
-    """The I/O thread looks at its waker on every pass, so work for it (here a statistics
-    call through the core, as reload_security makes) is done while a client keeps the
-    socket busy, and the broker still stops promptly."""
+    """Wake-ups are fair-queued with the peers' messages, so work for the I/O thread (here
+    a call into the core, as reload_security makes) is done while a client keeps the socket
+    busy, and the broker still stops promptly."""
     broker = Broker("tcp://127.0.0.1:0")
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
