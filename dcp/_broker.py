@@ -114,10 +114,10 @@ class Broker:
         the broker's own)
     :param security: CURVE keys and allow-lists (default: no security)
     :param io_thread: run the socket's I/O loop (and the routing core) in a thread of its
-        own, blocking in one ``poll(2)`` on the socket and a wake-up pipe
-        (:mod:`dcp._broker_io`), instead of in the event loop: a message costs a ``poll``
-        wake-up there instead of an event loop's wait, cancel scope and task switch
-        (``docs/performance-broker.md``). The broker is still a task of your task group;
+        own, blocking in a ``recv`` on the socket (:mod:`dcp._broker_io`), instead of in
+        the event loop: a message costs a ``poll(2)`` wake-up in libzmq there instead of an
+        event loop's wait, cancel scope and task switch (``docs/performance-broker.md``).
+        The broker is still a task of your task group;
         cancelling it stops the thread promptly. ``False`` keeps everything in the event
         loop (one thread in all)
     :param approve: a registration approver (``docs/services.md``): called (plain ``def``,
