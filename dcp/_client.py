@@ -191,11 +191,8 @@ class Client:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
             configure_client_socket(sock, self._security)
-            if self._security is not None:
-                # CURVE handshake failures raise AuthenticationFailed (dcp/_handshake.py).
-                # Only with CURVE for now: a monitor on every plaintext client made a long
-                # test run flaky (clients that stopped hearing their broker), cause not found.
-                mon = monitor(sock)
+            # Handshake failures raise AuthenticationFailed (dcp/_handshake.py).
+            mon = monitor(sock)
             sock.connect(self.endpoint)
         except BaseException:
             sock.close(0)
@@ -640,6 +637,13 @@ class Client:
             self._closed = True
             self._broken = failure
         if self._socket is not None:
+            if not self._socket.closed:
+                # Stop the monitor before closing: libzmq's I/O thread sends the socket's
+                # last events (DISCONNECTED) to the monitor's PAIR with a blocking send; if
+                # our end of that PAIR is closed first, the send blocks that thread for good
+                # and every socket of the context falls silent.
+                with contextlib.suppress(zmq.ZMQError):
+                    self._socket.sock.disable_monitor()
             self._socket.close(0)
         self._tracker.cancel_all()
         for state in self._subscriptions.values():

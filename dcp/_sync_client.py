@@ -138,8 +138,7 @@ class SyncClient:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, routing_id)
             configure_client_socket(sock, security)
-            if security is not None:  # CURVE only, as in Client (see there)
-                mon = monitor(sock)  # handshake failures raise AuthenticationFailed
+            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
             sock.connect(endpoint)
         except BaseException:
             sock.close(0)
