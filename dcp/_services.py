@@ -221,7 +221,7 @@ class ServiceStats:
 
 @attrs.frozen
 class ServiceChange:
-    """A change seen by :func:`watch_services`: a service came up (a worker serves it now)
+    """A change seen by :meth:`dcp.Client.watch_services`: a service came up (a worker serves it now)
     or went down (none does)."""
 
     name: str
