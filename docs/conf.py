@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
 project = "dcp"
 author = "dcp developers"
-copyright = "dcp developers"  # noqa: A001 (Sphinx's name)
+copyright = "dcp developers"
 release = dcp.__version__
 version = release
 

@@ -34,8 +34,8 @@ import importlib.util
 import inspect
 import pkgutil
 import re
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -71,9 +71,9 @@ def _import_sources(module: ModuleType) -> dict[str, str]:
 
 def _source_module(namespace: ModuleType, name: str, obj: Any, imports: dict[str, str]) -> str:
     owner = getattr(obj, "__module__", None)
-    if isinstance(owner, str) and owner.startswith(namespace.__name__.split(".")[0]):
-        if inspect.isclass(obj) or inspect.isfunction(obj):
-            return owner
+    top = namespace.__name__.split(".")[0]
+    if isinstance(owner, str) and owner.startswith(top) and callable(obj):
+        return owner
     return imports.get(name, namespace.__name__)
 
 
