@@ -49,9 +49,7 @@ exclude_patterns = ["README.md", "_build", "perf", "_ext"]
 
 # Markdown: headings get anchors (the pages link to each other as page.md#heading).
 myst_heading_anchors = 4
-myst_enable_extensions = ["colon_fence"]
-# Code fences in the pages use languages pygments may not know (console transcripts): no
-# warning for a lexer that falls back to plain text.
+# A fence without a language (and a docstring's ``::`` block) is Python.
 highlight_language = "python"
 
 html_theme = "furo"
