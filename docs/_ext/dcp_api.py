@@ -228,7 +228,21 @@ def render_modules(package_name: str) -> str:
 _MODULES_BLOCK = re.compile(r"^```\{dcp-modules\}[ \t]+(\S+)[ \t]*\n^```[ \t]*$", re.M)
 
 
+def _other_pages(app: Any, text: str) -> str:
+    """In the root page, a toctree line ``*`` becomes the top-level pages that the page does not
+    list: new topic pages come after the ones listed in reading order, with no wiring (and no
+    warning while there are none, as a glob that matches nothing would give)."""
+    pages = sorted(
+        doc for doc in app.env.found_docs if "/" not in doc and doc != app.config.root_doc
+    )
+    listed = set(re.findall(r"^(\S+)[ \t]*$", text, re.M))
+    others = "\n".join(page for page in pages if page not in listed)
+    return re.sub(r"^\*[ \t]*\n", f"{others}\n" if others else "", text, flags=re.M)
+
+
 def _expand(app: Any, docname: str, source: list[str]) -> None:
+    if docname == app.config.root_doc:
+        source[0] = _other_pages(app, source[0])
     source[0] = _BLOCK.sub(lambda m: render(m[1], m[2]), source[0])
     source[0] = _MODULES_BLOCK.sub(lambda m: render_modules(m[1]), source[0])
 
@@ -252,7 +266,14 @@ def _unlink_builtins(app: Any, doctree: nodes.document) -> None:
             xref.replace_self(xref.children)
 
 
+def _drop_object_base(app: Any, name: str, obj: Any, options: Any, bases: list[type]) -> None:
+    """No "Bases: object" line under every plain class."""
+    if bases == [object]:
+        bases.clear()
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.connect("autodoc-process-bases", _drop_object_base)
     app.connect("source-read", _expand)
     app.connect("doctree-read", _unlink_builtins)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
