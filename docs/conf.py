@@ -70,8 +70,9 @@ _THIRD_PARTY = (
     # the standard library
     "abc|asyncio|collections|concurrent|contextlib|dataclasses|enum|functools|ipaddress"
     "|logging|os|pathlib|random|socket|ssl|threading|types|typing|typing_extensions"
-    # dependencies and extras
+    # dependencies and extras (and those the operations work of issue 14 brings)
     "|anyio|trio|zmq|attrs?|cryptography|pyspark|pyarrow|pandas|outcome"
+    "|hypercorn|prometheus_client|opentelemetry|rich|textual"
 )
 nitpick_ignore_regex = [
     (r"py:.*", rf"({_THIRD_PARTY})(\..+)?"),

@@ -272,7 +272,19 @@ def _drop_object_base(app: Any, name: str, obj: Any, options: Any, bases: list[t
         bases.clear()
 
 
+def _drop_type_docstring(
+    app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]
+) -> None:
+    """A constant with no ``#:`` comment shows nothing, not its type's docstring (``bytes``)."""
+    if what in ("data", "attribute") and not callable(obj) and not isinstance(obj, property):
+        own = "\n".join(lines).strip()
+        doc = type(obj).__doc__
+        if own and isinstance(doc, str) and own == inspect.cleandoc(doc):
+            lines.clear()
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.connect("autodoc-process-docstring", _drop_type_docstring)
     app.connect("autodoc-process-bases", _drop_object_base)
     app.connect("source-read", _expand)
     app.connect("doctree-read", _unlink_builtins)
