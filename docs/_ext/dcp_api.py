@@ -1,28 +1,40 @@
-"""The ``dcp-api`` block: an API reference generated from a namespace's ``__all__``.
+"""dcp's Sphinx extension: the pages that write themselves, and a few fixes to autodoc output.
 
-A page holds a fenced block such as::
+Blocks expanded before MyST parses a page (Sphinx's ``source-read`` event):
+
+``dcp-api``: an API reference generated from a namespace's ``__all__``::
 
     ```{dcp-api} dcp
-    :submodules:
     Broker = _broker
     Errors = _errors
     ```
 
-Before MyST parses the page (Sphinx's ``source-read`` event), the block is replaced by
-Markdown: the module's docstring (``automodule``), then every name of its ``__all__``
-(``autoclass`` with members, ``autoexception``, ``autofunction`` or ``autodata``), grouped under
-one heading per private module that defines them (``dcp.Broker`` comes from ``dcp._broker``).
+  becomes the module's docstring (``automodule``), then every name of its ``__all__``
+  (``autoclass`` with members, ``autoexception``, ``autofunction`` or ``autodata``), grouped
+  under one heading per private module that defines them (``dcp.Broker`` comes from
+  ``dcp._broker``).
 
-- ``Title = module [module ...]`` lines name and order the groups (module names relative to
-  the namespace). A group not named gets the first sentence of its module's docstring as title
-  and comes after the named ones, so a new public name never needs wiring here.
-- ``:submodules:`` also documents the namespace's public submodules (no leading underscore),
-  one heading each, the same way (``dcp.wire`` -> ``dcp.wire.dcp1``, ...).
-- ``:level: N`` is the heading level of the groups (default 2).
+  - ``Title = module [module ...]`` lines name and order the groups (module names relative to
+    the namespace). A group not named gets the first sentence of its module's docstring as
+    title and comes after the named ones, so a new public name never needs wiring.
+  - ``:submodules:`` also documents the namespace's public submodules (no leading
+    underscore), one heading each, the same way (``dcp.wire`` -> ``dcp.wire.dcp1``, ...).
+  - ``:level: N`` is the heading level of the groups (default 2).
 
-Names that are re-exported from elsewhere keep the namespace's name (``dcp.Broker``, not
-``dcp._broker.Broker``); autodoc records the real location as ``:canonical:``, so references
-to either resolve.
+  A name keeps the namespace's name (``dcp.Broker``); autodoc records the real location as
+  ``:canonical:`` (``dcp._broker.Broker``), so references to either resolve. A name that the
+  top-level package exports too (``dcp.wire.dcp1.Request`` is ``dcp.Request``) is documented
+  there only; here it gets a link target that points to it.
+
+``dcp-modules``: every private module of a package (found by its files), each a ``py:module``
+  target with the first paragraph of its docstring, so ``:mod:`dcp._broker_core``` resolves.
+
+In the root page, a toctree line ``*`` becomes the top-level pages that the page does not list
+(a glob would do the same, but warns when it matches nothing).
+
+Fixes to autodoc's output: built-in type names in signatures are plain text (``bytes`` would
+otherwise link to :attr:`dcp.Response.bytes`); no "Bases: object"; a constant with no ``#:``
+comment does not show its type's docstring.
 """
 
 from __future__ import annotations
