@@ -295,7 +295,56 @@ def _drop_type_docstring(
             lines.clear()
 
 
+def _imported_names(module_name: str) -> dict[str, str]:
+    """Every ``from X import Name [as Alias]`` of a module, wherever it is (``if
+    TYPE_CHECKING:`` blocks included): alias -> qualified name."""
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return {}
+    package = module_name if spec.submodule_search_locations else module_name.rpartition(".")[0]
+    names: dict[str, str] = {}
+    for node in ast.walk(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{base}.{alias.name}"
+    return names
+
+
+_NAME = re.compile(r"(?<![\w.~'\"])([A-Za-z_]\w*)(?![\w:=])")
+
+
+def _qualify(
+    app: Any,
+    what: str,
+    name: str,
+    obj: Any,
+    options: Any,
+    signature: str | None,
+    return_annotation: str | None,
+) -> tuple[str | None, str | None] | None:
+    """Annotations that stayed strings (a name imported only for type checkers, such as
+    ``TracerProvider`` or ``Handler``) are qualified from the imports of the module that wrote
+    them (``~opentelemetry.trace.TracerProvider``), so they resolve or match the third-party
+    prefixes like every evaluated annotation."""
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str) or not (signature or return_annotation):
+        return None
+    imports = _imported_names(module)
+
+    def qualify(text: str | None) -> str | None:
+        if not text:
+            return text
+        return _NAME.sub(lambda m: f"~{imports[m[1]]}" if m[1] in imports else m[1], text)
+
+    return qualify(signature), qualify(return_annotation)
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.connect("autodoc-process-signature", _qualify)
     app.connect("autodoc-process-docstring", _drop_type_docstring)
     app.connect("autodoc-process-bases", _drop_object_base)
     app.connect("source-read", _expand)
