@@ -32,7 +32,11 @@ Blocks expanded before MyST parses a page (Sphinx's ``source-read`` event):
 In the root page, a toctree line ``*`` becomes the top-level pages that the page does not list
 (a glob would do the same, but warns when it matches nothing).
 
-Fixes to autodoc's output: built-in type names in signatures are plain text (``bytes`` would
+A reference to a private object that is documented nowhere but exists (checked by import)
+links to its module's entry in the module map; one that does not exist stays broken.
+
+Fixes to autodoc's output: annotations imported only under ``TYPE_CHECKING`` are qualified
+from the module's imports; built-in type names in signatures are plain text (``bytes`` would
 otherwise link to :attr:`dcp.Response.bytes`); no "Bases: object"; a constant with no ``#:``
 comment does not show its type's docstring.
 """
@@ -343,7 +347,47 @@ def _qualify(
     return qualify(signature), qualify(return_annotation)
 
 
+def _private_target(name: str) -> str | None:
+    """The private module that holds ``name`` (``dcp._core.directory.broker_entry`` ->
+    ``dcp._core.directory``) if ``name`` really exists there, else ``None``."""
+    parts = name.split(".")
+    if parts[0] != "dcp" or not any(part.startswith("_") for part in parts[1:]):
+        return None
+    for cut in range(len(parts), 1, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(obj, attribute):
+                return None
+            obj = getattr(obj, attribute)
+        return module_name if any(p.startswith("_") for p in parts[1:cut]) else None
+    return None
+
+
+def _link_private(app: Any, env: Any, node: Any, contnode: Any) -> Any:
+    """A reference to a private object that exists but is not documented (a helper function
+    of ``dcp._core.directory``) links to its module in the module map; a name that does not
+    exist stays a broken reference (and fails the build)."""
+    if node.get("refdomain") != "py" or node.get("reftype") == "mod":
+        return None
+    target = node["reftarget"].lstrip(".~")
+    context = node.get("py:module") or ""
+    parents = [".".join(context.split(".")[:cut]) for cut in range(context.count(".") + 1, 0, -1)]
+    for candidate in [target, *(f"{parent}.{target}" for parent in parents if parent)]:
+        module_name = _private_target(candidate)
+        if module_name is not None:
+            domain = env.domains["py"]
+            return domain.resolve_xref(
+                env, node["refdoc"], app.builder, "mod", module_name, node, contnode
+            )
+    return None
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.connect("missing-reference", _link_private)
     app.connect("autodoc-process-signature", _qualify)
     app.connect("autodoc-process-docstring", _drop_type_docstring)
     app.connect("autodoc-process-bases", _drop_object_base)
