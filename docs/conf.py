@@ -9,10 +9,13 @@ strictly. The topic pages stay Markdown (MyST); the theme is furo.
 
 What the build picks up by itself (see ``docs/README.md``):
 
-- every ``docs/*.md`` page: the toctree in ``index.md`` is a glob;
+- every ``docs/*.md`` page: the topics toctree in ``index.md`` ends with ``*``, which the
+  extension below replaces by the pages it does not list;
 - every name in the ``__all__`` of a public namespace: ``api/*.md`` use the ``dcp-api``
-  directive (``docs/_ext/dcp_api.py``), which reads ``__all__`` at build time and groups the
-  names by the private module they come from.
+  block (``docs/_ext/dcp_api.py``), which reads ``__all__`` at build time and groups the
+  names by the private module they come from;
+- every private module: ``internals/modules.md`` lists them all (``dcp-modules``); a
+  reference to a private object that exists links to its module there.
 
 Third-party targets: the build runs offline (CI has no route to docs.python.org or
 readthedocs), so there is no intersphinx. References to the standard library's and
