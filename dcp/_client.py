@@ -108,7 +108,7 @@ class Client:
     :param remember: finished request ids remembered to tell duplicate replies from unknown
     :param work_timeout: default seconds a worker may hold a request before the broker
         treats it as lost and gives the request to another worker (``None``: the broker's
-        default); see :doc:`reliability`
+        default); see :doc:`/reliability`
     :param security: CURVE keys (see ``docs/security.md``; default: no security). If the
         broker refuses the key, or is not the one whose key is given, or one side uses
         CURVE and the other not, the handshake fails: pending and later calls raise

@@ -84,7 +84,7 @@ class StreamStatistics:
 
 @attrs.frozen
 class ServiceStatistics:
-    """Per-service figures from :meth:`BrokerCore.statistics`."""
+    """Per-service figures from :meth:`~dcp._broker_core.BrokerCore.statistics`."""
 
     #: Registered workers providing the service.
     workers: int
