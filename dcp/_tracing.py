@@ -45,7 +45,7 @@ propagators are the application's), trace the broker, or trace pub/sub.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 try:
     from opentelemetry import context as otel_context
@@ -65,9 +65,13 @@ from ._response import Outcome, Response
 from ._streams import Stream
 from ._waiters import Sink, Waiter
 
+if TYPE_CHECKING:
+    from ._sync_client import SyncClient
+
 __all__ = [
     "CANCELLED",
     "Start",
+    "SyncTracing",
     "RESERVED",
     "SYSTEM",
     "ClientTracing",
@@ -294,6 +298,52 @@ class ClientTracing:
         """A waiter for one traced request, and the request's metadata."""
         span, metadata = self.start(service, metadata)
         return TracedWaiter(span), metadata
+
+
+class _TracedDone(dict[bytes, Outcome]):
+    """A :class:`~dcp.SyncClient`'s outcomes by request id that ends each request's span
+    when its outcome is put in (every outcome is), or when it is forgotten unanswered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans: dict[bytes, Span] = {}
+
+    def __setitem__(self, rid: bytes, outcome: Outcome) -> None:
+        super().__setitem__(rid, outcome)
+        span = self.spans.pop(rid, None)
+        if span is not None:
+            end_span(span, outcome)
+
+    def pop(self, rid: bytes, *default: Any) -> Any:
+        span = self.spans.pop(rid, None)
+        if span is not None:  # forgotten before its outcome came
+            end_span(span, CANCELLED)
+        return super().pop(rid, *default)
+
+
+class SyncTracing(ClientTracing):
+    """Client spans (Rule T3) for a :class:`~dcp.SyncClient` (:meth:`attach` it)."""
+
+    def attach(self, client: SyncClient) -> None:
+        """Trace every request ``client`` starts (its ``_start``) until its outcome is
+        delivered (its ``_done``)."""
+        done = _TracedDone()
+        client._done = done
+        start = client._start
+
+        def traced_start(
+            service: bytes, data: Sequence[bytes], metadata: Sequence[bytes], timing: Timing
+        ) -> bytes:
+            span, traced = self.start(service, metadata)
+            try:
+                rid = start(service, data, traced, timing)
+            except BaseException as exc:
+                end_span(span, exc)
+                raise
+            done.spans[rid] = span
+            return rid
+
+        client._start = traced_start  # type: ignore[method-assign]
 
 
 class WorkerTracing:
