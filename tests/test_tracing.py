@@ -82,6 +82,10 @@ def span_id(span: ReadableSpan) -> int:
     return int(span.context.span_id)
 
 
+def traceparent(ctx: trace.SpanContext) -> bytes:
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}".encode()
+
+
 def trace_id(span: ReadableSpan) -> int:
     assert span.context is not None
     return int(span.context.trace_id)
@@ -147,16 +151,8 @@ async def test_one_trace_across_a_forward(traced: Traced) -> None:
     client_ctx = spans["a request"].context
     forward_ctx = spans["b forward"].context
     assert client_ctx is not None and forward_ctx is not None
-    assert (
-        a_trace[0]
-        == TRACEPARENT
-        + f"00-{client_ctx.trace_id:032x}-{client_ctx.span_id:016x}-{client_ctx.trace_flags:02x}".encode()
-    )
-    assert (
-        b_trace[0]
-        == TRACEPARENT
-        + f"00-{forward_ctx.trace_id:032x}-{forward_ctx.span_id:016x}-{forward_ctx.trace_flags:02x}".encode()
-    )
+    assert a_trace[0] == TRACEPARENT + traceparent(client_ctx)
+    assert b_trace[0] == TRACEPARENT + traceparent(forward_ctx)
     # The id still comes first: the client matches the final reply by it.
     assert a_seen.dcp_metadata[0].startswith(REQUEST_ID_PREFIX)
     assert b_seen.dcp_metadata[0] == a_seen.dcp_metadata[0]
