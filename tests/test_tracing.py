@@ -375,6 +375,8 @@ def test_sync_client_request_and_map(traced: Traced) -> None:
     async def echo(request: dcp.HandlerRequest) -> bytes:
         if request.data[0] == b"fail":
             raise ValueError("asked to")
+        if request.data[0] == b"slow":
+            await anyio.sleep(0.3)
         return request.data[0]
 
     async def serve(ready: list[str], stop: anyio.Event) -> None:
@@ -398,14 +400,18 @@ def test_sync_client_request_and_map(traced: Traced) -> None:
             assert [r.data[0] for r in client.map("echo", [b"a", b"b"])] == [b"a", b"b"]
             pairs = sorted(client.map_unordered("echo", [b"c"]))
             assert [r.data for _, r in pairs] == [(b"c",)]
+            replies = client.map_unordered("echo", [b"d", b"slow"], window=2)
+            assert next(replies)[1].data == (b"d",)
+            replies.close()  # "slow" is forgotten unanswered
         portal.call(stop.set)
         future.result(10)
     spans = traced.exporter.get_finished_spans()
     requests = [s for s in spans if s.name == "echo request"]
-    assert len(requests) == 5
+    assert len(requests) == 7
     assert [s.status.status_code for s in requests].count(StatusCode.ERROR) == 1
+    assert [s.attributes and s.attributes.get("dcp.cancelled") for s in requests].count(True) == 1
     handles = [s for s in spans if s.name == "echo handle"]
-    assert {parent_of(s) for s in handles} == {span_id(s) for s in requests}
+    assert {parent_of(s) for s in handles} <= {span_id(s) for s in requests}
 
 
 def test_bad_tracing_value() -> None:
@@ -466,3 +472,50 @@ def test_reserved_fields_are_not_written(traced: Traced) -> None:
     _SETTER.set(carrier, "Stream", "9")
     _SETTER.set(carrier, "baggage", "k=v")
     assert carrier == [OPTION_PREFIX + b"baggage=k=v"]
+
+
+def test_end_span_outcomes(traced: Traced) -> None:
+    from dcp._tracing import CANCELLED, end_span
+
+    tracer = traced.tracer()
+    outcomes: list[object] = [None, KeyboardInterrupt(), CANCELLED, dcp.RequestTimeout("t")]
+    for i, outcome in enumerate(outcomes):
+        end_span(tracer.start_span(f"s{i}"), outcome)  # type: ignore[arg-type]
+    spans = traced.spans()
+    assert spans["s0"].status.description == "the client is closed"
+    for name in ("s1", "s2"):
+        assert spans[name].attributes == {"dcp.cancelled": True}
+        assert spans[name].status.status_code is StatusCode.UNSET
+    assert spans["s3"].attributes == {"error.type": "RequestTimeout"}
+    assert repr(CANCELLED) == "CANCELLED"
+
+
+def test_global_provider_and_getter_keys() -> None:
+    """``tracing=True`` uses the global provider (none set here: non-recording spans, whose
+    invalid context the propagator does not write)."""
+    from dcp._tracing import _GETTER, ClientTracing
+
+    span, metadata = ClientTracing(True, "tcp://x").start(b"svc", (b"mine",))
+    assert not span.is_recording()
+    assert metadata == (b"mine",)
+    parts = (REQUEST_ID_PREFIX + b"1", TRACEPARENT + b"v", OPTION_PREFIX + b"no-wait", b"x=y")
+    assert _GETTER.keys(parts) == ["id", "traceparent"]
+    assert _GETTER.get(parts, "traceparent") == ["v"]
+    assert _GETTER.get(parts, "tracestate") is None
+
+
+async def test_calls_on_a_closed_client_end_their_spans(traced: Traced) -> None:
+    async with fast_broker() as broker:
+        client = dcp.Client(broker.endpoints[0], tracing=traced.provider)
+        async with client:
+            pass
+        with pytest.raises(anyio.ClosedResourceError):
+            async for _ in client.map("svc", [b"x"]):
+                pass  # pragma: no cover - closed
+        with dcp.SyncClient(broker.endpoints[0], tracing=traced.provider) as sync_client:
+            pass
+        with pytest.raises(anyio.ClosedResourceError):
+            sync_client.request("svc", b"x")
+    spans = traced.exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["svc request", "svc request"]
+    assert all(s.status.status_code is StatusCode.ERROR for s in spans)
