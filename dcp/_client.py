@@ -304,9 +304,11 @@ class Client:
         timing = self._tracker.timing(timeout, attempt_timeout, retries)
         if self._tracing is None:
             waiter = Waiter()
+            rid, frames = self._start(service, parts, metadata, timing, waiter)
         else:
-            waiter, metadata = self._tracing.waiter(service, metadata)
-        rid, frames = self._start(service, parts, metadata, timing, waiter)
+            waiter, rid, frames = self._tracing.request(
+                self._start, service, parts, metadata, timing
+            )
         try:
             await self._send(rid, frames)
             await waiter.event.wait()

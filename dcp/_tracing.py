@@ -292,12 +292,23 @@ class ClientTracing:
 
         stream.on_close = on_close
 
-    def waiter(
-        self, service: bytes, metadata: Sequence[bytes]
-    ) -> tuple[TracedWaiter, tuple[bytes, ...]]:
-        """A waiter for one traced request, and the request's metadata."""
-        span, metadata = self.start(service, metadata)
-        return TracedWaiter(span), metadata
+    def request(
+        self,
+        start: Start,
+        service: bytes,
+        data: Sequence[bytes],
+        metadata: Sequence[bytes],
+        timing: Timing,
+    ) -> tuple[TracedWaiter, bytes, list[bytes]]:
+        """Start one traced request with the client's ``_start``: its waiter, id and frames."""
+        span, traced = self.start(service, metadata)
+        waiter = TracedWaiter(span)
+        try:
+            rid, frames = start(service, data, traced, timing, waiter)
+        except BaseException as exc:
+            end_span(span, exc)
+            raise
+        return waiter, rid, frames
 
 
 class _TracedDone(dict[bytes, Outcome]):

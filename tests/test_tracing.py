@@ -403,11 +403,13 @@ def test_sync_client_request_and_map(traced: Traced) -> None:
             replies = client.map_unordered("echo", [b"d", b"slow"], window=2)
             assert next(replies)[1].data == (b"d",)
             replies.close()  # "slow" is forgotten unanswered
+            with client.stream("echo", b"s") as parts:  # a plain handler: one last part
+                assert list(parts) == [(b"s",)]
         portal.call(stop.set)
         future.result(10)
     spans = traced.exporter.get_finished_spans()
     requests = [s for s in spans if s.name == "echo request"]
-    assert len(requests) == 7
+    assert len(requests) == 8
     assert [s.status.status_code for s in requests].count(StatusCode.ERROR) == 1
     assert [s.attributes and s.attributes.get("dcp.cancelled") for s in requests].count(True) == 1
     handles = [s for s in spans if s.name == "echo handle"]
@@ -512,10 +514,12 @@ async def test_calls_on_a_closed_client_end_their_spans(traced: Traced) -> None:
         with pytest.raises(anyio.ClosedResourceError):
             async for _ in client.map("svc", [b"x"]):
                 pass  # pragma: no cover - closed
+        with pytest.raises(anyio.ClosedResourceError):
+            await client.request("svc", b"x")
         with dcp.SyncClient(broker.endpoints[0], tracing=traced.provider) as sync_client:
             pass
         with pytest.raises(anyio.ClosedResourceError):
             sync_client.request("svc", b"x")
     spans = traced.exporter.get_finished_spans()
-    assert [s.name for s in spans] == ["svc request", "svc request"]
+    assert [s.name for s in spans] == ["svc request"] * 3
     assert all(s.status.status_code is StatusCode.ERROR for s in spans)
