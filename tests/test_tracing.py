@@ -13,6 +13,7 @@ import itertools
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -523,3 +524,24 @@ async def test_calls_on_a_closed_client_end_their_spans(traced: Traced) -> None:
     spans = traced.exporter.get_finished_spans()
     assert [s.name for s in spans] == ["svc request"] * 3
     assert all(s.status.status_code is StatusCode.ERROR for s in spans)
+
+
+def test_tracing_benchmark_runs() -> None:
+    """``benchmarks.tracing`` against HEAD: one tiny round, a row per case, the ratios."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "benchmarks.tracing", "--base", "HEAD", "--rounds", "1"]
+    command += ["--windows", "4", "--count", "200", "--duration", "0.5"]
+    proc = subprocess.run(
+        command,
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 4 |")]
+    assert [row[2].strip() for row in rows] == ["base", "off", "on"]
+    assert all(float(row[3]) > 0 for row in rows)
+    assert "window 4: client CPU off/base" in proc.stdout
