@@ -70,15 +70,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANCELLED",
-    "Start",
-    "SyncTracing",
     "RESERVED",
     "SYSTEM",
     "ClientTracing",
+    "Start",
+    "SyncTracing",
     "TracedSink",
     "TracedWaiter",
     "WorkerTracing",
     "end_span",
+    "inject",
     "trace_options",
 ]
 
@@ -108,7 +109,8 @@ class _OptionSetter(Setter[list[bytes]]):
     def set(self, carrier: list[bytes], key: str, value: str) -> None:
         name = key.lower()
         if name and name not in RESERVED:
-            carrier.append(OPTION_PREFIX + name.encode() + b"=" + value.encode())
+            part = OPTION_PREFIX + name.encode(errors="replace") + b"="
+            carrier.append(part + value.encode(errors="replace"))
 
 
 class _OptionGetter(Getter[Sequence[bytes]]):
