@@ -545,3 +545,28 @@ def test_tracing_benchmark_runs() -> None:
     assert [row[2].strip() for row in rows] == ["base", "off", "on"]
     assert all(float(row[3]) > 0 for row in rows)
     assert "window 4: client CPU off/base" in proc.stdout
+
+
+@pytest.mark.parametrize("mine", [b"mine", b"changed"])
+def test_broker_core_matches_a_forward_with_other_trace_options(mine: bytes) -> None:
+    """Routing Rule 2 (sans-IO): a forward whose dcp options (not the id) differ from the
+    held request's releases it; one whose caller's metadata differs releases nothing."""
+    from test_broker_core import C1, W1, W2, feed, out, take, workers
+
+    from dcp._broker_core import BrokerCore
+
+    core = BrokerCore()
+    workers(core, W1, service=b"a")
+    workers(core, W2, service=b"b")
+    rid = REQUEST_ID_PREFIX + b"12345678"
+    feed(core, C1, dcp.Request(b"a", None, (rid, TRACEPARENT + b"client", b"mine"), (b"x",)))
+    assert take(core) == [
+        out(W1, dcp.Request(b"a", C1, (rid, TRACEPARENT + b"client", b"mine"), (b"x",)))
+    ]
+    forward = dcp.Request(b"b", C1, (rid, TRACEPARENT + b"hop", mine), (b"y",))
+    feed(core, W1, forward)
+    assert take(core)[0] == out(W2, forward)
+    stats = core.statistics()
+    assert (stats.forwards, stats.unmatched) == ((1, 0) if mine == b"mine" else (1, 1))
+    feed(core, W1, dcp.Reconnect())  # W1 leaves: what it still holds is redelivered
+    assert core.statistics().redeliveries == (0 if mine == b"mine" else 1)
