@@ -14,7 +14,7 @@ import random
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -50,6 +50,11 @@ from ._tracker import RequestTracker
 from ._waiters import Sink, Waiter
 from ._zmqio import AsyncSocket
 from .wire.streams import is_stream
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from ._tracing import ClientTracing, Start
 
 __all__ = ["Client"]
 
@@ -117,6 +122,10 @@ class Client:
         (a little-endian ``int``, as the DagBox C++ reference writes it; its broker aborts on
         1-byte types). Replies are read in either width. With 4, no ``mmi.service`` question
         is asked before a timeout (that broker has no such service).
+    :param tracing: one OpenTelemetry span per request, its context sent with the request
+        (``docs/tracing.md``): ``True`` (the global tracer provider) or a
+        ``TracerProvider``; needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError``
+        naming it otherwise)
     :raises ValueError: a bad option (e.g. ``type_width`` not 1 or 4), before any socket
         exists
     """
@@ -141,8 +150,15 @@ class Client:
         work_timeout: float | None = None,
         security: CurveClient | None = None,
         type_width: int = 1,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
+        #: Spans of the requests (docs/tracing.md); ``None``: tracing off (costs one test).
+        self._tracing: ClientTracing | None = None
+        if tracing:
+            from ._tracing import ClientTracing  # imports OpenTelemetry: only when asked
+
+            self._tracing = ClientTracing(tracing, endpoint)
         if work_timeout is not None:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
@@ -283,14 +299,20 @@ class Client:
         parts = data_parts(data)
         metadata = self._metadata(metadata, work_timeout, no_wait)
         timing = self._tracker.timing(timeout, attempt_timeout, retries)
-        waiter = Waiter()
-        rid, frames = self._start(service, parts, metadata, timing, waiter)
+        if self._tracing is None:
+            waiter = Waiter()
+            rid, frames = self._start(service, parts, metadata, timing, waiter)
+        else:
+            waiter, rid, frames = self._tracing.request(
+                self._start, service, parts, metadata, timing
+            )
         try:
             await self._send(rid, frames)
             await waiter.event.wait()
         finally:
             if self._waiters.pop(rid, None) is not None:
                 self._tracker.cancel(rid)
+                waiter.forget()
         return self._result(waiter.outcome)
 
     async def request_json(
@@ -431,7 +453,11 @@ class Client:
         metadata: Sequence[bytes],
         timing: Timing,
     ) -> AsyncGenerator[Response, None]:
-        sink = Sink()
+        start: Start = self._start
+        if self._tracing is None:
+            sink = Sink()
+        else:
+            sink, start = self._tracing.sink(start)
         order: deque[bytes] = deque()
         done = sink.done
         try:
@@ -441,7 +467,7 @@ class Client:
                         await sink.wait()
                     yield self._result(done.pop(order.popleft()))
                 parts = payload_parts(payload, index)
-                rid, frames = self._start(service, parts, metadata, timing, sink)
+                rid, frames = start(service, parts, metadata, timing, sink)
                 order.append(rid)
                 await self._send(rid, frames)
             while order:
@@ -450,6 +476,7 @@ class Client:
                 yield self._result(done.pop(order.popleft()))
         finally:
             self._forget(order)
+            sink.forget()
 
     async def _map_unordered(
         self,
@@ -459,7 +486,11 @@ class Client:
         metadata: Sequence[bytes],
         timing: Timing,
     ) -> AsyncGenerator[tuple[int, Response], None]:
-        sink = Sink()
+        start: Start = self._start
+        if self._tracing is None:
+            sink = Sink()
+        else:
+            sink, start = self._tracing.sink(start)
         inflight: dict[bytes, int] = {}
         done = sink.done
         try:
@@ -470,7 +501,7 @@ class Client:
                     rid = next(iter(done))
                     yield inflight.pop(rid), self._result(done.pop(rid))
                 parts = payload_parts(payload, index)
-                rid, frames = self._start(service, parts, metadata, timing, sink)
+                rid, frames = start(service, parts, metadata, timing, sink)
                 inflight[rid] = index
                 await self._send(rid, frames)
             while inflight:
@@ -480,6 +511,7 @@ class Client:
                 yield inflight.pop(rid), self._result(done.pop(rid))
         finally:
             self._forget(inflight)
+            sink.forget()
 
     def stream(
         self,
@@ -514,7 +546,10 @@ class Client:
         parts = tuple(data_parts(data))
         meta = self._metadata(metadata, work_timeout, False)
         timing = stream_timing(self._tracker.timing(timeout, None, 0))
-        return Stream(self, service, parts, meta, timing, window, stall_timeout)
+        stream = Stream(self, service, parts, meta, timing, window, stall_timeout)
+        if self._tracing is not None:
+            self._tracing.trace_stream(stream)
+        return stream
 
     # ------------------------------------------------------------------ pub/sub
 

@@ -49,7 +49,10 @@ from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from ._services import ServiceTable
+    from ._tracing import WorkerTracing
 
 __all__ = ["Forward", "Handler", "HandlerRequest", "Worker", "WorkerStatistics"]
 
@@ -145,6 +148,9 @@ class Worker:
         every message (registration, heartbeats, replies, forwards, the leaving Reconnect)
         is 4 bytes from the first one on, whatever the broker writes: the explicit setting
         wins. Messages from the broker are read in either width.
+    :param tracing: run each handler in an OpenTelemetry span continuing the request's trace
+        (``docs/tracing.md``): ``True`` (the global tracer provider) or a ``TracerProvider``;
+        needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError`` naming it otherwise)
 
     A broker that refuses the registration (a secure broker whose allow-list does not let
     this worker's key serve ``service``) makes :meth:`serve` raise
@@ -171,8 +177,15 @@ class Worker:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         security: CurveClient | None = None,
         type_width: int = 1,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         self.endpoint = endpoint
+        #: Spans of the handlers (docs/tracing.md); ``None``: tracing off (costs one test).
+        self._tracing: WorkerTracing | None = None
+        if tracing:
+            from ._tracing import WorkerTracing  # imports OpenTelemetry: only when asked
+
+            self._tracing = WorkerTracing(tracing)
         self._security = security
         #: Why serving ended for good: a refused registration or a failed handshake.
         self._refused: RegistrationRefused | AuthenticationFailed | None = None
@@ -581,7 +594,10 @@ class Worker:
                 scope.deadline = anyio.current_time() + work_timeout
             self._handler_scopes.add(scope)
             try:
-                message = await self._call(request)
+                if self._tracing is None:
+                    message = await self._call(request)
+                else:
+                    message = await self._tracing.call(self._call, request)
             finally:
                 self._handler_scopes.discard(scope)
                 core = self._core
