@@ -9,14 +9,16 @@ correct.) The app itself is plain ASGI (:mod:`.app`): three GET paths do not ear
 We bind the listening socket ourselves and hand it to hypercorn's ``worker_serve`` (what its
 ``serve`` calls once it has made sockets from the config): a bind error surfaces before the
 broker reports it is ready, port 0 is resolved, and the socket is closed when we stop
-whatever hypercorn does on cancellation. Passing a shutdown trigger that never fires keeps
-hypercorn's asyncio side from installing SIGINT/SIGTERM handlers of its own.
+whatever hypercorn does. Hypercorn is stopped through its shutdown trigger when we are
+cancelled (which also keeps its asyncio side from installing SIGINT/SIGTERM handlers of its
+own), within a bounded, shielded wait.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -30,6 +32,9 @@ from .address import HttpOptions
 __all__ = ["serve_http"]
 
 logger = logging.getLogger("dcp.http")
+
+#: Seconds hypercorn has to stop (it gives open connections half of it).
+_STOP_TIMEOUT = 1.0
 
 
 def bind(options: HttpOptions) -> tuple[socket.socket, str]:
@@ -70,20 +75,39 @@ async def serve_http(
     errors.setLevel(logging.WARNING)
     config.errorlog = errors
     config.include_server_header = False
-    config.graceful_timeout = 0.5
+    config.graceful_timeout = _STOP_TIMEOUT / 2
     sockets = Sockets([], [sock], [])
     wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
-    never = anyio.Event()
+    worker_serve: Callable[..., Awaitable[None]]
+    if sniffio.current_async_library() == "trio":
+        from hypercorn.trio.run import worker_serve
+    else:
+        from hypercorn.asyncio.run import worker_serve as asyncio_serve
+
+        worker_serve = asyncio_serve
+    stop = anyio.Event()
+    stopped = anyio.Event()
+    inner = anyio.CancelScope(shield=True)
+
+    async def run() -> None:
+        # Stopped by its shutdown trigger, not by cancellation: hypercorn's asyncio side
+        # does not survive being cancelled with connections open (a browser's keep-alive).
+        with inner:
+            try:
+                await worker_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop.wait)
+            finally:
+                stopped.set()
+
     try:
-        if sniffio.current_async_library() == "trio":
-            from hypercorn.trio.run import worker_serve as trio_serve
-
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
             task_status.started(address)
-            await trio_serve(wrapped, config, sockets=sockets, shutdown_trigger=never.wait)
-        else:
-            from hypercorn.asyncio.run import worker_serve as asyncio_serve
-
-            task_status.started(address)
-            await asyncio_serve(wrapped, config, sockets=sockets, shutdown_trigger=never.wait)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                stop.set()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT):
+                    await stopped.wait()
+                inner.cancel()  # it did not stop in time (or it has: then this is a no-op)
     finally:
         sock.close()
