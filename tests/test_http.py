@@ -288,7 +288,9 @@ async def test_token_is_required_everywhere() -> None:
             assert code == 200, path
         # The page (only) may be opened with ?token= (a browser cannot send the header).
         assert (await get(address, f"/?token={token}"))[0] == 200
-        assert (await get(address, "/?token=wrong"))[0] == 401
+        code, headers, body = await get(address, "/?token=wrong")
+        assert code == 401 and headers["content-type"].startswith("text/html")
+        assert b"sessionStorage" in body
         assert (await get(address, f"/status?token={token}"))[0] == 401
 
 

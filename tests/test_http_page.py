@@ -104,7 +104,11 @@ async def test_status_page_renders_and_updates(tmp_path: Path) -> None:
                     more(4)
                     wait_for_count(page, "echo", 7)
                     workers = page.locator('tr[data-service="echo"] td.workers').inner_text()
-                    return title, workers, page.evaluate("[window.notReloaded, location.search]")
+                    state = page.evaluate("[window.notReloaded, location.search]")
+                    # A reload works without ?token=: the tab keeps it (sessionStorage).
+                    page.reload()
+                    wait_for_count(page, "echo", 7)
+                    return title, workers, state
 
             def more(count: int) -> None:
                 anyio.from_thread.run(traffic, count)

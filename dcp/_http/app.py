@@ -10,7 +10,9 @@ Paths (GET or HEAD; anything else ``405``, an unknown path ``404``):
 Rule A1 - With a token (address Rule H3), a request without ``Authorization: Bearer TOKEN``
   gets ``401`` (with ``WWW-Authenticate: Bearer``), whatever the path. The page itself may
   also be opened as ``/?token=TOKEN`` (a browser cannot send the header on its own): its
-  script sends the header to ``/status``. Tokens are compared in constant time.
+  script keeps the token in the tab's ``sessionStorage`` and sends the header to
+  ``/status``; the page's ``401`` opens the page again with that token, so a reload works.
+  Tokens are compared in constant time.
 Rule A2 - A snapshot is taken per request (nothing is computed while nobody asks), in the
   thread where the broker's core runs, so it is consistent.
 """
@@ -38,6 +40,16 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _JSON = b"application/json"
 _TEXT = b"text/plain; charset=utf-8"
+_HTML = b"text/html; charset=utf-8"
+#: The page's ``401`` (Rule A1): opened again with the token the tab keeps, if it has one
+#: (and forgets it if that is the token refused).
+_LOGIN = b"""<!doctype html><title>dcp broker</title><p id="m">401: open this page as
+/?token=TOKEN</p><script>
+const t = sessionStorage.getItem("dcp-token");
+if (new URLSearchParams(location.search).has("token")) sessionStorage.removeItem("dcp-token");
+else if (t) location.replace("/?token=" + encodeURIComponent(t));
+</script>
+"""
 
 
 class StatusApp:
@@ -74,9 +86,8 @@ class StatusApp:
         path: str = scope["path"]
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         if self._token is not None and not self._authorized(scope, path, query):
-            await _respond(
-                send, 401, b"a bearer token is needed\n", _TEXT, [(b"www-authenticate", b"Bearer")]
-            )
+            body, kind = (_LOGIN, _HTML) if path == "/" else (b"a bearer token is needed\n", _TEXT)
+            await _respond(send, 401, body, kind, [(b"www-authenticate", b"Bearer")])
             return
         if scope["method"] not in ("GET", "HEAD"):
             await _respond(send, 405, b"GET only\n", _TEXT, [(b"allow", b"GET, HEAD")])
@@ -91,7 +102,7 @@ class StatusApp:
                 send, path[len("/status/") :] if path != "/status" else "", query, head
             )
         elif path == "/":
-            await _respond(send, 200, self._page_html(), b"text/html; charset=utf-8", head=head)
+            await _respond(send, 200, self._page_html(), _HTML, head=head)
         else:
             await _respond(send, 404, b"no such path: try /, /status or /metrics\n", _TEXT)
 
