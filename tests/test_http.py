@@ -4,8 +4,10 @@ command line. Real zmq sockets and a real HTTP server on 127.0.0.1 (port 0), bot
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -307,6 +309,57 @@ async def test_http_server_stops_with_the_broker() -> None:
     host, port = address.rsplit(":", 1)
     with socket.socket() as sock, pytest.raises(ConnectionRefusedError):
         sock.connect((host, int(port)))
+
+
+async def test_broker_stops_with_a_keep_alive_connection_open() -> None:
+    """A browser keeps its connection open: cancelling the broker still stops the endpoint
+    (promptly) and closes its port."""
+    broker = dcp.Broker("tcp://127.0.0.1:0", http="127.0.0.1:0")
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(broker.serve)
+            address = broker.http_address
+            assert address is not None
+            host, port = address.rsplit(":", 1)
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            try:
+
+                def ask() -> int:
+                    conn.request("GET", "/status")
+                    response = conn.getresponse()
+                    response.read()
+                    return response.status
+
+                assert await anyio.to_thread.run_sync(ask) == 200
+                assert await anyio.to_thread.run_sync(ask) == 200  # the same connection
+                tg.cancel_scope.cancel()
+            finally:
+                conn.close()
+    with socket.socket() as sock, pytest.raises(ConnectionRefusedError):
+        sock.connect((host, int(port)))
+
+
+def test_ab_benchmark_scrapes_the_http_side() -> None:
+    """``benchmarks.ab`` with broker arguments for one side and a /metrics scraper."""
+    command = [sys.executable, "-m", "benchmarks.ab", "--rounds", "1", "--windows", "4"]
+    command += ["--count", "100000", "--duration", "1", "--scrape-interval", "0.2"]
+    command += ["--head-args", "--http 127.0.0.1:0"]
+    done = subprocess.run(
+        command,
+        cwd=Path(__file__).resolve().parent.parent,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    head = [line for line in done.stderr.splitlines() if " head: " in line]
+    base = [line for line in done.stderr.splitlines() if " base: " in line]
+    assert head and base
+    assert int(head[0].rsplit("scrapes ", 1)[1]) >= 1
+    assert base[0].endswith("scrapes 0")
+    assert "/metrics every 0.2 s" in done.stdout
 
 
 async def test_http_bind_error_stops_the_broker_before_it_is_ready() -> None:
