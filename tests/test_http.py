@@ -149,16 +149,18 @@ def test_snapshot_counts_redeliveries_and_durations() -> None:
     core.receive([b"w2", *serialize(Reply(client=b"c1", data=(b"ok",)))], 3.002)
     core.receive([b"c1", *serialize(Request(b"svc", data=(b"b",)))], 4.0)
     core.receive([b"w2", *serialize(Reply(client=b"c1", data=(b"ok",)))], 104.0)
+    core.receive([b"c2", *serialize(Request(b"none", data=(b"c",)))], 104.5)  # queued
     snap = snapshot(core, 105.0, peers=True)
-    (svc,) = snap.services
+    svc, none = sorted(snap.services, key=lambda s: s.name)[::-1]
+    assert (none.name, none.queued, none.oldest_queued_age) == ("none", 1, 0.5)
     assert (svc.name, svc.requests, svc.replies, svc.redeliveries) == ("svc", 2, 2, 1)
     assert svc.durations[DURATION_BUCKETS.index(0.0025)] == 1  # 2 ms
     assert svc.durations[-1] == 1  # 100 s: past the last bound
     assert sum(svc.durations) == 2
     assert svc.processing_time == pytest.approx(100.002)
     assert [w.id for w in snap.workers] == [b"w2".hex()]
-    assert snap.peers == {("worker", "DCP/1"): 1}
-    assert snap.clients == ()
+    assert snap.peers == {("worker", "DCP/1"): 1, ("client", "DCP/1"): 1}
+    assert [(c.id, c.inflight, c.queued) for c in snap.clients] == [(b"c2".hex(), 1, 1)]
 
 
 def check_page(page: Any, fields: dict[str, type]) -> None:
@@ -439,6 +441,7 @@ def test_cli_http_on_a_free_port(procs: list[Proc], tmp_path: Path, backend: str
         (["--http", "8222"], "not HOST:PORT"),
         (["--http-token", "x"], "need --http"),
         (["--http", "127.0.0.1:0", "--http-token-file", "/no/such/file"], "cannot read"),
+        (["--http", "127.0.0.1:0", "--http-token-file", "/dev/null"], "is empty"),
         (["--http", "no.such.host.invalid:80", "--http-public"], "cannot serve HTTP on"),
     ],
 )
