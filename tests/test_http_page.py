@@ -81,9 +81,10 @@ async def echo(request: dcp.Request) -> list[bytes]:
 @pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
 async def test_status_page_renders_and_updates(tmp_path: Path) -> None:
     token = "page-token"
-    async with dcp.Broker(
-        "tcp://127.0.0.1:0", http="127.0.0.1:0", http_token=token
-    ) as broker, anyio.create_task_group() as tg:
+    async with (
+        dcp.Broker("tcp://127.0.0.1:0", http="127.0.0.1:0", http_token=token) as broker,
+        anyio.create_task_group() as tg,
+    ):
         endpoint = broker.endpoints[0]
         tg.start_soon(dcp.Worker(endpoint, "echo", echo).serve)
         async with dcp.Client(endpoint) as client:
@@ -119,4 +120,3 @@ async def test_status_page_renders_and_updates(tmp_path: Path) -> None:
     assert workers == "1"
     # Updated in place (no reload); the token left the URL for sessionStorage.
     assert state == [True, ""]
-
