@@ -244,13 +244,22 @@ async def test_status_schema_and_paging() -> None:
         assert (busiest["total"], busiest["limit"], busiest["sort"]) == (3, 2, "-requests")
         rest = await get_json(address, "/status/services?sort=-requests&limit=2&offset=2")
         assert [s["name"] for s in rest["items"]] == ["a"]
-        workers = await get_json(address, "/status/workers?sort=id")
+        workers = await get_json(address, "/status/workers?sort=id&peers=0")
         check_page(workers, WORKER_FIELDS)
-        assert [w["services"] for w in workers["items"]] != []
+        assert sorted(w["services"] for w in workers["items"]) == [["a"], ["b"], ["c"]]
         # On /status, a sort field applies to the lists that have it.
         held = await get_json(address, "/status?sort=-held")
         assert held["workers"]["sort"] == "-held" and held["services"]["sort"] == "name"
-        for bad in ("?limit=x", "?offset=-1", "?sort=nope", "?limit=100001"):
+        light = await get_json(address, "/status?peers=0")
+        assert light["workers"] == {
+            "total": 3,
+            "offset": 0,
+            "limit": 0,
+            "sort": "id",
+            "items": [],
+        }
+        assert light["clients"]["total"] == 0 and light["services"] == doc["services"]
+        for bad in ("?limit=x", "?offset=-1", "?sort=nope", "?limit=100001", "?peers=2"):
             code, _, body = await get(address, f"/status{bad}")
             assert code == 400, (bad, body)
         code, _, _ = await get(address, "/status/services?sort=held")

@@ -86,8 +86,8 @@ class StatusApp:
         path: str = scope["path"]
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         if self._token is not None and not self._authorized(scope, path, query):
-            body, kind = (_LOGIN, _HTML) if path == "/" else (b"a bearer token is needed\n", _TEXT)
-            await _respond(send, 401, body, kind, [(b"www-authenticate", b"Bearer")])
+            body, text = (_LOGIN, _HTML) if path == "/" else (b"a bearer token is needed\n", _TEXT)
+            await _respond(send, 401, body, text, [(b"www-authenticate", b"Bearer")])
             return
         if scope["method"] not in ("GET", "HEAD"):
             await _respond(send, 405, b"GET only\n", _TEXT, [(b"allow", b"GET, HEAD")])
@@ -114,7 +114,7 @@ class StatusApp:
             if part and part not in status.LISTS:
                 await _respond(send, 404, f"no list {part!r}\n".encode(), _TEXT)
                 return
-            snap = await self._take(part != "services")
+            snap = await self._take(part in ("workers", "clients") or (not part and paging.peers))
             if part:
                 doc: dict[str, Any] = status.list_page(snap, part, paging)
             else:

@@ -7,7 +7,9 @@ Rule S1 - Lists (``services``, ``workers``, ``clients``) are pages: ``{"total", 
   ``?sort=-FIELD`` descending (ties by ``name`` or ``id``); ``?limit=N`` (default
   :data:`DEFAULT_LIMIT`, at most :data:`MAX_LIMIT`) and ``?offset=N`` cut the page. On
   ``/status`` the parameters apply to every list that has the field; a field no list has is
-  a ``400``. ``/status/<list>`` is that one list's page.
+  a ``400``. ``/status/<list>`` is that one list's page. ``/status?peers=0`` lists no
+  workers or clients (their pages keep their totals, ``limit`` 0): the status page asks for
+  that every second, so a broker with many clients does not list them all each time.
 Rule S2 - Default order: services and workers by name / id, clients by most requests in
   flight first.
 """
@@ -31,11 +33,13 @@ LISTS = {"services": "name", "workers": "id", "clients": "-inflight"}
 
 @attrs.frozen
 class Paging:
-    """``?sort=&limit=&offset=`` (Rule S1; ``sort`` ``None``: each list's default)."""
+    """``?sort=&limit=&offset=&peers=`` (Rule S1; ``sort`` ``None``: each list's default)."""
 
     sort: str | None = None
     limit: int = DEFAULT_LIMIT
     offset: int = 0
+    #: ``?peers=0``: ``/status`` lists no workers or clients (only their totals).
+    peers: bool = True
 
     @classmethod
     def from_query(cls, query: dict[str, list[str]]) -> Paging:
@@ -44,7 +48,10 @@ class Paging:
         limit = _whole(query, "limit", DEFAULT_LIMIT)
         if not 0 <= limit <= MAX_LIMIT:
             raise ValueError(f"limit must be 0..{MAX_LIMIT}")
-        return cls(sort or None, limit, _whole(query, "offset", 0))
+        peers = _whole(query, "peers", 1)
+        if peers > 1:
+            raise ValueError("peers must be 0 or 1")
+        return cls(sort or None, limit, _whole(query, "offset", 0), bool(peers))
 
 
 def _whole(query: dict[str, list[str]], name: str, default: int) -> int:
@@ -182,5 +189,11 @@ def document(
             {"kind": kind, "dialect": dialect, "count": count}
             for (kind, dialect), count in sorted(snap.peers.items())
         ],
-        **{kind: _page(_items(snap, kind), kind, paging, strict=False) for kind in LISTS},
+        "services": _page(_items(snap, "services"), "services", paging, strict=False),
+        **{
+            kind: _page(_items(snap, kind), kind, paging, strict=False)
+            if paging.peers
+            else {"total": total, "offset": 0, "limit": 0, "sort": LISTS[kind], "items": []}
+            for kind, total in (("workers", stats.workers), ("clients", stats.clients))
+        },
     }
