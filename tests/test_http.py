@@ -459,3 +459,15 @@ def test_cli_bad_http_options(args: list[str], message: str) -> None:
     assert out == ""
     assert code in (1, 2)
     assert message in err and "Traceback" not in err
+
+
+def test_cli_without_the_extra_names_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dcp._cli import main
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    assert main(["broker", "--bind", "tcp://127.0.0.1:0", "--http", "127.0.0.1:0"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "pip install 'dagbox-dcp[http]'" in err and "Traceback" not in err
