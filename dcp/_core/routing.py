@@ -41,11 +41,12 @@ Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, s
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from .._guard import Guard
 from .._messages import without_options
-from .._stats import BrokerCounters
+from .._stats import DURATION_BUCKETS, BrokerCounters
 from .._util import DeadlineHeap, LogOnce
 from . import admission, directory
 from .admission import Limits, Load
@@ -203,7 +204,9 @@ class Routing:
         pending = held.pop(i)
         service = pending.service
         service.answered += 1
-        service.busy_time += self._now - pending.since
+        took = self._now - pending.since
+        service.busy_time += took
+        service.durations[bisect_left(DURATION_BUCKETS, took)] += 1
         self._finish(pending)
         return pending
 
@@ -434,6 +437,7 @@ class Routing:
                 self._queues.drop(pending)  # queues Rule Q3: its caller gave up
                 continue
             self.counters.redeliveries += 1
+            pending.service.redeliveries += 1
             pending.since = now
             pending.service.queue.appendleft(pending)
             pending.load.queued += 1
