@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,9 @@ __all__ = ["SHAPES", "SIDES", "main", "render_section", "run", "summarise"]
 
 #: name: (worker processes, requests each serves at once)
 SHAPES: dict[str, tuple[int, int]] = {"1x16": (1, 16), "4x1": (4, 1)}
-#: dcp's sides (backend of client and workers) and majortomo's.
-SIDES = ("dcp-trio", "dcp-asyncio", "majortomo")
+#: dcp's sides (backend of client and workers) and majortomo's; ``dcp-uvloop`` (asyncio on
+#: uvloop, the ``uvloop`` extra) where uvloop is installed.
+SIDES = ("dcp-trio", "dcp-asyncio", *(("dcp-uvloop",) if find_spec("uvloop") else ()), "majortomo")
 THEIRS = "majortomo"
 PAYLOAD = 16
 LOADS = {
@@ -84,8 +86,7 @@ def _start(procs: Procs, side: str, shape: str) -> tuple[str, int, list[int]]:
         argv = ["benchmarks.mdp", "workers", "--count", str(concurrency)]
     else:
         endpoint, _, bpid = start_broker(procs, "dcp")
-        backend = side.removeprefix("dcp-")
-        argv = ["benchmarks.dcp_peers", "--backend", backend, "workers", "--count", "1"]
+        argv = ["benchmarks.dcp_peers", *_backend(side), "workers", "--count", "1"]
         argv += ["--concurrency", str(concurrency)]
     started = [procs.start(f"{side}-workers", *argv, "--endpoint", endpoint) for _ in range(nproc)]
     for proc in started:
@@ -96,7 +97,14 @@ def _start(procs: Procs, side: str, shape: str) -> tuple[str, int, list[int]]:
 def _client_argv(side: str) -> list[str]:
     if side == THEIRS:
         return ["benchmarks.mdp", "client"]
-    return ["benchmarks.dcp_peers", "--backend", side.removeprefix("dcp-"), "client"]
+    return ["benchmarks.dcp_peers", *_backend(side), "client"]
+
+
+def _backend(side: str) -> list[str]:
+    """``benchmarks.dcp_peers`` options of a dcp side (``dcp-uvloop``: asyncio on uvloop)."""
+    if side == "dcp-uvloop":
+        return ["--backend", "asyncio", "--uvloop"]
+    return ["--backend", side.removeprefix("dcp-")]
 
 
 def _one(procs: Procs, side: str, load: Load, endpoint: str, bpid: int, wpids: list[int]) -> Any:
@@ -200,7 +208,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 total = [
                     r
                     for r in records
-                    if r["shape"] == shape and r["window"] == window and r["side"] in (side, THEIRS)
+                    if (r["shape"], r["window"]) == (shape, window) and r["side"] in (side, THEIRS)
                 ]
                 row["runs"] = (len(theirs) + len(ours), len(total))
                 rows.append(row)
