@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import pid_list, raise_fd_limit
-from .procs import ROOT, ProcessFailed, Procs
+from .procs import ROOT, Proc, ProcessFailed, Procs
 from .sections import put_section
 from .variants import START_TIMEOUT, Load, start_broker
 
@@ -77,10 +77,24 @@ def _log(msg: str) -> None:
     print(f"[stack {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _start(procs: Procs, side: str, shape: str) -> tuple[str, int, list[int]]:
+def _launch(procs: Procs, name: str, tree: Path | None, *args: str) -> Proc:
+    """``python -m args...``, from this checkout or (A/B runs) from ``tree``."""
+    if tree is None:
+        return procs.start(name, *args)
+    code = (
+        f"import runpy, sys; sys.path.insert(0, {str(tree)!r}); sys.argv = {list(args)!r}; "
+        f"runpy.run_module({args[0]!r}, run_name='__main__', alter_sys=True)"
+    )
+    return procs.start(name, sys.executable, "-c", code, module=False)
+
+
+def _start(
+    procs: Procs, side: str, shape: str, base: Path | None = None
+) -> tuple[str, int, list[int]]:
     """Start the broker and the worker processes; returns (endpoint, broker pid, worker
-    pids), all ready."""
+    pids), all ready. A side ``X@base`` runs X's peers from the ``base`` tree."""
     nproc, concurrency = SHAPES[shape]
+    side, tree = _tree(side, base)
     if side == THEIRS:
         endpoint, _, bpid = start_broker(procs, "majortomo")
         argv = ["benchmarks.mdp", "workers", "--count", str(concurrency)]
@@ -88,10 +102,19 @@ def _start(procs: Procs, side: str, shape: str) -> tuple[str, int, list[int]]:
         endpoint, _, bpid = start_broker(procs, "dcp")
         argv = ["benchmarks.dcp_peers", *_backend(side), "workers", "--count", "1"]
         argv += ["--concurrency", str(concurrency)]
-    started = [procs.start(f"{side}-workers", *argv, "--endpoint", endpoint) for _ in range(nproc)]
+    argv += ["--endpoint", endpoint]
+    started = [_launch(procs, f"{side}-workers", tree, *argv) for _ in range(nproc)]
     for proc in started:
         proc.wait_ready(START_TIMEOUT)
     return endpoint, bpid, [p.pid for p in started]
+
+
+def _tree(side: str, base: Path | None) -> tuple[str, Path | None]:
+    if side.endswith("@base"):
+        if base is None:
+            raise ValueError(f"side {side!r} needs --base")
+        return side.removesuffix("@base"), base
+    return side, None
 
 
 def _client_argv(side: str) -> list[str]:
@@ -107,40 +130,53 @@ def _backend(side: str) -> list[str]:
     return ["--backend", side.removeprefix("dcp-")]
 
 
-def _one(procs: Procs, side: str, load: Load, endpoint: str, bpid: int, wpids: list[int]) -> Any:
+def _one(
+    procs: Procs,
+    side: str,
+    load: Load,
+    running: tuple[str, int, list[int]],
+    base: Path | None = None,
+) -> Any:
+    endpoint, bpid, wpids = running
+    side, tree = _tree(side, base)
     argv = [*_client_argv(side), "--endpoint", endpoint, *load.argv()]
     argv += ["--broker-pid", str(bpid), "--worker-pids", pid_list(wpids)]
-    proc = procs.start(f"{side}-client", *argv)
+    proc = _launch(procs, f"{side}-client", tree, *argv)
     return proc.result(30.0 + load.duration + 15.0 + 30.0)
 
 
 def run_rounds(
-    rounds: int, loads: Sequence[Load], log_dir: Path, log: Log = _log
+    rounds: int,
+    loads: Sequence[Load],
+    log_dir: Path,
+    log: Log = _log,
+    sides: Sequence[str] = SIDES,
+    base: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Every (round, shape, side, load): one record each (``error`` set if it failed)."""
     out: list[dict[str, Any]] = []
     for r in range(rounds):
         for shape in SHAPES:
-            k = r % len(SIDES)
-            for side in [*SIDES[k:], *SIDES[:k]]:
-                base = {"round": r, "shape": shape, "side": side}
+            k = r % len(sides)
+            for side in [*sides[k:], *sides[:k]]:
+                key = {"round": r, "shape": shape, "side": side}
                 with Procs(log_dir) as procs:
                     try:
-                        endpoint, bpid, wpids = _start(procs, side, shape)
+                        running = _start(procs, side, shape, base)
                     except ProcessFailed as exc:
-                        log(f"{base}: failed to start: {exc}\n{procs.tails()}")
-                        out += [{**base, **asdict(ld), "error": str(exc)} for ld in loads]
+                        log(f"{key}: failed to start: {exc}\n{procs.tails()}")
+                        out += [{**key, **asdict(ld), "error": str(exc)} for ld in loads]
                         continue
                     for load in loads:
-                        rec: dict[str, Any] = {**base, **asdict(load)}
+                        rec: dict[str, Any] = {**key, **asdict(load)}
                         try:
-                            rec.update(_one(procs, side, load, endpoint, bpid, wpids))
+                            rec.update(_one(procs, side, load, running, base))
                         except ProcessFailed as exc:
                             rec["error"] = f"{exc}\n{procs.tails()}"
-                            log(f"{base} w{load.window}: FAILED {rec['error']}")
+                            log(f"{key} w{load.window}: FAILED {rec['error']}")
                         else:
                             log(
-                                f"{base} w{load.window}: {rec['rate']:.0f} req/s, p50 "
+                                f"{key} w{load.window}: {rec['rate']:.0f} req/s, p50 "
                                 f"{rec['p50_us']:.0f} us, client {rec['client_cpu_us']:.0f} "
                                 f"us/req, workers {rec['workers_cpu_us']:.0f} us/req, "
                                 f"lost {rec['lost']}"
@@ -149,13 +185,20 @@ def run_rounds(
     return out
 
 
-def run(rounds: int, profile: str, log_dir: Path, log: Log = _log) -> dict[str, Any]:
+def run(
+    rounds: int,
+    profile: str,
+    log_dir: Path,
+    log: Log = _log,
+    sides: Sequence[str] = SIDES,
+    base: Path | None = None,
+) -> dict[str, Any]:
     """Run the comparison; the raw records and what they were measured on."""
     from .run import machine
 
     raise_fd_limit()
     started = time.monotonic()
-    records = run_rounds(rounds, LOADS[profile], log_dir, log)
+    records = run_rounds(rounds, LOADS[profile], log_dir, log, sides, base)
     return {
         "rounds": rounds,
         "profile": profile,
@@ -189,7 +232,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for shape in SHAPES:
         for window in windows:
             theirs = pick(shape, THEIRS, window)
-            for side in SIDES:
+            for side in dict.fromkeys(r["side"] for r in records):
                 if side == THEIRS:
                     continue
                 ours = pick(shape, side, window)
@@ -213,6 +256,42 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["runs"] = (len(theirs) + len(ours), len(total))
                 rows.append(row)
     return rows
+
+
+def render_ab(records: Sequence[dict[str, Any]]) -> str:
+    """A/B table (``--base``): each dcp side against the same side from the base tree,
+    medians of the same-round ratios head / base."""
+    ok = _ok(records)
+    lines = [
+        "| shape | window | side | "
+        + " | ".join(f"{label} base | head | h/b" for _, label, _ in FIGURES)
+        + " |",
+        "|---|---|---|" + "---|---|---|" * len(FIGURES),
+    ]
+    for shape in SHAPES:
+        for window in sorted({int(r["window"]) for r in records}, reverse=True):
+            for side in dict.fromkeys(r["side"] for r in records if r["side"].endswith("@base")):
+                head = side.removesuffix("@base")
+                a = {
+                    r["round"]: r
+                    for r in ok
+                    if (r["shape"], r["window"], r["side"]) == (shape, window, side)
+                }
+                b = {
+                    r["round"]: r
+                    for r in ok
+                    if (r["shape"], r["window"], r["side"]) == (shape, window, head)
+                }
+                cells = []
+                for key, _, digits in FIGURES:
+                    both = [n for n in a if n in b and a[n][key]]
+                    cells += [
+                        _num(_median([a[n][key] for n in a]), digits),
+                        _num(_median([b[n][key] for n in b]), digits),
+                        _ratio(_median([b[n][key] / a[n][key] for n in both])),
+                    ]
+                lines.append(f"| {shape} | {window} | {head} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
 
 
 def _num(x: float | None, digits: int = 0) -> str:
@@ -316,7 +395,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--render", type=Path, default=None, metavar="JSON",
         help="only rewrite the page section from the records a --json run saved",
     )  # fmt: skip
+    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset")
+    parser.add_argument(
+        "--base", type=Path, default=None,
+        help="A/B: also run each dcp side's client and workers from this source tree "
+        "(e.g. a `git worktree` of the base revision); prints head / base; implies --no-page",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    sides = [x for x in args.sides.split(",") if x]
+    if args.base is not None:
+        args.no_page = True
+        sides += [f"{x}@base" for x in sides if x != THEIRS]
     profile = "tiny" if args.tiny else "quick" if args.quick else "full"
     command = f"python -m benchmarks.stack --rounds {args.rounds}"
     if args.quick:
@@ -332,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # The tiny run (the smoke test) neither waits for nor blocks a real run.
         lock = exclusive(1800.0) if not args.tiny else contextlib.nullcontext()
         with lock, tempfile.TemporaryDirectory(prefix="dcp-bench-stack-") as tmp:
-            results = run(args.rounds, profile, Path(tmp))
+            results = run(args.rounds, profile, Path(tmp), sides=sides, base=args.base)
         results["command"] = command
         if args.json is None and not args.no_page:
             args.json = args.page.parent / "perf" / "stack.json"
@@ -340,6 +429,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(render_section(results, results.get("command", command)))
+    if any(r["side"].endswith("@base") for r in results["stack"]):
+        print(f"A/B: head (this tree) against base ({args.base}):\n")
+        print(render_ab(results["stack"]))
     if not args.no_page:
         write_section(args.page, results, results.get("command", command))
         print(f"wrote the stack section of {args.page}", file=sys.stderr)
