@@ -64,6 +64,7 @@ AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
 StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncIterator[Any]]
 Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult] | StreamHandler
 
+_POLLIN = int(zmq.POLLIN)
 #: Messages read per wake-up before other tasks get a turn.
 _BATCH = 64
 #: Linger (ms) of the socket closed after a graceful leave, so the last replies and the
@@ -210,7 +211,8 @@ class Worker:
         #: Handshakes that succeeded on the current socket (the first is the first connection).
         self._handshakes = 0
         self._tg: anyio.abc.TaskGroup | None = None
-        self._handler_scopes: set[anyio.CancelScope] = set()
+        #: The handlers' own task group: cancelling it cancels them all (no scope each).
+        self._handlers: anyio.abc.TaskGroup | None = None
         self._wake_scope: anyio.CancelScope | None = None
         self._stop_deadline: float | None = None
         self._task_status: anyio.abc.TaskStatus[None] | None = None
@@ -314,6 +316,7 @@ class Worker:
                 self._threads = anyio.CapacityLimiter(self._core.concurrency)
                 watchdog = anyio.CancelScope()
                 tg.start_soon(self._watch_loop, watchdog)
+                self._handlers = await tg.start(self._host_handlers)
                 try:
                     await self._run()
                 finally:
@@ -413,6 +416,14 @@ class Worker:
             if asock.has_input():
                 await anyio.lowlevel.checkpoint()
 
+    async def _host_handlers(
+        self, *, task_status: anyio.abc.TaskStatus[anyio.abc.TaskGroup]
+    ) -> None:
+        """Hold the handlers' task group until :meth:`_cancel_handlers` (or serving) ends."""
+        async with anyio.create_task_group() as handlers:
+            task_status.started(handlers)
+            await anyio.sleep_forever()
+
     async def _watch_loop(self, scope: anyio.CancelScope) -> None:
         """Warn, once, when the event loop was blocked longer than the heartbeat interval."""
         interval = self._core.heartbeat_interval
@@ -493,8 +504,8 @@ class Worker:
         anything else is sent). Called before anything is sent, so that an answer finished
         after the connection dropped is not queued for a broker that does not know us."""
         mon = self._monitor
-        if mon is None:
-            return False
+        if mon is None or not int(mon.getsockopt(zmq.EVENTS)) & _POLLIN:
+            return False  # nothing waiting (cheaper than the zmq.Again of a failed read)
         events = read_events(mon)
         core = self._core
         for event, value in events:
@@ -562,8 +573,8 @@ class Worker:
 
     def _do(self, out: Output) -> None:
         if isinstance(out, Run):
-            assert self._tg is not None
-            self._tg.start_soon(self._handle, out.request, out.generation)
+            assert self._handlers is not None
+            self._handlers.start_soon(self._handle, out.request, out.generation)
         elif isinstance(out, (BrokerLost, Refused)):  # pragma: no cover - handled by _session
             raise AssertionError(out)
         else:
@@ -572,32 +583,39 @@ class Worker:
     # -- handlers ---------------------------------------------------------------------------
 
     async def _handle(self, request: Request, generation: int) -> None:
+        # Runs in the handlers' task group, cancelled as a whole by _cancel_handlers.
         message: Reply | Request | None = None
-        with anyio.CancelScope() as scope:
-            work_timeout = request_work_timeout(request.metadata)
-            if work_timeout is not None:
-                # The broker has given the request to another worker by then (and dropped
-                # us): free the slot rather than finish work nobody will use.
-                scope.deadline = anyio.current_time() + work_timeout
-            self._handler_scopes.add(scope)
+        work_timeout = request_work_timeout(request.metadata)
+        if work_timeout is None:
             try:
                 message = await self._call(request)
             finally:
-                self._handler_scopes.discard(scope)
-                core = self._core
-                self._poll_monitor()  # Rule 12: has the connection changed under us?
-                core.finish(message, anyio.current_time(), generation=generation)
-                outs, core.outbox = core.outbox, []
-                for out in outs:
-                    self._do(out)
-                if self._stop_deadline is not None:
-                    self._wake()
+                self._finish(message, generation)
+            return
+        with anyio.CancelScope() as scope:
+            # The broker has given the request to another worker by then (and dropped us):
+            # free the slot rather than finish work nobody will use.
+            scope.deadline = anyio.current_time() + work_timeout
+            try:
+                message = await self._call(request)
+            finally:
+                self._finish(message, generation)
         if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
             logger.warning(
                 "handler for service %r cancelled: past the request's work timeout (%.3f s)",
                 self.service,
                 work_timeout,
             )
+
+    def _finish(self, message: Reply | Request | None, generation: int) -> None:
+        core = self._core
+        self._poll_monitor()  # Rule 12: has the connection changed under us?
+        core.finish(message, anyio.current_time(), generation=generation)
+        outs, core.outbox = core.outbox, []
+        for out in outs:
+            self._do(out)
+        if self._stop_deadline is not None:
+            self._wake()
 
     async def _call(self, request: Request) -> Reply | Request:
         view = handler_view(request)
@@ -626,5 +644,5 @@ class Worker:
             return error_reply(request, "bad_handler_result", str(exc))
 
     def _cancel_handlers(self) -> None:
-        for scope in self._handler_scopes:
-            scope.cancel()
+        if self._handlers is not None:
+            self._handlers.cancel_scope.cancel()
