@@ -17,6 +17,7 @@ import zmq
 
 from ._beacon import BEACON_SCHEME, resolve
 from ._calls import make_routing_id
+from ._clock import loop_clock
 from ._context import get_context
 from ._errors import AuthenticationFailed, RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
@@ -220,6 +221,8 @@ class Worker:
         self._done: anyio.Event | None = None
         self._cm_tg: anyio.abc.TaskGroup | None = None
         self._send_failures = 0
+        #: The event loop's clock (anyio.current_time without its lookup; set in serve).
+        self._now: Callable[[], float] = anyio.current_time
 
     # -- public API -----------------------------------------------------------------------
 
@@ -310,6 +313,7 @@ class Worker:
             self.endpoint = await resolve(self.endpoint, key=key)
         self._done = anyio.Event()
         self._task_status = task_status
+        self._now = loop_clock()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -363,7 +367,7 @@ class Worker:
             self._poll_monitor()
             if self._refused is not None:  # the handshake failed (see _poll_monitor)
                 return None
-            now = anyio.current_time()
+            now = self._now()
             if self._stop_deadline is not None and (
                 core.in_progress == 0 or now >= self._stop_deadline
             ):
@@ -385,7 +389,7 @@ class Worker:
                 deadline = min(deadline, self._stop_deadline)
             await asock.wait_readable(deadline)
             batch = asock.drain(_BATCH)
-            now = anyio.current_time()
+            now = self._now()
             for received in batch:
                 if self._streams.receive(received.frames):
                     continue  # a stream's credit or cancel (_worker_streams.py)
@@ -610,7 +614,7 @@ class Worker:
     def _finish(self, message: Reply | Request | None, generation: int) -> None:
         core = self._core
         self._poll_monitor()  # Rule 12: has the connection changed under us?
-        core.finish(message, anyio.current_time(), generation=generation)
+        core.finish(message, self._now(), generation=generation)
         outs, core.outbox = core.outbox, []
         for out in outs:
             self._do(out)
