@@ -340,6 +340,8 @@ def render_section(results: dict[str, Any], command: str) -> str:
         "  `dcp broker` on trio for both). Window *w*: `Client.map_unordered(window=w)`, or",
         "  `Client.request` one at a time for window 1. majortomo's `Client` allows one",
         "  request in flight: window *w* is *w* clients in one process.",
+        "- *X@base* (an A/B run, `--base TREE`): side X's client and workers from another",
+        "  source tree (the code before a change), in the same rounds.",
         "- *m*: majortomo, *d*: dcp; *d/m*: the median of same-round ratios. CPU per request",
         "  from `/proc` (all threads): the client process, the worker processes (summed), the",
         "  broker.",
@@ -413,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.tiny:
         args.rounds, args.no_page = 1, True
         command = "python -m benchmarks.stack --tiny"
+    if args.base is not None:
+        command += f" --sides {','.join(x for x in sides if '@' not in x)} --base {args.base}"
     if args.render is not None:
         results = json.loads(args.render.read_text())
     else:
