@@ -1,15 +1,16 @@
 """The whole stack: dcp's own Client and Workers against majortomo's own, each through its
 own broker (issue 16).
 
-``python -m benchmarks.stack [--rounds 3] [--quick | --tiny] [--page docs/performance.md |
---no-page] [--json FILE] [--render JSON]``
+``python -m benchmarks.stack [--rounds 3] [--quick | --tiny] [--sides a,b] [--base TREE]
+[--page docs/performance.md | --no-page] [--json FILE] [--render JSON]``
 
 Sides (what a user of each library runs):
 
 - *dcp-trio*, *dcp-asyncio*: ``dcp broker`` (trio, as shipped), :class:`dcp.Client`
   (``map_unordered`` with *window* in flight, ``request`` one at a time for window 1) and
   :class:`dcp.Worker` echo workers, client and workers on that backend
-  (:mod:`benchmarks.dcp_peers`);
+  (:mod:`benchmarks.dcp_peers`); *dcp-uvloop* (asyncio on uvloop), where uvloop is
+  installed;
 - *majortomo*: majortomo 0.2.0's ``Broker``, its ``Client`` (one request in flight each, so
   *window* clients in one process) and its ``Worker`` (one request at a time: one thread per
   request served at once) (:mod:`benchmarks.mdp`).
@@ -23,6 +24,10 @@ figures are medians over rounds and the ratios medians of same-round ratios dcp 
 majortomo. Every process is killed by its PID when its run ends. The result is the
 ``stack`` section of ``docs/performance.md`` (:mod:`benchmarks.sections`, kept when the
 suite regenerates the page) and the raw records in ``docs/perf/stack.json``.
+
+``--base TREE`` (an A/B run, no page) adds, for each dcp side *X*, a side *X@base* whose
+client and workers come from the source tree ``TREE`` (e.g. ``git worktree add --detach
+/tmp/base main``), in the same rounds and through the same broker, and prints head / base.
 """
 
 from __future__ import annotations
