@@ -211,6 +211,7 @@ async def _run_workers(
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dcp_peers", description=__doc__)
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
+    parser.add_argument("--uvloop", action="store_true", help="asyncio on uvloop")
     parser.add_argument("--keys", help="CURVE: this peer's NAME.key_secret file")
     parser.add_argument("--server-key", help="CURVE: the broker's NAME.key file")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -225,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=1)
     args = parser.parse_args(argv)
     raise_fd_limit()
+    options = {"use_uvloop": True} if args.uvloop and args.backend == "asyncio" else {}
     security = None
     if args.keys is not None:
         security = dcp.CurveClient.from_files(args.keys, server=args.server_key)
@@ -237,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.concurrency,
             security,
             backend=args.backend,
+            backend_options=options,
         )
         return
     settings = settings_from_args(args)
@@ -247,7 +250,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit("dcp_peers client: --keys with --mode async only")
         result = _run_sync(settings, args.trace)
     else:
-        result = anyio.run(_run_async, settings, security, args.trace, backend=args.backend)
+        result = anyio.run(
+            _run_async,
+            settings,
+            security,
+            args.trace,
+            backend=args.backend,
+            backend_options=options,
+        )
     result.extra["mode"] = f"{args.mode}/{args.backend}" if args.mode == "async" else "sync"
     emit(result)
 

@@ -12,7 +12,7 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from ._calls import (
     request_metadata,
     service_bytes,
 )
+from ._clock import loop_clock
 from ._context import get_context
 from ._errors import AuthenticationFailed
 from ._handshake import HandshakeWatch, monitor, watch_handshakes
@@ -191,6 +192,10 @@ class Client:
         self._broken: BaseException | None = None
         self._watch: HandshakeWatch | None = None
         self._subscriptions: dict[bytes, Any] = {}
+        #: The event loop's clock (anyio.current_time without its lookup; set on entry).
+        self._now: Callable[[], float] = anyio.current_time
+        #: (work_timeout, no_wait) and the request metadata they give with no other option.
+        self._plain_metadata: tuple[tuple[float | None, bool], tuple[bytes, ...]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -216,6 +221,7 @@ class Client:
                 mon.close(0)
             raise
         self._socket = AsyncSocket(sock)
+        self._now = loop_clock()
         self._watch = watch = HandshakeWatch(
             self.endpoint, secure=self._security is not None, role="client"
         )
@@ -588,6 +594,13 @@ class Client:
     def _metadata(
         self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
     ) -> tuple[bytes, ...]:
+        if metadata == () and work_timeout is None and no_wait is None:
+            # The common call: the client's own options only, built once per setting.
+            key = (self.work_timeout, self.no_wait)
+            plain = self._plain_metadata
+            if plain is None or plain[0] != key:
+                plain = self._plain_metadata = (key, self._metadata((), key[0], key[1]))
+            return plain[1]
         return request_metadata(
             metadata,
             work_timeout,
@@ -608,9 +621,7 @@ class Client:
         if self._socket is None:
             raise RuntimeError("use 'async with Client(...)' before sending requests")
         tracker = self._tracker
-        rid = tracker.request(
-            service, data, anyio.current_time(), metadata=metadata, timing=timing
-        )
+        rid = tracker.request(service, data, self._now(), metadata=metadata, timing=timing)
         out, tracker.outbox = tracker.outbox, []
         (frames,) = out  # the request's first attempt; sent (or waited for) by _send
         self._waiters[rid] = waiter
@@ -719,7 +730,7 @@ class Client:
                         waiter = waiters.pop(rid, None)
                         if waiter is not None:
                             waiter.deliver(rid, outcome)
-                now = anyio.current_time()
+                now = self._now()
                 deadline = tracker.next_deadline()
                 if deadline is not None and deadline <= now:
                     self._expire(asock, now)

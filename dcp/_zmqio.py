@@ -34,6 +34,9 @@ _EVENTS = zmq.EVENTS  # the enum member: pyzmq looks it up faster than a plain i
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
 _UNLIMITED = 1 << 62
+#: The compiled ``send`` under pyzmq's Python wrapper (which only adds routing-id and group
+#: handling for draft sockets): half the CPU per frame (0.19 us against 0.37 us here).
+_send = zmq.backend.Socket.send
 
 
 def send_frames(sock: zmq.Socket[bytes], frames: Sequence[bytes]) -> None:
@@ -47,11 +50,10 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[bytes]) -> None:
     :raises zmq.Again: the peer's queue is full (high-water mark)
     :raises zmq.ZMQError: e.g. ``EHOSTUNREACH`` from a ``ROUTER_MANDATORY`` socket
     """
-    send = sock.send
     last = len(frames) - 1
     for i in range(last):
-        send(frames[i], _SNDMORE_NOBLOCK)
-    send(frames[last], _NOBLOCK)
+        _send(sock, frames[i], _SNDMORE_NOBLOCK)
+    _send(sock, frames[last], _NOBLOCK)
 
 
 def recv_frames(sock: zmq.Socket[bytes]) -> list[bytes]:
