@@ -9,6 +9,9 @@ result record.
 :class:`dcp.Worker` echo workers in one process and prints ``READY`` once all registered.
 
 ``--keys FILE --server-key FILE`` (before the command) turns CURVE on for either.
+``client --trace`` gives the client ``tracing=`` an OpenTelemetry SDK provider whose spans
+go through a batch processor to an exporter that drops them (the cost of tracing in the
+client, without any network export; :mod:`benchmarks.tracing`).
 
 Requests are sent with no retries and a per-attempt timeout longer than the whole run, so a
 reply the broker loses shows up as lost, not as a silent retry.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import anyio
 
@@ -94,10 +98,34 @@ async def _async_phase(
     return latencies, 0, errors
 
 
-async def _run_async(s: LoadSettings, security: dcp.CurveClient | None = None) -> Result:
+def _provider() -> Any:
+    """An SDK tracer provider that records every span and drops it when exported."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Drop(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Drop()))
+    return provider
+
+
+async def _run_async(
+    s: LoadSettings, security: dcp.CurveClient | None = None, trace: bool = False
+) -> Result:
     probe = Probe(s.broker_pid, s.worker_pids)
     async with dcp.Client(
-        s.endpoint, timeout=s.warmup_timeout, retries=0, security=security
+        s.endpoint,
+        timeout=s.warmup_timeout,
+        retries=0,
+        security=security,
+        tracing=_provider() if trace else False,
     ) as client:
         _, lost, _ = await _async_phase(client, s, s.warmup, s.warmup_timeout, s.warmup_timeout)
         if lost:
@@ -141,9 +169,12 @@ def _sync_phase(
     return latencies, 0, errors
 
 
-def _run_sync(s: LoadSettings) -> Result:
+def _run_sync(s: LoadSettings, trace: bool = False) -> Result:
     probe = Probe(s.broker_pid, s.worker_pids)
-    with dcp.SyncClient(s.endpoint, timeout=s.warmup_timeout, retries=0) as client:
+    tracing = _provider() if trace else False
+    with dcp.SyncClient(
+        s.endpoint, timeout=s.warmup_timeout, retries=0, tracing=tracing
+    ) as client:
         _, lost, _ = _sync_phase(client, s, s.warmup, s.warmup_timeout, s.warmup_timeout)
         if lost:
             raise SystemExit("dcp sync client: warm-up requests lost")
@@ -180,11 +211,13 @@ async def _run_workers(
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dcp_peers", description=__doc__)
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
+    parser.add_argument("--uvloop", action="store_true", help="asyncio on uvloop")
     parser.add_argument("--keys", help="CURVE: this peer's NAME.key_secret file")
     parser.add_argument("--server-key", help="CURVE: the broker's NAME.key file")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("client")
     p.add_argument("--mode", choices=["async", "sync"], default="async")
+    p.add_argument("--trace", action="store_true", help="tracing on (OpenTelemetry SDK)")
     add_load_arguments(p)
     p = sub.add_parser("workers")
     p.add_argument("--endpoint", required=True)
@@ -193,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=1)
     args = parser.parse_args(argv)
     raise_fd_limit()
+    options = {"use_uvloop": True} if args.uvloop and args.backend == "asyncio" else {}
     security = None
     if args.keys is not None:
         security = dcp.CurveClient.from_files(args.keys, server=args.server_key)
@@ -205,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.concurrency,
             security,
             backend=args.backend,
+            backend_options=options,
         )
         return
     settings = settings_from_args(args)
@@ -213,9 +248,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.mode == "sync":
         if security is not None:
             raise SystemExit("dcp_peers client: --keys with --mode async only")
-        result = _run_sync(settings)
+        result = _run_sync(settings, args.trace)
     else:
-        result = anyio.run(_run_async, settings, security, backend=args.backend)
+        result = anyio.run(
+            _run_async,
+            settings,
+            security,
+            args.trace,
+            backend=args.backend,
+            backend_options=options,
+        )
     result.extra["mode"] = f"{args.mode}/{args.backend}" if args.mode == "async" else "sync"
     emit(result)
 

@@ -10,7 +10,9 @@ an order rotated by ``r``):
 2. *clients*: CPU per request of the load-generating process, dcp's clients against a plain
    pyzmq loop, on the dcp broker;
 3. *sweeps*: the dcp broker with 1..1000 idle workers, 1..1000 services, 1..200 clients and
-   up to 10,000 queued requests (:mod:`benchmarks.sweep`).
+   up to 10,000 queued requests (:mod:`benchmarks.sweep`);
+4. *stack*: dcp's own Client and Workers against majortomo's own stack
+   (:mod:`benchmarks.stack`), written as the page's ``stack`` section.
 
 Raw records go to ``<out>/perf/results.json``; :mod:`benchmarks.report` turns them into the
 page. A failed run is recorded with its error and the suite goes on.
@@ -59,6 +61,8 @@ class Profile:
     sweeps: dict[str, tuple[int, ...]] = field(default_factory=dict)
     sweep_load: Load = field(default_factory=lambda: Load(16, 64, 500, 30_000, 2.0))
     sweep_brokers: tuple[str, ...] = sweep.BROKERS
+    #: Loads of the *stack* part (:data:`benchmarks.stack.LOADS`); empty: no such part.
+    stack: str = ""
 
 
 ALL_VARIANTS = tuple(VARIANTS)
@@ -86,6 +90,7 @@ PROFILES: dict[str, Profile] = {
             "queued": (64, 1000, 10_000),
         },
         sweep_load=Load(16, 64, 500, 40_000, 2.0),
+        stack="full",
     ),
     "quick": Profile(
         name="quick",
@@ -108,6 +113,7 @@ PROFILES: dict[str, Profile] = {
             "queued": (64, 10_000),
         },
         sweep_load=Load(16, 64, 300, 10_000, 0.8),
+        stack="quick",
     ),
     "tiny": Profile(
         name="tiny",
@@ -263,7 +269,7 @@ def run_suite(
     out_dir: Path,
     *,
     variants: Sequence[str] | None = None,
-    parts: Sequence[str] = ("main", "clients", "sweeps"),
+    parts: Sequence[str] = ("main", "clients", "sweeps", "stack"),
     command: str = "",
 ) -> dict[str, Any]:
     """Run the suite, write ``out_dir/perf/results.json``, the plots and
@@ -282,6 +288,7 @@ def run_suite(
         "clients": [],
         "sweeps": [],
     }
+    kept: dict[str, Any] = {}  # the stack part's results, for its own page section
     with tempfile.TemporaryDirectory(prefix="dcp-bench-") as tmp:
         log_dir = Path(tmp)
         if "main" in parts:
@@ -297,9 +304,20 @@ def run_suite(
                 _log,
                 profile.sweep_brokers,
             )
+        if "stack" in parts and profile.stack:
+            from . import stack
+
+            kept = stack.run(profile.rounds, profile.stack, log_dir, _log)
+            kept["command"] = command
+            (perf / "stack.json").write_text(json.dumps(kept, indent=1) + "\n")
+            results["stack"] = kept["stack"]
     results["duration_s"] = round(time.monotonic() - started, 1)
     (perf / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    report.write(results, out_dir)
+    page = report.write(results, out_dir)
+    if kept:
+        from . import stack
+
+        stack.write_section(page, kept, command)
     return results
 
 
@@ -341,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="default: docs/")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--variants", default="", help="comma-separated subset")
-    parser.add_argument("--parts", default="main,clients,sweeps")
+    parser.add_argument("--parts", default="main,clients,sweeps,stack")
     parser.add_argument("--command", default="", help="the command to show in the report")
     args = parser.parse_args(argv)
     profile = PROFILES["quick" if args.quick else "tiny" if args.tiny else "full"]
@@ -364,7 +382,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             command=command,
         )
     failures = sum(
-        1 for sec in ("main", "clients", "sweeps") for r in results[sec] if "error" in r
+        1
+        for sec in ("main", "clients", "sweeps", "stack")
+        for r in results.get(sec, [])
+        if "error" in r
     )
     _log(f"done in {results['duration_s']} s; {failures} failed runs; wrote {args.out}")
     if failures:

@@ -27,7 +27,10 @@ from ._context import get_context
 from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
 from ._guard import Guard
+from ._http import http_options
+from ._http import require as require_http
 from ._security import CurveServer, configure_server_socket
+from ._stats import BrokerSnapshot, snapshot
 from ._zap import ZapHandler
 from ._zmqio import AsyncSocket, Received
 
@@ -129,6 +132,11 @@ class Broker:
     :param beacon: a UDP port to announce the broker on, every second (the first
         ``tcp://`` endpoint's port, and with CURVE its public key; ``docs/services.md``)
     :param beacon_address: where the beacon goes (default: the broadcast address)
+    :param http: serve ``/metrics`` (Prometheus), ``/status`` (JSON) and a live status page
+        on this ``HOST:PORT`` (port 0: a free one, see :attr:`http_address`; needs the
+        ``http`` extra; ``docs/operations.md``). Off by default
+    :param http_token: a bearer token every HTTP request must carry
+    :param http_public: allow an ``http`` host that is not a loopback address
     :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
     """
 
@@ -153,6 +161,9 @@ class Broker:
         approve: Approver | None = None,
         beacon: int | None = None,
         beacon_address: str = "255.255.255.255",
+        http: str | None = None,
+        http_token: str | None = None,
+        http_public: bool = False,
         **core_options: Any,
     ) -> None:
         if not endpoints:
@@ -197,6 +208,14 @@ class Broker:
             raise ValueError("a beacon announces a tcp:// endpoint: bind one")
         self._beacon = beacon
         self._beacon_address = beacon_address
+        self._http = (
+            None if http is None else http_options(http, token=http_token, public=http_public)
+        )
+        if self._http is not None:
+            require_http()
+        #: The HTTP endpoint's bound address (``HOST:PORT``) while serving; ``None`` before,
+        #: after, or without ``http``.
+        self.http_address: str | None = None
         self._approver: ApproverRunner | None = None
         self._socket: AsyncSocket | None = None
         #: Work for the I/O thread's core (see _in_core), and how to wake the thread for it
@@ -231,6 +250,9 @@ class Broker:
                 time.sleep(0)
         else:  # pragma: no cover
             stats = self._core.statistics()
+        return self._with_zap(stats)
+
+    def _with_zap(self, stats: BrokerStatistics) -> BrokerStatistics:
         zap = self._zap
         if zap is not None and (zap.denied or zap.malformed):
             rejections = dict(stats.rejections)
@@ -310,6 +332,7 @@ class Broker:
         cancelled. Cancellation closes the socket (linger 0) before returning.
 
         :raises zmq.ZMQError: an endpoint could not be bound
+        :raises OSError: the HTTP address could not be bound
         :raises RuntimeError: the broker is already serving
         """
         if self._socket is not None:
@@ -377,6 +400,8 @@ class Broker:
                         tg.start_soon(zap.serve)
                     if self._beacon is not None:
                         await tg.start(self._send_beacons, bound)
+                    if self._http is not None:
+                        await tg.start(self._serve_http, bound)
                     if self._approve is not None:
                         self._approver = ApproverRunner(self._approve)
                         tg.start_soon(self._approver.run, self._answered)
@@ -400,6 +425,30 @@ class Broker:
         await send_beacons(
             self._beacon, port, address=self._beacon_address, key=key, task_status=task_status
         )
+
+    async def _serve_http(
+        self, bound: list[str], *, task_status: anyio.abc.TaskStatus[str]
+    ) -> None:
+        from ._http.run import run_http
+
+        assert self._http is not None
+
+        def report(address: str | None) -> None:
+            self.http_address = address
+
+        await run_http(self._http, self._snapshot, bound, report, task_status=task_status)
+
+    async def _snapshot(self, peers: bool) -> BrokerSnapshot:
+        """What the HTTP endpoint shows, taken where the core runs (``peers``: list them)."""
+        core = self._core
+        taken: list[BrokerSnapshot] = []
+
+        def take(now: float) -> int:
+            taken.append(snapshot(core, now, peers=peers))
+            return 0
+
+        await self._in_core(take)
+        return attrs.evolve(taken[0], statistics=self._with_zap(taken[0].statistics))
 
     async def _receive_loop(self, asock: AsyncSocket) -> None:
         batch = self._batch

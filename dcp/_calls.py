@@ -156,7 +156,7 @@ def check_window(window: int) -> None:
 
 @attrs.frozen
 class Timing:
-    """The time limits of one call, checked (from :meth:`RequestTracker.timing`).
+    """The time limits of one call, checked (from :meth:`~dcp._tracker.RequestTracker.timing`).
 
     :ivar timeout: seconds for the whole call, every attempt and backoff included
     :ivar attempt_timeout: seconds for each attempt

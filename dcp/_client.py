@@ -12,9 +12,9 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -33,6 +33,7 @@ from ._calls import (
     request_metadata,
     service_bytes,
 )
+from ._clock import loop_clock
 from ._context import get_context
 from ._errors import AuthenticationFailed
 from ._handshake import HandshakeWatch, monitor, watch_handshakes
@@ -50,6 +51,11 @@ from ._tracker import RequestTracker
 from ._waiters import Sink, Waiter
 from ._zmqio import AsyncSocket
 from .wire.streams import is_stream
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from ._tracing import ClientTracing, Start
 
 __all__ = ["Client"]
 
@@ -108,7 +114,7 @@ class Client:
     :param remember: finished request ids remembered to tell duplicate replies from unknown
     :param work_timeout: default seconds a worker may hold a request before the broker
         treats it as lost and gives the request to another worker (``None``: the broker's
-        default); see :doc:`reliability`
+        default); see :doc:`/reliability`
     :param security: CURVE keys (see ``docs/security.md``; default: no security). If the
         broker refuses the key, or is not the one whose key is given, or one side uses
         CURVE and the other not, the handshake fails: pending and later calls raise
@@ -117,6 +123,10 @@ class Client:
         (a little-endian ``int``, as the DagBox C++ reference writes it; its broker aborts on
         1-byte types). Replies are read in either width. With 4, no ``mmi.service`` question
         is asked before a timeout (that broker has no such service).
+    :param tracing: one OpenTelemetry span per request, its context sent with the request
+        (``docs/tracing.md``): ``True`` (the global tracer provider) or a
+        ``TracerProvider``; needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError``
+        naming it otherwise)
     :raises ValueError: a bad option (e.g. ``type_width`` not 1 or 4), before any socket
         exists
     """
@@ -141,8 +151,15 @@ class Client:
         work_timeout: float | None = None,
         security: CurveClient | None = None,
         type_width: int = 1,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
+        #: Spans of the requests (docs/tracing.md); ``None``: tracing off (costs one test).
+        self._tracing: ClientTracing | None = None
+        if tracing:
+            from ._tracing import ClientTracing  # imports OpenTelemetry: only when asked
+
+            self._tracing = ClientTracing(tracing, endpoint)
         if work_timeout is not None:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
@@ -175,6 +192,10 @@ class Client:
         self._broken: BaseException | None = None
         self._watch: HandshakeWatch | None = None
         self._subscriptions: dict[bytes, Any] = {}
+        #: The event loop's clock (anyio.current_time without its lookup; set on entry).
+        self._now: Callable[[], float] = anyio.current_time
+        #: (work_timeout, no_wait) and the request metadata they give with no other option.
+        self._plain_metadata: tuple[tuple[float | None, bool], tuple[bytes, ...]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -191,11 +212,8 @@ class Client:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
             configure_client_socket(sock, self._security)
-            if self._security is not None:
-                # CURVE handshake failures raise AuthenticationFailed (dcp/_handshake.py).
-                # Only with CURVE for now: a monitor on every plaintext client made a long
-                # test run flaky (clients that stopped hearing their broker), cause not found.
-                mon = monitor(sock)
+            # Handshake failures raise AuthenticationFailed (dcp/_handshake.py).
+            mon = monitor(sock)
             sock.connect(self.endpoint)
         except BaseException:
             sock.close(0)
@@ -203,6 +221,7 @@ class Client:
                 mon.close(0)
             raise
         self._socket = AsyncSocket(sock)
+        self._now = loop_clock()
         self._watch = watch = HandshakeWatch(
             self.endpoint, secure=self._security is not None, role="client"
         )
@@ -286,14 +305,20 @@ class Client:
         parts = data_parts(data)
         metadata = self._metadata(metadata, work_timeout, no_wait)
         timing = self._tracker.timing(timeout, attempt_timeout, retries)
-        waiter = Waiter()
-        rid, frames = self._start(service, parts, metadata, timing, waiter)
+        if self._tracing is None:
+            waiter = Waiter()
+            rid, frames = self._start(service, parts, metadata, timing, waiter)
+        else:
+            waiter, rid, frames = self._tracing.request(
+                self._start, service, parts, metadata, timing
+            )
         try:
             await self._send(rid, frames)
             await waiter.event.wait()
         finally:
             if self._waiters.pop(rid, None) is not None:
                 self._tracker.cancel(rid)
+                waiter.forget()
         return self._result(waiter.outcome)
 
     async def request_json(
@@ -434,7 +459,11 @@ class Client:
         metadata: Sequence[bytes],
         timing: Timing,
     ) -> AsyncGenerator[Response, None]:
-        sink = Sink()
+        start: Start = self._start
+        if self._tracing is None:
+            sink = Sink()
+        else:
+            sink, start = self._tracing.sink(start)
         order: deque[bytes] = deque()
         done = sink.done
         try:
@@ -444,7 +473,7 @@ class Client:
                         await sink.wait()
                     yield self._result(done.pop(order.popleft()))
                 parts = payload_parts(payload, index)
-                rid, frames = self._start(service, parts, metadata, timing, sink)
+                rid, frames = start(service, parts, metadata, timing, sink)
                 order.append(rid)
                 await self._send(rid, frames)
             while order:
@@ -453,6 +482,7 @@ class Client:
                 yield self._result(done.pop(order.popleft()))
         finally:
             self._forget(order)
+            sink.forget()
 
     async def _map_unordered(
         self,
@@ -462,7 +492,11 @@ class Client:
         metadata: Sequence[bytes],
         timing: Timing,
     ) -> AsyncGenerator[tuple[int, Response], None]:
-        sink = Sink()
+        start: Start = self._start
+        if self._tracing is None:
+            sink = Sink()
+        else:
+            sink, start = self._tracing.sink(start)
         inflight: dict[bytes, int] = {}
         done = sink.done
         try:
@@ -473,7 +507,7 @@ class Client:
                     rid = next(iter(done))
                     yield inflight.pop(rid), self._result(done.pop(rid))
                 parts = payload_parts(payload, index)
-                rid, frames = self._start(service, parts, metadata, timing, sink)
+                rid, frames = start(service, parts, metadata, timing, sink)
                 inflight[rid] = index
                 await self._send(rid, frames)
             while inflight:
@@ -483,6 +517,7 @@ class Client:
                 yield inflight.pop(rid), self._result(done.pop(rid))
         finally:
             self._forget(inflight)
+            sink.forget()
 
     def stream(
         self,
@@ -517,7 +552,10 @@ class Client:
         parts = tuple(data_parts(data))
         meta = self._metadata(metadata, work_timeout, False)
         timing = stream_timing(self._tracker.timing(timeout, None, 0))
-        return Stream(self, service, parts, meta, timing, window, stall_timeout)
+        stream = Stream(self, service, parts, meta, timing, window, stall_timeout)
+        if self._tracing is not None:
+            self._tracing.trace_stream(stream)
+        return stream
 
     # ------------------------------------------------------------------ pub/sub
 
@@ -556,6 +594,13 @@ class Client:
     def _metadata(
         self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
     ) -> tuple[bytes, ...]:
+        if metadata == () and work_timeout is None and no_wait is None:
+            # The common call: the client's own options only, built once per setting.
+            key = (self.work_timeout, self.no_wait)
+            plain = self._plain_metadata
+            if plain is None or plain[0] != key:
+                plain = self._plain_metadata = (key, self._metadata((), key[0], key[1]))
+            return plain[1]
         return request_metadata(
             metadata,
             work_timeout,
@@ -576,9 +621,7 @@ class Client:
         if self._socket is None:
             raise RuntimeError("use 'async with Client(...)' before sending requests")
         tracker = self._tracker
-        rid = tracker.request(
-            service, data, anyio.current_time(), metadata=metadata, timing=timing
-        )
+        rid = tracker.request(service, data, self._now(), metadata=metadata, timing=timing)
         out, tracker.outbox = tracker.outbox, []
         (frames,) = out  # the request's first attempt; sent (or waited for) by _send
         self._waiters[rid] = waiter
@@ -640,6 +683,13 @@ class Client:
             self._closed = True
             self._broken = failure
         if self._socket is not None:
+            if not self._socket.closed:
+                # Stop the monitor before closing: libzmq's I/O thread sends the socket's
+                # last events (DISCONNECTED) to the monitor's PAIR with a blocking send; if
+                # our end of that PAIR is closed first, the send blocks that thread for good
+                # and every socket of the context falls silent.
+                with contextlib.suppress(zmq.ZMQError):
+                    self._socket.sock.disable_monitor()
             self._socket.close(0)
         self._tracker.cancel_all()
         for state in self._subscriptions.values():
@@ -680,7 +730,7 @@ class Client:
                         waiter = waiters.pop(rid, None)
                         if waiter is not None:
                             waiter.deliver(rid, outcome)
-                now = anyio.current_time()
+                now = self._now()
                 deadline = tracker.next_deadline()
                 if deadline is not None and deadline <= now:
                     self._expire(asock, now)

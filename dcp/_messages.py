@@ -34,6 +34,7 @@ __all__ = [
     "request_expires_in",
     "request_no_wait",
     "request_work_timeout",
+    "without_options",
     "work_timeout_option",
 ]
 
@@ -175,6 +176,17 @@ _EXPIRES_IN = OPTION_PREFIX + b"expires-in="
 #: Request option: answer at once with a ``no_workers`` error reply if no worker serves the
 #: service when the request arrives, instead of queueing it (NATS's "no responders").
 NO_WAIT_OPTION = OPTION_PREFIX + b"no-wait"
+
+
+def without_options(metadata: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """``metadata`` without its dcp options (the request id, not an option, is kept)."""
+    return tuple(
+        part
+        for part in metadata
+        if part[:1] != b"\xff"
+        or not part.startswith(OPTION_PREFIX)
+        or part.startswith(REQUEST_ID_PREFIX)
+    )
 
 
 def _millis_option(prefix: bytes, seconds: float, what: str) -> bytes:

@@ -140,19 +140,26 @@ def error_reply(request: Request, code: str, message: str) -> Reply:
     return Reply(request.client, request.metadata, error_reply_data(code, message))
 
 
+def _parts(result: Sequence[object]) -> tuple[bytes, ...]:
+    if all(part.__class__ is bytes for part in result):
+        return tuple(result)  # type: ignore[arg-type]
+    return tuple(_to_bytes(part, "a reply part") for part in result)
+
+
 def result_message(request: Request, result: object) -> Reply | Request:
     """Turn a handler's return value into the message to send.
 
     :param result: ``bytes`` (one data part), a sequence of ``bytes``, or a :class:`Forward`
     :raises TypeError: for anything else (the caller answers ``bad_handler_result``)
     """
+    if result.__class__ is tuple or result.__class__ is list:  # the common case, first
+        return Reply(request.client, request.metadata, _parts(result))
     if isinstance(result, Forward):
         return Request(result.service, request.client, request.metadata, result.data)
     if isinstance(result, _BYTES_LIKE):
         return Reply(request.client, request.metadata, (bytes(result),))
     if isinstance(result, Sequence) and not isinstance(result, str):
-        parts = tuple(_to_bytes(part, "a reply part") for part in result)
-        return Reply(request.client, request.metadata, parts)
+        return Reply(request.client, request.metadata, _parts(result))
     raise TypeError(
         f"handler returned {type(result).__name__}; expected bytes, a sequence of bytes "
         "or dcp.Forward"

@@ -221,8 +221,8 @@ class ServiceStats:
 
 @attrs.frozen
 class ServiceChange:
-    """A change seen by :func:`watch_services`: a service came up (a worker serves it now)
-    or went down (none does)."""
+    """A change seen by :meth:`dcp.Client.watch_services`: a service came up (a worker serves
+    it now) or went down (none does)."""
 
     name: str
     up: bool

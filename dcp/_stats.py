@@ -4,16 +4,48 @@ later metrics and info services) read them, from this one place."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
+if TYPE_CHECKING:
+    from ._broker_core import BrokerCore
+
 __all__ = [
+    "DURATION_BUCKETS",
     "BrokerCounters",
+    "BrokerSnapshot",
     "BrokerStatistics",
+    "ClientFigures",
     "ClientStatistics",
+    "ServiceFigures",
     "ServiceStatistics",
+    "WorkerFigures",
     "WorkerStatistics",
+    "snapshot",
 ]
+
+#: Upper bounds (seconds) of the buckets that count each service's answers by processing
+#: time (dispatch to answer); a last bucket holds the longer ones. Counted in the routing
+#: core with one ``bisect`` per answer (``/metrics``: ``dcp_service_request_duration_seconds``).
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 
 class BrokerCounters:
@@ -84,7 +116,7 @@ class StreamStatistics:
 
 @attrs.frozen
 class ServiceStatistics:
-    """Per-service figures from :meth:`BrokerCore.statistics`."""
+    """Per-service figures from :meth:`~dcp._broker_core.BrokerCore.statistics`."""
 
     #: Registered workers providing the service.
     workers: int
@@ -219,3 +251,145 @@ class ClientStatistics:
 
 
 #: How a request ended: a result, an error reply, or a timeout (maybe :class:`NoWorkers`).
+
+
+@attrs.frozen
+class ServiceFigures:
+    """One service in a :class:`BrokerSnapshot`. Its counters start when the broker learns of
+    the service and are forgotten with it (no worker provides it, nothing queued)."""
+
+    #: Its name (bytes that are not UTF-8 escaped).
+    name: str
+    #: Registered workers providing it, idle ones (credit, nothing queued for them), busy ones.
+    workers: int
+    idle: int
+    busy: int
+    #: Requests waiting in its queue, and the age (s) of the oldest (since queued or requeued).
+    queued: int
+    oldest_queued_age: float
+    #: Requests accepted (queued or dispatched; forwards included).
+    requests: int
+    #: Answers from its workers that finished a request (errors included).
+    replies: int
+    #: Of those, error replies.
+    errors: int
+    #: Requests put back in its queue because their worker went away.
+    redeliveries: int
+    #: Sum of the answers' processing times (s, dispatch to answer).
+    processing_time: float
+    #: Answers per processing-time bucket (:data:`DURATION_BUCKETS`, then a last one for
+    #: longer), not cumulative.
+    durations: tuple[int, ...]
+    #: What its newest describing worker said (empty when none did).
+    version: str = ""
+    description: str = ""
+
+
+@attrs.frozen
+class WorkerFigures:
+    """One registered worker in a :class:`BrokerSnapshot`."""
+
+    #: Its routing id, in hex.
+    id: str
+    #: The dialect it speaks (``dcp``, ``dcp/4``, ``MDPW01``, ...).
+    dialect: str
+    #: The services it provides.
+    services: tuple[str, ...]
+    #: Requests it holds now, and how many more it may be given.
+    held: int
+    credit: int
+    #: Seconds since it was last heard from.
+    silent: float
+
+
+@attrs.frozen
+class ClientFigures:
+    """A client with requests accepted and not yet answered, in a :class:`BrokerSnapshot`."""
+
+    #: Its routing id, in hex.
+    id: str
+    #: The dialect the broker answers it in.
+    dialect: str
+    #: Its requests accepted and not answered (queued or at a worker), and of those, queued.
+    inflight: int
+    queued: int
+
+
+@attrs.frozen
+class BrokerSnapshot:
+    """Everything the HTTP endpoint shows (``docs/operations.md``), taken in one go where the
+    broker's core runs (:func:`snapshot`)."""
+
+    #: The counters and gauges of ``Broker.statistics()``.
+    statistics: BrokerStatistics
+    services: tuple[ServiceFigures, ...]
+    #: Registered workers and active clients (empty unless asked for: they can be many).
+    workers: tuple[WorkerFigures, ...]
+    clients: tuple[ClientFigures, ...]
+    #: Peers by kind (``worker``; ``client``: with requests in flight) and dialect.
+    peers: dict[tuple[str, str], int]
+
+
+def snapshot(core: BrokerCore, now: float, *, peers: bool = False) -> BrokerSnapshot:
+    """Read ``core`` (where it runs: nothing may change it meanwhile). Costs one pass over the
+    services, workers and active clients; nothing on the per-message path.
+
+    :param peers: also list every worker and client (``/status``; ``/metrics`` only counts)
+    """
+    from ._core.directory import text
+
+    services = []
+    directory = core.directory
+    for name, s in core._services.items():
+        idle = len(s.idle)
+        queue = s.queue
+        info = directory.info(name) or {}
+        services.append(
+            ServiceFigures(
+                name=text(name),
+                workers=s.workers,
+                idle=idle,
+                busy=s.workers - idle,
+                queued=s.queued(),
+                oldest_queued_age=max(0.0, now - queue[0].since) if queue else 0.0,
+                requests=s.requests,
+                replies=s.answered,
+                errors=s.errors,
+                redeliveries=s.redeliveries,
+                processing_time=s.busy_time,
+                durations=tuple(s.durations),
+                version=info.get("version", ""),
+                description=info.get("description", ""),
+            )
+        )
+    sessions = core.sessions
+    counts: dict[tuple[str, str], int] = {}
+    workers = []
+    for ident, w in sessions.workers.items():
+        key = ("worker", w.dialect.name)
+        counts[key] = counts.get(key, 0) + 1
+        if peers:
+            workers.append(
+                WorkerFigures(
+                    id=ident.hex(),
+                    dialect=w.dialect.name,
+                    services=tuple(text(s.name) for s in w.services),
+                    held=len(w.held),
+                    credit=w.credit,
+                    silent=max(0.0, now - w.heard),
+                )
+            )
+    clients = []
+    for ident, load in core._loads.items():
+        dialect = sessions.dialect_of(ident).name
+        key = ("client", dialect)
+        counts[key] = counts.get(key, 0) + 1
+        if peers:
+            clients.append(ClientFigures(ident.hex(), dialect, load.inflight, load.queued))
+    return BrokerSnapshot(
+        statistics=core.statistics(),
+        services=tuple(services),
+        workers=tuple(workers),
+        clients=tuple(clients),
+        peers=counts,
+    )

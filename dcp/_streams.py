@@ -27,7 +27,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -138,6 +138,9 @@ class Stream:
         self._ended = self._closed = False
         #: Parts read so far.
         self.received = 0
+        #: Called once on :meth:`close` with the final outcome, or ``None`` if there was none
+        #: (the stream was left early): a traced stream ends its span (docs/tracing.md).
+        self.on_close: Callable[[Outcome | None], None] | None = None
 
     async def __aenter__(self) -> Stream:
         if self._rid is not None:
@@ -168,6 +171,8 @@ class Stream:
         if self._closed:
             return
         self._closed = self._ended = True
+        if self.on_close is not None:
+            self.on_close(self._waiter.outcome if self._waiter.done else None)
         client = self._client
         rid = self._rid
         if rid is None:

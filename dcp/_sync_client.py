@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import zmq
@@ -44,6 +44,9 @@ from ._streams import DEFAULT_WINDOW, SyncStream, stream_timing
 from ._tracker import RequestTracker
 from ._zmqio import recv_frames, send_frames
 from .wire.streams import is_stream, parse_part
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["SyncClient"]
 
@@ -102,8 +105,14 @@ class SyncClient:
         work_timeout: float | None = None,
         security: CurveClient | None = None,
         type_width: int = 1,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         routing_id = checked_routing_id(routing_id)
+        traced = None
+        if tracing:  # docs/tracing.md: spans of the requests; off costs nothing
+            from ._tracing import SyncTracing  # imports OpenTelemetry: only when asked
+
+            traced = SyncTracing(tracing, endpoint)
         if work_timeout is not None:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
@@ -138,8 +147,7 @@ class SyncClient:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, routing_id)
             configure_client_socket(sock, security)
-            if security is not None:  # CURVE only, as in Client (see there)
-                mon = monitor(sock)  # handshake failures raise AuthenticationFailed
+            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
             sock.connect(endpoint)
         except BaseException:
             sock.close(0)
@@ -165,6 +173,8 @@ class SyncClient:
         self._owner: int | None = None
         self._owner_name = ""
         self._owner_lock = threading.Lock()
+        if traced is not None:
+            traced.attach(self)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -186,7 +186,9 @@ class RequestTracker:
         self._timeouts = self._cancelled = self._no_workers = self._probes_sent = 0
         self._duplicates = self._late = self._unknown = 0
         self._malformed: dict[str, int] = {}
-        self._default_timing = self.timing()
+        self._default_timing = Timing.resolve(
+            (self.timeout, self.attempt_timeout, self.retries), None, None, None
+        )
         #: Driver counters, reported by :meth:`statistics`.
         self.send_waits = 0
         self.resends_dropped = 0
@@ -204,6 +206,8 @@ class RequestTracker:
 
         :raises ValueError: a timeout that is not > 0, or ``retries`` < 0
         """
+        if timeout is None and attempt_timeout is None and retries is None:
+            return self._default_timing  # the common call
         return Timing.resolve(
             (self.timeout, self.attempt_timeout, self.retries), timeout, attempt_timeout, retries
         )

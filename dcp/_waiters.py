@@ -24,6 +24,9 @@ class Waiter:
         self.outcome = outcome
         self.event.set()
 
+    def forget(self) -> None:
+        """The call ended without its outcome (cancelled); a traced waiter ends its span."""
+
 
 class Sink:
     """Where the receive task puts the outcomes of one ``map`` call's requests."""
@@ -38,6 +41,9 @@ class Sink:
         self.done[rid] = outcome
         if self.event is not None:
             self.event.set()
+
+    def forget(self) -> None:
+        """The ``map`` ended; a traced sink ends the spans of unanswered requests."""
 
     async def wait(self) -> None:
         """Wait for the next delivery (call only when the one you need is not in ``done``)."""

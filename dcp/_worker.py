@@ -17,6 +17,7 @@ import zmq
 
 from ._beacon import BEACON_SCHEME, resolve
 from ._calls import make_routing_id
+from ._clock import loop_clock
 from ._context import get_context
 from ._errors import AuthenticationFailed, RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
@@ -49,7 +50,10 @@ from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from ._services import ServiceTable
+    from ._tracing import WorkerTracing
 
 __all__ = ["Forward", "Handler", "HandlerRequest", "Worker", "WorkerStatistics"]
 
@@ -64,6 +68,7 @@ AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
 StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncIterator[Any]]
 Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult] | StreamHandler
 
+_POLLIN = int(zmq.POLLIN)
 #: Messages read per wake-up before other tasks get a turn.
 _BATCH = 64
 #: Linger (ms) of the socket closed after a graceful leave, so the last replies and the
@@ -145,6 +150,9 @@ class Worker:
         every message (registration, heartbeats, replies, forwards, the leaving Reconnect)
         is 4 bytes from the first one on, whatever the broker writes: the explicit setting
         wins. Messages from the broker are read in either width.
+    :param tracing: run each handler in an OpenTelemetry span continuing the request's trace
+        (``docs/tracing.md``): ``True`` (the global tracer provider) or a ``TracerProvider``;
+        needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError`` naming it otherwise)
 
     A broker that refuses the registration (a secure broker whose allow-list does not let
     this worker's key serve ``service``) makes :meth:`serve` raise
@@ -171,8 +179,15 @@ class Worker:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         security: CurveClient | None = None,
         type_width: int = 1,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         self.endpoint = endpoint
+        #: Spans of the handlers (docs/tracing.md); ``None``: tracing off (costs one test).
+        self._tracing: WorkerTracing | None = None
+        if tracing:
+            from ._tracing import WorkerTracing  # imports OpenTelemetry: only when asked
+
+            self._tracing = WorkerTracing(tracing)
         self._security = security
         #: Why serving ended for good: a refused registration or a failed handshake.
         self._refused: RegistrationRefused | AuthenticationFailed | None = None
@@ -210,7 +225,8 @@ class Worker:
         #: Handshakes that succeeded on the current socket (the first is the first connection).
         self._handshakes = 0
         self._tg: anyio.abc.TaskGroup | None = None
-        self._handler_scopes: set[anyio.CancelScope] = set()
+        #: The handlers' own task group: cancelling it cancels them all (no scope each).
+        self._handlers: anyio.abc.TaskGroup | None = None
         self._wake_scope: anyio.CancelScope | None = None
         self._stop_deadline: float | None = None
         self._task_status: anyio.abc.TaskStatus[None] | None = None
@@ -218,6 +234,8 @@ class Worker:
         self._done: anyio.Event | None = None
         self._cm_tg: anyio.abc.TaskGroup | None = None
         self._send_failures = 0
+        #: The event loop's clock (anyio.current_time without its lookup; set in serve).
+        self._now: Callable[[], float] = anyio.current_time
 
     # -- public API -----------------------------------------------------------------------
 
@@ -308,12 +326,14 @@ class Worker:
             self.endpoint = await resolve(self.endpoint, key=key)
         self._done = anyio.Event()
         self._task_status = task_status
+        self._now = loop_clock()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._threads = anyio.CapacityLimiter(self._core.concurrency)
                 watchdog = anyio.CancelScope()
                 tg.start_soon(self._watch_loop, watchdog)
+                self._handlers = await tg.start(self._host_handlers)
                 try:
                     await self._run()
                 finally:
@@ -360,7 +380,7 @@ class Worker:
             self._poll_monitor()
             if self._refused is not None:  # the handshake failed (see _poll_monitor)
                 return None
-            now = anyio.current_time()
+            now = self._now()
             if self._stop_deadline is not None and (
                 core.in_progress == 0 or now >= self._stop_deadline
             ):
@@ -382,7 +402,7 @@ class Worker:
                 deadline = min(deadline, self._stop_deadline)
             await asock.wait_readable(deadline)
             batch = asock.drain(_BATCH)
-            now = anyio.current_time()
+            now = self._now()
             for received in batch:
                 if self._streams.receive(received.frames):
                     continue  # a stream's credit or cancel (_worker_streams.py)
@@ -412,6 +432,14 @@ class Worker:
             # input left, wait_readable parks, which lets them run: no extra pass.)
             if asock.has_input():
                 await anyio.lowlevel.checkpoint()
+
+    async def _host_handlers(
+        self, *, task_status: anyio.abc.TaskStatus[anyio.abc.TaskGroup]
+    ) -> None:
+        """Hold the handlers' task group until :meth:`_cancel_handlers` (or serving) ends."""
+        async with anyio.create_task_group() as handlers:
+            task_status.started(handlers)
+            await anyio.sleep_forever()
 
     async def _watch_loop(self, scope: anyio.CancelScope) -> None:
         """Warn, once, when the event loop was blocked longer than the heartbeat interval."""
@@ -493,8 +521,8 @@ class Worker:
         anything else is sent). Called before anything is sent, so that an answer finished
         after the connection dropped is not queued for a broker that does not know us."""
         mon = self._monitor
-        if mon is None:
-            return False
+        if mon is None or not int(mon.getsockopt(zmq.EVENTS)) & _POLLIN:
+            return False  # nothing waiting (cheaper than the zmq.Again of a failed read)
         events = read_events(mon)
         core = self._core
         for event, value in events:
@@ -562,8 +590,8 @@ class Worker:
 
     def _do(self, out: Output) -> None:
         if isinstance(out, Run):
-            assert self._tg is not None
-            self._tg.start_soon(self._handle, out.request, out.generation)
+            assert self._handlers is not None
+            self._handlers.start_soon(self._handle, out.request, out.generation)
         elif isinstance(out, (BrokerLost, Refused)):  # pragma: no cover - handled by _session
             raise AssertionError(out)
         else:
@@ -572,32 +600,42 @@ class Worker:
     # -- handlers ---------------------------------------------------------------------------
 
     async def _handle(self, request: Request, generation: int) -> None:
+        # Runs in the handlers' task group, cancelled as a whole by _cancel_handlers.
         message: Reply | Request | None = None
+        work_timeout = request_work_timeout(request.metadata)
+        if work_timeout is None:
+            try:
+                if self._tracing is None:
+                    message = await self._call(request)
+                else:
+                    message = await self._tracing.call(self._call, request)
+            finally:
+                self._finish(message, generation)
+            return
         with anyio.CancelScope() as scope:
-            work_timeout = request_work_timeout(request.metadata)
-            if work_timeout is not None:
-                # The broker has given the request to another worker by then (and dropped
-                # us): free the slot rather than finish work nobody will use.
-                scope.deadline = anyio.current_time() + work_timeout
-            self._handler_scopes.add(scope)
+            # The broker has given the request to another worker by then (and dropped us):
+            # free the slot rather than finish work nobody will use.
+            scope.deadline = anyio.current_time() + work_timeout
             try:
                 message = await self._call(request)
             finally:
-                self._handler_scopes.discard(scope)
-                core = self._core
-                self._poll_monitor()  # Rule 12: has the connection changed under us?
-                core.finish(message, anyio.current_time(), generation=generation)
-                outs, core.outbox = core.outbox, []
-                for out in outs:
-                    self._do(out)
-                if self._stop_deadline is not None:
-                    self._wake()
+                self._finish(message, generation)
         if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
             logger.warning(
                 "handler for service %r cancelled: past the request's work timeout (%.3f s)",
                 self.service,
                 work_timeout,
             )
+
+    def _finish(self, message: Reply | Request | None, generation: int) -> None:
+        core = self._core
+        self._poll_monitor()  # Rule 12: has the connection changed under us?
+        core.finish(message, self._now(), generation=generation)
+        outs, core.outbox = core.outbox, []
+        for out in outs:
+            self._do(out)
+        if self._stop_deadline is not None:
+            self._wake()
 
     async def _call(self, request: Request) -> Reply | Request:
         view = handler_view(request)
@@ -626,5 +664,5 @@ class Worker:
             return error_reply(request, "bad_handler_result", str(exc))
 
     def _cancel_handlers(self) -> None:
-        for scope in self._handler_scopes:
-            scope.cancel()
+        if self._handlers is not None:
+            self._handlers.cancel_scope.cancel()

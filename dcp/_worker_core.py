@@ -247,6 +247,7 @@ class WorkerCore:
         #: Their info documents, sent with ``mmi.describe`` before the registrations.
         self.infos = dict(infos or {})
         self._unconfirmed: set[bytes] = set()
+        #: ``N``, the most requests held at once.
         self.concurrency = concurrency
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness

@@ -236,6 +236,50 @@ def test_ab_benchmark_compares_two_checkouts() -> None:
     assert "dcp-ab-" not in listed.stdout  # its checkout was removed
 
 
+@pytest.mark.timeout(120)
+def test_the_whole_stack_comparison(tmp_path: Path) -> None:
+    """``benchmarks.stack --tiny``: dcp's own Client and Workers (trio and asyncio) and
+    majortomo's own, both worker shapes, windows 64 and 1: every request answered, the
+    report printed, and the page section written from the saved records."""
+    if importlib.util.find_spec("majortomo") is None:
+        pytest.skip("majortomo is not installed (pip install -e '.[bench]')")
+    from benchmarks.stack import SHAPES, SIDES
+
+    records = tmp_path / "stack.json"
+    command = [sys.executable, "-m", "benchmarks.stack", "--tiny", "--json", str(records)]
+    proc = subprocess.run(
+        command,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stack = json.loads(records.read_text())["stack"]
+    assert {(r["shape"], r["side"], r["window"]) for r in stack} == {
+        (shape, side, window) for shape in SHAPES for side in SIDES for window in (64, 1)
+    }
+    for rec in stack:
+        assert "error" not in rec, rec["error"]
+        assert rec["lost"] == rec["errors"] == 0
+        assert rec["requests"] >= 10
+        assert 0 < rec["p50_us"] <= rec["p99_us"]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| 1x16 |", "| 4x1 |"))]
+    assert len(rows) == len(SHAPES) * 2 * (len(SIDES) - 1)
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\nGenerated.\n")
+    render = [sys.executable, "-m", "benchmarks.stack", "--render", str(records)]
+    proc = subprocess.run(
+        [*render, "--page", str(page)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = page.read_text()
+    assert text.startswith("# Performance\n\nGenerated.\n")
+    assert "<!-- section: stack -->" in text and "## Whole stack" in text
+
+
 def test_trace_broker_runs_a_tool_on_the_broker_pid(tmp_path: Path) -> None:
     """benchmarks.trace_broker starts a broker under load and gives its PID to the tool."""
     out = tmp_path / "pid"

@@ -139,7 +139,22 @@ async def test_a_curve_client_against_a_plaintext_broker_is_told() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("security", "reason"), CASES[:2])  # plaintext clients: no monitor
+@pytest.mark.parametrize(("security", "reason"), CASES)
+async def test_a_client_is_told(security: CurveClient | None, reason: str) -> None:
+    async with (
+        Broker("tcp://127.0.0.1:0", security=server()) as broker,
+        Client(broker.endpoints[0], security=security, timeout=30) as client,
+    ):
+        started = anyio.current_time()
+        with anyio.fail_after(10), pytest.raises(AuthenticationFailed) as info:
+            await client.request("echo", b"x")
+        assert reason in info.value.reason
+        assert anyio.current_time() - started < 5
+        assert client.closed
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("security", "reason"), CASES)
 async def test_a_sync_client_is_told(security: CurveClient | None, reason: str) -> None:
     async with Broker("tcp://127.0.0.1:0", security=server()) as broker:
         endpoint = broker.endpoints[0]

@@ -29,7 +29,6 @@ from dcp import (
     RegistrationRefused,
     Reply,
     Request,
-    RequestTimeout,
     SyncClient,
     Worker,
     parse,
@@ -106,10 +105,11 @@ async def test_known_keys_get_through_unknown_keys_do_not(
                         # The client is closed; later calls say why too.
                         with pytest.raises(AuthenticationFailed):
                             await other.request("echo", b"again")
-                # A plaintext client (no monitor yet, see Client): it times out.
-                async with Client(endpoint, timeout=0.3, retries=0) as plain:
-                    with pytest.raises(RequestTimeout):
+                # A plaintext client is told too (mechanism mismatch).
+                async with Client(endpoint, timeout=30) as plain:
+                    with anyio.fail_after(10), pytest.raises(AuthenticationFailed) as info:
                         await plain.request("echo", b"let me in")
+                    assert "requires CURVE" in info.value.reason
             stats = broker.statistics()
     assert stats.requests == 3  # 2 requests + 1 forward: nothing from the others
     assert stats.rejections["zap_denied"] >= 1

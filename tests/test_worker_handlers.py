@@ -314,3 +314,27 @@ async def test_the_blocked_warning_is_silent_for_a_healthy_worker(
     async with fast_broker() as broker, fast_worker(broker.endpoints[0], "quick", quick):
         await anyio.sleep(6 * HB)
     assert blocked_warnings(caplog) == []
+
+
+def test_result_message_turns_every_kind_of_sequence_into_bytes_parts() -> None:
+    """A tuple or list of ``bytes`` (the common case, taken first), any other sequence, and
+    parts that are bytes-like but not ``bytes``: all become a reply of ``bytes`` parts."""
+    from collections import UserList
+
+    from dcp._messages import Reply, Request
+    from dcp._results import result_message
+
+    request = Request(b"svc", b"client", (b"meta",), (b"data",))
+    for result in (
+        (b"a", b"b"),
+        [b"a", b"b"],
+        UserList([b"a", b"b"]),
+        [bytearray(b"a"), memoryview(b"b")],
+        (b"a", bytearray(b"b")),
+    ):
+        reply = result_message(request, result)
+        assert isinstance(reply, Reply)
+        assert (reply.client, reply.metadata, reply.data) == (b"client", (b"meta",), (b"a", b"b"))
+        assert all(type(part) is bytes for part in reply.data)
+    with pytest.raises(TypeError, match="a reply part must be bytes"):
+        result_message(request, [b"a", "b"])

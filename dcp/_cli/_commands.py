@@ -14,6 +14,7 @@ import anyio
 import anyio.abc
 import zmq
 
+from ._http import broker_http
 from ._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal, zmq_problem
 from ._services import worker_services
 
@@ -70,6 +71,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from .._broker import Broker
 
     security = _server_security(args)
+    http = broker_http(args)
     try:
         broker = Broker(
             *args.bind,
@@ -93,9 +95,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
             security=security,
             beacon=args.beacon,
             beacon_address=args.beacon_address,
+            **http,
         )
     except ValueError as exc:
         raise CLIError(str(exc), USAGE) from None
+    except ModuleNotFoundError as exc:
+        raise CLIError(str(exc)) from None
 
     async def reload_on_sighup(*, task_status: anyio.abc.TaskStatus[None]) -> None:
         with anyio.open_signal_receiver(signal.SIGHUP) as signals:
@@ -117,12 +122,16 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 logger.info("broker listening on %s", endpoint)
             if security is not None:
                 await tg.start(reload_on_sighup)  # before anyone can know we run
+            if broker.http_address is not None:
+                endpoints = [*endpoints, f"http://{broker.http_address}/"]
             print("\n".join(endpoints), flush=True)
 
     try:
         received = run_async(args.backend, until_signal, run)
     except zmq.ZMQError as exc:
         raise CLIError(zmq_problem(exc, "bind", args.bind)) from None
+    except OSError as exc:  # only the HTTP endpoint binds with plain sockets
+        raise CLIError(f"cannot serve HTTP on {args.http}: {exc.strerror or exc}") from None
     logger.info("broker stopped: %s", broker.statistics())
     return exit_code(received)
 

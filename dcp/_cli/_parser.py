@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from .. import __version__
 from .._beacon import BEACON_SCHEME, beacon_port
 from .._endpoints import check_endpoint
+from ._http import add_broker_http
 from ._run import USAGE
 from ._services import add_broker_beacon, add_commands
 
@@ -228,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limits(p)
     _add_server_security(p)
     add_broker_beacon(p)
+    add_broker_http(p)
     p.set_defaults(func=cmd_broker)
 
     p = command("worker", help="serve a service with a handler function")

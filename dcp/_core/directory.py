@@ -24,8 +24,9 @@ Rule D4 - What a service shows. A service's info is that of its most recently re
 Rule D5 - Stats come from what routing keeps anyway: queue depth, the age of the oldest
   queued request (since it was queued, or requeued), idle and busy workers, and per-service
   counters updated in O(1) per request: requests, error replies, and the sum of processing
-  times (dispatch to answer) of answered requests. Counters start when the service becomes
-  known to the broker and are forgotten with it.
+  times (dispatch to answer) of answered requests (the HTTP endpoint also reads their
+  redeliveries and processing-time buckets, :data:`dcp._stats.DURATION_BUCKETS`). Counters
+  start when the service becomes known to the broker and are forgotten with it.
 
 What this module does NOT do: validate JSON Schemas (they are carried, not checked), or
 persist anything.

@@ -157,7 +157,7 @@ def _count(value: bytes | None, default: int, low: int, high: int) -> int | None
 
 
 class PubSubPeers(Routing):
-    """Routing plus pub/sub for DCP peers (the module's rules); :mod:`.mc0` adds mc0."""
+    """Routing plus pub/sub for DCP peers (the module's rules); :mod:`dcp._core.mc0` adds mc0."""
 
     pubsub: PubSub
     pubsub_options: PubSubOptions

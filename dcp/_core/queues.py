@@ -37,7 +37,7 @@ from .._messages import (
     parse_work_timeout,
     request_expires_in,
 )
-from .._stats import BrokerCounters
+from .._stats import DURATION_BUCKETS, BrokerCounters
 from .._util import DeadlineHeap
 from .admission import Load
 from .dialects import Dialect
@@ -161,10 +161,12 @@ class Service:
         "answered",
         "busy_time",
         "dead",
+        "durations",
         "errors",
         "idle",
         "name",
         "queue",
+        "redeliveries",
         "requests",
         "workers",
     )
@@ -181,6 +183,11 @@ class Service:
         #: processing time (s, dispatch to answer).
         self.requests = self.errors = self.answered = 0
         self.busy_time = 0.0
+        #: Requests put back in the queue because their worker went away (routing Rule 5).
+        self.redeliveries = 0
+        #: Answers by processing time: ``durations[i]`` counts those of at most
+        #: ``DURATION_BUCKETS[i]`` seconds and more than the bucket before (the last: longer).
+        self.durations = [0] * (len(DURATION_BUCKETS) + 1)
 
     def queued(self) -> int:
         """Live requests in the queue."""

@@ -19,7 +19,9 @@ Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit
   worker gets the next request; a worker serving several services takes the oldest request
   among them. A request is *held* by the worker it was given to until that worker answers it
   or leaves. An answer is matched by client address and, for dialects that carry it,
-  metadata (DCP workers must pass it on unchanged); an answer that matches nothing releases
+  metadata (DCP workers must pass it on unchanged; failing an exact match, one equal but for
+  dcp options other than the request id matches: a traced forward carries its own trace
+  context, ``docs/tracing.md``); an answer that matches nothing releases
   nothing (guessing could release a request the worker is still running, which would then
   not be redelivered if it died).
 Rule 5 - Redelivery. A worker that leaves, or is removed (liveness, unreachable, Rule 7),
@@ -39,10 +41,12 @@ Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, s
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from .._guard import Guard
-from .._stats import BrokerCounters
+from .._messages import without_options
+from .._stats import DURATION_BUCKETS, BrokerCounters
 from .._util import DeadlineHeap, LogOnce
 from . import admission, directory
 from .admission import Limits, Load
@@ -185,14 +189,26 @@ class Routing:
         held = worker.held
         for i, pending in enumerate(held):
             if pending.client == client and (metadata is None or pending.metadata == metadata):
-                del held[i]
-                service = pending.service
-                service.answered += 1
-                service.busy_time += self._now - pending.since
-                self._finish(pending)
-                return pending
+                return self._released(held, i)
+        if metadata is not None:
+            # A forward may differ in dcp options other than the id (a traced worker
+            # passes its own trace context on): compare without them.
+            key = without_options(metadata)
+            for i, pending in enumerate(held):
+                if pending.client == client and without_options(pending.metadata) == key:
+                    return self._released(held, i)
         self.counters.unmatched += 1
         return None
+
+    def _released(self, held: list[Pending], i: int) -> Pending:
+        pending = held.pop(i)
+        service = pending.service
+        service.answered += 1
+        took = self._now - pending.since
+        service.busy_time += took
+        service.durations[bisect_left(DURATION_BUCKETS, took)] += 1
+        self._finish(pending)
+        return pending
 
     def find_held(self, worker: Session, client: bytes) -> Pending | None:
         """The oldest request ``worker`` holds for ``client`` (for partial answers)."""
@@ -421,6 +437,7 @@ class Routing:
                 self._queues.drop(pending)  # queues Rule Q3: its caller gave up
                 continue
             self.counters.redeliveries += 1
+            pending.service.redeliveries += 1
             pending.since = now
             pending.service.queue.appendleft(pending)
             pending.load.queued += 1
