@@ -370,6 +370,7 @@ class Broker:
                     bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
                 self._socket = asock
                 self.endpoints = bound
+                self._core.started = time.monotonic() if self._io_thread else anyio.current_time()
                 logger.info(
                     "broker bound to %s%s", ", ".join(bound), " (CURVE)" if security else ""
                 )

@@ -55,7 +55,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import Any
 
+from ._core import directory
 from ._core.admission import Limits
 from ._core.approval import Approval, Approvals, decide
 from ._core.dbp import DbpPeers
@@ -178,6 +180,8 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         #: Replies from peers that may be about to register (Rules U4-U5).
         self.early = EarlyReplies(grace)
         self._next_beat = 0.0
+        #: When the driver started serving (its clock; ``None``: not yet), for the uptime.
+        self.started: float | None = None
         self.init_pubsub(pubsub)
 
     # ------------------------------------------------------------------ input
@@ -512,6 +516,13 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         return when
 
     # --------------------------------------------------------- statistics
+
+    def overview(self) -> dict[str, Any]:
+        """Broker-wide figures for ``mmi.broker`` (:func:`~._core.directory.broker_entry`);
+        the uptime counts from :attr:`started`, which the driver sets when it has bound."""
+        errors = sum(s.errors for s in self._services.values())
+        started = self._now if self.started is None else self.started
+        return directory.broker_entry(self.statistics(), max(0.0, self._now - started), errors)
 
     def statistics(self) -> BrokerStatistics:
         """A snapshot of the counters and per-service gauges."""

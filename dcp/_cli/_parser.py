@@ -186,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ._call import cmd_call
     from ._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
     from ._pubsub import add_pubsub_commands
+    from ._top import add_top_command
 
     parser = _Parser(
         prog="dcp",
@@ -359,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_keys)
     add_pubsub_commands(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     add_commands(command, _endpoint(bind=False), _SECONDS, _add_client_security)
+    add_top_command(command, _endpoint(bind=False), _SECONDS, _add_client_security)
     return parser
 
 

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from .._guard import Guard
+from .._json import encode_json
 from .._stats import BrokerCounters
 from .._util import DeadlineHeap, LogOnce
 from . import admission, directory
@@ -508,11 +510,17 @@ class Routing:
         """Rules D1, D3 (:mod:`.directory`): the broker answers an ``mmi.*`` request itself."""
         if name == directory.DESCRIBE:
             answer: tuple[bytes, ...] = (directory.describe(self, client, data),)
+        elif name == directory.BROKER:
+            answer = (encode_json(self.overview()),)
         else:
             answer = directory.answer(
                 name, data, self.serves, self._services, self.directory, self._now
             )
         self.outbox.append(origin.reply(client, name, metadata, answer))
+
+    def overview(self) -> dict[str, Any]:
+        """Broker-wide figures (``mmi.broker``, Rule D1); the broker core adds its own."""
+        return {}
 
     def error_reply(self, pending: Pending, code: str, message: str) -> None:
         self.outbox.append(
