@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_keys)
     add_pubsub_commands(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     add_commands(command, _endpoint(bind=False), _SECONDS, _add_client_security)
-    add_top_command(command, _endpoint(bind=False), _SECONDS, _add_client_security)
+    add_top_command(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     return parser
 
 

@@ -9,7 +9,8 @@ Rules:
    no rate for that poll. The first poll has no rates (``-``).
 2. ``--once`` polls once, prints one table (plain text, no ANSI codes, when stdout is not a
    terminal) and exits 0. Live mode redraws after every poll; a poll that gets no answer
-   keeps the last figures, marked as stale, and polling goes on.
+   keeps the last figures, marked as stale, and polling goes on, until Ctrl-C or
+   ``--count`` polls.
 3. The first poll that gets no answer within ``--timeout`` is an error (one line, exit 1):
    nothing is shown until the broker has answered once. Ctrl-C stops at once (exit 130).
 4. A broker that does not answer ``mmi.broker`` (an older dcp broker) still gets its
@@ -137,6 +138,7 @@ def add_top_command(
     command: Callable[..., argparse.ArgumentParser],
     connect: Callable[[str], str],
     seconds: Callable[[str], float],
+    positive: Callable[[str], int],
     security: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     """Add ``dcp top`` (``command`` makes a subcommand's parser)."""
@@ -167,6 +169,12 @@ def add_top_command(
     )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument(
+        "--count",
+        type=positive,
+        metavar="N",
+        help="stop after N polls (default: run until Ctrl-C)",
+    )
+    p.add_argument(
         "--sort", choices=sorted(SORT_KEYS), default="rate", help="order of the services"
     )
     security(p)
@@ -176,7 +184,7 @@ def add_top_command(
 # -- polling --------------------------------------------------------------------------------
 
 
-async def _ask(client: Client, name: str, timeout: float) -> Any:  # noqa: ASYNC109
+async def _ask(client: Client, name: str, timeout: float) -> Any:
     from .._json import decode_json
 
     response = await client.request(name, timeout=timeout, retries=0)
@@ -185,7 +193,7 @@ async def _ask(client: Client, name: str, timeout: float) -> Any:  # noqa: ASYNC
     return decode_json(response.bytes, name=f"{name} answer")
 
 
-async def poll(client: Client, timeout: float) -> Snapshot:  # noqa: ASYNC109
+async def poll(client: Client, timeout: float) -> Snapshot:
     """One :class:`Snapshot` (``mmi.stats``, then ``mmi.broker``).
 
     :raises RuntimeError: the broker does not answer ``mmi.stats`` (not a dcp broker)
@@ -237,8 +245,9 @@ def header(endpoint: str, previous: Snapshot | None, current: Snapshot, stale: s
         return first + "\nthis broker does not answer mmi.broker: services only"
     old = previous.broker if previous is not None else None
     elapsed = current.at - previous.at if previous is not None else 0.0
-    rate = _rate(int(doc.get("requests", 0)), None if old is None else old.get("requests"), elapsed)
-    replies = _rate(int(doc.get("replies", 0)), None if old is None else old.get("replies"), elapsed)
+    was: Mapping[str, Any] = old or {}
+    rate = _rate(int(doc.get("requests", 0)), was.get("requests"), elapsed)
+    replies = _rate(int(doc.get("replies", 0)), was.get("replies"), elapsed)
     lines = [
         f"{first}  up {_duration(float(doc.get('uptime', 0.0)))}",
         f"workers {doc.get('workers', 0)}  clients waiting {doc.get('clients', 0)}  "
@@ -367,7 +376,9 @@ def cmd_top(args: argparse.Namespace) -> int:
                 auto_refresh=False,
                 transient=False,
             ) as live:
-                while True:
+                polls = 1
+                while args.count is None or polls < args.count:
+                    polls += 1
                     await anyio.sleep(args.interval)
                     try:
                         fresh = await poll(client, args.timeout)
@@ -383,4 +394,3 @@ def cmd_top(args: argparse.Namespace) -> int:
     except (DCPError, RuntimeError, ValueError) as exc:
         raise CLIError(str(exc)) from None
     return exit_code(received)
-
