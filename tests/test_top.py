@@ -190,7 +190,10 @@ def test_header_lines() -> None:
     assert "up 1m01s" in header("e", None, Snapshot(0.0, (), _broker(0, 61.0)), "")
     assert "up 1h00m05s" in header("e", None, Snapshot(0.0, (), _broker(0, 3605.0)), "")
     stale = header("e", None, Snapshot(0.0, (), None), "no reply")
-    assert stale == "dcp top - e  [stale: no reply]\nthis broker does not answer mmi.broker: services only"
+    assert stale.splitlines() == [
+        "dcp top - e  [stale: no reply]",
+        "this broker does not answer mmi.broker: services only",
+    ]
 
 
 def test_render_marks_errors_and_waiting_queues() -> None:
