@@ -232,7 +232,7 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         dialect = DCP1 if width == 1 else DCP4
         if worker is not None:
             if worker.dialect.__class__ is not DcpDialect:
-                self.reject(peer, "dialect_mismatch", f"DCP from a {worker.dialect.name} worker")
+                self.reject(peer, "dialect_mismatch", "DCP from a %s worker", worker.dialect.name)
                 return
             # Answer in the type width it last used; peers Rule L1 (Sessions.heard, inlined).
             worker.dialect = dialect
@@ -361,7 +361,7 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         assert self.guard is not None
         refused = self.guard.admit(peer, principal)
         if refused is not None:
-            self.reject(peer, refused, f"key {principal}")
+            self.reject(peer, refused, "key %s", principal)
             return False
         return True
 
@@ -447,9 +447,8 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         peer = frames[0]
         worker = self.sessions.workers.get(peer)
         if worker is not None:
-            logger.warning("worker %s unreachable (%s): removing it", peer.hex(), why)
             self.counters.count(f"worker_unreachable_{why}")
-            self.remove_worker(worker)
+            self.remove_worker(worker, f"unreachable ({why})")
         elif _is_reply(frames):
             # Rule U1 for DCP replies only: a DCP client keeps its address when it
             # reconnects; a Majordomo client without an id of its own gets a new one.
@@ -493,9 +492,8 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
                     self.outbox.append(session.dialect.beat(session.ident))
                     sessions.probed(session, now)
                     continue
-            logger.info("worker %s expired", session.ident.hex())
             self.counters.expired += 1
-            self.remove_worker(session)
+            self.remove_worker(session, "expired")
         if sessions.beating and now >= self._next_beat:
             self._beat(now)
             self._next_beat = now + self.heartbeat_interval

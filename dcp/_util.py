@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["DeadlineHeap", "LogOnce"]
+__all__ = ["DeadlineHeap", "LogEvery", "LogOnce", "PeerId"]
 
 T = TypeVar("T")
 
@@ -98,3 +98,51 @@ class LogOnce:
             seen.popitem(last=False)
         self._logger.warning(msg, *args)
         return True
+
+
+class LogEvery:
+    """Logs a warning at most once per key per ``interval`` seconds of the caller's clock
+    (``now``), so a flood of the same refusal is one line a minute, not one per message; the
+    next line logged for a key says how many were not logged since. At most ``size`` keys
+    are remembered (the oldest is forgotten)."""
+
+    __slots__ = ("_logger", "_seen", "interval", "size")
+
+    def __init__(self, logger: logging.Logger, interval: float = 60.0, size: int = 4096) -> None:
+        self._logger = logger
+        # key -> [when last logged, occurrences not logged since]
+        self._seen: OrderedDict[Hashable, list[float]] = OrderedDict()
+        self.interval = interval
+        self.size = size
+
+    def __call__(self, key: Hashable, now: float, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` at WARNING unless ``key`` was logged less than ``interval``
+        ago; whether it logged."""
+        seen = self._seen
+        entry = seen.get(key)
+        if entry is not None and now - entry[0] < self.interval:
+            entry[1] += 1
+            return False
+        if entry is not None and entry[1]:
+            msg += " (and %d more like it in the last %.0f s)"
+            args = (*args, int(entry[1]), now - entry[0])
+        seen[key] = [now, 0]
+        seen.move_to_end(key)
+        if len(seen) > self.size:
+            seen.popitem(last=False)
+        self._logger.warning(msg, *args, stacklevel=2)
+        return True
+
+
+class PeerId:
+    """A routing id as logs show it, formatted only if a record is emitted: its hex, cut to
+    its first 8 bytes (zmq's own ids are 5)."""
+
+    __slots__ = ("ident",)
+
+    def __init__(self, ident: bytes) -> None:
+        self.ident = ident
+
+    def __str__(self) -> str:
+        ident = self.ident
+        return ident.hex() if len(ident) <= 8 else ident[:8].hex() + "..."

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._util import PeerId
+
 if TYPE_CHECKING:
     from .dialects import Dialect
     from .routing import Routing
@@ -144,7 +146,7 @@ def decide(core: Routing, token: int, answer: Approval, now: float) -> None:
     core._now = now
     peer, name = request.routing_id, request.service
     if answer.approved:
-        logger.info("approved worker %s for %r", peer.hex(), name[:64])
+        logger.info("approved worker %s for %r", PeerId(peer), name[:64])
         worker = core.sessions.workers.get(peer)
         core.register(peer, worker, name, dialect, now, principal, approved=True)
         return

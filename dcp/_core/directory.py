@@ -93,6 +93,19 @@ def text(name: bytes) -> str:
     return name.decode("utf-8", "backslashreplace")
 
 
+class Name:
+    """A service name as logs show it (:func:`text`, quoted, cut to 64 bytes), formatted only
+    if a record is emitted."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return repr(text(self.name[:64]))
+
+
 def parse_info(raw: bytes) -> dict[str, Any]:
     """Rule D3: a service's info from its JSON document.
 
