@@ -27,7 +27,9 @@ from ._context import get_context
 from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
 from ._guard import Guard
+from ._oplog import Frames, log_summaries
 from ._security import CurveServer, configure_server_socket
+from ._util import PeerId
 from ._zap import ZapHandler
 from ._zmqio import AsyncSocket, Received
 
@@ -130,6 +132,9 @@ class Broker:
     :param beacon: a UDP port to announce the broker on, every second (the first
         ``tcp://`` endpoint's port, and with CURVE its public key; ``docs/services.md``)
     :param beacon_address: where the beacon goes (default: the broadcast address)
+    :param log_summary: seconds between one-line INFO summaries on the ``dcp.broker``
+        logger (requests/s, replies/s, errors, queue depth, workers idle/busy, clients;
+        ``docs/operations.md``); ``None``: none
     :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
     """
 
@@ -154,10 +159,14 @@ class Broker:
         approve: Approver | None = None,
         beacon: int | None = None,
         beacon_address: str = "255.255.255.255",
+        log_summary: float | None = None,
         **core_options: Any,
     ) -> None:
         if not endpoints:
             raise ValueError("a broker needs at least one endpoint to bind")
+        if log_summary is not None and not 0 < log_summary < float("inf"):
+            raise ValueError("log_summary must be None or a positive finite number of seconds")
+        self._log_summary = log_summary
         if security is not None and any(e.startswith("inproc://") for e in endpoints):
             raise ValueError("inproc:// has no CURVE handshake: a secure broker cannot bind it")
         self._bind: tuple[str, ...] = endpoints
@@ -379,6 +388,8 @@ class Broker:
                         tg.start_soon(zap.serve)
                     if self._beacon is not None:
                         await tg.start(self._send_beacons, bound)
+                    if self._log_summary is not None:
+                        tg.start_soon(log_summaries, self._core.overview, self._log_summary)
                     if self._approve is not None:
                         self._approver = ApproverRunner(self._approve)
                         tg.start_soon(self._approver.run, self._answered)
@@ -502,7 +513,10 @@ class Broker:
         core = self._core
         receive = core.receive
         max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
+        debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (dcp._oplog Rule 1)
         for msg in received:
+            if debug:
+                logger.debug("from %s: %s", PeerId(msg.frames[0]), Frames(msg.frames))
             frames = msg.frames
             if msg.nbytes - len(frames[0]) > max_bytes:
                 core.reject_too_large(
@@ -550,10 +564,13 @@ class Broker:
             asked, approvals.asked = approvals.asked, []
             self._approver.ask(asked, threaded=self._wake_out is not None)
         gone: set[bytes] = set()
+        debug = logger.isEnabledFor(logging.DEBUG)  # once per flush (dcp._oplog Rule 1)
         while core.outbox:
             out, core.outbox = core.outbox, []
             for frames in out:
                 peer = frames[0]
+                if debug:
+                    logger.debug("to %s: %s", PeerId(peer), Frames(frames))
                 if gone and peer in gone:
                     # Its worker was removed earlier in this flush and what it held was
                     # redelivered: do not hand it anything more.

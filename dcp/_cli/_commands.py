@@ -93,6 +93,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             security=security,
             beacon=args.beacon,
             beacon_address=args.beacon_address,
+            log_summary=args.log_summary,
         )
     except ValueError as exc:
         raise CLIError(str(exc), USAGE) from None

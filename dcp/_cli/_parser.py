@@ -222,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_heartbeats(p, "its workers")
     p.add_argument(
+        "--log-summary",
+        type=_SECONDS,
+        metavar="SECONDS",
+        help="log a one-line summary (requests/s, errors, queue depth, workers idle/busy, "
+        "clients) at INFO every SECONDS; shown with -v (default: none)",
+    )
+    p.add_argument(
         "--allow-foreign-address",
         action="store_true",
         help="let non-workers send requests carrying another client's address",

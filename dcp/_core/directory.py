@@ -191,15 +191,18 @@ def stats_entry(service: Service, now: float) -> dict[str, Any]:
     }
 
 
-def broker_entry(stats: BrokerStatistics, uptime: float, errors: int) -> dict[str, Any]:
+def broker_entry(stats: BrokerStatistics, uptime: float, errors: int, busy: int) -> dict[str, Any]:
     """Rule D1: the broker-wide figures ``mmi.broker`` answers (times in seconds).
 
     :param errors: error replies of every service together
+    :param busy: workers holding at least one request
     """
     return {
         "type": "io.dcp.v1.broker_stats",
         "uptime": uptime,
         "workers": stats.workers,
+        "idle": stats.workers - busy,
+        "busy": busy,
         "clients": stats.clients,
         "services": len(stats.services),
         "requests": stats.requests,
