@@ -16,6 +16,7 @@ import dcp
 import dcp._cli
 from dcp._broker import Broker
 from dcp._cli import main
+from dcp._cli._parser import build_parser
 from dcp._client import Client
 from dcp._messages import Reconnect, Register, Request
 from dcp._oplog import Frames, summary_line
@@ -189,7 +190,7 @@ COMMANDS: dict[str, list[str]] = {
 def _record_levels(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make every command record the ``dcp`` loggers' level instead of running."""
     levels: list[int] = []
-    build = dcp._cli.build_parser
+    build = build_parser
 
     def record(args: argparse.Namespace) -> int:
         levels.append(logging.getLogger("dcp.broker").getEffectiveLevel())
