@@ -8,6 +8,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import anyio
 import pytest
@@ -214,3 +215,56 @@ def test_render_marks_errors_and_waiting_queues() -> None:
 def test_row_is_a_value() -> None:
     row = Row("a", None, 1, 1, 0, None, 0, 0.0, 1, 1, 0, 0.0)
     assert cells(row)[:2] == ("a", "-")
+
+
+# ------------------------------------------------------ stale polls, a broker that is not dcp
+
+
+class _Answers:
+    """Stands in for a :class:`dcp.Client` in :func:`poll`: answers from a list."""
+
+    def __init__(self, *answers: tuple[bytes, ...]) -> None:
+        self.answers = list(answers)
+
+    async def request(self, name: str, **options: object) -> dcp.Response:
+        data = self.answers.pop(0)
+        return dcp.Response(data=data, metadata=())
+
+
+@pytest.mark.anyio
+async def test_poll_of_an_older_or_foreign_broker() -> None:
+    older = cast("Client", _Answers((b"[]",), (b"501",)))
+    snap = await poll(older, 1.0)
+    assert (snap.services, snap.broker) == ((), None)
+    foreign = cast("Client", _Answers((b"501",)))
+    with pytest.raises(RuntimeError, match=r"does not answer mmi\.stats"):
+        await poll(foreign, 1.0)
+
+
+def test_live_view_keeps_stale_figures_and_reports_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dcp._cli._top as top
+
+    script: list[object] = [
+        Snapshot(0.0, (_stats("a", 1),), _broker(1, 1.0)),
+        dcp.RequestTimeout("no reply after 1 attempt(s)"),
+        Snapshot(1.0, (_stats("a", 3),), _broker(3, 2.0)),
+        RuntimeError("the broker does not answer mmi.stats (not a dcp broker?)"),
+    ]
+
+    async def scripted(client: Client, wait: float) -> Snapshot:
+        item = script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        assert isinstance(item, Snapshot)
+        return item
+
+    monkeypatch.setattr(top, "poll", scripted)
+    argv = ["top", "--connect", "tcp://127.0.0.1:1", "--interval", "0.01", "--count", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[stale: no reply after 1 attempt(s)]" in out
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == "dcp top: the broker does not answer mmi.stats (not a dcp broker?)\n"

@@ -8,7 +8,8 @@ Rules:
    counter that went down (the broker restarted; a service forgotten and known again) has
    no rate for that poll. The first poll has no rates (``-``).
 2. ``--once`` polls once, prints one table (plain text, no ANSI codes, when stdout is not a
-   terminal) and exits 0. Live mode redraws after every poll; a poll that gets no answer
+   terminal) and exits 0. Live mode redraws after every poll (not a terminal: prints each
+   poll's view after the last); a poll that gets no answer
    keeps the last figures, marked as stale, and polling goes on, until Ctrl-C or
    ``--count`` polls.
 3. The first poll that gets no answer within ``--timeout`` is an error (one line, exit 1):
@@ -22,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -370,12 +372,14 @@ def cmd_top(args: argparse.Namespace) -> int:
                 console.print(render(endpoint, None, current, args.sort))
                 return
             previous: Snapshot | None = None
-            with Live(
-                render(endpoint, None, current, args.sort),
-                console=console,
-                auto_refresh=False,
-                transient=False,
-            ) as live:
+            first = render(endpoint, None, current, args.sort)
+            # Not a terminal: each poll's view printed after the last (as top's batch mode).
+            live = (
+                Live(first, console=console, auto_refresh=False) if console.is_terminal else None
+            )
+            if live is None:
+                console.print(first)
+            with live or contextlib.nullcontext():
                 polls = 1
                 while args.count is None or polls < args.count:
                     polls += 1
@@ -387,7 +391,10 @@ def cmd_top(args: argparse.Namespace) -> int:
                     else:
                         previous, current = current, fresh
                         view = render(endpoint, previous, current, args.sort)
-                    live.update(view, refresh=True)
+                    if live is None:
+                        console.print(view)
+                    else:
+                        live.update(view, refresh=True)
 
     try:
         received = run_async(args.backend, until_signal, run)
