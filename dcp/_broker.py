@@ -27,7 +27,7 @@ from ._context import get_context
 from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
 from ._guard import Guard
-from ._oplog import Frames, log_summaries
+from ._oplog import Frames, log_summaries, write_log
 from ._security import CurveServer, configure_server_socket
 from ._util import PeerId
 from ._zap import ZapHandler
@@ -537,7 +537,7 @@ class Broker:
             core.expire(anyio.current_time())
             if core.stalled:  # without the I/O thread, held messages wait for this tick
                 core.retry_held()
-            if core.outbox and self._socket is not None:
+            if (core.outbox or core.log_lines) and self._socket is not None:
                 self._flush(self._socket)
 
     def _answered(self) -> None:
@@ -586,6 +586,8 @@ class Broker:
                         raise
                     gone.add(peer)
                     core.undeliverable(frames, "gone")
+        if core.log_lines:  # the core's lines, this flush's included (dcp._oplog Rule 0)
+            write_log(core.log_lines)
 
     async def __aenter__(self) -> Broker:
         try:

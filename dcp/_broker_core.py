@@ -53,7 +53,6 @@ driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,7 +77,6 @@ from .wire.streams import TYPE_FRAMES as STREAM_TYPE_FRAMES
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
 
-logger = logging.getLogger("dcp.broker")
 
 _REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 

@@ -4,6 +4,8 @@ per-message DEBUG descriptions (``docs/operations.md``).
 
 Rules:
 
+0. The broker core does no I/O, logging included: it leaves its lines in ``log_lines``
+   and the driver writes them (:func:`write_log`) whenever it flushes the core's outbox.
 1. Nothing here is formatted unless a record is emitted: the per-message path checks
    ``logger.isEnabledFor(logging.DEBUG)`` once per batch, and :class:`Frames` formats
    itself only when a handler asks for the message.
@@ -16,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
 
-__all__ = ["Frames", "log_summaries", "read_racy", "summary_line"]
+__all__ = ["Frames", "log_summaries", "read_racy", "summary_line", "write_log"]
 
 logger = logging.getLogger("dcp.broker")
 
@@ -37,6 +40,14 @@ def read_racy(read: Callable[[], T]) -> T:
         except RuntimeError:  # pragma: no cover - a rare race
             time.sleep(0)
     return read()  # pragma: no cover
+
+
+def write_log(lines: deque[tuple[int, str, tuple[object, ...]]]) -> None:
+    """Log (and take out) the lines the broker core left for the operators' log
+    (``Routing.log_lines``: the core does no I/O)."""
+    while lines:
+        level, msg, args = lines.popleft()
+        logger.log(level, msg, *args)
 
 
 class Frames:

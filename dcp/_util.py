@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["DeadlineHeap", "LogEvery", "LogOnce", "PeerId"]
+__all__ = ["DeadlineHeap", "Joined", "LogEvery", "LogOnce", "PeerId"]
 
 T = TypeVar("T")
 
@@ -101,28 +101,30 @@ class LogOnce:
 
 
 class LogEvery:
-    """Logs a warning at most once per key per ``interval`` seconds of the caller's clock
-    (``now``), so a flood of the same refusal is one line a minute, not one per message; the
-    next line logged for a key says how many were not logged since. At most ``size`` keys
-    are remembered (the oldest is forgotten)."""
+    """Decides which of many like events to log: at most one per key per ``interval``
+    seconds of the caller's clock (``now``), so a flood of the same refusal is one line a
+    minute, not one per message; the next line for a key says how many were not logged
+    since. At most ``size`` keys are remembered (the oldest is forgotten). Pure: it returns
+    the line, the caller logs it (or hands it to whoever does)."""
 
-    __slots__ = ("_logger", "_seen", "interval", "size")
+    __slots__ = ("_seen", "interval", "size")
 
-    def __init__(self, logger: logging.Logger, interval: float = 60.0, size: int = 4096) -> None:
-        self._logger = logger
+    def __init__(self, interval: float = 60.0, size: int = 4096) -> None:
         # key -> [when last logged, occurrences not logged since]
         self._seen: OrderedDict[Hashable, list[float]] = OrderedDict()
         self.interval = interval
         self.size = size
 
-    def __call__(self, key: Hashable, now: float, msg: str, *args: object) -> bool:
-        """Log ``msg % args`` at WARNING unless ``key`` was logged less than ``interval``
-        ago; whether it logged."""
+    def __call__(
+        self, key: Hashable, now: float, msg: str, *args: object
+    ) -> tuple[str, tuple[object, ...]] | None:
+        """``(msg, args)`` to log, or ``None`` if ``key`` was logged less than ``interval``
+        ago (counted for the next line)."""
         seen = self._seen
         entry = seen.get(key)
         if entry is not None and now - entry[0] < self.interval:
             entry[1] += 1
-            return False
+            return None
         if entry is not None and entry[1]:
             msg += " (and %d more like it in the last %.0f s)"
             args = (*args, int(entry[1]), now - entry[0])
@@ -130,8 +132,7 @@ class LogEvery:
         seen.move_to_end(key)
         if len(seen) > self.size:
             seen.popitem(last=False)
-        self._logger.warning(msg, *args, stacklevel=2)
-        return True
+        return msg, args
 
 
 class PeerId:
@@ -146,3 +147,17 @@ class PeerId:
     def __str__(self) -> str:
         ident = self.ident
         return ident.hex() if len(ident) <= 8 else ident[:8].hex() + "..."
+
+
+class Joined:
+    """``", ".join(str(x) for x in items)`` (or ``empty``), formatted only if a log record
+    is emitted."""
+
+    __slots__ = ("empty", "items")
+
+    def __init__(self, items: list[object], empty: str = "nothing") -> None:
+        self.items = items
+        self.empty = empty
+
+    def __str__(self) -> str:
+        return ", ".join(str(x) for x in self.items) or self.empty

@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Approval", "ApprovalRequest", "Approvals", "decide", "to_approval"]
 
-logger = logging.getLogger("dcp.broker")
-
 
 @attrs.frozen
 class ApprovalRequest:
@@ -146,7 +144,7 @@ def decide(core: Routing, token: int, answer: Approval, now: float) -> None:
     core._now = now
     peer, name = request.routing_id, request.service
     if answer.approved:
-        logger.info("approved worker %s for %r", PeerId(peer), name[:64])
+        core.note(logging.INFO, "approved worker %s for %r", PeerId(peer), name[:64])
         worker = core.sessions.workers.get(peer)
         core.register(peer, worker, name, dialect, now, principal, approved=True)
         return

@@ -39,13 +39,14 @@ Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, s
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from .._guard import Guard
 from .._json import encode_json
 from .._stats import BrokerCounters
-from .._util import DeadlineHeap, LogEvery, PeerId
+from .._util import DeadlineHeap, Joined, LogEvery, PeerId
 from . import admission, directory
 from .admission import Limits, Load
 from .approval import Approvals
@@ -54,8 +55,6 @@ from .peers import Session, Sessions
 from .queues import Expiry, Pending, QueueDeadlines, Service, read_options
 
 __all__ = ["Pending", "Routing", "Service"]
-
-logger = logging.getLogger("dcp.broker")
 
 
 def _deadline_live(pending: Pending, token: int) -> bool:
@@ -97,8 +96,12 @@ class Routing:
         self._deadlines: DeadlineHeap[Pending] = DeadlineHeap(_deadline_live)
         # Expiries of queued requests, and retries' matches (queues Rules Q3 and Q4).
         self._queues = QueueDeadlines(self.counters, self._loads, self._services)
+        #: Lines for the operators' log, ``(level, message, args)``: the driver logs them on
+        #: the ``dcp.broker`` logger and empties this (the core does no I/O; ``args`` format
+        #: themselves only if a record is emitted). Past 4,096 unread, the oldest go.
+        self.log_lines: deque[tuple[int, str, tuple[object, ...]]] = deque(maxlen=4096)
         #: Refusals are logged once per reason per minute (of the core's clock).
-        self._log_every = LogEvery(logger)
+        self._log_every = LogEvery()
         # The time of the call being handled, for work-timeout deadlines.
         self._now = 0.0
 
@@ -351,7 +354,8 @@ class Routing:
             worker = self.sessions.add(peer, dialect, now)
             new = True
         if new:
-            logger.info(
+            self.note(
+                logging.INFO,
                 "worker %s (%s) registered for %s",
                 PeerId(peer),
                 dialect.name,
@@ -404,8 +408,7 @@ class Routing:
         Logged at INFO: the worker, ``why`` (``left``, ``expired``, ...), its services and
         what became of the requests it held."""
         ident = worker.ident
-        if logger.isEnabledFor(logging.INFO):
-            self._log_removal(worker, why)
+        self._log_removal(worker, why)
         self.sessions.remove(worker)
         held, worker.held = worker.held, []
         self.directory.forget(ident, [s.name for s in worker.services])
@@ -451,13 +454,14 @@ class Routing:
     def _log_removal(self, worker: Session, why: str) -> None:
         held = worker.held
         limit = self.limits.max_redeliveries
-        failed = sum(1 for p in held if p.redeliveries >= limit)
-        logger.info(
+        failed = sum(1 for p in held if p.redeliveries >= limit) if held else 0
+        self.note(
+            logging.INFO,
             "worker %s %s: served %s; %d held request(s) redelivered, %d failed "
             "(redelivery_limit)",
             PeerId(worker.ident),
             why,
-            ", ".join(str(directory.Name(s.name)) for s in worker.services) or "nothing",
+            Joined([directory.Name(s.name) for s in worker.services]),
             len(held) - failed,
             failed,
         )
@@ -469,7 +473,8 @@ class Routing:
         while (pending := deadlines.pop(now)) is not None:
             worker = pending.holder
             assert worker is not None
-            logger.warning(
+            self.note(
+                logging.WARNING,
                 "worker %s held a request for %r past its work timeout (%.3f s): removing it",
                 PeerId(worker.ident),
                 pending.service.name[:64],
@@ -570,11 +575,11 @@ class Routing:
         self.outbox.append(origin.error(client, name, metadata, code, message))
 
     def reject(self, peer: bytes, reason: str, detail: str, *args: object) -> None:
-        """Count a refused message, and log it once per reason per minute (the line names
-        the peer, and how many more were refused meanwhile). ``detail % args`` is formatted
-        only if the line is logged."""
+        """Count a refused message, and log it (:attr:`log_lines`) once per reason per
+        minute (the line names the peer, and how many more were refused meanwhile).
+        ``detail % args`` is formatted only if the line is written."""
         self.counters.count(reason)
-        self._log_every(
+        line = self._log_every(
             reason,
             self._now,
             "rejected message from peer %s: %s (%s)",
@@ -582,6 +587,12 @@ class Routing:
             reason,
             Detail(detail, args) if args else detail,
         )
+        if line is not None:
+            self.log_lines.append((logging.WARNING, *line))
+
+    def note(self, level: int, msg: str, *args: object) -> None:
+        """A line for the operators' log (:attr:`log_lines`; the driver writes it)."""
+        self.log_lines.append((level, msg, args))
 
 
 class Detail:
