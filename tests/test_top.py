@@ -4,6 +4,7 @@ its one-line errors."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -61,6 +62,19 @@ def test_top_once_shows_a_service_and_its_requests(
     out = capsys.readouterr().out
     line = _service_line(out.split("dcp top - ")[-1], "echo")
     assert line[1] == "0.0" and line[2] == "3"
+
+
+def test_top_finds_its_broker_by_beacon(
+    procs: list[Proc], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    beacon = ("--beacon", str(port), "--beacon-address", "127.0.0.1")
+    _, tcp = start_broker(procs, tmp_path, "trio", *beacon)
+    assert main(["top", "--connect", f"beacon://127.0.0.1:{port}", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"dcp top - {tcp}  up ") and "workers 0" in out
 
 
 def test_top_unreachable_broker_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

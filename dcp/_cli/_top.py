@@ -354,13 +354,13 @@ def cmd_top(args: argparse.Namespace) -> int:
     _need_rich()
     security = client_security(args)
     console = _console()
-    endpoint: str = args.connect
 
     async def run() -> None:
         import anyio
         from rich.live import Live
 
-        async with Client(endpoint, security=security, timeout=args.timeout) as client:
+        async with Client(args.connect, security=security, timeout=args.timeout) as client:
+            endpoint = client.endpoint  # a beacon:// endpoint's broker, as heard
             try:
                 current = await poll(client, args.timeout)
             except RequestTimeout:
@@ -398,6 +398,9 @@ def cmd_top(args: argparse.Namespace) -> int:
 
     try:
         received = run_async(args.backend, until_signal, run)
-    except (DCPError, RuntimeError, ValueError) as exc:
+    except (DCPError, RuntimeError, ValueError, TimeoutError) as exc:
+        # TimeoutError: no beacon heard for a beacon:// endpoint.
         raise CLIError(str(exc)) from None
+    except OSError as exc:  # a beacon:// endpoint's UDP port cannot be listened on
+        raise CLIError(f"cannot listen for a beacon: {exc}") from None
     return exit_code(received)
