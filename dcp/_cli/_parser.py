@@ -176,7 +176,12 @@ def _common() -> _Intermixed:
         help="async backend to run on (default: trio)",
     )
     common.add_argument(
-        "-v", "--verbose", dest="sub_verbose", action="count", default=0, help="more logging"
+        "-v",
+        "--verbose",
+        dest="sub_verbose",
+        action="count",
+        default=0,
+        help="log more: -v INFO, -vv DEBUG (default: WARNING)",
     )
     return common
 
@@ -200,7 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--backend", choices=["trio", "asyncio"], default="trio", help="async backend to run on"
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more: -v INFO, -vv DEBUG (default: WARNING)",
+    )
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Intermixed
     )

@@ -147,9 +147,9 @@ def add_top_command(
     p = command(
         "top",
         help="a live view of a running broker: services, rates, queues, workers",
-        description="Poll a broker's mmi.stats and mmi.broker services and show, per\n"
-        "service, requests per second, replies, errors, queue depth and idle/busy workers,\n"
-        "with the broker's uptime, peers and refusals. Needs the top extra:\n"
+        description="Poll a broker's mmi.stats and mmi.broker services and show, per service,\n"
+        "requests per second, replies, errors, queue depth and idle/busy workers, with the\n"
+        "broker's uptime, peers and refusals (docs/operations.md). Needs the top extra:\n"
         f"{_INSTALL}. Ctrl-C stops it.",
     )
     p.add_argument(
@@ -157,7 +157,7 @@ def add_top_command(
         required=True,
         type=connect,
         metavar="ENDPOINT",
-        help="broker endpoint, e.g. tcp://127.0.0.1:5555 or beacon://PORT",
+        help="broker endpoint, e.g. tcp://127.0.0.1:5555 or beacon://[HOST]:PORT",
     )
     p.add_argument(
         "--interval", type=seconds, default=1.0, metavar="SECONDS", help="seconds between polls"
