@@ -4,6 +4,7 @@ its one-line errors."""
 
 from __future__ import annotations
 
+import io
 import socket
 import sys
 import uuid
@@ -282,3 +283,45 @@ def test_live_view_keeps_stale_figures_and_reports_errors(
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err == "dcp top: the broker does not answer mmi.stats (not a dcp broker?)\n"
+
+
+def test_beacon_that_cannot_be_heard_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: listening there fails at once.
+    assert main(["top", "--connect", "beacon://192.0.2.1:5000", "--once"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dcp top: cannot listen for a beacon: ") and err.count("\n") == 1
+
+
+def test_live_view_in_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    import dcp._cli._top as top
+
+    screen = io.StringIO()
+    monkeypatch.setattr(
+        top, "_console", lambda: Console(file=screen, force_terminal=True, width=100)
+    )
+    script = [Snapshot(float(i), (_stats("a", i),), _broker(i, float(i))) for i in range(3)]
+
+    async def scripted(client: Client, wait: float) -> Snapshot:
+        return script.pop(0)
+
+    monkeypatch.setattr(top, "poll", scripted)
+    argv = ["top", "--connect", "tcp://127.0.0.1:1", "--interval", "0.01", "--count", "3"]
+    assert main(argv) == 0
+    drawn = screen.getvalue()
+    assert "\x1b[" in drawn and drawn.count("dcp top - ") >= 3  # redrawn in place
+    assert not script
+
+
+def test_console_follows_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dcp._cli._top as top
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert top._console().width != 160
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert top._console().width == 160
