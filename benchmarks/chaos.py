@@ -198,6 +198,7 @@ class _Run:
         argv = [
             "dcp",
             "broker",
+            "-v",  # INFO: its counters are logged when it stops
             "--bind",
             self.endpoint,
             "--heartbeat-interval",

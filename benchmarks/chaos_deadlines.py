@@ -131,6 +131,7 @@ def _drive(
         "broker",
         "dcp",
         "broker",
+        "-v",  # INFO: its counters are logged when it stops
         "--bind",
         endpoint,
         "--heartbeat-interval",

@@ -29,8 +29,10 @@ from ._exceptions import BaseExceptionGroup, single_error
 from ._guard import Guard
 from ._http import http_options
 from ._http import require as require_http
+from ._oplog import Frames, log_summaries, write_log
 from ._security import CurveServer, configure_server_socket
 from ._stats import BrokerSnapshot, snapshot
+from ._util import PeerId
 from ._zap import ZapHandler
 from ._zmqio import AsyncSocket, Received
 
@@ -137,6 +139,9 @@ class Broker:
         ``http`` extra; ``docs/operations.md``). Off by default
     :param http_token: a bearer token every HTTP request must carry
     :param http_public: allow an ``http`` host that is not a loopback address
+    :param log_summary: seconds between one-line INFO summaries on the ``dcp.broker``
+        logger (requests/s, replies/s, errors, queue depth, workers idle/busy, clients;
+        ``docs/operations.md``); ``None``: none
     :param core_options: further :class:`~dcp._broker_core.BrokerCore` keyword arguments
     """
 
@@ -164,10 +169,14 @@ class Broker:
         http: str | None = None,
         http_token: str | None = None,
         http_public: bool = False,
+        log_summary: float | None = None,
         **core_options: Any,
     ) -> None:
         if not endpoints:
             raise ValueError("a broker needs at least one endpoint to bind")
+        if log_summary is not None and not 0 < log_summary < float("inf"):
+            raise ValueError("log_summary must be None or a positive finite number of seconds")
+        self._log_summary = log_summary
         if security is not None and any(e.startswith("inproc://") for e in endpoints):
             raise ValueError("inproc:// has no CURVE handshake: a secure broker cannot bind it")
         self._bind: tuple[str, ...] = endpoints
@@ -392,6 +401,7 @@ class Broker:
                     bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
                 self._socket = asock
                 self.endpoints = bound
+                self._core.started = time.monotonic() if self._io_thread else anyio.current_time()
                 logger.info(
                     "broker bound to %s%s", ", ".join(bound), " (CURVE)" if security else ""
                 )
@@ -402,6 +412,8 @@ class Broker:
                         await tg.start(self._send_beacons, bound)
                     if self._http is not None:
                         await tg.start(self._serve_http, bound)
+                    if self._log_summary is not None:
+                        tg.start_soon(log_summaries, self._core.overview, self._log_summary)
                     if self._approve is not None:
                         self._approver = ApproverRunner(self._approve)
                         tg.start_soon(self._approver.run, self._answered)
@@ -549,13 +561,16 @@ class Broker:
                 received.append(more)
             now = clock()
             woken = False
+            debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (dcp._oplog Rule 1)
             for msg in received:
                 frames = msg.frames
                 if frames[0] == wake_id:  # Rule I2
                     woken = True
                 elif msg.dropped_frames or msg.nbytes - len(frames[0]) > max_bytes:
-                    self._handle([msg], now)
+                    self._handle([msg], now)  # (which logs it)
                 elif len(frames) > 1:  # (a ROUTER always adds the routing id)
+                    if debug:
+                        logger.debug("from %s: %s", PeerId(frames[0]), Frames(frames))
                     receive(frames, now, msg.user_id)
             flush(asock)
             if woken:
@@ -569,7 +584,10 @@ class Broker:
         core = self._core
         receive = core.receive
         max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
+        debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (dcp._oplog Rule 1)
         for msg in received:
+            if debug:
+                logger.debug("from %s: %s", PeerId(msg.frames[0]), Frames(msg.frames))
             frames = msg.frames
             if msg.nbytes - len(frames[0]) > max_bytes:
                 core.reject_too_large(
@@ -590,7 +608,7 @@ class Broker:
             core.expire(anyio.current_time())
             if core.stalled:  # without the I/O thread, held messages wait for this tick
                 core.retry_held()
-            if core.outbox and self._socket is not None:
+            if (core.outbox or core.log_lines) and self._socket is not None:
                 self._flush(self._socket)
 
     def _answered(self) -> None:
@@ -617,10 +635,13 @@ class Broker:
             asked, approvals.asked = approvals.asked, []
             self._approver.ask(asked, threaded=self._waker is not None)
         gone: set[bytes] = set()
+        debug = logger.isEnabledFor(logging.DEBUG)  # once per flush (dcp._oplog Rule 1)
         while core.outbox:
             out, core.outbox = core.outbox, []
             for frames in out:
                 peer = frames[0]
+                if debug:
+                    logger.debug("to %s: %s", PeerId(peer), Frames(frames))
                 if gone and peer in gone:
                     # Its worker was removed earlier in this flush and what it held was
                     # redelivered: do not hand it anything more.
@@ -636,6 +657,8 @@ class Broker:
                         raise
                     gone.add(peer)
                     core.undeliverable(frames, "gone")
+        if core.log_lines:  # the core's lines, this flush's included (dcp._oplog Rule 0)
+            write_log(core.log_lines)
 
     async def __aenter__(self) -> Broker:
         try:

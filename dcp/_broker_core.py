@@ -53,9 +53,10 @@ driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Sequence
+from typing import Any
 
+from ._core import directory
 from ._core.admission import Limits
 from ._core.approval import Approval, Approvals, decide
 from ._core.dbp import DbpPeers
@@ -76,7 +77,6 @@ from .wire.streams import TYPE_FRAMES as STREAM_TYPE_FRAMES
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
 
-logger = logging.getLogger("dcp.broker")
 
 _REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
@@ -178,6 +178,8 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         #: Replies from peers that may be about to register (Rules U4-U5).
         self.early = EarlyReplies(grace)
         self._next_beat = 0.0
+        #: When the driver started serving (its clock; ``None``: not yet), for the uptime.
+        self.started: float | None = None
         self.init_pubsub(pubsub)
 
     # ------------------------------------------------------------------ input
@@ -228,7 +230,7 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         dialect = DCP1 if width == 1 else DCP4
         if worker is not None:
             if worker.dialect.__class__ is not DcpDialect:
-                self.reject(peer, "dialect_mismatch", f"DCP from a {worker.dialect.name} worker")
+                self.reject(peer, "dialect_mismatch", "DCP from a %s worker", worker.dialect.name)
                 return
             # Answer in the type width it last used; peers Rule L1 (Sessions.heard, inlined).
             worker.dialect = dialect
@@ -357,7 +359,7 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         assert self.guard is not None
         refused = self.guard.admit(peer, principal)
         if refused is not None:
-            self.reject(peer, refused, f"key {principal}")
+            self.reject(peer, refused, "key %s", principal)
             return False
         return True
 
@@ -443,9 +445,8 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         peer = frames[0]
         worker = self.sessions.workers.get(peer)
         if worker is not None:
-            logger.warning("worker %s unreachable (%s): removing it", peer.hex(), why)
             self.counters.count(f"worker_unreachable_{why}")
-            self.remove_worker(worker)
+            self.remove_worker(worker, f"unreachable ({why})")
         elif _is_reply(frames):
             # Rule U1 for DCP replies only: a DCP client keeps its address when it
             # reconnects; a Majordomo client without an id of its own gets a new one.
@@ -489,9 +490,8 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
                     self.outbox.append(session.dialect.beat(session.ident))
                     sessions.probed(session, now)
                     continue
-            logger.info("worker %s expired", session.ident.hex())
             self.counters.expired += 1
-            self.remove_worker(session)
+            self.remove_worker(session, "expired")
         if sessions.beating and now >= self._next_beat:
             self._beat(now)
             self._next_beat = now + self.heartbeat_interval
@@ -512,6 +512,15 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         return when
 
     # --------------------------------------------------------- statistics
+
+    def overview(self) -> dict[str, Any]:
+        """Broker-wide figures for ``mmi.broker`` (:func:`~._core.directory.broker_entry`);
+        the uptime counts from :attr:`started`, which the driver sets when it has bound."""
+        errors = sum(s.errors for s in self._services.values())
+        busy = sum(1 for w in self.sessions.workers.values() if w.held)
+        started = self._now if self.started is None else self.started
+        uptime = max(0.0, self._now - started)
+        return directory.broker_entry(self.statistics(), uptime, errors, busy)
 
     def statistics(self) -> BrokerStatistics:
         """A snapshot of the counters and per-service gauges."""

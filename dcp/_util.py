@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["DeadlineHeap", "LogOnce"]
+__all__ = ["DeadlineHeap", "Joined", "LogEvery", "LogOnce", "PeerId"]
 
 T = TypeVar("T")
 
@@ -98,3 +98,66 @@ class LogOnce:
             seen.popitem(last=False)
         self._logger.warning(msg, *args)
         return True
+
+
+class LogEvery:
+    """Decides which of many like events to log: at most one per key per ``interval``
+    seconds of the caller's clock (``now``), so a flood of the same refusal is one line a
+    minute, not one per message; the next line for a key says how many were not logged
+    since. At most ``size`` keys are remembered (the oldest is forgotten). Pure: it returns
+    the line, the caller logs it (or hands it to whoever does)."""
+
+    __slots__ = ("_seen", "interval", "size")
+
+    def __init__(self, interval: float = 60.0, size: int = 4096) -> None:
+        # key -> [when last logged, occurrences not logged since]
+        self._seen: OrderedDict[Hashable, list[float]] = OrderedDict()
+        self.interval = interval
+        self.size = size
+
+    def __call__(
+        self, key: Hashable, now: float, msg: str, *args: object
+    ) -> tuple[str, tuple[object, ...]] | None:
+        """``(msg, args)`` to log, or ``None`` if ``key`` was logged less than ``interval``
+        ago (counted for the next line)."""
+        seen = self._seen
+        entry = seen.get(key)
+        if entry is not None and now - entry[0] < self.interval:
+            entry[1] += 1
+            return None
+        if entry is not None and entry[1]:
+            msg += " (and %d more like it in the last %.0f s)"
+            args = (*args, int(entry[1]), now - entry[0])
+        seen[key] = [now, 0]
+        seen.move_to_end(key)
+        if len(seen) > self.size:
+            seen.popitem(last=False)
+        return msg, args
+
+
+class PeerId:
+    """A routing id as logs show it, formatted only if a record is emitted: its hex, cut to
+    its first 8 bytes (zmq's own ids are 5)."""
+
+    __slots__ = ("ident",)
+
+    def __init__(self, ident: bytes) -> None:
+        self.ident = ident
+
+    def __str__(self) -> str:
+        ident = self.ident
+        return ident.hex() if len(ident) <= 8 else ident[:8].hex() + "..."
+
+
+class Joined:
+    """``", ".join(str(x) for x in items)`` (or ``empty``), formatted only if a log record
+    is emitted."""
+
+    __slots__ = ("empty", "items")
+
+    def __init__(self, items: list[object], empty: str = "nothing") -> None:
+        self.items = items
+        self.empty = empty
+
+    def __str__(self) -> str:
+        return ", ".join(str(x) for x in self.items) or self.empty

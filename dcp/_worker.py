@@ -426,6 +426,9 @@ class Worker:
                         return None
                     self._do(out)
                 if core.state is State.READY and self._task_status is not None:
+                    logger.info(
+                        "worker for service %r registered at %s", self.service, self.endpoint
+                    )
                     self._task_status.started()
                     self._task_status = None
             # Let the handlers run between batches, however busy the socket is. (With no

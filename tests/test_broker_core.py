@@ -29,6 +29,7 @@ from dcp import (
 from dcp._broker_core import BrokerCore, ServiceStatistics
 from dcp._core.unreachable import Unreachable
 from dcp._messages import ERROR_MARKER, parse_error_reply, work_timeout_option
+from dcp._oplog import write_log
 
 W1, W2, W3 = b"W1", b"W2", b"W3"
 C1, C2 = b"C1", b"C2"
@@ -852,15 +853,25 @@ def test_too_many_frames_from_the_driver_is_counted() -> None:
     assert core.outbox == []
 
 
-def test_a_bad_peer_is_logged_once_per_reason(caplog: pytest.LogCaptureFixture) -> None:
+def test_refusals_are_logged_once_per_reason_per_minute(caplog: pytest.LogCaptureFixture) -> None:
     core = BrokerCore()
     with caplog.at_level(logging.WARNING, logger="dcp.broker"):
         for _ in range(5):
             core.receive([C1, b"", P, b"\x07"], 0.0)
             core.receive([C1, b"", P], 0.0)
-            core.receive([C2, b"", P], 0.0)
-    assert len(caplog.records) == 3
+            core.receive([C2, b"", P], 30.0)
+        write_log(core.log_lines)  # what the driver does (the core does no I/O)
+    assert len(caplog.records) == 2  # one per reason, whatever the peer
     assert core.statistics().rejections == {"unknown_message_type": 5, "too_few_frames": 10}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dcp.broker"):
+        core.receive([C2, b"", P], 60.0)  # a minute after the first: logged, with the count
+        write_log(core.log_lines)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        f"rejected message from peer {C2.hex()}: too_few_frames (2 frame(s); the DCP header "
+        "needs 3) (and 9 more like it in the last 60 s)"
+    )
 
 
 # ------------------------------------------------------------------ DagBox reference frames

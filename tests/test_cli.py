@@ -39,7 +39,7 @@ def test_broker_prints_endpoints_and_stops_cleanly_on_signal(
 ) -> None:
     """SIGTERM is a clean stop (0); Ctrl-C is one too, reported as 130, without a word
     beyond the broker's log lines."""
-    broker, _ = start_broker(procs, tmp_path, backend)
+    broker, _ = start_broker(procs, tmp_path, backend, "-v")  # INFO: the signal is logged
     assert Path(tmp_path, "b.sock").exists()
     broker.popen.send_signal(signum)
     code, out, err = broker.finish(5)
@@ -102,7 +102,7 @@ def test_worker_finishes_its_request_on_sigterm(procs: list[Proc], tmp_path: Pat
     """SIGTERM is a graceful stop: the request in progress is answered, then it leaves."""
     _, tcp = start_broker(procs, tmp_path)
     worker = start(
-        procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli_handlers:slow"
+        procs, "worker", "-v", "--connect", tcp, "--service", "slow", "tests.cli_handlers:slow"
     )
     call = start(procs, "call", "--connect", tcp, "--retries", "0", "--timeout", "10", "slow", "1")
     # Signal the worker while its handler sleeps: wait for its log line first.

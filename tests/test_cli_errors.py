@@ -121,7 +121,7 @@ USAGE_ERRORS = [
     (
         ["fly"],
         "dcp: argument COMMAND: invalid choice: 'fly' (choose from 'broker', 'worker', "
-        "'call', 'demo', 'keys', 'pub', 'sub', 'services', 'find')" + see("dcp"),
+        "'call', 'demo', 'keys', 'pub', 'sub', 'services', 'find', 'top')" + see("dcp"),
     ),
     ([], "dcp: the following arguments are required: COMMAND" + see("dcp")),
     (

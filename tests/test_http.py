@@ -429,7 +429,7 @@ def test_cli_http_on_a_free_port(procs: list[Proc], tmp_path: Path, backend: str
     token_file.write_text("t0k3n\n")
     broker = start(
         procs, "--backend", backend, "broker", "--bind", "tcp://127.0.0.1:0",
-        "--http", "127.0.0.1:0", "--http-token-file", str(token_file),
+        "--http", "127.0.0.1:0", "--http-token-file", str(token_file), "-v",
     )  # fmt: skip
     _, url = broker.read_lines(2)
     assert url.startswith("http://127.0.0.1:") and not url.endswith(":0/")

@@ -69,6 +69,12 @@ def test_secure_broker_worker_and_call(procs: list[Proc], tmp_path: Path) -> Non
     )
     code, out, err = run("call", "--connect", tcp, "echo", "hello", *peer("alice", clients))
     assert (code, out, err) == (0, "HELLO\n", "")
+    # dcp top takes the same CURVE options (docs/operations.md).
+    code, out, err = run("top", "--connect", tcp, "--once", *peer("alice", clients))
+    assert (code, err) == (0, "")
+    assert [line.split()[:4] for line in out.splitlines() if line.startswith("echo ")] == [
+        ["echo", "-", "1", "1"]
+    ]
     # A key on no list is told so at once, in one line; a worker key may not serve another
     # service; a worker without keys is told the broker requires them.
     code, out, err = run("call", "--connect", tcp, "echo", "x", *peer("stranger"))

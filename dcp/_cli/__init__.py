@@ -20,12 +20,11 @@ from ._run import INTERRUPTED, USAGE, CLIError, interrupted
 __all__ = ["main"]
 
 
-def _log_level(command: str, verbose: int) -> int:
+def _log_level(verbose: int) -> int:
+    """The ``dcp.*`` loggers' level: WARNING, INFO with ``-v``, DEBUG with ``-vv``."""
     if verbose > 1:
         return logging.DEBUG
-    if verbose == 1 or command in ("broker", "worker"):
-        return logging.INFO
-    return logging.WARNING
+    return logging.INFO if verbose == 1 else logging.WARNING
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,12 +34,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The global options may come before or after the command.
         args.backend = args.sub_backend or args.backend
         args.verbose += args.sub_verbose
-        logging.basicConfig(
-            level=_log_level(args.command, args.verbose),
-            format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        )
+        logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        # The level goes on the dcp loggers only (other libraries stay at WARNING), for
+        # this command's run only (main may be called again in the same process).
+        dcp_logger = logging.getLogger("dcp")
+        saved = dcp_logger.level
+        dcp_logger.setLevel(_log_level(args.verbose))
         func: Callable[[argparse.Namespace], int] = args.func
-        return func(args)
+        try:
+            return func(args)
+        finally:
+            dcp_logger.setLevel(saved)
     except CLIError as exc:
         prog = f"dcp {args.command}"
         hint = f" (see '{prog} --help')" if exc.code == USAGE else ""

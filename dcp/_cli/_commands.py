@@ -96,6 +96,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             beacon=args.beacon,
             beacon_address=args.beacon_address,
             **http,
+            log_summary=args.log_summary,
         )
     except ValueError as exc:
         raise CLIError(str(exc), USAGE) from None

@@ -177,7 +177,12 @@ def _common() -> _Intermixed:
         help="async backend to run on (default: trio)",
     )
     common.add_argument(
-        "-v", "--verbose", dest="sub_verbose", action="count", default=0, help="more logging"
+        "-v",
+        "--verbose",
+        dest="sub_verbose",
+        action="count",
+        default=0,
+        help="log more: -v INFO, -vv DEBUG (default: WARNING)",
     )
     return common
 
@@ -187,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ._call import cmd_call
     from ._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
     from ._pubsub import add_pubsub_commands
+    from ._top import add_top_command
 
     parser = _Parser(
         prog="dcp",
@@ -200,7 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--backend", choices=["trio", "asyncio"], default="trio", help="async backend to run on"
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more: -v INFO, -vv DEBUG (default: WARNING)",
+    )
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Intermixed
     )
@@ -221,6 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the bound endpoints are printed, one per line",
     )
     _add_heartbeats(p, "its workers")
+    p.add_argument(
+        "--log-summary",
+        type=_SECONDS,
+        metavar="SECONDS",
+        help="log a one-line summary (requests/s, errors, queue depth, workers idle/busy, "
+        "clients) at INFO every SECONDS; shown with -v (default: none)",
+    )
     p.add_argument(
         "--allow-foreign-address",
         action="store_true",
@@ -361,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_keys)
     add_pubsub_commands(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     add_commands(command, _endpoint(bind=False), _SECONDS, _add_client_security)
+    add_top_command(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     return parser
 
 

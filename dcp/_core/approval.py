@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._util import PeerId
+
 if TYPE_CHECKING:
     from .dialects import Dialect
     from .routing import Routing
 
 __all__ = ["Approval", "ApprovalRequest", "Approvals", "decide", "to_approval"]
-
-logger = logging.getLogger("dcp.broker")
 
 
 @attrs.frozen
@@ -144,7 +144,7 @@ def decide(core: Routing, token: int, answer: Approval, now: float) -> None:
     core._now = now
     peer, name = request.routing_id, request.service
     if answer.approved:
-        logger.info("approved worker %s for %r", peer.hex(), name[:64])
+        core.note(logging.INFO, "approved worker %s for %r", PeerId(peer), name[:64])
         worker = core.sessions.workers.get(peer)
         core.register(peer, worker, name, dialect, now, principal, approved=True)
         return

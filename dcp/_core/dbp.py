@@ -63,7 +63,7 @@ class DbpPeers(Routing):
             return
         if worker is None or worker.dialect is not DBP:
             if worker is not None:
-                self.reject(peer, "dialect_mismatch", f"DBP from a {worker.dialect.name} worker")
+                self.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
                 return
             self.counters.reconnects_sent += 1
             self.outbox.append(DBP.expel(peer))
@@ -107,7 +107,7 @@ class DbpPeers(Routing):
     ) -> None:
         """Rule B2."""
         if worker is not None and worker.dialect is not DBP:
-            self.reject(peer, "dialect_mismatch", f"DBP from a {worker.dialect.name} worker")
+            self.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
             return
         name = event.name
         try:

@@ -9,7 +9,9 @@ Rule D1 - A request for a name starting with ``mmi.`` is answered by the broker,
   ``mmi.info`` / ``mmi.stats``: one JSON object about the service named by the last data
   part (``404`` if no worker serves it and nothing is queued for it); without a name (no
   data, or an empty last part), a JSON list with one object per known service.
-  ``mmi.describe`` (Rule D3). Any other ``mmi.*`` name: ``501``.
+  ``mmi.describe`` (Rule D3). ``mmi.broker``: one JSON object of broker-wide figures
+  (:func:`broker_entry`: uptime, peers, counters, refusals by reason; what ``dcp top``
+  shows). Any other ``mmi.*`` name: ``501``.
 Rule D2 - Workers may not register ``mmi.*`` names (refused: ``reserved_service``).
 Rule D3 - Descriptions. A peer describes a service with a request to ``mmi.describe`` whose
   data is ``[service, info]`` (*info*: one JSON object, :func:`parse_info`). It is answered
@@ -43,16 +45,19 @@ from typing import TYPE_CHECKING, Any
 from .._json import encode_json
 
 if TYPE_CHECKING:
+    from .._stats import BrokerStatistics
     from .queues import Service
     from .routing import Routing
 
 __all__ = [
+    "BROKER",
     "DESCRIBE",
     "MAX_INFO",
     "MAX_WAITING",
     "PREFIX",
     "Directory",
     "answer",
+    "broker_entry",
     "describe",
     "is_reserved",
     "parse_info",
@@ -63,6 +68,8 @@ __all__ = [
 PREFIX = b"mmi."
 #: The service a peer describes its services to (Rule D3).
 DESCRIBE = b"mmi.describe"
+#: Broker-wide figures (Rule D1).
+BROKER = b"mmi.broker"
 #: Largest info document, in bytes.
 MAX_INFO = 65_536
 #: Descriptions waiting for their registration (Rule D3).
@@ -85,6 +92,19 @@ def is_reserved(name: bytes) -> bool:
 def text(name: bytes) -> str:
     """A service name as JSON text (bytes that are not UTF-8 are escaped)."""
     return name.decode("utf-8", "backslashreplace")
+
+
+class Name:
+    """A service name as logs show it (:func:`text`, quoted, cut to 64 bytes), formatted only
+    if a record is emitted."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return repr(text(self.name[:64]))
 
 
 def parse_info(raw: bytes) -> dict[str, Any]:
@@ -161,6 +181,7 @@ def stats_entry(service: Service, now: float) -> dict[str, Any]:
         "name": text(service.name),
         "num_requests": service.requests,
         "num_errors": service.errors,
+        "num_answered": done,
         "processing_time": total,
         "average_processing_time": total // done if done else 0,
         "queued": service.queued(),
@@ -168,6 +189,33 @@ def stats_entry(service: Service, now: float) -> dict[str, Any]:
         "workers": service.workers,
         "idle": idle,
         "busy": service.workers - idle,
+    }
+
+
+def broker_entry(stats: BrokerStatistics, uptime: float, errors: int, busy: int) -> dict[str, Any]:
+    """Rule D1: the broker-wide figures ``mmi.broker`` answers (times in seconds).
+
+    :param errors: error replies of every service together
+    :param busy: workers holding at least one request
+    """
+    return {
+        "type": "io.dcp.v1.broker_stats",
+        "uptime": uptime,
+        "workers": stats.workers,
+        "idle": stats.workers - busy,
+        "busy": busy,
+        "clients": stats.clients,
+        "services": len(stats.services),
+        "requests": stats.requests,
+        "replies": stats.replies,
+        "errors": errors,
+        "forwards": stats.forwards,
+        "redeliveries": stats.redeliveries,
+        "dropped_replies": stats.dropped_replies,
+        "expired_workers": stats.expired_workers,
+        "work_timeouts": stats.work_timeouts,
+        "queued": sum(s.queued for s in stats.services.values()),
+        "rejections": dict(stats.rejections),
     }
 
 

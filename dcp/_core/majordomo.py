@@ -75,7 +75,7 @@ class Majordomo(Streams):
             return
         if not isinstance(worker.dialect, MdpDialect):
             self.reject(
-                peer, "dialect_mismatch", f"an MDP command from a {worker.dialect.name} worker"
+                peer, "dialect_mismatch", "an MDP command from a %s worker", worker.dialect.name
             )
             return
         worker.dialect = dialect

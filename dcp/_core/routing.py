@@ -42,12 +42,15 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from .._guard import Guard
+from .._json import encode_json
 from .._messages import without_options
 from .._stats import DURATION_BUCKETS, BrokerCounters
-from .._util import DeadlineHeap, LogOnce
+from .._util import DeadlineHeap, Joined, LogEvery, PeerId
 from . import admission, directory
 from .admission import Limits, Load
 from .approval import Approvals
@@ -56,8 +59,6 @@ from .peers import Session, Sessions
 from .queues import Expiry, Pending, QueueDeadlines, Service, read_options
 
 __all__ = ["Pending", "Routing", "Service"]
-
-logger = logging.getLogger("dcp.broker")
 
 
 def _deadline_live(pending: Pending, token: int) -> bool:
@@ -99,7 +100,12 @@ class Routing:
         self._deadlines: DeadlineHeap[Pending] = DeadlineHeap(_deadline_live)
         # Expiries of queued requests, and retries' matches (queues Rules Q3 and Q4).
         self._queues = QueueDeadlines(self.counters, self._loads, self._services)
-        self._log_once = LogOnce(logger)
+        #: Lines for the operators' log, ``(level, message, args)``: the driver logs them on
+        #: the ``dcp.broker`` logger and empties this (the core does no I/O; ``args`` format
+        #: themselves only if a record is emitted). Past 4,096 unread, the oldest go.
+        self.log_lines: deque[tuple[int, str, tuple[object, ...]]] = deque(maxlen=4096)
+        #: Refusals are logged once per reason per minute (of the core's clock).
+        self._log_every = LogEvery()
         # The time of the call being handled, for work-timeout deadlines.
         self._now = 0.0
 
@@ -325,7 +331,7 @@ class Routing:
         waiting for the approver (approval Rule A1; ``approved``: it said yes). Returns the
         worker's session, or ``None`` if refused or waiting."""
         if len(name) > self.limits.max_service_name:
-            self.reject(peer, "service_name_too_long", f"{len(name)} bytes")
+            self.reject(peer, "service_name_too_long", "%d bytes", len(name))
             if worker is None and dialect.beats:
                 self.outbox.append(dialect.expel(peer))
             return None
@@ -357,11 +363,20 @@ class Routing:
             if len(services) >= self.limits.max_services_per_worker and not any(
                 s.name == name for s in services
             ):
-                self.reject(peer, "too_many_services", f"registration for {name[:64]!r}")
+                self.reject(peer, "too_many_services", "registration for %r", name[:64])
                 return None
+            new = not any(s.name == name for s in services)
         else:
             worker = self.sessions.add(peer, dialect, now)
-            logger.info("worker %s (%s) registered for %r", peer.hex(), dialect.name, name)
+            new = True
+        if new:
+            self.note(
+                logging.INFO,
+                "worker %s (%s) registered for %s",
+                PeerId(peer),
+                dialect.name,
+                directory.Name(name),
+            )
         self.add_service(worker, name)
         self.directory.registered(peer, name)
         confirmation = dialect.registered(peer, name)
@@ -395,7 +410,7 @@ class Routing:
             for name in denied:
                 detail = f"key {guard.owner(ident)} may no longer register {name[:64]!r}"
                 self._refuse_registration(ident, worker.dialect, name, "revoked", detail)
-            self.remove_worker(worker)
+            self.remove_worker(worker, "revoked")
             removed += 1
         return removed
 
@@ -404,9 +419,12 @@ class Routing:
         service = self._services.get(name)
         return service is not None and service.workers > 0
 
-    def remove_worker(self, worker: Session) -> None:
-        """Rule 5: forget the worker; its held requests go back to the front of the queue."""
+    def remove_worker(self, worker: Session, why: str = "left") -> None:
+        """Rule 5: forget the worker; its held requests go back to the front of the queue.
+        Logged at INFO: the worker, ``why`` (``left``, ``expired``, ...), its services and
+        what became of the requests it held."""
         ident = worker.ident
+        self._log_removal(worker, why)
         self.sessions.remove(worker)
         held, worker.held = worker.held, []
         self.directory.forget(ident, [s.name for s in worker.services])
@@ -450,6 +468,21 @@ class Routing:
                 if queued is not None:
                     self._dispatch(next(iter(service.idle.values())), queued)
 
+    def _log_removal(self, worker: Session, why: str) -> None:
+        held = worker.held
+        limit = self.limits.max_redeliveries
+        failed = sum(1 for p in held if p.redeliveries >= limit) if held else 0
+        self.note(
+            logging.INFO,
+            "worker %s %s: served %s; %d held request(s) redelivered, %d failed "
+            "(redelivery_limit)",
+            PeerId(worker.ident),
+            why,
+            Joined([directory.Name(s.name) for s in worker.services]),
+            len(held) - failed,
+            failed,
+        )
+
     def time_out_work(self, now: float) -> None:
         """Rule 7: expel and remove every worker holding a request past its work timeout."""
         deadlines = self._deadlines
@@ -457,16 +490,17 @@ class Routing:
         while (pending := deadlines.pop(now)) is not None:
             worker = pending.holder
             assert worker is not None
-            logger.warning(
+            self.note(
+                logging.WARNING,
                 "worker %s held a request for %r past its work timeout (%.3f s): removing it",
-                worker.ident.hex(),
+                PeerId(worker.ident),
                 pending.service.name[:64],
                 pending.work_timeout,
             )
             self.counters.work_timeouts += 1
             quarantine[worker.ident] = now + self._quarantine_for
             self.outbox.append(worker.dialect.expel(worker.ident))
-            self.remove_worker(worker)
+            self.remove_worker(worker, "timed out")
         if quarantine:
             workers = self.sessions.workers
             for ident, until in list(quarantine.items()):
@@ -525,11 +559,17 @@ class Routing:
         """Rules D1, D3 (:mod:`.directory`): the broker answers an ``mmi.*`` request itself."""
         if name == directory.DESCRIBE:
             answer: tuple[bytes, ...] = (directory.describe(self, client, data),)
+        elif name == directory.BROKER:
+            answer = (encode_json(self.overview()),)
         else:
             answer = directory.answer(
                 name, data, self.serves, self._services, self.directory, self._now
             )
         self.outbox.append(origin.reply(client, name, metadata, answer))
+
+    def overview(self) -> dict[str, Any]:
+        """Broker-wide figures (``mmi.broker``, Rule D1); the broker core adds its own."""
+        return {}
 
     def error_reply(self, pending: Pending, code: str, message: str) -> None:
         self.outbox.append(
@@ -551,9 +591,35 @@ class Routing:
         self.reject(client, code, message)
         self.outbox.append(origin.error(client, name, metadata, code, message))
 
-    def reject(self, peer: bytes, reason: str, detail: str) -> None:
-        """Count a refused message, and log it once per peer and reason."""
+    def reject(self, peer: bytes, reason: str, detail: str, *args: object) -> None:
+        """Count a refused message, and log it (:attr:`log_lines`) once per reason per
+        minute (the line names the peer, and how many more were refused meanwhile).
+        ``detail % args`` is formatted only if the line is written."""
         self.counters.count(reason)
-        self._log_once(
-            (peer, reason), "rejected message from peer %s: %s (%s)", peer.hex(), reason, detail
+        line = self._log_every(
+            reason,
+            self._now,
+            "rejected message from peer %s: %s (%s)",
+            PeerId(peer),
+            reason,
+            Detail(detail, args) if args else detail,
         )
+        if line is not None:
+            self.log_lines.append((logging.WARNING, *line))
+
+    def note(self, level: int, msg: str, *args: object) -> None:
+        """A line for the operators' log (:attr:`log_lines`; the driver writes it)."""
+        self.log_lines.append((level, msg, args))
+
+
+class Detail:
+    """``text % args``, formatted only if a log record is emitted."""
+
+    __slots__ = ("args", "text")
+
+    def __init__(self, text: str, args: tuple[object, ...]) -> None:
+        self.text = text
+        self.args = args
+
+    def __str__(self) -> str:
+        return self.text % self.args

@@ -397,7 +397,7 @@ class Streams(Routing):
             if stream is not None and stream.key is not None:
                 self._stream_keys.pop(stream.key, None)
 
-    def remove_worker(self, worker: Session) -> None:
+    def remove_worker(self, worker: Session, why: str = "left") -> None:
         """Rule T6: requests of which a part was forwarded are not redelivered."""
         if self._streams and worker.held:
             kept = []
@@ -416,7 +416,7 @@ class Streams(Routing):
                         f"the worker went away after {stream.parts} part(s)",
                     )
             worker.held = kept
-        super().remove_worker(worker)
+        super().remove_worker(worker, why)
 
     def stream_statistics(self) -> StreamStatistics:
         """A snapshot of the stream figures."""
