@@ -133,6 +133,16 @@ def test_call_to_a_service_nobody_serves_fails_after_its_timeout(
     )
 
 
+def test_call_no_wait_fails_at_once_when_nobody_serves(procs: list[Proc], tmp_path: Path) -> None:
+    _, tcp = start_broker(procs, tmp_path)
+    began = time.monotonic()
+    code, out, err = run("call", "--connect", tcp, "--timeout", "30", "--no-wait", "nobody")
+    assert time.monotonic() - began < 10  # not the 30 s timeout
+    assert (code, out) == (1, "")
+    assert err.startswith("dcp call: NoWorkers: ")
+    assert "'nobody'" in err
+
+
 def test_demo_runs_clean() -> None:
     code, out, err = run("demo", "--requests", "200", "--no-progress")
     assert code == 0, err
