@@ -9,7 +9,6 @@ import argparse
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,6 @@ import dcp
 from dcp._cli import main
 from dcp._messages import Reconnect, Register, Reply, Request
 from dcp.wire import mdp
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    """Processes a test starts; each is killed by its PID at the end, whatever happened."""
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
