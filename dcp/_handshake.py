@@ -63,6 +63,8 @@ EVENTS = (
 #: Rule H3: failed handshakes in a row, without detail, that end the peer.
 NO_DETAIL_LIMIT = 3
 
+#: How to give a peer its keys, in Python and on the command line.
+_KEYS_HINT = "security=dcp.CurveClient(...) in Python, --keys and --server-key for dcp commands"
 _MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 #: Numbers the monitors' inproc addresses (with the process id: forks do not share them).
 _MONITORS = (f"{os.getpid()}-{n}" for n in itertools.count())
@@ -114,7 +116,7 @@ class HandshakeWatch:
                     f"this {self.role} uses CURVE and the broker does not"
                     if self.secure
                     else f"the broker requires CURVE security and this {self.role} has none "
-                    "(pass security=dcp.CurveClient(...))"
+                    f"({_KEYS_HINT})"
                 )
             return self._fail(f"the security handshake broke the protocol (zmq code {value:#x})")
         if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
@@ -125,7 +127,7 @@ class HandshakeWatch:
                     "server key this client was given the broker's public key?"
                     if self.secure
                     else f"the peer hung up during {self.no_detail} handshakes in a row: "
-                    "does the broker require CURVE (pass security=dcp.CurveClient(...))?"
+                    f"does the broker require CURVE ({_KEYS_HINT})?"
                 )
         return None
 

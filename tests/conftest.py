@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from _cli_procs import Proc
     from pyspark.sql import SparkSession
 
 
@@ -18,6 +19,16 @@ if TYPE_CHECKING:
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Run every ``@pytest.mark.anyio`` test on both anyio backends."""
     return str(request.param)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    """Processes a test starts (``_cli_procs.start``); each is killed by its PID at the end,
+    whatever happened."""
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,7 +9,6 @@ import argparse
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,6 @@ import dcp
 from dcp._cli import main
 from dcp._messages import Reconnect, Register, Reply, Request
 from dcp.wire import mdp
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    """Processes a test starts; each is killed by its PID at the end, whatever happened."""
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
@@ -131,6 +121,16 @@ def test_call_to_a_service_nobody_serves_fails_after_its_timeout(
         "dcp call: NoWorkers: no worker serves 'nobody' (the broker says so; no reply after "
         "1 attempt(s))\n"
     )
+
+
+def test_call_no_wait_fails_at_once_when_nobody_serves(procs: list[Proc], tmp_path: Path) -> None:
+    _, tcp = start_broker(procs, tmp_path)
+    began = time.monotonic()
+    code, out, err = run("call", "--connect", tcp, "--timeout", "30", "--no-wait", "nobody")
+    assert time.monotonic() - began < 10  # not the 30 s timeout
+    assert (code, out) == (1, "")
+    assert err.startswith("dcp call: NoWorkers: ")
+    assert "'nobody'" in err
 
 
 def test_demo_runs_clean() -> None:

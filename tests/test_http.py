@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -413,14 +413,6 @@ def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "hypercorn", None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'dagbox-dcp\[http\]'"):
         dcp.Broker("tcp://127.0.0.1:0", http="127.0.0.1:0")
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])

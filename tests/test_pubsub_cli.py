@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _cli_procs import Proc, run, start, start_broker
 
 from dcp._cli import main
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def test_pub_reaches_sub(procs: list[Proc], tmp_path: Path) -> None:

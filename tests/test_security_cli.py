@@ -7,7 +7,6 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,6 @@ import zmq.auth
 from _cli_procs import HANDLER, Proc, run, start
 
 from dcp._cli import main
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def test_keys_command(tmp_path: Path) -> None:

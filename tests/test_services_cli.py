@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,6 @@ from _cli_procs import HANDLER, Proc, run, start, start_broker
 
 from dcp._cli import main
 from dcp._cli._services import render_table
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def free_udp_port() -> int:

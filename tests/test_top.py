@@ -8,7 +8,6 @@ import io
 import socket
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -22,14 +21,6 @@ from dcp._cli import main
 from dcp._cli._top import Row, Snapshot, cells, header, poll, render, rows, sort_rows
 from dcp._client import Client
 from dcp._worker import Worker
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def _service_line(out: str, name: str) -> list[str]:

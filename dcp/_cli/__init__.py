@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The global options may come before or after the command.
         args.backend = args.sub_backend or args.backend
         args.verbose += args.sub_verbose
+        if getattr(args, "log_summary", None) is not None:
+            args.verbose = max(args.verbose, 1)  # the summary is an INFO line: show it
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
         # The level goes on the dcp loggers only (other libraries stay at WARNING), for
         # this command's run only (main may be called again in the same process).

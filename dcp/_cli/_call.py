@@ -75,6 +75,7 @@ def cmd_call(args: argparse.Namespace) -> int:
                     *data,
                     metadata=metadata,
                     work_timeout=args.work_timeout,
+                    no_wait=args.no_wait,
                 )
             except DCPError as exc:
                 raise CLIError(f"{type(exc).__name__}: {exc}") from None

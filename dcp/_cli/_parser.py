@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_SECONDS,
         metavar="SECONDS",
         help="log a one-line summary (requests/s, errors, queue depth, workers idle/busy, "
-        "clients) at INFO every SECONDS; shown with -v (default: none)",
+        "clients) at INFO every SECONDS; implies -v (default: none)",
     )
     p.add_argument(
         "--allow-foreign-address",
@@ -327,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds one worker may hold the request before the broker gives it to another "
         "(default: the broker's --work-timeout, if any)",
+    )
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="fail at once (NoWorkers) when no worker serves the service, instead of "
+        "queueing the request until the timeout",
     )
     p.add_argument(
         "--metadata",
