@@ -264,7 +264,10 @@ async def test_broker_restart_mid_run_answers_every_request_once() -> None:
     for payload, responses in answers.items():
         assert [r.data for r in responses] == [(b"echo:" + payload,)]
     assert (cstats.requests, cstats.replies, cstats.timeouts, cstats.pending) == (n, n, 0, 0)
-    assert cstats.retries > 0  # requests sent into the dead broker were resent
+    # No retry is required: requests queued in the client while the broker was down go out
+    # on reconnection, and replies a worker finished across the restart reach the client
+    # through the new broker (docs/reliability.md); a retry happens only when a request
+    # waited longer than an attempt (0.5 s), which depends on the machine's timing.
     # The worker's view: at least once (a reply lost with the broker means a re-execution).
     assert set(executions) == set(payloads)
     assert sum(executions.values()) >= n
