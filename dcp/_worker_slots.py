@@ -56,16 +56,13 @@ class _InContext(Generic[T]):
         error: BaseException | None = None
         while True:
             try:
-                if error is None:
-                    trap = run(send, value)
-                else:
-                    trap = run(coro.throw, error)
+                trap = run(send, value) if error is None else run(coro.throw, error)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             try:
                 value = yield trap
                 error = None
-            except BaseException as exc:  # noqa: BLE001 - passed on into the coroutine
+            except BaseException as exc:  # passed on into the coroutine
                 value = None
                 error = exc
 
