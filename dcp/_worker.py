@@ -429,9 +429,10 @@ class Worker:
                 if core.state is State.READY and self._task_status is not None:
                     self._task_status.started()
                     self._task_status = None
-            # Let the handlers run between batches, however busy the socket is. (With no
-            # input left, wait_readable parks, which lets them run: no extra pass.)
-            if asock.has_input():
+            # Let the handlers run between batches, however busy the socket is, and before
+            # parking again: the requests just read are answered first (the run loop's pass
+            # is the same one; the wait's setup comes after their replies have left).
+            if batch:
                 await anyio.lowlevel.checkpoint()
 
     async def _host_handlers(
