@@ -3,13 +3,17 @@ waits on a socket, messages in and out. Unlike timings, these do not depend on h
 machine is, so they A/B a change to the hot paths on a shared machine.
 
 ``python -m benchmarks.stack_counts [--backend trio|asyncio] [--window 64] [--concurrency 1]
-[--requests 2000]``
+[--requests 2000] [--cpu]``
 
 Starts ``dcp broker`` as a process, then twice: (1) one :class:`dcp.Worker` in this process,
 counted, loaded by a ``benchmarks.dcp_peers`` client process; (2) one :class:`dcp.Client`
 in this process (``map_unordered``, or ``request`` for window 1), counted, against one
 worker process. Python calls are counted with :func:`sys.setprofile` (``call`` and
 ``c_call`` events) in the event loop's thread only. Every process is killed by its PID.
+
+``--cpu``: instead of counting calls (which slows everything down), measure the CPU time of
+the event loop's thread per request (:func:`time.thread_time`, user and system): a timing,
+so it moves with the machine's load, but far less than a whole-stack run's throughput.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import collections
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,8 +42,10 @@ __all__ = ["main"]
 
 
 class Counts:
-    def __init__(self) -> None:
+    def __init__(self, cpu: bool = False) -> None:
         self.c: collections.Counter[str] = collections.Counter()
+        #: Time the thread's CPU instead of counting Python calls.
+        self.cpu = cpu
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if event in ("call", "c_call"):
@@ -79,6 +86,12 @@ def _counting(counts: Counts) -> Iterator[None]:
 
 async def _profiled(counts: Counts, body: Callable[[], Any]) -> Any:
     assert threading.current_thread() is threading.main_thread()
+    if counts.cpu:
+        start = time.thread_time()
+        try:
+            return await body()
+        finally:
+            counts.c["event-loop thread CPU us"] += round((time.thread_time() - start) * 1e6)
     sys.setprofile(counts.profile)
     try:
         return await body()
@@ -91,9 +104,15 @@ async def _echo(request: dcp.Request) -> Sequence[bytes]:
 
 
 def count_worker(
-    procs: Procs, endpoint: str, backend: str, window: int, concurrency: int, requests: int
+    procs: Procs,
+    endpoint: str,
+    backend: str,
+    window: int,
+    concurrency: int,
+    requests: int,
+    cpu: bool = False,
 ) -> dict[str, float]:
-    counts = Counts()
+    counts = Counts(cpu)
 
     async def run() -> int:
         worker = dcp.Worker(endpoint, "echo", _echo, concurrency=concurrency)
@@ -126,7 +145,13 @@ def count_worker(
 
 
 def count_client(
-    procs: Procs, endpoint: str, backend: str, window: int, concurrency: int, requests: int
+    procs: Procs,
+    endpoint: str,
+    backend: str,
+    window: int,
+    concurrency: int,
+    requests: int,
+    cpu: bool = False,
 ) -> dict[str, float]:
     worker = procs.start(
         "worker",
@@ -140,7 +165,7 @@ def count_client(
         str(concurrency),
     )
     worker.wait_ready(START_TIMEOUT)
-    counts = Counts()
+    counts = Counts(cpu)
 
     async def run() -> None:
         async with dcp.Client(endpoint, retries=0) as client:
@@ -168,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=1, help="the worker's")
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument(
+        "--cpu", action="store_true", help="time the event loop thread's CPU, count no calls"
+    )
     args = parser.parse_args(argv)
     out: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="dcp-counts-") as tmp:
@@ -175,7 +203,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             with Procs(Path(tmp)) as procs:
                 endpoint, _, _ = start_broker(procs, "dcp")
                 out[name] = fn(
-                    procs, endpoint, args.backend, args.window, args.concurrency, args.requests
+                    procs,
+                    endpoint,
+                    args.backend,
+                    args.window,
+                    args.concurrency,
+                    args.requests,
+                    args.cpu,
                 )
     print(
         f"per request ({args.backend}, window {args.window}, worker concurrency "

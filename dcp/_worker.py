@@ -45,6 +45,7 @@ from ._worker_core import (
     State,
     WorkerCore,
 )
+from ._worker_slots import HandlerSlots
 from ._worker_streams import WorkerStreams, is_stream_handler
 from ._zmqio import AsyncSocket
 from .wire.dcp1 import serialize
@@ -225,8 +226,8 @@ class Worker:
         #: Handshakes that succeeded on the current socket (the first is the first connection).
         self._handshakes = 0
         self._tg: anyio.abc.TaskGroup | None = None
-        #: The handlers' own task group: cancelling it cancels them all (no scope each).
-        self._handlers: anyio.abc.TaskGroup | None = None
+        #: The handlers' slots (_worker_slots.py): cancelling them cancels them all.
+        self._handlers: HandlerSlots[Run] | None = None
         self._wake_scope: anyio.CancelScope | None = None
         self._stop_deadline: float | None = None
         self._task_status: anyio.abc.TaskStatus[None] | None = None
@@ -431,17 +432,20 @@ class Worker:
                     )
                     self._task_status.started()
                     self._task_status = None
-            # Let the handlers run between batches, however busy the socket is. (With no
-            # input left, wait_readable parks, which lets them run: no extra pass.)
-            if asock.has_input():
+            # Let the handlers run between batches, however busy the socket is, and before
+            # parking again: the requests just read are answered first (the run loop's pass
+            # is the same one; the wait's setup comes after their replies have left).
+            if batch:
                 await anyio.lowlevel.checkpoint()
 
     async def _host_handlers(
-        self, *, task_status: anyio.abc.TaskStatus[anyio.abc.TaskGroup]
+        self, *, task_status: anyio.abc.TaskStatus[HandlerSlots[Run]]
     ) -> None:
         """Hold the handlers' task group until :meth:`_cancel_handlers` (or serving) ends."""
         async with anyio.create_task_group() as handlers:
-            task_status.started(handlers)
+            task_status.started(
+                HandlerSlots(handlers, self._core.concurrency, self._handle, self._drop)
+            )
             await anyio.sleep_forever()
 
     async def _watch_loop(self, scope: anyio.CancelScope) -> None:
@@ -594,7 +598,7 @@ class Worker:
     def _do(self, out: Output) -> None:
         if isinstance(out, Run):
             assert self._handlers is not None
-            self._handlers.start_soon(self._handle, out.request, out.generation)
+            self._handlers.submit(out)
         elif isinstance(out, (BrokerLost, Refused)):  # pragma: no cover - handled by _session
             raise AssertionError(out)
         else:
@@ -602,8 +606,9 @@ class Worker:
 
     # -- handlers ---------------------------------------------------------------------------
 
-    async def _handle(self, request: Request, generation: int) -> None:
-        # Runs in the handlers' task group, cancelled as a whole by _cancel_handlers.
+    async def _handle(self, run: Run) -> None:
+        # Runs in a handler slot, cancelled as a whole by _cancel_handlers.
+        request, generation = run.request, run.generation
         message: Reply | Request | None = None
         work_timeout = request_work_timeout(request.metadata)
         if work_timeout is None:
@@ -629,6 +634,10 @@ class Worker:
                 self.service,
                 work_timeout,
             )
+
+    def _drop(self, run: Run) -> None:
+        """A request queued for a slot when the handlers were cancelled: never run."""
+        self._finish(None, run.generation)
 
     def _finish(self, message: Reply | Request | None, generation: int) -> None:
         core = self._core
@@ -668,4 +677,4 @@ class Worker:
 
     def _cancel_handlers(self) -> None:
         if self._handlers is not None:
-            self._handlers.cancel_scope.cancel()
+            self._handlers.cancel()
