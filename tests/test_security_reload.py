@@ -1,8 +1,8 @@
 """Replacing a running broker's allow-lists (``Broker.reload_security``; ``dcp broker`` on
 SIGHUP): new keys get in, revoked keys are cut off (their connections dropped, their new
-handshakes refused), workers whose key may no
-longer serve are removed and told, and their requests go to another worker. Real CURVE
-handshakes over tcp on 127.0.0.1, both backends, both broker I/O modes."""
+handshakes refused), workers whose key may no longer serve are removed and told, and their
+requests go to another worker. Real CURVE handshakes over tcp on 127.0.0.1, both backends,
+both broker I/O modes."""
 
 from __future__ import annotations
 
