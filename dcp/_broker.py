@@ -23,6 +23,7 @@ from ._approver import Approver, ApproverRunner
 from ._beacon import send_beacons
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._broker_io import EVENTS, POLLIN, Waker, events_of, read_one
+from ._connections import cut_accepted, revokes
 from ._context import get_context
 from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
@@ -274,10 +275,13 @@ class Broker:
     async def reload_security(self, security: CurveServer) -> int:
         """Replace the allow-lists while the broker runs (``dcp broker`` does on SIGHUP).
 
-        New handshakes follow the new lists at once. A key that may no longer connect is
-        no longer heard: every message from its connections is refused (``revoked`` in
-        ``statistics().rejections``; zmq cannot close one connection of a socket, so they
-        stay open, unheard). A worker whose key may no longer register one of its services
+        New handshakes follow the new lists at once. When a key may no longer connect, every
+        connection the broker accepted on its tcp and ipc endpoints is dropped (zmq cannot
+        tell which connection a key came in on, nor close just one; see
+        :mod:`dcp._connections`): each peer reconnects and handshakes again, and a revoked
+        key fails (a dcp peer raises :exc:`~dcp.AuthenticationFailed`). Until then, and on
+        inproc connections, every message from a revoked key is refused (``revoked`` in
+        ``statistics().rejections``). A worker whose key may no longer register one of its services
         is removed and told (a dcp worker's ``serve`` raises
         :exc:`~dcp.RegistrationRefused`), and the requests it held go to other workers.
 
@@ -305,7 +309,10 @@ class Broker:
             return core.revoke(now)
 
         removed = await self._in_core(apply)
-        logger.info("security reloaded: %d worker(s) removed", removed)
+        cut = cut_accepted(self.endpoints) if revokes(old, security) else 0
+        logger.info(
+            "security reloaded: %d worker(s) removed, %d connection(s) dropped", removed, cut
+        )
         return removed
 
     async def _in_core(self, func: Callable[[float], int]) -> int:

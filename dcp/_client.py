@@ -717,6 +717,14 @@ class Client:
                 received = asock.drain(batch)
                 if received:
                     watch.heard = watch.handshakes  # handshakes Rule H5
+                    if logger.isEnabledFor(logging.DEBUG):  # once per batch
+                        for msg in received:
+                            logger.debug(
+                                "from broker %s: %d frame(s), %d bytes",
+                                self.endpoint,
+                                len(msg.frames),
+                                sum(len(f) for f in msg.frames),
+                            )
                 subscriptions = self._subscriptions
                 for msg in received:
                     if is_stream(msg.frames):

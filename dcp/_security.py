@@ -224,6 +224,11 @@ class CurveServer:
                     allowed |= load_public_keys(path)
         return cls(public, secret, client_keys, permissions)
 
+    @property
+    def connect_keys(self) -> frozenset[bytes]:
+        """The keys that may connect (with :attr:`clients` ``None``, any other key too)."""
+        return self._connect
+
     def may_connect(self, key: bytes) -> bool:
         """Whether the peer with public ``key`` (z85) may complete the handshake."""
         return self.clients is None or key in self._connect

@@ -404,6 +404,14 @@ class Worker:
             await asock.wait_readable(deadline)
             batch = asock.drain(_BATCH)
             now = self._now()
+            if batch and logger.isEnabledFor(logging.DEBUG):  # once per batch
+                for received in batch:
+                    logger.debug(
+                        "from broker %s: %d frame(s), %d bytes",
+                        self.endpoint,
+                        len(received.frames),
+                        sum(len(f) for f in received.frames),
+                    )
             for received in batch:
                 if self._streams.receive(received.frames):
                     continue  # a stream's credit or cancel (_worker_streams.py)
@@ -575,6 +583,8 @@ class Worker:
             return
         try:
             asock.send_nowait(serialize(message, width=self._core.width))
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("to broker %s: %s", self.endpoint, type(message).__name__)
         except zmq.ZMQError as exc:
             self._send_failures += 1
             logger.warning("could not send %s to broker: %s", type(message).__name__, exc)

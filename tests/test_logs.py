@@ -103,6 +103,12 @@ async def test_nothing_at_info_per_request_and_detail_at_debug(
     debug = _messages(caplog, logging.DEBUG)
     assert any(m.startswith("from ") and "frame(s)" in m for m in debug)
     assert any(m.startswith("to ") and "frame(s)" in m for m in debug)
+    # The worker and the client say what they receive and send too.
+    by = {r.name for r in caplog.records if r.levelno == logging.DEBUG}
+    assert {"dcp.broker", "dcp.worker", "dcp.client"} <= by
+    worker = [r.getMessage() for r in caplog.records if r.name == "dcp.worker"]
+    assert any(m.startswith(f"from broker {ep}: ") for m in worker)
+    assert any(m.startswith(f"to broker {ep}: ") for m in worker)
 
 
 @pytest.mark.anyio
