@@ -276,13 +276,13 @@ class Broker:
         """Replace the allow-lists while the broker runs (``dcp broker`` does on SIGHUP).
 
         New handshakes follow the new lists at once. When a key may no longer connect, every
-        connection the broker accepted on its tcp and ipc endpoints is dropped (zmq cannot
-        tell which connection a key came in on, nor close just one; see
-        :mod:`dcp._connections`): each peer reconnects and handshakes again, and a revoked
-        key fails (a dcp peer raises :exc:`~dcp.AuthenticationFailed`). Until then, and on
-        inproc connections, every message from a revoked key is refused (``revoked`` in
-        ``statistics().rejections``). A worker whose key may no longer register one of its services
-        is removed and told (a dcp worker's ``serve`` raises
+        connection the broker accepted on its tcp and ipc endpoints from an address that key
+        connected from is dropped (zmq cannot tell which connection a key came in on, nor
+        close just one; see :mod:`dcp._connections`): each peer reconnects and handshakes
+        again, and a revoked key fails (a dcp peer raises :exc:`~dcp.AuthenticationFailed`).
+        Until then, and on inproc connections, every message from a revoked key is refused
+        (``revoked`` in ``statistics().rejections``). A worker whose key may no longer
+        register one of its services is removed and told (a dcp worker's ``serve`` raises
         :exc:`~dcp.RegistrationRefused`), and the requests it held go to other workers.
 
         :param security: the new settings, with this broker's key pair
@@ -309,7 +309,13 @@ class Broker:
             return core.revoke(now)
 
         removed = await self._in_core(apply)
-        cut = cut_accepted(self.endpoints) if revokes(old, security) else 0
+        cut = 0
+        if revokes(old, security):
+            zap = self._zap
+            peers = (
+                None if zap is None else zap.peers_of(lambda key: not security.may_connect(key))
+            )
+            cut = cut_accepted(self.endpoints, peers)
         logger.info(
             "security reloaded: %d worker(s) removed, %d connection(s) dropped", removed, cut
         )

@@ -2,12 +2,16 @@
 
 zmq has no call that closes one connection of a ROUTER socket, and no way to learn which
 connection a CURVE key came in on. When a security reload revokes a key (Rule S5 in
-:mod:`dcp._guard`), the broker therefore drops *every* connection it accepted on its tcp and
-ipc endpoints: zmq sees each one end, its peer reconnects (zmq's own reconnect, 0.1 s by
-default) and handshakes again, and the ZAP handler, which already has the new lists, refuses
-the revoked keys. A dcp client or worker whose key was revoked learns it from its handshake
-(:exc:`dcp.AuthenticationFailed`); every other peer carries on (a worker registers again on
-its new connection; a client resends what an attempt lost).
+:mod:`dcp._guard`), the broker therefore drops every connection it accepted on its tcp and
+ipc endpoints *from the addresses that key connected from* (the ZAP handler remembers them:
+the peer's IP for tcp; ipc has none, so every ipc connection goes): zmq sees each one end,
+its peer reconnects (zmq's own reconnect, 0.1 s by default) and handshakes again, and the
+ZAP handler, which already has the new lists, refuses the revoked keys. A dcp client or
+worker whose key was revoked learns it from its handshake (:exc:`dcp.AuthenticationFailed`);
+every other peer carries on (a worker registers again on its new connection; a client
+resends what an attempt lost). The cost falls on the peers that share an address with a
+revoked key (on one host, all of them): their connections drop too, and a request a worker
+of theirs held is given again (it may run twice, as after any lost connection).
 
 The connections are found the way ``ss`` finds them: the process's open descriptors
 (``/proc/self/fd``, or ``/dev/fd``) that are connected stream sockets whose *local*
@@ -41,6 +45,11 @@ def revokes(old: CurveServer, new: CurveServer) -> bool:
     return any(not new.may_connect(key) for key in old.connect_keys)
 
 
+def _ip(host: str) -> str:
+    """An IPv4 address seen through an IPv6 socket (``::ffff:a.b.c.d``) as zmq names it."""
+    return host[7:] if host.startswith("::ffff:") else host
+
+
 def _descriptors() -> list[int]:
     for folder in ("/proc/self/fd", "/dev/fd"):
         with contextlib.suppress(OSError):
@@ -61,11 +70,13 @@ def _local_addresses(endpoints: Sequence[str]) -> tuple[set[int], set[str]]:
     return ports, paths
 
 
-def cut_accepted(endpoints: Sequence[str]) -> int:
+def cut_accepted(endpoints: Sequence[str], peers: set[str] | None = None) -> int:
     """Shut down every connection accepted on the bound ``endpoints`` (``tcp://HOST:PORT``,
-    ``ipc://PATH``, as :attr:`dcp.Broker.endpoints` gives them); returns how many."""
+    ``ipc://PATH``, as :attr:`dcp.Broker.endpoints` gives them) from a peer at one of the IP
+    addresses ``peers`` (``None``: any; ipc connections have no address: any ``peers`` but
+    the empty set takes them all); returns how many."""
     ports, paths = _local_addresses(endpoints)
-    if not ports and not paths:
+    if (not ports and not paths) or peers == set():
         return 0
     cut = 0
     for fd in _descriptors():
@@ -83,11 +94,11 @@ def cut_accepted(endpoints: Sequence[str]) -> int:
                 if sock.type != socket.SOCK_STREAM:
                     continue
                 local = sock.getsockname()
-                sock.getpeername()  # a listening socket is not connected: OSError
+                remote = sock.getpeername()  # a listening socket is not connected: OSError
             except OSError:
                 continue
             if sock.family in (socket.AF_INET, socket.AF_INET6):
-                ours = local[1] in ports
+                ours = local[1] in ports and (peers is None or _ip(remote[0]) in peers)
             else:
                 name = local.decode(errors="replace") if isinstance(local, bytes) else local
                 ours = name in paths

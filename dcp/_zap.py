@@ -41,6 +41,9 @@ _VERSION = b"1.0"
 #: A well-formed request: ROUTER id, "", and the seven frames of RFC 27 (CURVE: 1 credential).
 _CURVE_FRAMES = 9
 _BATCH = 64
+#: Keys, and addresses per key, whose origin the handler remembers (see ``addresses``).
+_MAX_KEYS = 65_536
+_MAX_ADDRESSES = 64
 
 
 class ZapHandler:
@@ -61,6 +64,10 @@ class ZapHandler:
         self._socket: AsyncSocket | None = None
         #: Logs each denied key once among the most recent 4,096 (LRU).
         self._log_once = LogOnce(logger)
+        #: Where each allowed key connected from (the request's address: the peer's IP for
+        #: tcp, empty for ipc), for a revocation to drop only those connections
+        #: (dcp/_connections.py); ``None`` once more than :data:`_MAX_KEYS` keys were seen.
+        self.addresses: dict[bytes, set[bytes]] | None = {}
         #: Handshakes allowed, denied (unknown key or not CURVE), and malformed requests.
         self.allowed = 0
         self.denied = 0
@@ -132,7 +139,25 @@ class ZapHandler:
             self._log_denial(key, address, "unknown key")
             return [*envelope, _VERSION, request_id, b"400", b"Unknown key", b"", b""]
         self.allowed += 1
+        addresses = self.addresses
+        if addresses is not None:
+            seen = addresses.setdefault(key, set())
+            if len(seen) < _MAX_ADDRESSES:
+                seen.add(bytes(address[:64]))
+            if len(addresses) > _MAX_KEYS:
+                self.addresses = None  # too many to keep: a revocation drops every connection
         return [*envelope, _VERSION, request_id, b"200", b"OK", key, b""]
+
+    def peers_of(self, revoked: Callable[[bytes], bool]) -> set[str] | None:
+        """The addresses the keys ``revoked`` says are revoked connected from (``None``:
+        not known, assume any)."""
+        if self.addresses is None:
+            return None
+        peers: set[str] = set()
+        for key, seen in self.addresses.items():
+            if revoked(key):
+                peers.update(a.decode("ascii", "replace") for a in seen)
+        return peers
 
     def _count_malformed(self, why: str) -> None:
         self.malformed += 1

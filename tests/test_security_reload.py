@@ -128,7 +128,9 @@ async def test_a_revoked_worker_is_removed_told_and_its_request_served_elsewhere
         assert finished == []
         stats = broker.statistics()
         assert stats.rejections["revoked"] == 1
-        assert stats.redeliveries == 1
+        # Once when w1 was removed; W2's connection from the same address was dropped too,
+        # which may have given the job again (docs/security.md).
+        assert stats.redeliveries >= 1
 
 
 @pytest.mark.anyio
@@ -176,7 +178,11 @@ def test_cut_accepted_drops_the_connections_a_router_accepted(
             assert router.poll(5000)
             router.recv_multipart()
         assert cut_accepted(["inproc://elsewhere", "tcp://127.0.0.1:1"]) == 0
-        assert cut_accepted([endpoint]) == 2  # the two accepted; not the listener, nor ours
+        assert cut_accepted([endpoint], set()) == 0  # no revoked key ever connected
+        if transport == "tcp":
+            assert cut_accepted([endpoint], {"192.0.2.1"}) == 0  # not from that address
+        # The two accepted; not the listener, nor the dealers' own ends.
+        assert cut_accepted([endpoint], {"127.0.0.1"} if transport == "tcp" else None) == 2
         assert events.poll(5000)  # zmq saw the connection end
         # The dealers reconnect by themselves.
         dealers[0].send(b"again")
