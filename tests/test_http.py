@@ -391,7 +391,7 @@ async def test_http_bind_error_stops_the_broker_before_it_is_ready() -> None:
         ("10.1.2.3:80", {}, "not a loopback address"),
         ("example.com:80", {}, "not a loopback address"),
         ("127.0.0.1", {}, "not HOST:PORT"),
-        ("127.0.0.1:99999", {}, "not HOST:PORT"),
+        ("127.0.0.1:99999", {}, "port 99999 is out of range"),
         (":80", {}, "not HOST:PORT"),
         ("127.0.0.1:0", {"http_token": "  "}, "token is empty"),
     ],

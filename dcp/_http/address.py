@@ -36,8 +36,10 @@ def http_options(address: str, *, token: str | None = None, public: bool = False
     :raises ValueError: a malformed address, a public host without ``public``, an empty token
     """
     host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+    if not sep or not host or not port_text.isdigit():
         raise ValueError(f"HTTP address {address!r} is not HOST:PORT (e.g. 127.0.0.1:8222)")
+    if int(port_text) > 65535:
+        raise ValueError(f"HTTP address {address!r}: port {port_text} is out of range (0-65535)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not public and not _is_loopback(host):
