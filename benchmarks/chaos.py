@@ -309,7 +309,15 @@ class _Run:
             victim = self.slots[slot]
             sig = self.sigkill(victim)
             self.slots[slot] = self.start_worker()
-            self.faults.append({"kind": ev.kind, "t": t, "pid": victim.pid, "signal": sig})
+            self.faults.append(
+                {
+                    "kind": ev.kind,
+                    "t": t,
+                    "pid": victim.pid,
+                    "signal": sig,
+                    "clock": time.monotonic(),  # the workers' clock, for chaos_figures
+                }
+            )
         elif ev.kind == "hang":
             proc = self.start_worker(ev.arg)
             self.hangers.append(proc)

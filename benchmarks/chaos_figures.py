@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -154,22 +155,36 @@ def hangs(
 def reruns_worker_survived(
     worker_events: Sequence[Mapping[str, Any]], faults: Sequence[Mapping[str, Any]]
 ) -> int:
-    """Requests run again although the process that ran them first was neither killed nor
-    hung on them: work that should have been delivered, not repeated (issue 17; broker
-    restarts are the case)."""
-    killed = {int(f["pid"]) for f in faults if f["kind"] == "kill_worker"}
+    """Requests run again although the process that ran them first was neither killed
+    before the second run nor hung on them: work that should have been delivered, not
+    repeated (issue 17; broker restarts are the case). A worker killed only later does not
+    excuse a re-run (when the records carry the time of each run and kill: ``t`` of a run
+    event and ``clock`` of a kill, on the same monotonic clock; without them, a worker
+    killed at any time does)."""
+    killed: dict[int, float] = {}
+    for f in faults:
+        if f["kind"] == "kill_worker":
+            killed[int(f["pid"])] = float(f.get("clock", -math.inf))
     hung = {(str(ev["id"]), int(ev["pid"])) for ev in worker_events if ev.get("ev") == "hang"}
     first: dict[str, int] = {}
-    again: set[str] = set()
+    count = 0
+    counted: set[str] = set()
     for ev in worker_events:
         if ev.get("ev") != "run":
             continue
         rid = str(ev["id"])
-        if rid in first:
-            again.add(rid)
-        else:
+        pid = first.get(rid)
+        if pid is None:
             first[rid] = int(ev["pid"])
-    return sum(1 for rid in again if first[rid] not in killed and (rid, first[rid]) not in hung)
+            continue
+        if rid in counted or (rid, pid) in hung:
+            continue
+        died = killed.get(pid)
+        if died is not None and died <= float(ev.get("t", math.inf)):
+            continue
+        counted.add(rid)
+        count += 1
+    return count
 
 
 def compute(

@@ -137,7 +137,7 @@ async def _serve_workers(args: argparse.Namespace) -> None:
         nonlocal hangs_left
         payload = request.data[0] if request.data else b""
         rid = payload.decode(errors="replace")
-        log.write(ev="run", id=rid, pid=pid)
+        log.write(ev="run", id=rid, pid=pid, t=time.monotonic())
         if hangs_left > 0:
             hangs_left -= 1
             log.write(ev="hang", mode=args.mode, id=rid, pid=pid, t=time.monotonic())

@@ -211,6 +211,9 @@ class WorkerStatistics:
     #: Requests not run because their caller's deadline passed while they waited in the
     #: backlog (answered with an ``expired`` error reply; Rule 4).
     expired: int = 0
+    #: Replies sent again after a lost connection, in case the broker lost them (Rule 13 of
+    #: :mod:`dcp._worker_core`); a client drops the ones it already has.
+    replayed: int = 0
 
 
 @attrs.frozen

@@ -101,9 +101,24 @@ Rule 12 (a new connection on the same socket)
     heartbeats, no liveness deadline: zmq is reconnecting), and
     :meth:`WorkerCore.reconnected` sends REGISTER and then the kept results, so the broker
     knows us before it sees our answers. A new broker routes a registered worker's answer
-    to its client even though it never saw the request (without CURVE; with it, a new
-    broker cannot unseal the old one's client addresses), so work finished across a
-    restart is delivered instead of refused and run again.
+    to its client even though it never saw the request, so work finished across a
+    restart is delivered instead of refused and run again. (With CURVE too: the broker
+    derives its sealing key from its secret key, so a restarted broker unseals them.)
+
+Rule 13 (answers the broker may have lost)
+    A broker killed or restarted takes with it the answers it had received but not yet
+    passed on (zmq queues, the batch it was handling), and those still in the kernel's
+    buffers; DCP has no acknowledgement, so the caller's retry would run them again. So the
+    core remembers the REPLYs it sent in the last ``L * I`` seconds (at most
+    ``replay_limit`` of them and ``replay_bytes`` bytes of data; the newest are kept) and,
+    when the connection is lost (:meth:`WorkerCore.connection_lost`, Rule 6, or a RECONNECT
+    from the broker, Rule 8), sends them again right after the next REGISTER (counted as
+    ``replayed``). Only answers that a client can recognise as duplicates are kept: the
+    request's first metadata part is a dcp request id (dcp clients drop a reply to a request
+    they already finished, their tracker's Rule 2) and the request is not a stream (whose
+    parts are not kept). MDP and DagBox clients, which match replies by order, never get one
+    twice. Forwards are not sent again: a new broker would run the next service a second
+    time. An answer the broker did pass on reaches its client twice and is dropped there.
 
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
@@ -123,6 +138,7 @@ import attrs
 from ._core.directory import DESCRIBE
 from ._errors import RemoteProtocolError
 from ._messages import (
+    REQUEST_ID_PREFIX,
     Message,
     Ping,
     Pong,
@@ -136,6 +152,7 @@ from ._messages import (
 )
 from ._stats import WorkerStatistics
 from .wire.dcp1 import check_type_width, parse
+from .wire.streams import STREAM_OPTION
 
 #: The metadata of a worker's ``mmi.describe`` request (Rule 12), to know the answer.
 DESCRIBE_TAG = b"\xffDCP:describe"
@@ -216,6 +233,9 @@ class WorkerCore:
     :param random: source of jitter in ``[0, 1)``
     :param type_width: type-frame width of what we send (Rule 11): 1 (the spec) follows the
         broker; 4 (the DagBox C++ reference) is kept whatever the broker writes
+    :param replay_limit: the most recent replies kept to send again after a lost
+        connection (Rule 13; 0: none)
+    :param replay_bytes: the most data bytes those replies may hold together
     """
 
     def __init__(
@@ -231,6 +251,8 @@ class WorkerCore:
         type_width: int = 1,
         more_services: Sequence[bytes] = (),
         infos: Mapping[bytes, bytes] | None = None,
+        replay_limit: int = 1024,
+        replay_bytes: int = 8 << 20,
     ) -> None:
         check_type_width(type_width)
         if concurrency < 1:
@@ -279,6 +301,12 @@ class WorkerCore:
         self._received = self._replies = self._forwards = self._errors = 0
         self._cancelled = self._dropped = self._backlogged = self._expired = 0
         self._reregistrations = self._malformed = self._unexpected = 0
+        #: Rule 13: (time sent, reply, data bytes) of recent replies, oldest first.
+        self._sent: deque[tuple[float, Reply, int]] = deque()
+        self._sent_bytes = 0
+        self.replay_limit = replay_limit
+        self.replay_bytes = replay_bytes
+        self._replayed = 0
 
     @property
     def in_progress(self) -> int:
@@ -299,6 +327,9 @@ class WorkerCore:
         outbox = self.outbox
         outbox += self._registrations()
         outbox += self._pending
+        for message in self._pending:
+            if type(message) is Reply:
+                self._remember(message, now)
         self._pending.clear()
         self._last_send = now
 
@@ -307,6 +338,7 @@ class WorkerCore:
         if self.state in (State.REGISTERING, State.READY):
             self.state = State.DISCONNECTED
             self._drop_backlog()
+            self._pending[:0] = self._replay(now)
 
     def reconnected(self, now: float) -> None:
         """Rule 12: the socket has a new connection: REGISTER, then the kept results."""
@@ -397,6 +429,7 @@ class WorkerCore:
         if now >= self._last_recv + self.liveness * self.heartbeat_interval:
             self.state = State.DISCONNECTED
             self._drop_backlog()
+            self._pending[:0] = self._replay(now)
             delay = backoff_delay(
                 self._failures, self.reconnect_min, self.reconnect_max, self._random()
             )
@@ -449,6 +482,7 @@ class WorkerCore:
             malformed=self._malformed,
             unexpected=self._unexpected,
             expired=self._expired,
+            replayed=self._replayed,
         )
 
     # -- helpers ------------------------------------------------------------------------
@@ -507,8 +541,11 @@ class WorkerCore:
         self._drop_backlog()
         self._generation += 1
         self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
+        replay = self._replay(now)
         for message in self._registrations():
             self._send(message, now)
+        for reply in replay:
+            self._send(reply, now)
 
     def _has_free_slot(self) -> bool:
         return not self.stopping and self._in_progress < self.concurrency
@@ -522,9 +559,43 @@ class WorkerCore:
             self._last_send = now
             if isinstance(message, (Ping, Pong)):
                 self._last_beat = now
+            elif type(message) is Reply:
+                self._remember(message, now)
             self.outbox.append(message)
         elif self.state is State.DISCONNECTED and isinstance(message, (Reply, Request)):
             self._pending.append(message)  # Rule 7: sent after the next REGISTER
+
+    def _remember(self, reply: Reply, now: float) -> None:
+        """Rule 13: keep ``reply`` (sent now) if its client can recognise a duplicate."""
+        metadata = reply.metadata
+        if (
+            not metadata
+            or not metadata[0].startswith(REQUEST_ID_PREFIX)
+            or self.replay_limit <= 0
+            or any(part.startswith(STREAM_OPTION) for part in metadata[1:])
+        ):
+            return
+        size = sum(map(len, reply.data))
+        sent = self._sent
+        sent.append((now, reply, size))
+        self._sent_bytes += size
+        horizon = now - self.liveness * self.heartbeat_interval
+        while sent and (
+            sent[0][0] < horizon
+            or len(sent) > self.replay_limit
+            or self._sent_bytes > self.replay_bytes
+        ):
+            self._sent_bytes -= sent.popleft()[2]
+
+    def _replay(self, now: float) -> list[Message]:
+        """Rule 13: the replies sent in the last ``L * I`` seconds, oldest first (forgotten
+        here; they are remembered again when sent)."""
+        horizon = now - self.liveness * self.heartbeat_interval
+        replay: list[Message] = [reply for t, reply, _ in self._sent if t >= horizon]
+        self._sent.clear()
+        self._sent_bytes = 0
+        self._replayed += len(replay)
+        return replay
 
     def _drop_backlog(self) -> None:
         self._dropped += len(self._backlog)

@@ -314,3 +314,21 @@ def test_restart_while_jobs_run(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert fig["client_retries"] == 0
     assert fig["new_broker_rejections"] == {}
     assert "every job answered, run once" in capsys.readouterr().out
+
+
+def test_a_worker_killed_after_the_re_run_does_not_excuse_it() -> None:
+    events = [
+        {"ev": "run", "id": "a", "pid": 15, "t": 10.0},
+        {"ev": "run", "id": "a", "pid": 12, "t": 11.0},  # 15 still alive: counts
+        {"ev": "run", "id": "b", "pid": 16, "t": 10.0},
+        {"ev": "run", "id": "b", "pid": 12, "t": 13.0},  # 16 killed at 12.0: excused
+        {"ev": "run", "id": "b", "pid": 12, "t": 14.0},
+    ]
+    faults = [
+        {"kind": "kill_worker", "t": 2.0, "pid": 15, "clock": 12.0},
+        {"kind": "kill_worker", "t": 2.0, "pid": 16, "clock": 12.0},
+    ]
+    assert chaos_figures.reruns_worker_survived(events, faults) == 1
+    # Old records without times: a worker killed at any time excuses its re-runs.
+    untimed = [{k: v for k, v in e.items() if k != "t"} for e in events]
+    assert chaos_figures.reruns_worker_survived(untimed, faults) == 0

@@ -735,3 +735,90 @@ def test_a_backlogged_request_past_its_callers_deadline_is_answered_not_run() ->
     # Credit: two answers, two slots freed at the broker; the worker asks for no more.
     w.finish(result_message(later, b"r3"), 2.0)
     assert take(w) == [Reply(CLIENT, later.metadata, (b"r3",))]
+
+
+# -- Rule 13: answers the broker may have lost ---------------------------------------------
+
+DCP_ID = b"\xffDCP:id=" + bytes(16)
+
+
+def dcp_req(i: int, *options: bytes) -> Request:
+    """A request as a dcp client sends it: its id first, then options."""
+    return Request(SVC, CLIENT, (DCP_ID + b"%08d" % i, *options), (b"data-%d" % i,))
+
+
+def test_replies_sent_before_a_lost_connection_are_sent_again_after_register() -> None:
+    w = ready(n=4, now=0.0)
+    for i in range(4):
+        deliver(w, dcp_req(i), 0.0)
+    replies = [result_message(dcp_req(i), b"r%d" % i) for i in range(4)]
+    old = replies[0]
+    w.finish(old, 0.1)  # older than L * I (3 s) when the loss is noticed: not kept
+    w.finish(replies[1], 3.0)
+    w.finish(replies[2], 3.2)
+    take(w)
+    w.connection_lost(3.5)
+    w.finish(replies[3], 3.6)  # while disconnected: kept as before (Rule 7)
+    assert take(w) == []
+    w.reconnected(3.7)
+    assert take(w) == [Register(SVC), replies[1], replies[2], replies[3]]
+    assert w.statistics().replayed == 2
+    # Once sent again they are remembered again: a second restart replays them too.
+    assert deliver(w, Register(SVC), 3.8) == [Pong()]
+    assert deliver(w, Reconnect(), 3.9) == [Register(SVC), replies[1], replies[2], replies[3]]
+    assert w.statistics().replayed == 5
+
+
+def test_a_silent_broker_replays_after_the_new_connection() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, dcp_req(1), 0.0)
+    reply = result_message(dcp_req(1), b"r")
+    w.finish(reply, 0.5)
+    take(w)
+    w.tick(3.0)  # Rule 6: silent for L * I
+    assert take(w) == [BrokerLost(0.1)]
+    w.connect(3.2)
+    assert take(w) == [Register(SVC), reply]
+
+
+def test_only_replies_a_client_can_tell_apart_are_replayed() -> None:
+    w = ready(n=4, now=0.0)
+    plain = req(1)  # metadata of its own (an MDP or DagBox client): matched by order
+    stream = dcp_req(2, b"\xffDCP:stream=8")
+    forward_of = dcp_req(3)
+    errored = dcp_req(4)
+    for r in (plain, stream, forward_of, errored):
+        deliver(w, r, 0.0)
+    w.finish(result_message(plain, b"r"), 0.1)
+    w.finish(result_message(stream, b""), 0.1)
+    w.finish(Request(b"next", CLIENT, forward_of.metadata, (b"x",)), 0.1)
+    failed = error_reply(errored, "handler_error", "boom")
+    w.finish(failed, 0.1)
+    take(w)
+    w.connection_lost(0.2)
+    w.reconnected(0.3)
+    assert take(w) == [Register(SVC), failed]
+
+
+def test_replay_is_bounded_by_count_and_bytes() -> None:
+    w = WorkerCore(SVC, concurrency=8, replay_limit=3, replay_bytes=10)
+    w.connect(0.0)
+    w.receive(serialize(Register(SVC)), 0.0)
+    for i in range(8):
+        w.receive(serialize(dcp_req(i)), 0.0)
+    replies = [result_message(dcp_req(i), b"abcd") for i in range(8)]
+    for r in replies[:5]:
+        w.finish(r, 0.1)
+    take(w)
+    w.connection_lost(0.2)
+    w.reconnected(0.3)
+    # The newest 3, then only 2 fit in 10 bytes.
+    assert take(w)[1:] == replies[3:5]
+    off = WorkerCore(SVC, replay_limit=0)
+    off.connect(0.0)
+    off.receive(serialize(Register(SVC)), 0.0)
+    off.receive(serialize(dcp_req(1)), 0.0)
+    off.finish(result_message(dcp_req(1), b"r"), 0.1)
+    off.connection_lost(0.2)
+    off.reconnected(0.3)
+    assert [m for m in off.outbox if isinstance(m, Reply)] == [result_message(dcp_req(1), b"r")]
