@@ -153,20 +153,24 @@ def hangs(
 
 
 def reruns_worker_survived(
-    worker_events: Sequence[Mapping[str, Any]], faults: Sequence[Mapping[str, Any]]
+    worker_events: Sequence[Mapping[str, Any]],
+    faults: Sequence[Mapping[str, Any]],
+    kind: str | None = None,
 ) -> int:
     """Requests run again although the process that ran them first was neither killed
     before the second run nor hung on them: work that should have been delivered, not
     repeated (issue 17; broker restarts are the case). A worker killed only later does not
     excuse a re-run (when the records carry the time of each run and kill: ``t`` of a run
     event and ``clock`` of a kill, on the same monotonic clock; without them, a worker
-    killed at any time does)."""
+    killed at any time does). ``kind``: count only re-runs whose first run was by a worker
+    of that kind (``dcp``, ``majortomo``, ``dagbox``; a run event without one is ``dcp``)."""
     killed: dict[int, float] = {}
     for f in faults:
         if f["kind"] == "kill_worker":
             killed[int(f["pid"])] = float(f.get("clock", -math.inf))
     hung = {(str(ev["id"]), int(ev["pid"])) for ev in worker_events if ev.get("ev") == "hang"}
     first: dict[str, int] = {}
+    first_kind: dict[str, str] = {}
     count = 0
     counted: set[str] = set()
     for ev in worker_events:
@@ -176,8 +180,11 @@ def reruns_worker_survived(
         pid = first.get(rid)
         if pid is None:
             first[rid] = int(ev["pid"])
+            first_kind[rid] = str(ev.get("kind", "dcp"))
             continue
         if rid in counted or (rid, pid) in hung:
+            continue
+        if kind is not None and first_kind[rid] != kind:
             continue
         died = killed.get(pid)
         if died is not None and died <= float(ev.get("t", math.inf)):
@@ -231,6 +238,7 @@ def compute(
         "handler_runs": sum(runs.values()),
         "requests_run_more_than_once": sum(1 for n in runs.values() if n > 1),
         "reruns_worker_survived": reruns_worker_survived(worker_events, faults),
+        "reruns_worker_survived_dcp": reruns_worker_survived(worker_events, faults, "dcp"),
         "latency_ms": _latency_summary(latency),
         "worker_kills": len(kills),
         "worker_kills_confirmed": sum(1 for k in kills if k.get("signal") == 9),
@@ -305,6 +313,10 @@ def render(fig: Mapping[str, Any], settings: str) -> str:
         ("handler runs (beyond one per reply)", f"{fig['handler_runs']} ({runs_extra:+d})"),
         ("requests run more than once", fig["requests_run_more_than_once"]),
         ("... of them where the first worker survived", fig["reruns_worker_survived"]),
+        (
+            "... of those, first run by a dcp.Worker",
+            fig.get("reruns_worker_survived_dcp", "-"),
+        ),
         (
             "worker SIGKILLs (confirmed)",
             f"{fig['worker_kills']} ({fig['worker_kills_confirmed']})",
@@ -394,6 +406,11 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "errors": sum(sum(f["errors"].values()) for f in runs),
         "worker_kills": total("worker_kills"),
         "broker_restarts": total("broker_restarts"),
+        "reruns": total("requests_run_more_than_once"),
+        "reruns_worker_survived": total("reruns_worker_survived"),
+        "reruns_worker_survived_dcp": sum(
+            int(f.get("reruns_worker_survived_dcp", 0)) for f in runs
+        ),
         "hangs": len(hung),
         "hangs_answered": sum(1 for h in hung if h["answered"]),
         "hangs_elsewhere": sum(1 for h in hung if h["elsewhere"]),
@@ -439,6 +456,10 @@ def render_summary(summary: Mapping[str, Any]) -> str:
          f"{s['lost']} / {s['wrong']} / {s['duplicates_delivered']} / {s['errors']}"),
         ("worker SIGKILLs / broker restarts (all rounds)",
          f"{s['worker_kills']} / {s['broker_restarts']}"),
+        ("requests run more than once / where the first worker survived / of those, "
+         "first run by a dcp.Worker (all rounds)",
+         f"{s.get('reruns', '-')} / {s.get('reruns_worker_survived', '-')} / "
+         f"{s.get('reruns_worker_survived_dcp', '-')}"),
         ("hung requests answered / by another worker process",
          f"{s['hangs_answered']} / {s['hangs_elsewhere']} of {s['hangs']}"),
     ]  # fmt: skip

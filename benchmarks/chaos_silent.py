@@ -50,7 +50,13 @@ def serve_majortomo(args: argparse.Namespace, log: Callable[..., Any]) -> None:
     while True:
         client, body = worker.wait_for_request()
         payload = body[0] if body else b""
-        log(ev="run", id=payload.decode(errors="replace"), pid=pid)
+        log(
+            ev="run",
+            id=payload.decode(errors="replace"),
+            pid=pid,
+            t=time.monotonic(),
+            kind="majortomo",
+        )
         time.sleep(args.work)  # busy and silent
         worker.send_reply_final(client, [b"ok:" + payload, str(pid).encode()])
 
@@ -81,6 +87,12 @@ def serve_dagbox(args: argparse.Namespace, log: Callable[..., Any]) -> None:
             send(Register(service))
         elif isinstance(message, Request):
             payload = message.data[0] if message.data else b""
-            log(ev="run", id=payload.decode(errors="replace"), pid=pid)
+            log(
+                ev="run",
+                id=payload.decode(errors="replace"),
+                pid=pid,
+                t=time.monotonic(),
+                kind="dagbox",
+            )
             time.sleep(args.work)  # busy and silent
             send(Reply(message.client, message.metadata, (b"ok:" + payload, str(pid).encode())))
