@@ -306,6 +306,7 @@ class WorkerCore:
         self._sent_bytes = 0
         self.replay_limit = replay_limit
         self.replay_bytes = replay_bytes
+        self._replay_window = liveness * heartbeat_interval
         self._replayed = 0
 
     @property
@@ -568,29 +569,31 @@ class WorkerCore:
     def _remember(self, reply: Reply, now: float) -> None:
         """Rule 13: keep ``reply`` (sent now) if its client can recognise a duplicate."""
         metadata = reply.metadata
-        if (
-            not metadata
-            or not metadata[0].startswith(REQUEST_ID_PREFIX)
-            or self.replay_limit <= 0
-            or any(part.startswith(STREAM_OPTION) for part in metadata[1:])
-        ):
+        if not metadata or not metadata[0].startswith(REQUEST_ID_PREFIX) or not self.replay_limit:
             return
-        size = sum(map(len, reply.data))
+        for part in metadata[1:]:
+            if part.startswith(STREAM_OPTION):
+                return
+        size = 0
+        for part in reply.data:
+            size += len(part)
         sent = self._sent
         sent.append((now, reply, size))
         self._sent_bytes += size
-        horizon = now - self.liveness * self.heartbeat_interval
-        while sent and (
+        horizon = now - self._replay_window
+        while (
             sent[0][0] < horizon
             or len(sent) > self.replay_limit
-            or self._sent_bytes > self.replay_bytes
+            or (self._sent_bytes > self.replay_bytes)
         ):
             self._sent_bytes -= sent.popleft()[2]
+            if not sent:
+                break
 
     def _replay(self, now: float) -> list[Message]:
         """Rule 13: the replies sent in the last ``L * I`` seconds, oldest first (forgotten
         here; they are remembered again when sent)."""
-        horizon = now - self.liveness * self.heartbeat_interval
+        horizon = now - self._replay_window
         replay: list[Message] = [reply for t, reply, _ in self._sent if t >= horizon]
         self._sent.clear()
         self._sent_bytes = 0
