@@ -23,7 +23,7 @@ from ._approver import Approver, ApproverRunner
 from ._beacon import send_beacons
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._broker_io import EVENTS, POLLIN, Waker, events_of, read_one
-from ._connections import cut_accepted, revokes
+from ._connections import TELL_BEFORE_CUT, cut_accepted, revokes
 from ._context import get_context
 from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
@@ -311,6 +311,8 @@ class Broker:
         removed = await self._in_core(apply)
         cut = 0
         if revokes(old, security):
+            if removed:
+                await anyio.sleep(TELL_BEFORE_CUT)  # let zmq write what they were told
             zap = self._zap
             peers = (
                 None if zap is None else zap.peers_of(lambda key: not security.may_connect(key))

@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._security import CurveServer
 
-__all__ = ["cut_accepted", "revokes"]
+__all__ = ["TELL_BEFORE_CUT", "cut_accepted", "revokes"]
+
+#: Seconds a broker waits, after telling the workers a reload removed why, before it drops
+#: connections: zmq writes messages on its own I/O thread, and a connection dropped first
+#: loses what was not written yet (the worker would then learn of its revoked key from its
+#: next handshake, as :exc:`dcp.AuthenticationFailed`, instead of being told).
+TELL_BEFORE_CUT = 0.5
 
 
 def revokes(old: CurveServer, new: CurveServer) -> bool:

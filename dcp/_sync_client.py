@@ -530,11 +530,20 @@ class SyncClient:
         except zmq.Again:
             pass
         self._tracker.send_waits += 1
+        # A handshake that failed before the first send leaves no connection to queue on
+        # (libzmq does not reconnect after it): watch the monitor while waiting, or the
+        # failure would only be read once the attempt is over.
+        poller = zmq.Poller()
+        poller.register(sock, _POLLOUT)
+        if self._monitor is not None:
+            poller.register(self._monitor, _POLLIN)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return  # the attempt counts as lost; the retry rule takes over
-            sock.poll(math.ceil(min(remaining, _SEND_POLL_MAX) * 1000), _POLLOUT)
+            ready = dict(poller.poll(math.ceil(min(remaining, _SEND_POLL_MAX) * 1000)))
+            if self._monitor is not None and self._monitor in ready:
+                self._read_monitor()
             try:
                 send_frames(sock, frames)
                 return
@@ -567,6 +576,20 @@ class SyncClient:
             if queue is not None:
                 queue.append(msg.data)
 
+    def _read_monitor(self) -> None:
+        """Apply the handshake rules to the monitor's waiting events.
+
+        :raises AuthenticationFailed: the handshake with the broker failed (the client is
+            closed)
+        """
+        assert self._monitor is not None
+        for event, value in read_events(self._monitor):
+            failure = self._watch.event(event, value)
+            if failure is not None:
+                self._failure = failure
+                self.close()
+                raise self._closed_error()
+
     def _pump(self, wait_max: float | None = None) -> None:
         """Wait for replies or the next deadline (whichever is first, or ``wait_max``
         seconds if given and sooner) and handle them.
@@ -589,12 +612,7 @@ class SyncClient:
             wait_ms = most if wait_ms is None else min(wait_ms, most)
         ready = dict(self._poller.poll(wait_ms))
         if self._monitor is not None and self._monitor in ready:
-            for event, value in read_events(self._monitor):
-                failure = self._watch.event(event, value)
-                if failure is not None:
-                    self._failure = failure
-                    self.close()
-                    raise self._closed_error()
+            self._read_monitor()
         if ready:
             sock = self._sock
             done = self._done

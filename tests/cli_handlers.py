@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 
 import anyio
@@ -18,6 +19,12 @@ async def slow(request: dcp.Request) -> bytes:
     """Take ``request.data[0]`` seconds, then reply ``done``."""
     await anyio.sleep(float(request.data[0]))
     return b"done"
+
+
+async def slow_announced(request: dcp.Request) -> bytes:
+    """:func:`slow`, after a ``handling`` line on stderr (a test waits for it)."""
+    print("handling", file=sys.stderr, flush=True)
+    return await slow(request)
 
 
 #: Not a handler: ``dcp worker`` must refuse it.

@@ -427,7 +427,17 @@ async def test_send_queue_full_waits_then_times_out() -> None:
     ctx.setsockopt(zmq.SNDHWM, 2)
     try:
         # Nobody listens there: sends queue up to the high-water mark, then zmq says EAGAIN.
-        async with Client("tcp://127.0.0.1:1", context=ctx, timeout=0.1, retries=1) as client:
+        # Short attempts within a long call: each request's one resend is due 10-20 ms after
+        # its first attempt is lost, however late the client's task runs (with the call's
+        # time as short as its attempts, a late wake-up finds the call over: no resend).
+        async with Client(
+            "tcp://127.0.0.1:1",
+            context=ctx,
+            timeout=30,
+            attempt_timeout=0.05,
+            retries=1,
+            backoff=0.02,
+        ) as client:
             outcomes: list[BaseException] = []
 
             async def one() -> None:
@@ -436,7 +446,7 @@ async def test_send_queue_full_waits_then_times_out() -> None:
                 except RequestTimeout as exc:
                     outcomes.append(exc)
 
-            with anyio.fail_after(5):
+            with anyio.fail_after(10):
                 async with anyio.create_task_group() as tg:
                     for _ in range(20):
                         tg.start_soon(one)

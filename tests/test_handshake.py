@@ -160,7 +160,8 @@ async def test_a_sync_client_is_told(security: CurveClient | None, reason: str) 
         endpoint = broker.endpoints[0]
 
         def call() -> tuple[str, float]:
-            with SyncClient(endpoint, security=security, timeout=30) as client:
+            # 60 s: a missed failure would show at the first attempt's end (20 s).
+            with SyncClient(endpoint, security=security, timeout=60) as client:
                 started = time.monotonic()
                 with pytest.raises(AuthenticationFailed) as info:
                     client.request("echo", b"x")
@@ -170,7 +171,39 @@ async def test_a_sync_client_is_told(security: CurveClient | None, reason: str) 
                     client.request("echo", b"again")
                 return info.value.reason, elapsed
 
-        with anyio.fail_after(20):
+        with anyio.fail_after(90):
             said, elapsed = await anyio.to_thread.run_sync(call)
         assert reason in said
-        assert elapsed < 5
+        assert elapsed < 10  # a hang guard: told within about a second, not at 20 s
+
+
+@pytest.mark.anyio
+async def test_a_sync_client_whose_handshake_failed_before_its_first_send_is_told() -> None:
+    """libzmq drops the connection of a refused handshake without reconnecting, so the
+    first send finds no connection to queue on (EAGAIN): the client must read the failure
+    while it waits to send, not once the attempt is over."""
+    async with Broker("tcp://127.0.0.1:0", security=server()) as broker:
+        endpoint = broker.endpoints[0]
+
+        def call() -> tuple[str, float, int]:
+            client = SyncClient(endpoint, security=CurveClient(BROKER[0], *STRANGER), timeout=60)
+            with client:
+                assert client._monitor is not None
+                assert client._monitor.poll(30_000)  # the failure is known (not yet read)
+                # ... and libzmq has dropped the connection: a send would find none.
+                deadline = time.monotonic() + 30
+                while int(client._sock.getsockopt(zmq.EVENTS)) & zmq.POLLOUT:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                started = time.monotonic()
+                with pytest.raises(AuthenticationFailed) as info:
+                    client.request("echo", b"x", retries=0)
+                elapsed = time.monotonic() - started
+                assert client.closed
+                return info.value.reason, elapsed, client.statistics().send_waits
+
+        with anyio.fail_after(120):
+            said, elapsed, send_waits = await anyio.to_thread.run_sync(call)
+        assert "refused this client's CURVE key" in said
+        assert send_waits == 1  # the first send found no connection
+        assert elapsed < 30  # a hang guard: at once, not at the attempt's end (60 s)
