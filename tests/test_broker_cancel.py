@@ -21,21 +21,37 @@ from dcp._broker import Broker
 pytestmark = pytest.mark.anyio
 
 
+#: Contexts whose ``term()`` outlived its bound, still running in a thread: never destroyed
+#: (``destroy()`` would term them again from this thread, and libzmq aborts the process:
+#: "Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)").
+_STUCK: set[int] = set()
+
+
 @pytest.fixture
 def context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     yield ctx
-    ctx.destroy(linger=0)
+    if id(ctx) not in _STUCK:
+        ctx.destroy(linger=0)
 
 
 async def terminate(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-    """Terminate ``ctx``, failing if a socket is still open after 2 s."""
+    """Terminate ``ctx``, failing if a socket of it was left open.
+
+    ``term()`` waits for every socket of the context, so an open one is named at once
+    instead of waited for. The bound on ``term()`` itself is only a hang guard: zmq's I/O
+    thread finishes closing sockets in its own time, slowly on a loaded machine.
+    """
+    left = [sock for sock in list(ctx._sockets) if not sock.closed]
+    if left:
+        ctx.destroy(linger=0)
+        pytest.fail(f"{len(left)} socket(s) of the broker's context left open: {left}")
     try:
-        with anyio.fail_after(2):
+        with anyio.fail_after(30):
             await anyio.to_thread.run_sync(ctx.term, abandon_on_cancel=True)
     except TimeoutError:
-        ctx.destroy(linger=0)
-        pytest.fail("a socket of the broker's context was left open")
+        _STUCK.add(id(ctx))
+        pytest.fail("the broker's context did not terminate within 30 s")
 
 
 def free_port() -> int:
@@ -64,9 +80,9 @@ async def assert_bindable(endpoint: str) -> None:
     """The endpoint's address can be bound again soon (the broker let go of it).
 
     zmq closes a socket asynchronously: its I/O thread releases the listening port a moment
-    after ``close()`` returns, so this retries for up to 1 s.
+    after ``close()`` returns (later on a loaded machine), so this retries for up to 10 s.
     """
-    await wait_for(lambda: bind_once(endpoint), within=1.0)
+    await wait_for(lambda: bind_once(endpoint), within=10.0)
 
 
 async def test_cancel_stops_a_busy_broker_promptly_and_closes_its_socket(
@@ -119,7 +135,7 @@ async def test_a_cancelled_broker_can_serve_again(
 
 async def test_cancel_right_after_start(context: zmq.Context[zmq.Socket[bytes]]) -> None:
     broker = Broker("tcp://127.0.0.1:0", "inproc://cancel-right-after-start", context=context)
-    with anyio.fail_after(1):
+    with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             endpoints = await tg.start(broker.serve)
             tg.cancel_scope.cancel()
