@@ -103,7 +103,7 @@ async def test_leaving_early_closes_the_workers_generator() -> None:
             async for part in parts:
                 if part == (b"20",):
                     break
-        with anyio.fail_after(1):  # the cancel reaches the generator within a second
+        with anyio.fail_after(10):  # the cancel reaches the generator (a hang guard)
             await handler.closed.wait()
         assert handler.produced < 1000
         await wait_for(lambda: worker.statistics().in_progress == 0)
@@ -125,7 +125,7 @@ async def test_an_exception_in_the_reader_cancels_a_generator_busy_at_an_await()
                 async for part in parts:
                     if part == (b"2",):
                         raise KeyError("reader failed")
-        with anyio.fail_after(1):
+        with anyio.fail_after(10):
             await handler.closed.wait()
 
 
@@ -331,7 +331,7 @@ async def test_sync_client_stream() -> None:
         everything, some = await anyio.to_thread.run_sync(read)
         assert everything == [(b"%d" % i,) for i in range(1000)]
         assert some == [(b"0",), (b"1",), (b"2",)]
-        with anyio.fail_after(1):
+        with anyio.fail_after(10):
             await handler.closed.wait()
 
 
