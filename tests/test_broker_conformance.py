@@ -7,6 +7,7 @@ event loop. Every test runs on asyncio and trio.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -374,7 +375,8 @@ async def test_a_peer_reconnecting_with_the_same_routing_id_takes_over_its_addre
 
 async def test_a_worker_that_does_not_read_is_dropped_when_its_queue_fills() -> None:
     # inproc: no kernel buffers, so the pipe is full after both high-water marks (~1000+10).
-    async with serving("inproc://dcp-test-full-queue") as (broker, peers):
+    # A fresh name: zmq frees an inproc name after the socket closes, in its own time.
+    async with serving(f"inproc://dcp-test-full-queue-{uuid.uuid4().hex}") as (broker, peers):
         deaf = peers(b"W1", width=4, rcvhwm=10)
         deaf.send(Register(ECHO))
         await deaf.expect(Register(ECHO))

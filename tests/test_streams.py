@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -473,7 +474,8 @@ async def test_a_slow_mdp02_reader_pauses_a_dcp_worker_and_loses_nothing() -> No
     (inproc, high-water marks of 4), so parts are held and the worker paused; every part
     arrives, in order, and nothing is dropped."""
     handler = Counting()
-    broker = dcp.Broker("inproc://streams-slow-mdp", send_hwm=4)
+    # A fresh name: zmq frees an inproc name after the socket closes, in its own time.
+    broker = dcp.Broker(f"inproc://streams-slow-mdp-{uuid.uuid4().hex}", send_hwm=4)
     async with anyio.create_task_group() as tg:
         [endpoint] = await tg.start(broker.serve)
         async with dcp.Worker(endpoint, "count", handler) as worker:
