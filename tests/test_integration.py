@@ -30,25 +30,28 @@ Handler = dcp_worker.Handler
 HB = 0.1
 
 
-def fast_broker(endpoint: str = "tcp://127.0.0.1:0") -> dcp.Broker:
-    return dcp.Broker(endpoint, heartbeat_interval=HB, liveness=3)
+def fast_broker(endpoint: str = "tcp://127.0.0.1:0", *, heartbeat: float = HB) -> dcp.Broker:
+    return dcp.Broker(endpoint, heartbeat_interval=heartbeat, liveness=3)
 
 
-def fast_worker(endpoint: str, service: str, handler: Handler, concurrency: int = 1) -> dcp.Worker:
+def fast_worker(
+    endpoint: str, service: str, handler: Handler, concurrency: int = 1, *, heartbeat: float = HB
+) -> dcp.Worker:
     return dcp.Worker(
         endpoint,
         service,
         handler,
         concurrency=concurrency,
-        heartbeat_interval=HB,
+        heartbeat_interval=heartbeat,
         liveness=3,
         reconnect_min=0.05,
         reconnect_max=0.2,
     )
 
 
-async def eventually(predicate: Callable[[], bool], limit: float = 5.0) -> None:
-    """Wait until ``predicate()`` holds, checking every 5 ms, at most ``limit`` seconds."""
+async def eventually(predicate: Callable[[], bool], limit: float = 30.0) -> None:
+    """Wait until ``predicate()`` holds, checking every 5 ms, at most ``limit`` seconds (a
+    hang guard)."""
     with anyio.fail_after(limit):
         while not predicate():  # noqa: ASYNC110 - polling a plain attribute
             await anyio.sleep(0.005)
@@ -332,15 +335,17 @@ async def test_graceful_stop_finishes_in_flight_and_requeues_the_rest() -> None:
         return handler
 
     n = 6
-    with anyio.fail_after(10):
+    # Nobody dies here: 1 s heartbeats, so that a loaded machine does not expire a live
+    # worker (the test checks that the first one left rather than expired).
+    with anyio.fail_after(60):
         async with (
-            fast_broker() as broker,
+            fast_broker(heartbeat=1.0) as broker,
             anyio.create_task_group() as tg,
         ):
             ep = broker.endpoints[0]
-            first = fast_worker(ep, "svc", make_handler("first"), 2)
+            first = fast_worker(ep, "svc", make_handler("first"), 2, heartbeat=1.0)
             await tg.start(first.serve)
-            async with dcp.Client(ep, timeout=5, retries=0) as client:
+            async with dcp.Client(ep, timeout=30, retries=0) as client:
                 answers: dict[bytes, tuple[bytes, ...]] = {}
 
                 async def one(payload: bytes) -> None:
@@ -359,7 +364,7 @@ async def test_graceful_stop_finishes_in_flight_and_requeues_the_rest() -> None:
                     # (dispatched after its replies, dropped while stopping) is queued again.
                     await eventually(lambda: broker.statistics().workers == 0)
                     left = broker.statistics()
-                    second = fast_worker(ep, "svc", make_handler("second"))
+                    second = fast_worker(ep, "svc", make_handler("second"), heartbeat=1.0)
                     await tg.start(second.serve)
             await second.aclose(grace=1)
     assert first_stats.replies == 2 and first_stats.cancelled == 0
