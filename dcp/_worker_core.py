@@ -86,13 +86,6 @@ Rule 11 (type-frame width)
     then write in the width of the broker's last message. With ``type_width=4`` every
     message is written in 4 bytes from the first REGISTER on, whatever the broker writes: the
     explicit setting wins (a DagBox broker aborts on a 1-byte type; a dcp broker reads both).
-Rule 12 (several services)
-    A worker may register several services on one connection. Each connection (and each
-    RECONNECT) sends first one ``mmi.describe`` request per service that has an info
-    document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
-    is ignored), then one REGISTER per service. READY comes once every registration is
-    echoed; a refusal of any of them closes the core (Rule 10).
-
 Rule 12 (a new connection on the same socket)
     zmq reconnects a socket by itself, and the broker at the other end may be a new one (a
     restart) that does not know us. The driver reports the socket's connection events (zmq's
@@ -104,7 +97,6 @@ Rule 12 (a new connection on the same socket)
     to its client even though it never saw the request, so work finished across a
     restart is delivered instead of refused and run again. (With CURVE too: the broker
     derives its sealing key from its secret key, so a restarted broker unseals them.)
-
 Rule 13 (answers the broker may have lost)
     A broker killed or restarted takes with it the answers it had received but not yet
     passed on (zmq queues, the batch it was handling), and those still in the kernel's
@@ -119,6 +111,12 @@ Rule 13 (answers the broker may have lost)
     parts are not kept). MDP and DagBox clients, which match replies by order, never get one
     twice. Forwards are not sent again: a new broker would run the next service a second
     time. An answer the broker did pass on reaches its client twice and is dropped there.
+Rule 14 (several services)
+    A worker may register several services on one connection. Each connection (and each
+    RECONNECT) sends first one ``mmi.describe`` request per service that has an info
+    document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
+    is ignored), then one REGISTER per service. READY comes once every registration is
+    echoed; a refusal of any of them closes the core (Rule 10).
 
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
@@ -154,7 +152,7 @@ from ._stats import WorkerStatistics
 from .wire.dcp1 import check_type_width, parse
 from .wire.streams import STREAM_OPTION
 
-#: The metadata of a worker's ``mmi.describe`` request (Rule 12), to know the answer.
+#: The metadata of a worker's ``mmi.describe`` request (Rule 14), to know the answer.
 DESCRIBE_TAG = b"\xffDCP:describe"
 
 __all__ = [
@@ -264,7 +262,7 @@ class WorkerCore:
         if not 0 < reconnect_min <= reconnect_max:
             raise ValueError("need 0 < reconnect_min <= reconnect_max")
         self.service = service
-        #: Every service registered (Rule 12): ``service`` first.
+        #: Every service registered (Rule 14): ``service`` first.
         self.services = (service, *more_services)
         #: Their info documents, sent with ``mmi.describe`` before the registrations.
         self.infos = dict(infos or {})
@@ -369,7 +367,7 @@ class WorkerCore:
         if isinstance(msg, Register) and msg.service in self.services:
             self._unconfirmed.discard(msg.service)
             if self._unconfirmed:
-                return  # Rule 12: ready once every registration is echoed
+                return  # Rule 14: ready once every registration is echoed
             self.state = State.READY
             self._failures = 0
             # Rule 1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
@@ -392,7 +390,7 @@ class WorkerCore:
                 self.outbox.append(Refused(refusal[1], refused))
                 return
         if isinstance(msg, Reply) and msg.metadata == (DESCRIBE_TAG,):
-            return  # the broker's answer to mmi.describe (Rule 12)
+            return  # the broker's answer to mmi.describe (Rule 14)
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
 
@@ -489,7 +487,7 @@ class WorkerCore:
     # -- helpers ------------------------------------------------------------------------
 
     def _registrations(self) -> list[Message]:
-        """Rule 12: every description, then every registration."""
+        """Rule 14: every description, then every registration."""
         self._unconfirmed = set(self.services)
         infos = self.infos
         described: list[Message] = [
