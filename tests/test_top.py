@@ -36,7 +36,7 @@ def test_top_once_shows_a_service_and_its_requests(
     _, tcp = start_broker(procs, tmp_path, backend)
     start(procs, "--backend", backend, "worker", "--connect", tcp, "--service", "echo", HANDLER)
     for _ in range(3):
-        assert main(["--backend", backend, "call", "--connect", tcp, "echo", "hi"]) == 0
+        assert main(["--backend", backend, "call", "--connect", tcp, "--wait", "echo", "hi"]) == 0
     assert capsys.readouterr().out == "HI\n" * 3
 
     assert main(["top", "--connect", tcp, "--once", "--backend", backend]) == 0
