@@ -5,11 +5,13 @@ command), against a real ``dcp broker`` and ``dcp worker`` subprocesses on 127.0
 from __future__ import annotations
 
 import logging
+import uuid
 from pathlib import Path
 
 import pytest
 from _cli_procs import HANDLER, Proc, start, start_broker
 
+import dcp
 from dcp._cli import main
 from dcp._cli._call import NO_WORKERS
 
@@ -96,3 +98,15 @@ def test_stream_to_a_silent_endpoint_times_out(capsys: pytest.CaptureFixture[str
     argv = ["call", "--connect", "tcp://127.0.0.1:1", "--stream", "--timeout", "0.2", "x"]
     assert main(argv) == 1
     assert capsys.readouterr().err.startswith("dcp call: RequestTimeout: ")
+
+
+@pytest.mark.anyio
+async def test_broker_logs_no_workers_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """The answer to a no-wait request nobody serves is news (INFO), not a WARNING."""
+    caplog.set_level(logging.INFO, logger="dcp")
+    ep = f"inproc://call-{uuid.uuid4().hex}"
+    async with dcp.Broker(ep), dcp.Client(ep, timeout=5) as client:
+        with pytest.raises(dcp.NoWorkers):
+            await client.request("nobody", b"x", no_wait=True)
+    (record,) = [r for r in caplog.records if "no_workers" in r.getMessage()]
+    assert (record.name, record.levelno) == ("dcp.broker", logging.INFO)

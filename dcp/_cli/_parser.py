@@ -25,8 +25,8 @@ global options (--backend, -v) may also follow the command: dcp broker -v --bind
 
 exit status: 0 done; 1 error (one line on stderr: a port in use, a timeout, an error
 reply, ...); 2 usage error; 3 the broker refused a worker's registration; 4 no worker
-serves the service of a dcp call (without --wait); 130 stopped by
-SIGINT (Ctrl-C). A broker or worker stopped by SIGTERM exits with 0 once it has stopped."""
+serves the service of a dcp call; 130 stopped by SIGINT (Ctrl-C). A broker or worker
+stopped by SIGTERM exits with 0 once it has stopped."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -360,7 +360,7 @@ def _need_rich() -> None:
     try:
         import rich  # noqa: F401
     except ImportError:
-        raise CLIError(f"dcp top needs the rich library: {_INSTALL}") from None
+        raise CLIError(f"needs the rich library: {_INSTALL}") from None
 
 
 def cmd_top(args: argparse.Namespace) -> int:
