@@ -100,6 +100,26 @@ def test_stream_to_a_silent_endpoint_times_out(capsys: pytest.CaptureFixture[str
     assert capsys.readouterr().err.startswith("dcp call: RequestTimeout: ")
 
 
+def test_a_timeout_says_whether_the_broker_answers(
+    procs: list[Proc], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule 3: after a timeout, ``mmi.service`` tells a missing broker from a slow worker."""
+    _, tcp = start_broker(procs, tmp_path)
+    start(procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli_handlers:slow")
+    argv = ["call", "--connect", tcp, "--wait", "--retries", "0", "--timeout", "0.5"]
+    assert main([*argv, "slow", "10"]) == 1
+    assert capsys.readouterr().err == (
+        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.5s; the broker answers: "
+        "the service's workers did not reply in time\n"
+    )
+    # A DagBox C++ broker (--type-width 4) has no mmi.service: nothing to ask.
+    silent = ["call", "--connect", "tcp://127.0.0.1:1", "--type-width", "4", "--retries", "0"]
+    assert main([*silent, "--timeout", "0.1", "x"]) == 1
+    assert capsys.readouterr().err == (
+        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s\n"
+    )
+
+
 @pytest.mark.anyio
 async def test_broker_logs_no_workers_at_info(caplog: pytest.LogCaptureFixture) -> None:
     """The answer to a no-wait request nobody serves is news (INFO), not a WARNING."""

@@ -177,7 +177,10 @@ def test_call_timeout_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--timeout", "0.1", "--retries", "0", "echo", "x"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s\n"
+    assert captured.err == (
+        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s; no answer from "
+        "tcp://127.0.0.1:1 either: is a dcp broker running there?\n"
+    )
 
 
 @pytest.mark.parametrize("width", ["1", "4"])

@@ -10,6 +10,9 @@ Rules:
 2. ``-v`` (INFO on ``dcp.cli``): the broker it talks to, what it sent (service, parts,
    bytes), each resend as it happens, and the reply (parts, bytes, time). ``-vv`` adds the
    client's DEBUG lines (each message from the broker).
+3. A call that timed out (not "no worker") asks the broker ``mmi.service`` for half a second
+   more, and its error line says whether the broker answered: no answer is most likely no
+   broker at that endpoint.
 """
 
 from __future__ import annotations
@@ -97,6 +100,27 @@ def _connected(client: Client, args: argparse.Namespace) -> None:
     logger.info("broker %s%s; %s", client.endpoint, heard, limits)
 
 
+#: Seconds ``dcp call`` waits for the broker's answer to ``mmi.service`` after a timeout.
+HEALTH_TIMEOUT = 0.5
+
+
+async def _why_no_reply(client: Client, args: argparse.Namespace) -> str:
+    """Rule 3: after a timeout, whether the broker itself answers (``mmi.service``), as a
+    hint to append to the error line: a new user's first timeout is a broker that is not
+    there. A broker of ``--type-width 4`` (the DagBox C++ one) has no ``mmi.service``."""
+    from .._errors import DCPError
+
+    if args.type_width != 1:
+        return ""
+    try:
+        await client.request(
+            "mmi.service", args.service, timeout=HEALTH_TIMEOUT, retries=0, no_wait=False
+        )
+    except DCPError:
+        return f"; no answer from {client.endpoint} either: is a dcp broker running there?"
+    return "; the broker answers: the service's workers did not reply in time"
+
+
 async def _watch_resends(client: Client, attempts: int) -> None:
     """Rule 2: log each resend as the client makes it (its statistics count them)."""
     seen = 0
@@ -138,7 +162,7 @@ async def _request(
 
 def cmd_call(args: argparse.Namespace) -> int:
     from .._client import Client
-    from .._errors import DCPError, NoWorkers
+    from .._errors import DCPError, NoWorkers, RequestTimeout
 
     metadata = [part.encode() for part in args.metadata]
     if not all(metadata):
@@ -176,7 +200,8 @@ def cmd_call(args: argparse.Namespace) -> int:
             except DCPError as exc:
                 took = _ms(anyio.current_time() - began)
                 logger.info("no reply: %s (after %s)", type(exc).__name__, took)
-                raise CLIError(f"{type(exc).__name__}: {exc}") from None
+                why = await _why_no_reply(client, args) if type(exc) is RequestTimeout else ""
+                raise CLIError(f"{type(exc).__name__}: {exc}{why}") from None
             logger.info(
                 "reply after %s: data %s, metadata %s",
                 _ms(anyio.current_time() - began),
