@@ -106,7 +106,9 @@ def test_a_timeout_says_whether_the_broker_answers(
     """Rule 3: after a timeout, ``mmi.service`` tells a missing broker from a slow worker."""
     _, tcp = start_broker(procs, tmp_path)
     start(procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli_handlers:slow")
-    argv = ["call", "--connect", tcp, "--wait", "--retries", "0", "--timeout", "0.5"]
+    assert main(["call", "--connect", tcp, "--wait", "--timeout", "30", "slow", "0"]) == 0
+    assert capsys.readouterr().out == "done\n"  # the worker has registered
+    argv = ["call", "--connect", tcp, "--retries", "0", "--timeout", "0.5"]
     assert main([*argv, "slow", "10"]) == 1
     assert capsys.readouterr().err == (
         "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.5s; the broker answers: "
