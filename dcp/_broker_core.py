@@ -517,10 +517,11 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         """Broker-wide figures for ``mmi.broker`` (:func:`~._core.directory.broker_entry`);
         the uptime counts from :attr:`started`, which the driver sets when it has bound."""
         errors = sum(s.errors for s in self._services.values())
+        listed = sum(s.requests for s in self._services.values())
         busy = sum(1 for w in self.sessions.workers.values() if w.held)
         started = self._now if self.started is None else self.started
         uptime = max(0.0, self._now - started)
-        return directory.broker_entry(self.statistics(), uptime, errors, busy)
+        return directory.broker_entry(self.statistics(), uptime, errors, busy, listed)
 
     def statistics(self) -> BrokerStatistics:
         """A snapshot of the counters and per-service gauges."""

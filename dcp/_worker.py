@@ -63,7 +63,7 @@ logger = logging.getLogger("dcp.worker")
 #: What a handler may return.
 HandlerResult: TypeAlias = bytes | Sequence[bytes] | Forward
 AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
-#: ``async def handler(request: dcp.Request) -> bytes | Sequence[bytes] | dcp.Forward``, or
+#: ``async def handler(request: dcp.HandlerRequest) -> bytes | Sequence[bytes] | dcp.Forward``, or
 #: the same as a plain ``def`` (run in a worker thread).
 #: ``async def handler(request)`` with ``yield``: a stream handler (docs/streams.md).
 StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncIterator[Any]]
@@ -82,7 +82,7 @@ class Worker:
 
     ::
 
-        async def handler(request: dcp.Request) -> bytes:
+        async def handler(request: dcp.HandlerRequest) -> bytes:
             return request.data[0].upper()
 
         async with dcp.Worker("tcp://127.0.0.1:5555", "upper", handler, concurrency=8):

@@ -605,7 +605,10 @@ class Routing:
             Detail(detail, args) if args else detail,
         )
         if line is not None:
-            self.log_lines.append((logging.WARNING, *line))
+            # no_workers answers a no-wait request as the protocol says ("no responders",
+            # what `dcp call` asks by default): news, not a misbehaving peer.
+            level = logging.INFO if reason == "no_workers" else logging.WARNING
+            self.log_lines.append((level, *line))
 
     def note(self, level: int, msg: str, *args: object) -> None:
         """A line for the operators' log (:attr:`log_lines`; the driver writes it)."""
