@@ -31,7 +31,7 @@ from ._client_maps import map_async, map_unordered_async
 from ._client_options import ClientOptions
 from ._clock import loop_clock
 from ._errors import AuthenticationFailed
-from ._handshake import HandshakeWatch, watch_handshakes
+from ._handshake import HandshakeWatch, connect_dealer, watch_handshakes
 from ._json import encode_json
 from ._pubsub import Subscription
 from ._pubsub import publish as _publish
@@ -149,7 +149,7 @@ class Client(ClientOptions):
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if self._security is None else self._security.server_key
             self.endpoint = await resolve(self.endpoint, key=key)
-        sock, mon = self._connect(self._context, self._security)
+        sock, mon = connect_dealer(self._context, self.routing_id, self._security, self.endpoint)
         self._socket = AsyncSocket(sock)
         self._now = loop_clock()
         self._watch = watch = HandshakeWatch(

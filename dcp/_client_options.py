@@ -1,6 +1,6 @@
 """What :class:`~dcp.Client` and :class:`~dcp.SyncClient` share: their options, and what is
-built from them (the request tracker, the request metadata and time limits, the DEALER
-socket with its security and handshake monitor, the statistics).
+built from them (the request tracker, the request metadata and time limits, the
+statistics). Their socket: :func:`dcp._handshake.connect_dealer`, shared with the worker.
 
 Rules:
 
@@ -33,10 +33,8 @@ from ._calls import (
     request_metadata,
     service_bytes,
 )
-from ._context import get_context
-from ._handshake import monitor
 from ._messages import work_timeout_option
-from ._security import CurveClient, configure_client_socket
+from ._security import CurveClient
 from ._stats import ClientStatistics
 from ._streams import stream_timing
 from ._tracker import RequestTracker
@@ -123,27 +121,6 @@ class ClientOptions:
     def statistics(self) -> ClientStatistics:
         """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""
         return self._tracker.statistics()
-
-    def _connect(
-        self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
-    ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes] | None]:
-        """A DEALER socket with the client's routing id and security, connected to its
-        endpoint, and the handshake monitor (dcp/_handshake.py) watching it, if any."""
-        ctx = context if context is not None else get_context()
-        sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-        mon: zmq.Socket[bytes] | None = None
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
-            configure_client_socket(sock, security)
-            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
-            sock.connect(self.endpoint)
-        except BaseException:
-            sock.close(0)
-            if mon is not None:
-                mon.close(0)
-            raise
-        return sock, mon
 
     def _metadata(
         self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None

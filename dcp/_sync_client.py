@@ -29,7 +29,7 @@ from ._calls import (
 from ._client_maps import map_sync, map_unordered_sync, outcome_of, response_of
 from ._client_options import ClientOptions
 from ._errors import AuthenticationFailed
-from ._handshake import HandshakeWatch, close_monitor, read_events
+from ._handshake import HandshakeWatch, close_monitor, connect_dealer, read_events
 from ._json import encode_json
 from ._pubsub import SyncSubscription, deliver, publish_sync, subscribe_sync
 from ._response import Outcome, Response
@@ -93,7 +93,7 @@ class SyncClient(ClientOptions):
             key = None if security is None else security.server_key
             self.endpoint = resolve_blocking(self.endpoint, key=key)
         self._pid = os.getpid()
-        sock, mon = self._connect(context, security)
+        sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
         self._sock = sock
         self._monitor = mon
         self._watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
