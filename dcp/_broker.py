@@ -20,7 +20,7 @@ from ._approver import Approver, ApproverRunner
 from ._beacon import send_beacons
 from ._broker_core import BrokerCore, BrokerStatistics
 from ._broker_io import Waker
-from ._broker_stats import raced, serve_http, with_zap
+from ._broker_stats import serve_http, with_zap
 from ._broker_thread import Call, thread_loop
 from ._context import get_context
 from ._core.pubsub import PubSubStatistics
@@ -28,7 +28,7 @@ from ._exceptions import BaseExceptionGroup, single_error
 from ._guard import Guard
 from ._http import http_options
 from ._http import require as require_http
-from ._oplog import Frames, log_summaries, write_log
+from ._oplog import Frames, log_summaries, read_racy, write_log
 from ._security import CurveServer, configure_server_socket
 from ._security_reload import reload_broker_security
 from ._util import PeerId
@@ -220,14 +220,14 @@ class Broker:
 
     def pubsub_statistics(self) -> PubSubStatistics:
         """Pub/sub counters and gauges (published, routed, delivered, lost, ...)."""
-        return raced(self._core.pubsub.statistics)
+        return read_racy(self._core.pubsub.statistics)
 
     def statistics(self) -> BrokerStatistics:
         """Counters (requests, replies, forwards, redeliveries, rejections by reason) and
         gauges (workers, per-service queue depth). With CURVE, ``rejections`` also counts
         handshakes the ZAP handler denied (``zap_denied``) and malformed ZAP requests
         (``zap_malformed``)."""
-        return with_zap(self._zap, raced(self._core.statistics))
+        return with_zap(self._zap, read_racy(self._core.statistics))
 
     async def reload_security(self, security: CurveServer) -> int:
         """Replace the allow-lists while the broker runs (``dcp broker`` does on SIGHUP).

@@ -4,17 +4,15 @@ handler refused) and the HTTP endpoint's snapshots (``docs/operations.md``).
 Rules:
 
 1. With the I/O thread, the core changes while another thread reads it: a reading that
-   raced a change (``RuntimeError``: a dict resized while copied) is simply taken again.
+   raced a change is taken again (:func:`dcp._oplog.read_racy`).
 2. An HTTP snapshot is taken where the core runs (:func:`dcp._broker_thread.in_core`), so
    it is consistent; the ZAP handler's counts are added to it afterwards.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import anyio.abc
 import attrs
@@ -27,19 +25,7 @@ from ._zap import ZapHandler
 if TYPE_CHECKING:
     from ._broker import Broker
 
-__all__ = ["raced", "serve_http", "take_snapshot", "with_zap"]
-
-_T = TypeVar("_T")
-
-
-def raced(read: Callable[[], _T]) -> _T:
-    """``read()``, taken again if it raced the I/O thread (Rule 1)."""
-    for _ in range(100):
-        try:
-            return read()
-        except RuntimeError:  # pragma: no cover - a rare race with the I/O thread
-            time.sleep(0)
-    return read()  # pragma: no cover
+__all__ = ["serve_http", "take_snapshot", "with_zap"]
 
 
 async def serve_http(
