@@ -70,7 +70,7 @@ def open_connection(worker: Worker) -> None:
 
 
 async def watch_monitor(worker: Worker, scope: anyio.CancelScope, amon: AsyncSocket) -> None:
-    """Apply the socket's connection events as they come (see :meth:`_poll_monitor`)."""
+    """Apply the socket's connection events as they come (see :func:`poll_monitor`)."""
     with scope:
         try:
             while True:
