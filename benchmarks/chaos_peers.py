@@ -133,7 +133,7 @@ async def _serve_workers(args: argparse.Namespace) -> None:
     pid_bytes = str(pid).encode()
     hangs_left = args.hang_count if args.mode != "normal" else 0
 
-    async def handler(request: dcp.Request) -> list[bytes]:
+    async def handler(request: dcp.HandlerRequest) -> list[bytes]:
         nonlocal hangs_left
         payload = request.data[0] if request.data else b""
         rid = payload.decode(errors="replace")

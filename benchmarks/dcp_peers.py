@@ -187,7 +187,7 @@ def _run_sync(s: LoadSettings, trace: bool = False) -> Result:
     return Result.build(latencies, probe, lost=lost, errors=errors, extra=extra)
 
 
-async def _echo(request: dcp.Request) -> Sequence[bytes]:
+async def _echo(request: dcp.HandlerRequest) -> Sequence[bytes]:
     return request.data
 
 

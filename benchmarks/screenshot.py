@@ -49,8 +49,10 @@ SERVICES = {
 }
 
 
-def _handler(delay: float, failures: float) -> Callable[[dcp.Request], Awaitable[list[bytes]]]:
-    async def handle(request: dcp.Request) -> list[bytes]:
+def _handler(
+    delay: float, failures: float
+) -> Callable[[dcp.HandlerRequest], Awaitable[list[bytes]]]:
+    async def handle(request: dcp.HandlerRequest) -> list[bytes]:
         await anyio.sleep(delay * random.uniform(0.5, 1.5))
         if random.random() < failures:
             raise RuntimeError("upstream refused")

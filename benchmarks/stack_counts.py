@@ -99,7 +99,7 @@ async def _profiled(counts: Counts, body: Callable[[], Any]) -> Any:
         sys.setprofile(None)
 
 
-async def _echo(request: dcp.Request) -> Sequence[bytes]:
+async def _echo(request: dcp.HandlerRequest) -> Sequence[bytes]:
     return request.data
 
 

@@ -6,33 +6,31 @@ import collections
 import contextlib
 import errno
 import logging
-import threading
 import time
-from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-import attrs
 import zmq
 from zmq.utils import z85
 
 from ._approver import Approver, ApproverRunner
 from ._beacon import send_beacons
 from ._broker_core import BrokerCore, BrokerStatistics
-from ._broker_io import EVENTS, POLLIN, Waker, events_of, read_one
-from ._connections import TELL_BEFORE_CUT, cut_accepted, revokes
+from ._broker_io import Waker
+from ._broker_stats import serve_http, with_zap
+from ._broker_thread import Call, thread_loop
 from ._context import get_context
 from ._core.pubsub import PubSubStatistics
 from ._exceptions import BaseExceptionGroup, single_error
 from ._guard import Guard
 from ._http import http_options
 from ._http import require as require_http
-from ._oplog import Frames, log_summaries, write_log
+from ._oplog import Frames, log_summaries, read_racy, write_log
 from ._security import CurveServer, configure_server_socket
-from ._stats import BrokerSnapshot, snapshot
+from ._security_reload import reload_broker_security
 from ._util import PeerId
 from ._zap import ZapHandler
 from ._zmqio import AsyncSocket, Received
@@ -45,23 +43,7 @@ __all__ = ["Broker"]
 _ZERO_COPY_THRESHOLD = 65_536
 
 
-class _Call:
-    """Work for the core in the I/O thread: its function, result, and a done signal."""
-
-    __slots__ = ("done", "func", "result")
-
-    def __init__(self, func: Callable[[float], int]) -> None:
-        self.func = func
-        self.result = 0
-        self.done = threading.Event()
-
-
-#: How soon (ms) the I/O thread retries messages held for full sockets (streams Rule T3).
-_RETRY_MS = 2
-
 logger = logging.getLogger("dcp.broker")
-
-_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Broker:
@@ -228,9 +210,9 @@ class Broker:
         self.http_address: str | None = None
         self._approver: ApproverRunner | None = None
         self._socket: AsyncSocket | None = None
-        #: Work for the I/O thread's core (see _in_core), and how to wake the thread for it
-        #: (also for the approver's answers, _answered).
-        self._calls: collections.deque[_Call] = collections.deque()
+        #: Work for the I/O thread's core (dcp._broker_thread.in_core), and how to wake the
+        #: thread for it (also for the approver's answers, _answered).
+        self._calls: collections.deque[Call[Any]] = collections.deque()
         self._waker: Waker | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
         #: The bound endpoints (ports resolved) while serving; empty before.
@@ -238,39 +220,14 @@ class Broker:
 
     def pubsub_statistics(self) -> PubSubStatistics:
         """Pub/sub counters and gauges (published, routed, delivered, lost, ...)."""
-        for _ in range(100):
-            try:
-                return self._core.pubsub.statistics()
-            except RuntimeError:  # pragma: no cover - a rare race with the I/O thread
-                time.sleep(0)
-        return self._core.pubsub.statistics()  # pragma: no cover
+        return read_racy(self._core.pubsub.statistics)
 
     def statistics(self) -> BrokerStatistics:
         """Counters (requests, replies, forwards, redeliveries, rejections by reason) and
         gauges (workers, per-service queue depth). With CURVE, ``rejections`` also counts
         handshakes the ZAP handler denied (``zap_denied``) and malformed ZAP requests
         (``zap_malformed``)."""
-        # With the I/O thread, the core changes under us: a snapshot that raced a change
-        # (a dict resized while copied) is simply taken again.
-        for _ in range(100):
-            try:
-                stats = self._core.statistics()
-                break
-            except RuntimeError:  # pragma: no cover - a rare race
-                time.sleep(0)
-        else:  # pragma: no cover
-            stats = self._core.statistics()
-        return self._with_zap(stats)
-
-    def _with_zap(self, stats: BrokerStatistics) -> BrokerStatistics:
-        zap = self._zap
-        if zap is not None and (zap.denied or zap.malformed):
-            rejections = dict(stats.rejections)
-            for reason, count in (("zap_denied", zap.denied), ("zap_malformed", zap.malformed)):
-                if count:
-                    rejections[reason] = count
-            stats = attrs.evolve(stats, rejections=rejections)
-        return stats
+        return with_zap(self._zap, read_racy(self._core.statistics))
 
     async def reload_security(self, security: CurveServer) -> int:
         """Replace the allow-lists while the broker runs (``dcp broker`` does on SIGHUP).
@@ -290,64 +247,7 @@ class Broker:
         :raises ValueError: the broker has no security, or ``security`` has another key pair
             (restart the broker to change its keys: every peer must learn the new one)
         """
-        old = self._security
-        if old is None:
-            raise ValueError("this broker was made without security=: nothing to reload")
-        if (security.public_key, security.secret_key) != (old.public_key, old.secret_key):
-            raise ValueError(
-                "reload_security changes the allow-lists, not the broker's key pair: restart "
-                "the broker to change its keys"
-            )
-        self._security = security
-        if self._zap is not None:
-            self._zap.allow = security.may_connect
-        core = self._core
-
-        def apply(now: float) -> int:
-            assert core.guard is not None
-            core.guard.reload(security.may_connect, security.may_register)
-            return core.revoke(now)
-
-        removed = await self._in_core(apply)
-        cut = 0
-        if revokes(old, security):
-            if removed:
-                await anyio.sleep(TELL_BEFORE_CUT)  # let zmq write what they were told
-            zap = self._zap
-            peers = (
-                None if zap is None else zap.peers_of(lambda key: not security.may_connect(key))
-            )
-            cut = cut_accepted(self.endpoints, peers)
-        logger.info(
-            "security reloaded: %d worker(s) removed, %d connection(s) dropped", removed, cut
-        )
-        return removed
-
-    async def _in_core(self, func: Callable[[float], int]) -> int:
-        """Run ``func(now)`` where the core runs (the I/O thread, while there is one) and
-        send what it put in the outbox."""
-        waker = self._waker
-        if waker is None or not self._io_thread:
-            result = func(time.monotonic() if self._io_thread else anyio.current_time())
-            if self._socket is not None:
-                self._flush(self._socket)
-            return result
-        call = _Call(func)
-        self._calls.append(call)
-        waker.wake()
-        await anyio.to_thread.run_sync(call.done.wait)
-        return call.result
-
-    def _run_calls(self, asock: AsyncSocket | None) -> None:
-        calls = self._calls
-        while calls:
-            call = calls.popleft()
-            try:
-                call.result = call.func(time.monotonic())
-                if asock is not None:
-                    self._flush(asock)
-            finally:
-                call.done.set()
+        return await reload_broker_security(self, security)
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED
@@ -426,7 +326,7 @@ class Broker:
                     if self._beacon is not None:
                         await tg.start(self._send_beacons, bound)
                     if self._http is not None:
-                        await tg.start(self._serve_http, bound)
+                        await tg.start(serve_http, self, bound)
                     if self._log_summary is not None:
                         tg.start_soon(log_summaries, self._core.overview, self._log_summary)
                     if self._approve is not None:
@@ -434,7 +334,7 @@ class Broker:
                         tg.start_soon(self._approver.run, self._answered)
                     if self._io_thread:
                         task_status.started(bound)
-                        await self._thread_loop(asock, ctx)
+                        await thread_loop(self, asock, ctx)
                     else:
                         tg.start_soon(self._expire_loop)
                         task_status.started(bound)
@@ -453,30 +353,6 @@ class Broker:
             self._beacon, port, address=self._beacon_address, key=key, task_status=task_status
         )
 
-    async def _serve_http(
-        self, bound: list[str], *, task_status: anyio.abc.TaskStatus[str]
-    ) -> None:
-        from ._http.run import run_http
-
-        assert self._http is not None
-
-        def report(address: str | None) -> None:
-            self.http_address = address
-
-        await run_http(self._http, self._snapshot, bound, report, task_status=task_status)
-
-    async def _snapshot(self, peers: bool) -> BrokerSnapshot:
-        """What the HTTP endpoint shows, taken where the core runs (``peers``: list them)."""
-        core = self._core
-        taken: list[BrokerSnapshot] = []
-
-        def take(now: float) -> int:
-            taken.append(snapshot(core, now, peers=peers))
-            return 0
-
-        await self._in_core(take)
-        return attrs.evolve(taken[0], statistics=self._with_zap(taken[0].statistics))
-
     async def _receive_loop(self, asock: AsyncSocket) -> None:
         batch = self._batch
         while True:
@@ -487,112 +363,6 @@ class Broker:
             # input left, wait_readable parks, which lets them run: no extra pass then.)
             if asock.has_input():
                 await anyio.lowlevel.checkpoint()
-
-    async def _thread_loop(self, asock: AsyncSocket, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-        """Run the broker's I/O loop in a thread of its own (``io_thread=True``): a blocking
-        ``recv`` on the socket, woken by messages (:mod:`dcp._broker_io`), the core fed
-        from that thread.
-
-        One wake-up costs a ``poll(2)`` in libzmq there, against an event loop's wait,
-        cancel scope and task switch here (measured: ``python -m benchmarks.ab``). The
-        thread owns the socket while it runs; cancelling this task wakes it and waits for it
-        to stop, so the socket is closed only after."""
-        waker = Waker(ctx, asock.sock)
-        self._waker = waker
-        stopped = threading.Event()
-        lock = threading.Lock()
-        # Whether the thread got going, and whether it may still (a cancellation can come
-        # before the thread runs at all: then it must not start later).
-        state = {"started": False, "over": False}
-
-        def run() -> None:
-            with lock:
-                if state["over"]:
-                    return
-                state["started"] = True
-            try:
-                self._io_loop(asock, waker)
-            finally:
-                stopped.set()
-
-        try:
-            await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
-        finally:
-            with lock:
-                state["over"] = True
-                started = state["started"]
-            self._waker = None
-            if started:
-                waker.stop()
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(stopped.wait)
-            self._run_calls(None)  # any the thread did not take (its socket is done)
-            waker.close()
-
-    def _io_loop(self, asock: AsyncSocket, waker: Waker) -> None:
-        """The thread's loop (rules in :mod:`dcp._broker_io`): wait in ``recv`` until the
-        next timer, read on while messages wait, feed them to the core, flush; the core's
-        timers every ``heartbeat_interval / 4``; return when woken after
-        :meth:`Waker.stop`."""
-        core = self._core
-        sock = asock.sock
-        events = events_of(sock)
-        batch = self._batch
-        receive = core.receive
-        flush = self._flush
-        max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
-        wake_id = waker.ident
-        clock = time.monotonic
-        period = self.heartbeat_interval / 4
-        # Rule I1: the receive waits at most until the next timer (a little later at worst).
-        wait_ms = max(1, round(period * 1000))
-        timeout = wait_ms
-        sock.setsockopt(zmq.RCVTIMEO, timeout)
-        next_tick = clock() + period
-        while True:
-            now = clock()
-            if now >= next_tick:
-                core.expire(now)
-                flush(asock)
-                next_tick = now + period
-            if core.stalled:  # messages held for full sockets (_core/streams.py Rule T3)
-                core.retry_held()
-                flush(asock)
-                wanted = _RETRY_MS
-            else:
-                wanted = wait_ms
-            if wanted != timeout:
-                timeout = wanted
-                sock.setsockopt(zmq.RCVTIMEO, timeout)
-            msg = read_one(asock)
-            if msg is None:
-                continue
-            received = [msg]
-            # Rule I3: all that has come, before anything is sent.
-            while len(received) < batch and events(EVENTS) & POLLIN:
-                more = read_one(asock, _NOBLOCK)
-                if more is None:  # pragma: no cover - ZMQ_EVENTS said one was there
-                    break
-                received.append(more)
-            now = clock()
-            woken = False
-            debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (dcp._oplog Rule 1)
-            for msg in received:
-                frames = msg.frames
-                if frames[0] == wake_id:  # Rule I2
-                    woken = True
-                elif msg.dropped_frames or msg.nbytes - len(frames[0]) > max_bytes:
-                    self._handle([msg], now)  # (which logs it)
-                elif len(frames) > 1:  # (a ROUTER always adds the routing id)
-                    if debug:
-                        logger.debug("from %s: %s", PeerId(frames[0]), Frames(frames))
-                    receive(frames, now, msg.user_id)
-            flush(asock)
-            if woken:
-                if waker.stopped:
-                    return
-                self._run_calls(asock)  # a security reload (reload_security)
-                self._decide(asock, now)  # approvals (dcp._approver)
 
     def _handle(self, received: list[Received], now: float) -> None:
         """Feed drained messages to the core (cut ones as such)."""

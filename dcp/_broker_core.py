@@ -36,7 +36,8 @@ Rule 6 - Bounds and bad input. A message in no known dialect (``unknown_protocol
   dropped; when its sender can be told (a request, even one cut short at a size or frame
   limit, if its metadata survived), it gets a dcp error reply instead. A registered worker
   that sends another dialect's message is refused (``dialect_mismatch``). Nothing raises out
-  of :meth:`BrokerCore.receive`.
+  of :meth:`BrokerCore.receive`. (Messages the driver cut at a limit, or could not send:
+  :mod:`dcp._core.driver_reports`.)
 Rule S - Security (only with a :class:`~dcp._guard.Guard`, i.e. CURVE on; its rules S1-S4
   are in :mod:`dcp._guard`). Each message comes with its sender's key (*principal*); one
   the guard does not admit is counted and dropped. A registration the guard does not permit
@@ -52,33 +53,28 @@ driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from ._core import directory
+from ._core import directory, driver_reports
 from ._core.admission import Limits
 from ._core.approval import Approval, Approvals, decide
 from ._core.dbp import DbpPeers
-from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect, dcp_dialect
+from ._core.dialects import DCP1, DCP4, DcpDialect, Dialect
 from ._core.majordomo import Majordomo
 from ._core.mc0 import Mc0Peers
 from ._core.peers import Session, Sessions
 from ._core.pubsub_peers import PUBSUB_PREFIX, PubSubOptions
 from ._core.unreachable import EarlyReplies, Unreachable
-from ._errors import MessageTooLarge, RemoteProtocolError, TooManyFrames
+from ._errors import RemoteProtocolError
 from ._guard import Guard
 from ._messages import ERROR_MARKER, MessageType, Register, Reply, Request
 from ._stats import BrokerStatistics, ServiceStatistics
-from .wire import mdp
-from .wire.dcp1 import PROTOCOL, TYPE_FRAMES, parse
+from .wire.dcp1 import PROTOCOL, parse
 from .wire.sniff import Family, sniff
 from .wire.streams import TYPE_FRAMES as STREAM_TYPE_FRAMES
 
 __all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
-
-
-_REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
 
 class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
@@ -367,97 +363,11 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         """The approver answered registration question ``token`` (approval Rule A2)."""
         decide(self, token, answer, now)
 
-    # --------------------------------------------------------- cut messages
+    # ------------------- what the driver reports (_core/driver_reports.py; Rules 6 and U1)
 
-    def reject_too_many_frames(
-        self, frames: list[bytes], dropped: int, now: float, principal: str | None = None
-    ) -> None:
-        """The driver cut a message at its frame limit, keeping ``frames`` (routing id
-        first): count and log it, and answer it with an error reply if it is a request
-        whose metadata was kept."""
-        kept = len(frames) - 1
-        exc = TooManyFrames(f"{kept + dropped} frames; the limit is {kept}")
-        self._reject_cut(frames, exc.reason, str(exc), now, principal)
-
-    def reject_too_large(
-        self,
-        frames: list[bytes],
-        nbytes: int,
-        limit: int,
-        now: float,
-        principal: str | None = None,
-    ) -> None:
-        """The driver found a message over its size limit and kept only ``frames`` of it:
-        as :meth:`reject_too_many_frames`."""
-        exc = MessageTooLarge(f"{nbytes} bytes; the limit is {limit}")
-        self._reject_cut(frames, exc.reason, str(exc), now, principal)
-
-    def _reject_cut(
-        self, frames: list[bytes], reason: str, detail: str, now: float, principal: str | None
-    ) -> None:
-        """A message cut at a limit: an error reply if it is a DCP request with its
-        metadata (an MDP one is counted and dropped: its body is what was cut)."""
-        self._now = now
-        peer = frames[0]
-        if self.guard is not None and not self._admitted(peer, principal):
-            return
-        body = frames[1:]
-        msg: object = None
-        width = 1
-        if sniff(body) is Family.DCP:
-            with contextlib.suppress(RemoteProtocolError):
-                msg, width = parse(body)
-        if not isinstance(msg, Request):
-            self.reject(peer, reason, detail)
-            return
-        dialect = dcp_dialect(width)
-        worker = self.sessions.workers.get(peer)
-        if worker is None:
-            self.sessions.remember(peer, dialect)
-        client = msg.client
-        origin: Dialect = dialect
-        released = False
-        if worker is not None and client is not None:
-            # A worker forwarding a request it holds: its client is the one to tell.
-            forwarded = self._forwarded(peer, worker, client, msg.metadata)
-            if forwarded is None:
-                return
-            client, origin, released = forwarded
-        elif client is None or (client != peer and not self.allow_foreign_address):
-            client = peer
-        self.refuse(client, origin, msg.service, msg.metadata, reason, detail)
-        if worker is not None:
-            self.credit(worker, released=released)
-
-    # ------------------------------------------------------------- output
-
-    def undeliverable(self, frames: list[bytes], why: str) -> None:
-        """The driver could not send ``frames`` (its peer is gone, or its queue is full).
-
-        A worker we cannot reach is treated as gone: what it holds is redelivered. Any other
-        message is dropped and counted: replies in ``dropped_replies``, the rest (echoes,
-        pongs, reconnects) in ``undeliverable``.
-        """
-        if self.undelivered(frames, why):
-            return  # held for a full socket (streams Rule T3)
-        if self.pubsub_undeliverable(frames, why):
-            return
-        peer = frames[0]
-        worker = self.sessions.workers.get(peer)
-        if worker is not None:
-            self.counters.count(f"worker_unreachable_{why}")
-            self.remove_worker(worker, f"unreachable ({why})")
-        elif _is_reply(frames):
-            # Rule U1 for DCP replies only: a DCP client keeps its address when it
-            # reconnects; a Majordomo client without an id of its own gets a new one.
-            if (
-                why != "gone"
-                or not _is_dcp_reply(frames)
-                or not self.unreachable.refused(frames, self._now)
-            ):
-                self.counters.dropped_replies += 1
-        else:
-            self.counters.undeliverable += 1
+    reject_too_many_frames = driver_reports.reject_too_many_frames
+    reject_too_large = driver_reports.reject_too_large
+    undeliverable = driver_reports.undeliverable
 
     # --------------------------------------------------------------- time
 
@@ -517,10 +427,11 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         """Broker-wide figures for ``mmi.broker`` (:func:`~._core.directory.broker_entry`);
         the uptime counts from :attr:`started`, which the driver sets when it has bound."""
         errors = sum(s.errors for s in self._services.values())
+        listed = sum(s.requests for s in self._services.values())
         busy = sum(1 for w in self.sessions.workers.values() if w.held)
         started = self._now if self.started is None else self.started
         uptime = max(0.0, self._now - started)
-        return directory.broker_entry(self.statistics(), uptime, errors, busy)
+        return directory.broker_entry(self.statistics(), uptime, errors, busy, listed)
 
     def statistics(self) -> BrokerStatistics:
         """A snapshot of the counters and per-service gauges."""
@@ -549,14 +460,3 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
             replaced=c.replaced,
             streams=self.stream_statistics(),
         )
-
-
-def _is_dcp_reply(frames: list[bytes]) -> bool:
-    return len(frames) > 3 and frames[3] in _REPLY_TYPE_FRAMES and frames[2][:4] == b"DGBX"
-
-
-def _is_reply(frames: list[bytes]) -> bool:
-    """Whether a message to a client is a reply (DCP REPLY, or an MDP client answer)."""
-    if _is_dcp_reply(frames):
-        return True
-    return any(f in mdp.CLIENT_HEADERS for f in frames[1:3])

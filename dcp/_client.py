@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import random
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -26,47 +23,37 @@ from ._calls import (
     Part,
     Payload,
     Timing,
-    check_window,
-    checked_routing_id,
     data_parts,
-    payload_parts,
-    request_metadata,
     service_bytes,
 )
+from ._client_io import receive_loop, send_request, shutdown
+from ._client_maps import map_async, map_unordered_async
+from ._client_options import ClientOptions
 from ._clock import loop_clock
-from ._context import get_context
 from ._errors import AuthenticationFailed
-from ._handshake import HandshakeWatch, monitor, watch_handshakes
+from ._handshake import HandshakeWatch, connect_dealer, watch_handshakes
 from ._json import encode_json
-from ._messages import work_timeout_option
-from ._pubsub import Subscription, deliver
+from ._pubsub import Subscription
 from ._pubsub import publish as _publish
 from ._pubsub import subscribe as _subscribe
 from ._response import Outcome, Response
-from ._security import CurveClient, configure_client_socket
+from ._security import CurveClient
 from ._services import ServiceChange, ServiceInfo, ServiceStats, ServiceSummary
-from ._stats import ClientStatistics
-from ._streams import DEFAULT_WINDOW, Stream, deliver_part, stream_timing
-from ._tracker import RequestTracker
+from ._streams import DEFAULT_WINDOW, Stream
 from ._waiters import Sink, Waiter
 from ._zmqio import AsyncSocket
-from .wire.streams import is_stream
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from ._tracing import ClientTracing, Start
+    from ._tracing import ClientTracing
 
 __all__ = ["Client"]
 
 logger = logging.getLogger("dcp.client")
 
-# Waiting out a full send queue (zmq high-water mark): first pause and largest pause.
-_SEND_PAUSE = 0.001
-_SEND_PAUSE_MAX = 0.05
 
-
-class Client:
+class Client(ClientOptions):
     """A DCP client for trio and asyncio programs.
 
     ::
@@ -131,60 +118,19 @@ class Client:
         exists
     """
 
-    def __init__(
-        self,
-        endpoint: str,
-        *,
-        timeout: float = 30.0,
-        attempt_timeout: float | None = None,
-        retries: int = 2,
-        no_wait: bool = False,
-        backoff: float = 0.1,
-        backoff_factor: float = 2.0,
-        backoff_max: float = 5.0,
-        jitter: float = 0.5,
-        routing_id: bytes | None = None,
-        context: zmq.Context[zmq.Socket[bytes]] | None = None,
-        batch: int = 256,
-        rng: random.Random | None = None,
-        remember: int = 8192,
-        work_timeout: float | None = None,
-        security: CurveClient | None = None,
-        type_width: int = 1,
-        tracing: bool | TracerProvider = False,
-    ) -> None:
-        routing_id = checked_routing_id(routing_id)
-        #: Spans of the requests (docs/tracing.md); ``None``: tracing off (costs one test).
-        self._tracing: ClientTracing | None = None
-        if tracing:
-            from ._tracing import ClientTracing  # imports OpenTelemetry: only when asked
+    #: Spans of the requests (docs/tracing.md); ``None``: tracing off (costs one test).
+    _tracing: ClientTracing | None = None
 
-            self._tracing = ClientTracing(tracing, endpoint)
-        if work_timeout is not None:
-            work_timeout_option(work_timeout)  # check it now
-        #: Default work timeout of requests (seconds; ``None``: the broker's).
-        self.work_timeout = work_timeout
-        #: Default of :meth:`request`'s ``no_wait``.
-        self.no_wait = no_wait
-        self.endpoint = endpoint
-        self._security = security
-        #: The socket's zmq routing id: the broker's address for this client.
-        self.routing_id = routing_id
-        self._tracker = RequestTracker(
-            timeout=timeout,
-            attempt_timeout=attempt_timeout,
-            retries=retries,
-            backoff=backoff,
-            backoff_factor=backoff_factor,
-            backoff_max=backoff_max,
-            jitter=jitter,
-            rng=rng,
-            remember=remember,
-            type_width=type_width,
-            probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
-        )
+    def _trace(self, tracing: bool | TracerProvider, endpoint: str) -> None:
+        from ._tracing import ClientTracing  # imports OpenTelemetry: only when asked
+
+        self._tracing = ClientTracing(tracing, endpoint)
+
+    def _setup(
+        self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
+    ) -> None:
         self._context = context
-        self._batch = batch
+        self._security = security
         self._socket: AsyncSocket | None = None
         self._waiters: dict[bytes, Waiter | Sink] = {}
         self._exit_stack: contextlib.AsyncExitStack | None = None
@@ -194,8 +140,6 @@ class Client:
         self._subscriptions: dict[bytes, Any] = {}
         #: The event loop's clock (anyio.current_time without its lookup; set on entry).
         self._now: Callable[[], float] = anyio.current_time
-        #: (work_timeout, no_wait) and the request metadata they give with no other option.
-        self._plain_metadata: tuple[tuple[float | None, bool], tuple[bytes, ...]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -205,21 +149,7 @@ class Client:
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if self._security is None else self._security.server_key
             self.endpoint = await resolve(self.endpoint, key=key)
-        ctx = self._context if self._context is not None else get_context()
-        sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-        mon: zmq.Socket[bytes] | None = None
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
-            configure_client_socket(sock, self._security)
-            # Handshake failures raise AuthenticationFailed (dcp/_handshake.py).
-            mon = monitor(sock)
-            sock.connect(self.endpoint)
-        except BaseException:
-            sock.close(0)
-            if mon is not None:
-                mon.close(0)
-            raise
+        sock, mon = connect_dealer(self._context, self.routing_id, self._security, self.endpoint)
         self._socket = AsyncSocket(sock)
         self._now = loop_clock()
         self._watch = watch = HandshakeWatch(
@@ -228,7 +158,7 @@ class Client:
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._shutdown, None)
             tg = await stack.enter_async_context(anyio.create_task_group())
-            tg.start_soon(self._receive_loop)
+            tg.start_soon(receive_loop, self)
             if mon is not None:
                 tg.start_soon(watch_handshakes, sock, mon, watch, self._shutdown)
             stack.callback(tg.cancel_scope.cancel)
@@ -254,15 +184,6 @@ class Client:
         """
         self._shutdown(None)
         await anyio.lowlevel.checkpoint()
-
-    @property
-    def closed(self) -> bool:
-        """True once the client was closed or its socket broke."""
-        return self._closed
-
-    def statistics(self) -> ClientStatistics:
-        """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""
-        return self._tracker.statistics()
 
     # ------------------------------------------------------------------ requests
 
@@ -424,11 +345,10 @@ class Client:
             ``payloads[i]``, raised on iteration)
         :raises ValueError: ``window`` < 1 or another bad option (at once, not on iteration)
         """
-        check_window(window)
-        service = service_bytes(service)
-        metadata = self._metadata(metadata, work_timeout, no_wait)
-        timing = self._tracker.timing(timeout, attempt_timeout, retries)
-        return self._map(service, payloads, window, metadata, timing)
+        service, meta, timing = self._map_options(
+            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+        )
+        return map_async(self, service, payloads, window, meta, timing)
 
     def map_unordered(
         self,
@@ -445,79 +365,10 @@ class Client:
     ) -> AsyncGenerator[tuple[int, Response], None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
         is the payload's position in ``payloads``)."""
-        check_window(window)
-        service = service_bytes(service)
-        metadata = self._metadata(metadata, work_timeout, no_wait)
-        timing = self._tracker.timing(timeout, attempt_timeout, retries)
-        return self._map_unordered(service, payloads, window, metadata, timing)
-
-    async def _map(
-        self,
-        service: bytes,
-        payloads: Iterable[Payload],
-        window: int,
-        metadata: Sequence[bytes],
-        timing: Timing,
-    ) -> AsyncGenerator[Response, None]:
-        start: Start = self._start
-        if self._tracing is None:
-            sink = Sink()
-        else:
-            sink, start = self._tracing.sink(start)
-        order: deque[bytes] = deque()
-        done = sink.done
-        try:
-            for index, payload in enumerate(payloads):
-                if len(order) >= window:
-                    while order[0] not in done:
-                        await sink.wait()
-                    yield self._result(done.pop(order.popleft()))
-                parts = payload_parts(payload, index)
-                rid, frames = start(service, parts, metadata, timing, sink)
-                order.append(rid)
-                await self._send(rid, frames)
-            while order:
-                while order[0] not in done:
-                    await sink.wait()
-                yield self._result(done.pop(order.popleft()))
-        finally:
-            self._forget(order)
-            sink.forget()
-
-    async def _map_unordered(
-        self,
-        service: bytes,
-        payloads: Iterable[Payload],
-        window: int,
-        metadata: Sequence[bytes],
-        timing: Timing,
-    ) -> AsyncGenerator[tuple[int, Response], None]:
-        start: Start = self._start
-        if self._tracing is None:
-            sink = Sink()
-        else:
-            sink, start = self._tracing.sink(start)
-        inflight: dict[bytes, int] = {}
-        done = sink.done
-        try:
-            for index, payload in enumerate(payloads):
-                if len(inflight) >= window:
-                    while not done:
-                        await sink.wait()
-                    rid = next(iter(done))
-                    yield inflight.pop(rid), self._result(done.pop(rid))
-                parts = payload_parts(payload, index)
-                rid, frames = start(service, parts, metadata, timing, sink)
-                inflight[rid] = index
-                await self._send(rid, frames)
-            while inflight:
-                while not done:
-                    await sink.wait()
-                rid = next(iter(done))
-                yield inflight.pop(rid), self._result(done.pop(rid))
-        finally:
-            self._forget(inflight)
-            sink.forget()
+        service, meta, timing = self._map_options(
+            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+        )
+        return map_unordered_async(self, service, payloads, window, meta, timing)
 
     def stream(
         self,
@@ -546,13 +397,10 @@ class Client:
         :raises RemoteError: (while reading) the stream ended with an error reply
         :raises RequestTimeout: (while reading) ``timeout`` or ``stall_timeout`` passed
         """
-        if stall_timeout is not None and not stall_timeout > 0:
-            raise ValueError("stall_timeout must be positive")
-        service = service_bytes(service)
-        parts = tuple(data_parts(data))
-        meta = self._metadata(metadata, work_timeout, False)
-        timing = stream_timing(self._tracker.timing(timeout, None, 0))
-        stream = Stream(self, service, parts, meta, timing, window, stall_timeout)
+        checked, parts, meta, timing = self._stream_options(
+            service, data, metadata, timeout, stall_timeout, work_timeout
+        )
+        stream = Stream(self, checked, parts, meta, timing, window, stall_timeout)
         if self._tracing is not None:
             self._tracing.trace_stream(stream)
         return stream
@@ -591,22 +439,11 @@ class Client:
 
     # ------------------------------------------------------------------ internals
 
-    def _metadata(
-        self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
-    ) -> tuple[bytes, ...]:
-        if metadata == () and work_timeout is None and no_wait is None:
-            # The common call: the client's own options only, built once per setting.
-            key = (self.work_timeout, self.no_wait)
-            plain = self._plain_metadata
-            if plain is None or plain[0] != key:
-                plain = self._plain_metadata = (key, self._metadata((), key[0], key[1]))
-            return plain[1]
-        return request_metadata(
-            metadata,
-            work_timeout,
-            self.work_timeout,
-            no_wait=self.no_wait if no_wait is None else no_wait,
-        )
+    #: Send a request's first attempt, waiting while zmq's queue is full (dcp/_client_io.py);
+    #: a method of the client for the maps, streams and pub/sub.
+    _send = send_request
+    #: Close the socket and fail every waiter (dcp/_client_io.py).
+    _shutdown = shutdown
 
     def _start(
         self,
@@ -627,32 +464,6 @@ class Client:
         self._waiters[rid] = waiter
         self._socket.move_deadline(tracker.deadline_of(rid))
         return rid, frames
-
-    async def _send(self, rid: bytes, frames: list[bytes]) -> None:
-        """Send a request's first attempt, pausing while zmq's queue is full (until the
-        tracker's next deadline for it: then the attempt counts as lost)."""
-        deadline = self._tracker.deadline_of(rid)
-        pause = _SEND_PAUSE
-        counted = False
-        while True:
-            if self._closed:
-                raise self._closed_error()
-            assert self._socket is not None
-            try:
-                self._socket.send_nowait(frames)
-                return
-            except zmq.Again:
-                pass
-            except zmq.ZMQError as exc:
-                self._shutdown(exc)
-                raise self._closed_error() from exc
-            if not counted:
-                counted = True
-                self._tracker.send_waits += 1
-            if anyio.current_time() >= deadline or not self._tracker.is_pending(rid):
-                return  # the attempt counts as lost; the retry rule takes over
-            await anyio.sleep(pause)
-            pause = min(2 * pause, _SEND_PAUSE_MAX)
 
     def _forget(self, rids: Iterable[bytes]) -> None:
         waiters = self._waiters
@@ -676,109 +487,3 @@ class Client:
             exc.__cause__ = self._broken
             return exc
         return anyio.ClosedResourceError("the client is closed")
-
-    def _shutdown(self, failure: BaseException | None) -> None:
-        """Close the socket and fail every waiter. Idempotent; the first cause sticks."""
-        if not self._closed:
-            self._closed = True
-            self._broken = failure
-        if self._socket is not None:
-            if not self._socket.closed:
-                # Stop the monitor before closing: libzmq's I/O thread sends the socket's
-                # last events (DISCONNECTED) to the monitor's PAIR with a blocking send; if
-                # our end of that PAIR is closed first, the send blocks that thread for good
-                # and every socket of the context falls silent.
-                with contextlib.suppress(zmq.ZMQError):
-                    self._socket.sock.disable_monitor()
-            self._socket.close(0)
-        self._tracker.cancel_all()
-        for state in self._subscriptions.values():
-            state.close()
-        waiters = list(self._waiters.items())
-        self._waiters.clear()
-        for rid, waiter in waiters:
-            waiter.deliver(rid, None)
-
-    async def _receive_loop(self) -> None:
-        asock = self._socket
-        assert asock is not None
-        tracker = self._tracker
-        waiters = self._waiters
-        batch = self._batch
-        watch = self._watch
-        assert watch is not None
-        failure: BaseException | None = None
-        try:
-            while True:
-                deadline = tracker.next_deadline()
-                await asock.wait_readable(math.inf if deadline is None else deadline)
-                if asock.closed:
-                    break
-                received = asock.drain(batch)
-                if received:
-                    watch.heard = watch.handshakes  # handshakes Rule H5
-                    if logger.isEnabledFor(logging.DEBUG):  # once per batch
-                        for msg in received:
-                            logger.debug(
-                                "from broker %s: %d frame(s), %d bytes",
-                                self.endpoint,
-                                len(msg.frames),
-                                sum(len(f) for f in msg.frames),
-                            )
-                subscriptions = self._subscriptions
-                for msg in received:
-                    if is_stream(msg.frames):
-                        deliver_part(msg.frames, waiters)  # dcp streams (_streams.py)
-                        continue
-                    if subscriptions and deliver(subscriptions, msg.frames):
-                        continue
-                    resolved = tracker.receive(msg.frames)
-                    if resolved is not None:
-                        rid, outcome = resolved
-                        waiter = waiters.pop(rid, None)
-                        if waiter is not None:
-                            waiter.deliver(rid, outcome)
-                now = self._now()
-                deadline = tracker.next_deadline()
-                if deadline is not None and deadline <= now:
-                    self._expire(asock, now)
-                # Let other tasks run between batches, however busy the socket is. (With
-                # no input left, wait_readable parks, which lets them run: no extra pass.)
-                if asock.has_input():
-                    await anyio.lowlevel.checkpoint()
-        except anyio.ClosedResourceError:
-            pass
-        except zmq.ZMQError as exc:
-            if not asock.closed:
-                failure = exc
-        except Exception as exc:  # a bug: fail the callers rather than hang them
-            logger.exception("dcp client receive task failed")
-            failure = exc
-        finally:
-            self._shutdown(failure)
-
-    def _expire(self, asock: AsyncSocket, now: float) -> None:
-        tracker = self._tracker
-        failed = tracker.expire(now)
-        out, tracker.outbox = tracker.outbox, []
-        watch = self._watch
-        if out and watch is not None and watch.unheard():
-            # Handshakes Rule H5: a secure broker ignores this connection; make a new one.
-            logger.warning(
-                "dcp client: the broker at %s has not answered on this connection since it "
-                "reconnected; connecting again",
-                self.endpoint,
-            )
-            watch.heard = watch.handshakes  # once per connection
-            asock.sock.disconnect(self.endpoint)
-            asock.sock.connect(self.endpoint)
-        for frames in out:
-            try:
-                asock.send_nowait(frames)
-            except zmq.Again:
-                tracker.resends_dropped += 1
-        waiters = self._waiters
-        for rid, exc in failed:
-            waiter = waiters.pop(rid, None)
-            if waiter is not None:
-                waiter.deliver(rid, exc)

@@ -26,7 +26,7 @@ import attrs
 from ._broker import Broker
 from ._client import Client
 from ._errors import DCPError
-from ._messages import Request
+from ._results import HandlerRequest
 from ._worker import Forward, Worker
 
 __all__ = ["DemoSummary", "run_demo"]
@@ -39,14 +39,14 @@ _WORDS = [
 _PUNCT = str.maketrans("", "", string.punctuation)
 
 
-async def normalize(request: Request) -> Forward:
+async def normalize(request: HandlerRequest) -> Forward:
     """Lower-case, strip punctuation, split; forward the words to ``stats``."""
     text = b" ".join(request.data).decode()
     words = text.translate(_PUNCT).lower().split()
     return Forward(b"stats", *(w.encode() for w in words))
 
 
-async def stats(request: Request) -> bytes:
+async def stats(request: HandlerRequest) -> bytes:
     """Count words and characters of a normalised sentence; find the longest word."""
     words = [bytes(w).decode() for w in request.data]
     longest = max(words, key=len) if words else ""

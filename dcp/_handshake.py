@@ -39,7 +39,9 @@ import anyio
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ._context import get_context
 from ._errors import AuthenticationFailed
+from ._security import CurveClient, configure_client_socket
 from ._zmqio import AsyncSocket
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "NO_DETAIL_LIMIT",
     "HandshakeWatch",
     "close_monitor",
+    "connect_dealer",
     "monitor",
     "read_events",
     "watch_handshakes",
@@ -133,6 +136,35 @@ class HandshakeWatch:
 
     def _fail(self, reason: str) -> AuthenticationFailed:
         return AuthenticationFailed(self.endpoint, reason)
+
+
+def connect_dealer(
+    context: zmq.Context[zmq.Socket[bytes]] | None,
+    routing_id: bytes,
+    security: CurveClient | None,
+    endpoint: str,
+) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """A client's or worker's DEALER socket (linger 0, ``routing_id``, CURVE keys if
+    ``security``) connected to the broker at ``endpoint``, and the monitor that watches its
+    handshakes from the start (:func:`monitor`); nothing is left open if a step fails.
+
+    :param context: zmq context (default: one shared per process)
+    """
+    ctx = context if context is not None else get_context()
+    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    mon: zmq.Socket[bytes] | None = None
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        configure_client_socket(sock, security)
+        mon = monitor(sock)  # handshake failures raise AuthenticationFailed
+        sock.connect(endpoint)
+    except BaseException:
+        sock.close(0)
+        if mon is not None:
+            mon.close(0)
+        raise
+    return sock, mon
 
 
 def monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:

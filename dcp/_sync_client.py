@@ -8,13 +8,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import zmq
@@ -24,33 +23,28 @@ from ._calls import (
     Part,
     Payload,
     Timing,
-    check_window,
-    checked_routing_id,
     data_parts,
-    payload_parts,
-    request_metadata,
     service_bytes,
 )
-from ._context import get_context
+from ._client_maps import map_sync, map_unordered_sync, outcome_of, response_of
+from ._client_options import ClientOptions
 from ._errors import AuthenticationFailed
-from ._handshake import HandshakeWatch, close_monitor, monitor, read_events
+from ._handshake import HandshakeWatch, close_monitor, connect_dealer, read_events
 from ._json import encode_json
-from ._messages import work_timeout_option
 from ._pubsub import SyncSubscription, deliver, publish_sync, subscribe_sync
 from ._response import Outcome, Response
-from ._security import CurveClient, configure_client_socket
-from ._stats import ClientStatistics
-from ._streams import DEFAULT_WINDOW, SyncStream, stream_timing
-from ._tracker import RequestTracker
+from ._security import CurveClient
+from ._streams import DEFAULT_WINDOW, SyncStream
 from ._zmqio import recv_frames, send_frames
 from .wire.streams import is_stream, parse_part
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
+    from ._tracing import SyncTracing
+
 __all__ = ["SyncClient"]
 
-_T = TypeVar("_T")
 
 _POLLIN = zmq.POLLIN
 _POLLOUT = zmq.POLLOUT
@@ -58,7 +52,7 @@ _POLLOUT = zmq.POLLOUT
 _SEND_POLL_MAX = 0.1
 
 
-class SyncClient:
+class SyncClient(ClientOptions):
     """A blocking DCP client, for one thread.
 
     ::
@@ -85,78 +79,24 @@ class SyncClient:
     reference broker); a bad one raises :exc:`ValueError` before the socket is created.
     """
 
-    def __init__(
-        self,
-        endpoint: str,
-        *,
-        timeout: float = 30.0,
-        attempt_timeout: float | None = None,
-        retries: int = 2,
-        no_wait: bool = False,
-        backoff: float = 0.1,
-        backoff_factor: float = 2.0,
-        backoff_max: float = 5.0,
-        jitter: float = 0.5,
-        routing_id: bytes | None = None,
-        context: zmq.Context[zmq.Socket[bytes]] | None = None,
-        batch: int = 256,
-        rng: random.Random | None = None,
-        remember: int = 8192,
-        work_timeout: float | None = None,
-        security: CurveClient | None = None,
-        type_width: int = 1,
-        tracing: bool | TracerProvider = False,
-    ) -> None:
-        routing_id = checked_routing_id(routing_id)
-        traced = None
-        if tracing:  # docs/tracing.md: spans of the requests; off costs nothing
-            from ._tracing import SyncTracing  # imports OpenTelemetry: only when asked
+    _traced: SyncTracing | None = None
 
-            traced = SyncTracing(tracing, endpoint)
-        if work_timeout is not None:
-            work_timeout_option(work_timeout)  # check it now
-        #: Default work timeout of requests (seconds; ``None``: the broker's).
-        self.work_timeout = work_timeout
-        #: Default of :meth:`request`'s ``no_wait``.
-        self.no_wait = no_wait
-        if endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
+    def _trace(self, tracing: bool | TracerProvider, endpoint: str) -> None:
+        from ._tracing import SyncTracing  # imports OpenTelemetry: only when asked
+
+        self._traced = SyncTracing(tracing, endpoint)
+
+    def _setup(
+        self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
+    ) -> None:
+        if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if security is None else security.server_key
-            endpoint = resolve_blocking(endpoint, key=key)
-        self.endpoint = endpoint
-        #: The socket's zmq routing id: the broker's address for this client.
-        self.routing_id = routing_id
-        self._tracker = RequestTracker(
-            timeout=timeout,
-            attempt_timeout=attempt_timeout,
-            retries=retries,
-            backoff=backoff,
-            backoff_factor=backoff_factor,
-            backoff_max=backoff_max,
-            jitter=jitter,
-            rng=rng,
-            remember=remember,
-            type_width=type_width,
-            probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
-        )
-        self._batch = batch
+            self.endpoint = resolve_blocking(self.endpoint, key=key)
         self._pid = os.getpid()
-        ctx = context if context is not None else get_context()
-        sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-        mon: zmq.Socket[bytes] | None = None
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTING_ID, routing_id)
-            configure_client_socket(sock, security)
-            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
-            sock.connect(endpoint)
-        except BaseException:
-            sock.close(0)
-            if mon is not None:
-                mon.close(0)
-            raise
+        sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
         self._sock = sock
         self._monitor = mon
-        self._watch = HandshakeWatch(endpoint, secure=security is not None, role="client")
+        self._watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
         #: Set when a handshake failure ended the client (see dcp._handshake).
         self._failure: AuthenticationFailed | None = None
         self._poller = zmq.Poller()
@@ -173,8 +113,8 @@ class SyncClient:
         self._owner: int | None = None
         self._owner_name = ""
         self._owner_lock = threading.Lock()
-        if traced is not None:
-            traced.attach(self)
+        if self._traced is not None:
+            self._traced.attach(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -200,14 +140,6 @@ class SyncClient:
             self._sock.close(0)
         self._tracker.cancel_all()
         self._done.clear()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def statistics(self) -> ClientStatistics:
-        """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""
-        return self._tracker.statistics()
 
     # ------------------------------------------------------------------ requests
 
@@ -245,7 +177,7 @@ class SyncClient:
         except BaseException:
             self._forget(rid)
             raise
-        return _result(done.pop(rid))
+        return response_of(done.pop(rid))
 
     def request_json(
         self,
@@ -302,10 +234,10 @@ class SyncClient:
         :param payloads: each is ``bytes`` or ``str`` (one data part) or a sequence of
             data parts; each is checked before it is sent
         """
-        return self._map(
-            service, payloads, window, metadata, timeout, attempt_timeout, retries,
-            work_timeout, no_wait, _result,
-        )  # fmt: skip
+        checked, meta, timing = self._map_options(
+            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+        )
+        return map_sync(self, checked, payloads, window, meta, timing, response_of)
 
     def map_outcomes(
         self,
@@ -325,10 +257,10 @@ class SyncClient:
         :exc:`~dcp.RequestTimeout` that :meth:`map` would raise. One failure does not stop
         the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
         """
-        return self._map(
-            service, payloads, window, metadata, timeout, attempt_timeout, retries,
-            work_timeout, no_wait, _outcome,
-        )  # fmt: skip
+        checked, meta, timing = self._map_options(
+            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+        )
+        return map_sync(self, checked, payloads, window, meta, timing, outcome_of)
 
     def map_unordered(
         self,
@@ -344,11 +276,10 @@ class SyncClient:
         no_wait: bool | None = None,
     ) -> Generator[tuple[int, Response], None, None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
-        check_window(window)
-        service = service_bytes(service)
-        metadata = self._metadata(metadata, work_timeout, no_wait)
-        timing = self._tracker.timing(timeout, attempt_timeout, retries)
-        return self._map_unordered(service, payloads, window, metadata, timing)
+        checked, meta, timing = self._map_options(
+            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+        )
+        return map_unordered_sync(self, checked, payloads, window, meta, timing)
 
     def stream(
         self,
@@ -371,91 +302,10 @@ class SyncClient:
         cancels the stream at the worker (so does an exception raised while waiting for a
         part). The request is sent when this is called.
         """
-        if stall_timeout is not None and not stall_timeout > 0:
-            raise ValueError("stall_timeout must be positive")
-        service = service_bytes(service)
-        parts = tuple(data_parts(data))
-        meta = self._metadata(metadata, work_timeout, False)
-        timing = stream_timing(self._tracker.timing(timeout, None, 0))
-        return SyncStream(self, service, parts, meta, timing, window, stall_timeout)
-
-    def _map(
-        self,
-        service: str | bytes,
-        payloads: Iterable[Payload],
-        window: int,
-        metadata: Sequence[Part],
-        timeout: float | None,
-        attempt_timeout: float | None,
-        retries: int | None,
-        work_timeout: float | None,
-        no_wait: bool | None,
-        take: Callable[[Outcome], _T],
-    ) -> Generator[_T, None, None]:
-        """Check the arguments now, then return the generator."""
-        check_window(window)
-        checked = service_bytes(service)
-        parts = self._metadata(metadata, work_timeout, no_wait)
-        timing = self._tracker.timing(timeout, attempt_timeout, retries)
-        return self._map_ordered(checked, payloads, window, parts, timing, take)
-
-    def _map_ordered(
-        self,
-        service: bytes,
-        payloads: Iterable[Payload],
-        window: int,
-        metadata: Sequence[bytes],
-        timing: Timing,
-        take: Callable[[Outcome], _T],
-    ) -> Generator[_T, None, None]:
-        order: deque[bytes] = deque()
-        done = self._done
-        pump = self._pump
-        try:
-            for index, payload in enumerate(payloads):
-                if len(order) >= window:
-                    while order[0] not in done:
-                        pump()
-                    yield take(done.pop(order.popleft()))
-                rid = self._start(service, payload_parts(payload, index), metadata, timing)
-                order.append(rid)
-            while order:
-                while order[0] not in done:
-                    pump()
-                yield take(done.pop(order.popleft()))
-        finally:
-            for rid in order:
-                self._forget(rid)
-
-    def _map_unordered(
-        self,
-        service: bytes,
-        payloads: Iterable[Payload],
-        window: int,
-        metadata: Sequence[bytes],
-        timing: Timing,
-    ) -> Generator[tuple[int, Response], None, None]:
-        inflight: dict[bytes, int] = {}
-        try:
-            for index, payload in enumerate(payloads):
-                if len(inflight) >= window:
-                    yield self._take_any(inflight)
-                rid = self._start(service, payload_parts(payload, index), metadata, timing)
-                inflight[rid] = index
-            while inflight:
-                yield self._take_any(inflight)
-        finally:
-            for rid in inflight:
-                self._forget(rid)
-
-    def _take_any(self, inflight: dict[bytes, int]) -> tuple[int, Response]:
-        done = self._done
-        while True:
-            # ``done`` holds only outcomes nobody took yet: usually just this map's.
-            for rid in done:
-                if rid in inflight:
-                    return inflight.pop(rid), _result(done.pop(rid))
-            self._pump()
+        checked, parts, meta, timing = self._stream_options(
+            service, data, metadata, timeout, stall_timeout, work_timeout
+        )
+        return SyncStream(self, checked, parts, meta, timing, window, stall_timeout)
 
     # ------------------------------------------------------------------ pub/sub
 
@@ -481,16 +331,6 @@ class SyncClient:
         )
 
     # ------------------------------------------------------------------ internals
-
-    def _metadata(
-        self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
-    ) -> tuple[bytes, ...]:
-        return request_metadata(
-            metadata,
-            work_timeout,
-            self.work_timeout,
-            no_wait=self.no_wait if no_wait is None else no_wait,
-        )
 
     def _closed_error(self) -> Exception:
         failure = self._failure
@@ -649,13 +489,3 @@ class SyncClient:
                         tracker.resends_dropped += 1
                 for rid, exc in failed:
                     self._done[rid] = exc
-
-
-def _result(outcome: Outcome) -> Response:
-    if isinstance(outcome, Response):
-        return outcome
-    raise outcome
-
-
-def _outcome(outcome: Outcome) -> Outcome:
-    return outcome

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 import anyio.abc
@@ -16,27 +14,26 @@ import attrs
 import zmq
 
 from ._beacon import BEACON_SCHEME, resolve
-from ._calls import make_routing_id
 from ._clock import loop_clock
-from ._context import get_context
 from ._errors import AuthenticationFailed, RegistrationRefused, RemoteProtocolError
 from ._exceptions import BaseExceptionGroup, single_error
-from ._handshake import HandshakeWatch, monitor, read_events
-from ._messages import Message, Reply, Request, request_work_timeout
+from ._handshake import HandshakeWatch
 from ._results import (
     Forward,
     HandlerRequest,
-    blocked_loop_hint,
-    error_reply,
     handler_name,
-    handler_view,
     is_async_handler,
-    result_message,
-    wait_blocked,
 )
-from ._security import CurveClient, configure_client_socket
+from ._security import CurveClient
 from ._services import several_services
 from ._stats import WorkerStatistics
+from ._worker_connection import (
+    close_connection,
+    open_connection,
+    poll_monitor,
+    send_message,
+    send_part,
+)
 from ._worker_core import (
     BrokerLost,
     Output,
@@ -45,10 +42,10 @@ from ._worker_core import (
     State,
     WorkerCore,
 )
+from ._worker_handlers import call_handler, drop, finish, handle, host_handlers, watch_loop
 from ._worker_slots import HandlerSlots
 from ._worker_streams import WorkerStreams, is_stream_handler
 from ._zmqio import AsyncSocket
-from .wire.dcp1 import serialize
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -63,7 +60,7 @@ logger = logging.getLogger("dcp.worker")
 #: What a handler may return.
 HandlerResult: TypeAlias = bytes | Sequence[bytes] | Forward
 AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
-#: ``async def handler(request: dcp.Request) -> bytes | Sequence[bytes] | dcp.Forward``, or
+#: ``async def handler(request: dcp.HandlerRequest) -> bytes | Sequence[bytes] | dcp.Forward``, or
 #: the same as a plain ``def`` (run in a worker thread).
 #: ``async def handler(request)`` with ``yield``: a stream handler (docs/streams.md).
 StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncIterator[Any]]
@@ -82,7 +79,7 @@ class Worker:
 
     ::
 
-        async def handler(request: dcp.Request) -> bytes:
+        async def handler(request: dcp.HandlerRequest) -> bytes:
             return request.data[0].upper()
 
         async with dcp.Worker("tcp://127.0.0.1:5555", "upper", handler, concurrency=8):
@@ -446,32 +443,6 @@ class Worker:
             if batch:
                 await anyio.lowlevel.checkpoint()
 
-    async def _host_handlers(
-        self, *, task_status: anyio.abc.TaskStatus[HandlerSlots[Run]]
-    ) -> None:
-        """Hold the handlers' task group until :meth:`_cancel_handlers` (or serving) ends."""
-        async with anyio.create_task_group() as handlers:
-            task_status.started(
-                HandlerSlots(handlers, self._core.concurrency, self._handle, self._drop)
-            )
-            await anyio.sleep_forever()
-
-    async def _watch_loop(self, scope: anyio.CancelScope) -> None:
-        """Warn, once, when the event loop was blocked longer than the heartbeat interval."""
-        interval = self._core.heartbeat_interval
-        with scope:
-            blocked = await wait_blocked(interval)
-            logger.warning(
-                "worker for service %r (handler %s): the event loop was blocked for %.2f s, "
-                "longer than the heartbeat interval (%.2f s), so heartbeats stopped and the "
-                "broker may give its requests to another worker; %s (logged once)",
-                self.service,
-                self._handler_name,
-                blocked,
-                interval,
-                blocked_loop_hint(self._is_async),
-            )
-
     async def _wait(self, deadline: float) -> None:
         """Sleep until ``deadline`` or until :meth:`_wake`."""
         if deadline == math.inf:  # pragma: no cover - callers always pass a finite one
@@ -489,121 +460,14 @@ class Worker:
         if self._asock is not None:
             self._asock.wake()
 
-    # -- sockets ----------------------------------------------------------------------------
+    # -- the connection (dcp/_worker_connection.py; methods, so that the hot path makes the
+    # -- same calls as when they were written here) ------------------------------------------
 
-    def _open(self) -> None:
-        ctx = self._context if self._context is not None else get_context()
-        sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-        mon: zmq.Socket[bytes] | None = None
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            # An explicit random id: a secure broker refuses zmq-generated (guessable) ones.
-            sock.setsockopt(zmq.ROUTING_ID, make_routing_id())
-            configure_client_socket(sock, self._security)
-            mon = monitor(sock)  # handshake failures raise AuthenticationFailed
-            sock.connect(self.endpoint)
-        except BaseException:
-            sock.close(0)
-            if mon is not None:
-                mon.close(0)
-            raise
-        self._asock = AsyncSocket(sock)
-        self._monitor = mon
-        self._handshakes = 0
-        self._watch = HandshakeWatch(
-            self.endpoint, secure=self._security is not None, role="worker"
-        )
-        assert self._tg is not None
-        self._watch_scope = scope = anyio.CancelScope()
-        self._amonitor = AsyncSocket(mon)
-        self._tg.start_soon(self._watch_monitor, scope, self._amonitor)
-
-    async def _watch_monitor(self, scope: anyio.CancelScope, amon: AsyncSocket) -> None:
-        """Apply the socket's connection events as they come (see :meth:`_poll_monitor`)."""
-        with scope:
-            try:
-                while True:
-                    await amon.wait_readable()
-                    if self._poll_monitor():
-                        self._wake()
-            except (anyio.ClosedResourceError, zmq.ZMQError):  # pragma: no cover - _close
-                pass
-
-    def _poll_monitor(self) -> bool:
-        """Apply the connection events waiting on the monitor, without blocking; whether
-        there were any. A failed handshake ends serving (:exc:`AuthenticationFailed`); a
-        lost and a new connection go to the core (its Rule 12: register again before
-        anything else is sent). Called before anything is sent, so that an answer finished
-        after the connection dropped is not queued for a broker that does not know us."""
-        mon = self._monitor
-        if mon is None or not int(mon.getsockopt(zmq.EVENTS)) & _POLLIN:
-            return False  # nothing waiting (cheaper than the zmq.Again of a failed read)
-        events = read_events(mon)
-        core = self._core
-        for event, value in events:
-            failure = self._watch.event(event, value)
-            if failure is not None:
-                if self._refused is None:
-                    logger.error("worker for service %r: %s", self.service, failure)
-                    self._refused = failure
-            elif event == zmq.EVENT_DISCONNECTED:
-                core.connection_lost(anyio.current_time())
-                self._streams.cancel_all()  # whoever answers next has not heard of them
-            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._handshakes += 1
-                if self._handshakes > 1:
-                    logger.info(
-                        "worker for service %r: new connection to %s; registering",
-                        self.service,
-                        self.endpoint,
-                    )
-                    core.reconnected(anyio.current_time())
-        return bool(events)
-
-    def _close(self, linger: int) -> None:
-        scope, self._watch_scope = self._watch_scope, None
-        if scope is not None:
-            scope.cancel()
-        mon, self._monitor = self._monitor, None
-        amon, self._amonitor = self._amonitor, None
-        asock, self._asock = self._asock, None
-        if mon is not None and asock is not None and not asock.sock.closed:
-            with contextlib.suppress(zmq.ZMQError):
-                asock.sock.disable_monitor()
-        if amon is not None:
-            amon.close(0)  # tells the event loop first (its fd may be waited on)
-        elif mon is not None:  # pragma: no cover - both are set together
-            mon.close(0)
-        if asock is not None:
-            asock.close(linger)
-
-    def _send(self, message: Message) -> None:
-        asock = self._asock
-        if asock is None:  # pragma: no cover - the core only sends while connected
-            return
-        try:
-            asock.send_nowait(serialize(message, width=self._core.width))
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("to broker %s: %s", self.endpoint, type(message).__name__)
-        except zmq.ZMQError as exc:
-            self._send_failures += 1
-            logger.warning("could not send %s to broker: %s", type(message).__name__, exc)
-
-    async def _send_part(self, frames: list[bytes]) -> None:
-        """Send a stream's part, waiting while zmq's queue is full (dropped if there is no
-        connection: the broker has ended the stream then)."""
-        pause = 0.001
-        while (asock := self._asock) is not None:
-            try:
-                asock.send_nowait(frames)
-                return
-            except zmq.Again:
-                await anyio.sleep(pause)
-                pause = min(2 * pause, 0.05)
-            except zmq.ZMQError as exc:
-                self._send_failures += 1
-                logger.warning("could not send a stream part to broker: %s", exc)
-                return
+    _open = open_connection
+    _poll_monitor = poll_monitor
+    _close = close_connection
+    _send = send_message
+    _send_part = send_part
 
     def _do(self, out: Output) -> None:
         if isinstance(out, Run):
@@ -614,76 +478,14 @@ class Worker:
         else:
             self._send(out)
 
-    # -- handlers ---------------------------------------------------------------------------
+    # -- handlers (dcp/_worker_handlers.py; methods, for the same reason) -------------------
 
-    async def _handle(self, run: Run) -> None:
-        # Runs in a handler slot, cancelled as a whole by _cancel_handlers.
-        request, generation = run.request, run.generation
-        message: Reply | Request | None = None
-        work_timeout = request_work_timeout(request.metadata)
-        if work_timeout is None:
-            try:
-                if self._tracing is None:
-                    message = await self._call(request)
-                else:
-                    message = await self._tracing.call(self._call, request)
-            finally:
-                self._finish(message, generation)
-            return
-        with anyio.CancelScope() as scope:
-            # The broker has given the request to another worker by then (and dropped us):
-            # free the slot rather than finish work nobody will use.
-            scope.deadline = anyio.current_time() + work_timeout
-            try:
-                message = await self._call(request)
-            finally:
-                self._finish(message, generation)
-        if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
-            logger.warning(
-                "handler for service %r cancelled: past the request's work timeout (%.3f s)",
-                self.service,
-                work_timeout,
-            )
-
-    def _drop(self, run: Run) -> None:
-        """A request queued for a slot when the handlers were cancelled: never run."""
-        self._finish(None, run.generation)
-
-    def _finish(self, message: Reply | Request | None, generation: int) -> None:
-        core = self._core
-        self._poll_monitor()  # Rule 12: has the connection changed under us?
-        core.finish(message, self._now(), generation=generation)
-        outs, core.outbox = core.outbox, []
-        for out in outs:
-            self._do(out)
-        if self._stop_deadline is not None:
-            self._wake()
-
-    async def _call(self, request: Request) -> Reply | Request:
-        view = handler_view(request)
-        try:
-            if self._streaming:
-                return await self._streams.run(
-                    cast(StreamHandler, self._handler),
-                    request,
-                    view,
-                    self._send_part,
-                    lambda: self._core.width,
-                )
-            if self._is_async:
-                result: object = await cast(AsyncHandler, self._handler)(view)
-            else:
-                result = await anyio.to_thread.run_sync(self._handler, view, limiter=self._threads)
-                if inspect.isawaitable(result):  # a plain callable that returns a coroutine
-                    result = await result
-        except Exception as exc:
-            logger.exception("handler for service %r raised", self.service)
-            return error_reply(request, "handler_error", f"{type(exc).__name__}: {exc}")
-        try:
-            return result_message(request, result)
-        except TypeError as exc:
-            logger.error("handler for service %r: %s", self.service, exc)
-            return error_reply(request, "bad_handler_result", str(exc))
+    _host_handlers = host_handlers
+    _watch_loop = watch_loop
+    _handle = handle
+    _drop = drop
+    _finish = finish
+    _call = call_handler
 
     def _cancel_handlers(self) -> None:
         if self._handlers is not None:

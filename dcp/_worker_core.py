@@ -86,13 +86,6 @@ Rule 11 (type-frame width)
     then write in the width of the broker's last message. With ``type_width=4`` every
     message is written in 4 bytes from the first REGISTER on, whatever the broker writes: the
     explicit setting wins (a DagBox broker aborts on a 1-byte type; a dcp broker reads both).
-Rule 12 (several services)
-    A worker may register several services on one connection. Each connection (and each
-    RECONNECT) sends first one ``mmi.describe`` request per service that has an info
-    document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
-    is ignored), then one REGISTER per service. READY comes once every registration is
-    echoed; a refusal of any of them closes the core (Rule 10).
-
 Rule 12 (a new connection on the same socket)
     zmq reconnects a socket by itself, and the broker at the other end may be a new one (a
     restart) that does not know us. The driver reports the socket's connection events (zmq's
@@ -104,21 +97,27 @@ Rule 12 (a new connection on the same socket)
     to its client even though it never saw the request, so work finished across a
     restart is delivered instead of refused and run again. (With CURVE too: the broker
     derives its sealing key from its secret key, so a restarted broker unseals them.)
-
 Rule 13 (answers the broker may have lost)
     A broker killed or restarted takes with it the answers it had received but not yet
     passed on (zmq queues, the batch it was handling), and those still in the kernel's
     buffers; DCP has no acknowledgement, so the caller's retry would run them again. So the
     core remembers the REPLYs it sent in the last ``L * I`` seconds (at most
-    ``replay_limit`` of them and ``replay_bytes`` bytes of data; the newest are kept) and,
-    when the connection is lost (:meth:`WorkerCore.connection_lost`, Rule 6, or a RECONNECT
-    from the broker, Rule 8), sends them again right after the next REGISTER (counted as
-    ``replayed``). Only answers that a client can recognise as duplicates are kept: the
-    request's first metadata part is a dcp request id (dcp clients drop a reply to a request
-    they already finished, their tracker's Rule 2) and the request is not a stream (whose
-    parts are not kept). MDP and DagBox clients, which match replies by order, never get one
-    twice. Forwards are not sent again: a new broker would run the next service a second
-    time. An answer the broker did pass on reaches its client twice and is dropped there.
+    ``replay_limit`` of them and ``replay_bytes`` bytes of data, the newest kept;
+    :mod:`dcp._worker_replay`) and, when the connection is lost
+    (:meth:`WorkerCore.connection_lost`, Rule 6, or a RECONNECT from the broker, Rule 8),
+    sends them again right after the next REGISTER (counted as ``replayed``). Only answers
+    a client can recognise as duplicates are kept: the request's first metadata part is a
+    dcp request id (dcp clients drop a reply to a request they already finished, their
+    tracker's Rule 2) and the request is not a stream (whose parts are not kept). MDP and
+    DagBox clients, which match replies by order, never get one twice. Forwards are not
+    sent again: a new broker would run the next service a second time. An answer the
+    broker did pass on reaches its client twice and is dropped there.
+Rule 14 (several services)
+    A worker may register several services on one connection. Each connection (and each
+    RECONNECT) sends first one ``mmi.describe`` request per service that has an info
+    document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
+    is ignored), then one REGISTER per service. READY comes once every registration is
+    echoed; a refusal of any of them closes the core (Rule 10).
 
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
@@ -126,19 +125,14 @@ handlers, log, or decide how long a graceful stop may take. Time is whatever ``n
 
 from __future__ import annotations
 
-import enum
 import math
 import random as _random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeAlias
-
-import attrs
 
 from ._core.directory import DESCRIBE
 from ._errors import RemoteProtocolError
 from ._messages import (
-    REQUEST_ID_PREFIX,
     Message,
     Ping,
     Pong,
@@ -151,10 +145,11 @@ from ._messages import (
     request_expires_in,
 )
 from ._stats import WorkerStatistics
+from ._worker_outputs import BrokerLost, Output, Refused, Run, State, backoff_delay
+from ._worker_replay import SentReplies
 from .wire.dcp1 import check_type_width, parse
-from .wire.streams import STREAM_OPTION
 
-#: The metadata of a worker's ``mmi.describe`` request (Rule 12), to know the answer.
+#: The metadata of a worker's ``mmi.describe`` request (Rule 14), to know the answer.
 DESCRIBE_TAG = b"\xffDCP:describe"
 
 __all__ = [
@@ -166,61 +161,6 @@ __all__ = [
     "WorkerCore",
     "backoff_delay",
 ]
-
-
-def backoff_delay(failures: int, low: float, high: float, rand: float) -> float:
-    """Reconnect delay after ``failures`` consecutive failed connections.
-
-    The ceiling doubles from ``low`` up to ``high``; the delay is drawn from the upper half
-    below the ceiling (``rand`` in ``[0, 1)``) and is never below ``low``.
-    """
-    ceiling = min(high, low * 2.0 ** min(failures, 60))
-    return max(low, ceiling * (0.5 + rand / 2))
-
-
-class State(enum.Enum):
-    """Where the worker stands with its broker."""
-
-    #: No connection; :meth:`WorkerCore.connect` starts one.
-    DISCONNECTED = "disconnected"
-    #: REGISTER sent; waiting for the broker's echo.
-    REGISTERING = "registering"
-    #: Registered: the broker may dispatch requests.
-    READY = "ready"
-    #: Left for good after :meth:`WorkerCore.leave`.
-    CLOSED = "closed"
-
-
-@attrs.frozen
-class Run:
-    """Output: start the handler for :attr:`request`; pass :attr:`generation` back to
-    :meth:`WorkerCore.finish`."""
-
-    request: Request
-    #: The registration the request came under (Rule 2: only answers to requests of the
-    #: current registration earn credit; the broker cannot match older ones).
-    generation: int = attrs.field(default=0, eq=False)
-
-
-@attrs.frozen
-class BrokerLost:
-    """Output: the broker is gone; close the socket, wait :attr:`delay` s, reconnect."""
-
-    delay: float
-
-
-@attrs.frozen
-class Refused:
-    """Output: the broker refused our registration (Rule 10); stop serving."""
-
-    #: The broker's explanation.
-    message: str
-    #: The service refused (not compared: one worker core refuses at most once).
-    service: bytes = attrs.field(default=b"", eq=False)
-
-
-#: What the core asks the I/O layer to do (the items of :attr:`WorkerCore.outbox`).
-Output: TypeAlias = Message | Run | BrokerLost | Refused
 
 
 class WorkerCore:
@@ -264,7 +204,7 @@ class WorkerCore:
         if not 0 < reconnect_min <= reconnect_max:
             raise ValueError("need 0 < reconnect_min <= reconnect_max")
         self.service = service
-        #: Every service registered (Rule 12): ``service`` first.
+        #: Every service registered (Rule 14): ``service`` first.
         self.services = (service, *more_services)
         #: Their info documents, sent with ``mmi.describe`` before the registrations.
         self.infos = dict(infos or {})
@@ -301,13 +241,8 @@ class WorkerCore:
         self._received = self._replies = self._forwards = self._errors = 0
         self._cancelled = self._dropped = self._backlogged = self._expired = 0
         self._reregistrations = self._malformed = self._unexpected = 0
-        #: Rule 13: (time sent, reply, data bytes) of recent replies, oldest first.
-        self._sent: deque[tuple[float, Reply, int]] = deque()
-        self._sent_bytes = 0
-        self.replay_limit = replay_limit
-        self.replay_bytes = replay_bytes
-        self._replay_window = liveness * heartbeat_interval
-        self._replayed = 0
+        #: Rule 13: the replies sent lately.
+        self._sent = SentReplies(liveness * heartbeat_interval, replay_limit, replay_bytes)
 
     @property
     def in_progress(self) -> int:
@@ -330,7 +265,7 @@ class WorkerCore:
         outbox += self._pending
         for message in self._pending:
             if type(message) is Reply:
-                self._remember(message, now)
+                self._sent.remember(message, now)
         self._pending.clear()
         self._last_send = now
 
@@ -339,7 +274,7 @@ class WorkerCore:
         if self.state in (State.REGISTERING, State.READY):
             self.state = State.DISCONNECTED
             self._drop_backlog()
-            self._pending[:0] = self._replay(now)
+            self._pending[:0] = self._sent.take(now)
 
     def reconnected(self, now: float) -> None:
         """Rule 12: the socket has a new connection: REGISTER, then the kept results."""
@@ -369,7 +304,7 @@ class WorkerCore:
         if isinstance(msg, Register) and msg.service in self.services:
             self._unconfirmed.discard(msg.service)
             if self._unconfirmed:
-                return  # Rule 12: ready once every registration is echoed
+                return  # Rule 14: ready once every registration is echoed
             self.state = State.READY
             self._failures = 0
             # Rule 1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
@@ -392,7 +327,7 @@ class WorkerCore:
                 self.outbox.append(Refused(refusal[1], refused))
                 return
         if isinstance(msg, Reply) and msg.metadata == (DESCRIBE_TAG,):
-            return  # the broker's answer to mmi.describe (Rule 12)
+            return  # the broker's answer to mmi.describe (Rule 14)
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
 
@@ -430,7 +365,7 @@ class WorkerCore:
         if now >= self._last_recv + self.liveness * self.heartbeat_interval:
             self.state = State.DISCONNECTED
             self._drop_backlog()
-            self._pending[:0] = self._replay(now)
+            self._pending[:0] = self._sent.take(now)
             delay = backoff_delay(
                 self._failures, self.reconnect_min, self.reconnect_max, self._random()
             )
@@ -483,13 +418,13 @@ class WorkerCore:
             malformed=self._malformed,
             unexpected=self._unexpected,
             expired=self._expired,
-            replayed=self._replayed,
+            replayed=self._sent.replayed,
         )
 
     # -- helpers ------------------------------------------------------------------------
 
     def _registrations(self) -> list[Message]:
-        """Rule 12: every description, then every registration."""
+        """Rule 14: every description, then every registration."""
         self._unconfirmed = set(self.services)
         infos = self.infos
         described: list[Message] = [
@@ -542,7 +477,7 @@ class WorkerCore:
         self._drop_backlog()
         self._generation += 1
         self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
-        replay = self._replay(now)
+        replay = self._sent.take(now)
         for message in self._registrations():
             self._send(message, now)
         for reply in replay:
@@ -561,44 +496,10 @@ class WorkerCore:
             if isinstance(message, (Ping, Pong)):
                 self._last_beat = now
             elif type(message) is Reply:
-                self._remember(message, now)
+                self._sent.remember(message, now)
             self.outbox.append(message)
         elif self.state is State.DISCONNECTED and isinstance(message, (Reply, Request)):
             self._pending.append(message)  # Rule 7: sent after the next REGISTER
-
-    def _remember(self, reply: Reply, now: float) -> None:
-        """Rule 13: keep ``reply`` (sent now) if its client can recognise a duplicate."""
-        metadata = reply.metadata
-        if not metadata or not metadata[0].startswith(REQUEST_ID_PREFIX) or not self.replay_limit:
-            return
-        for part in metadata[1:]:
-            if part.startswith(STREAM_OPTION):
-                return
-        size = 0
-        for part in reply.data:
-            size += len(part)
-        sent = self._sent
-        sent.append((now, reply, size))
-        self._sent_bytes += size
-        horizon = now - self._replay_window
-        while (
-            sent[0][0] < horizon
-            or len(sent) > self.replay_limit
-            or (self._sent_bytes > self.replay_bytes)
-        ):
-            self._sent_bytes -= sent.popleft()[2]
-            if not sent:
-                break
-
-    def _replay(self, now: float) -> list[Message]:
-        """Rule 13: the replies sent in the last ``L * I`` seconds, oldest first (forgotten
-        here; they are remembered again when sent)."""
-        horizon = now - self._replay_window
-        replay: list[Message] = [reply for t, reply, _ in self._sent if t >= horizon]
-        self._sent.clear()
-        self._sent_bytes = 0
-        self._replayed += len(replay)
-        return replay
 
     def _drop_backlog(self) -> None:
         self._dropped += len(self._backlog)

@@ -13,7 +13,7 @@ import anyio
 import dcp
 
 
-async def reverse(request: dcp.Request) -> bytes:
+async def reverse(request: dcp.HandlerRequest) -> bytes:
     await asyncio.sleep(0)  # plain asyncio code works inside handlers
     return request.data[0][::-1]
 

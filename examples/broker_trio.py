@@ -12,7 +12,7 @@ import trio
 import dcp
 
 
-async def upper(request: dcp.Request) -> bytes:
+async def upper(request: dcp.HandlerRequest) -> bytes:
     return b" ".join(request.data).upper()
 
 

@@ -17,20 +17,20 @@ import dcp
 PRICES = {"apple": 0.5, "pear": 0.75, "plum": 0.2}
 
 
-async def parse(request: dcp.Request) -> dcp.Forward:
+async def parse(request: dcp.HandlerRequest) -> dcp.Forward:
     """``b"3 apple"`` -> ``{"n": 3, "item": "apple"}``."""
     n, item = request.data[0].decode().split()
     return dcp.Forward(b"enrich", json.dumps({"n": int(n), "item": item}).encode())
 
 
-async def enrich(request: dcp.Request) -> dcp.Forward:
+async def enrich(request: dcp.HandlerRequest) -> dcp.Forward:
     """Add the unit price and the total."""
     order = json.loads(request.data[0])
     order["total"] = round(order["n"] * PRICES[order["item"]], 2)
     return dcp.Forward(b"render", json.dumps(order).encode())
 
 
-async def render(request: dcp.Request) -> bytes:
+async def render(request: dcp.HandlerRequest) -> bytes:
     """Format the final line; this reply goes to the client that called ``parse``."""
     order = json.loads(request.data[0])
     return f"{order['n']} x {order['item']} = {order['total']:.2f}".encode()

@@ -17,7 +17,7 @@ import zmq.auth
 import dcp
 
 
-async def upper(request: dcp.Request) -> bytes:
+async def upper(request: dcp.HandlerRequest) -> bytes:
     return request.data[0].upper()
 
 

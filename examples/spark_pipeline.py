@@ -57,7 +57,7 @@ _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d+)?|\S")
 # ------------------------------------------------------------------ the services
 
 
-async def normalise(request: dcp.Request) -> dcp.Forward:
+async def normalise(request: dcp.HandlerRequest) -> dcp.Forward:
     """A raw source line -> ``{"indent": n, "text": "..."}``, forwarded to ``score``."""
     line = request.data[0].decode(errors="replace")
     indent = len(line) - len(line.lstrip(" "))
@@ -65,7 +65,7 @@ async def normalise(request: dcp.Request) -> dcp.Forward:
     return dcp.Forward(b"score", json.dumps({"indent": indent, "text": text}).encode())
 
 
-async def score(request: dcp.Request) -> bytes:
+async def score(request: dcp.HandlerRequest) -> bytes:
     """``{"indent", "text"}`` -> the record the job stores (JSON): a toy complexity score
     from the nesting, the keywords, the distinct operators and the tokens of the code."""
     record = json.loads(request.data[0])

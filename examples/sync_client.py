@@ -16,7 +16,7 @@ import anyio.from_thread
 import dcp
 
 
-async def square(request: dcp.Request) -> bytes:
+async def square(request: dcp.HandlerRequest) -> bytes:
     return str(int(request.data[0]) ** 2).encode()
 
 

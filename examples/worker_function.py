@@ -22,7 +22,7 @@ import anyio
 import dcp
 
 
-async def wordcount(request: dcp.Request) -> bytes:
+async def wordcount(request: dcp.HandlerRequest) -> bytes:
     """Count the words of the request's text; reply with JSON."""
     text = b" ".join(request.data).decode()
     counts = Counter(text.split())

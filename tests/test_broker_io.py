@@ -13,6 +13,7 @@ from _raw import Peers, wait_for
 from dcp import Register, Reply, Request
 from dcp._broker import Broker
 from dcp._broker_io import Waker, read_one
+from dcp._broker_thread import in_core
 from dcp._zmqio import AsyncSocket
 
 
@@ -125,7 +126,7 @@ async def test_io_thread_takes_calls_while_its_socket_is_busy() -> None:
                     client.send(Request(b"echo", None, (b"m%d" % i,), (b"d",)))
                 calls = 0
                 for _ in range(5):
-                    assert await broker._in_core(lambda now: 7) == 7
+                    assert await in_core(broker, lambda now: 7) == 7
                     calls += 1
                 assert calls == 5
                 await worker.expect(Request(b"echo", b"C", (b"m0",), (b"d",)))

@@ -47,10 +47,10 @@ def test_worker_and_call_through_the_broker(
     worker = start(
         procs, "--backend", backend, "worker", "--connect", tcp, "--service", "echo", HANDLER
     )
-    # The call may be sent before the worker has registered: the broker queues it.
+    # The call may be sent before the worker has registered: with --wait the broker queues it.
     code, out, err = run(
-        "--backend", backend, "call", "--connect", f"ipc://{tmp_path}/b.sock", "echo", "hello",
-        "world",
+        "--backend", backend, "call", "--connect", f"ipc://{tmp_path}/b.sock", "--wait", "echo",
+        "hello", "world",
     )  # fmt: skip
     assert (code, out, err) == (0, "HELLO\nWORLD\n", "")
     # The worker leaves gracefully on SIGTERM (0), the broker on SIGINT (130).
@@ -72,7 +72,15 @@ def test_worker_and_call_with_type_width_4_through_a_dagbox_broker(procs: list[P
             "--type-width", "4", HANDLER,
         )  # fmt: skip
         code, out, err = run(
-            "call", "--connect", dagbox.endpoint, "--type-width", "4", "echo", "hello", "world"
+            "call",
+            "--connect",
+            dagbox.endpoint,
+            "--type-width",
+            "4",
+            "--wait",
+            "echo",
+            "hello",
+            "world",
         )
         assert (code, out, err) == (0, "HELLO\nWORLD\n", "")
         worker.popen.send_signal(signal.SIGTERM)
@@ -96,7 +104,9 @@ def test_worker_finishes_its_request_on_sigterm(procs: list[Proc], tmp_path: Pat
         procs, "worker", "-v", "--connect", tcp, "--service", "slow", "--grace", "120",
         "tests.cli_handlers:slow_announced",
     )  # fmt: skip
-    call = start(procs, "call", "--connect", tcp, "--retries", "0", "--timeout", "60", "slow", "2")
+    call = start(
+        procs, "call", "--connect", tcp, "--wait", "--retries", "0", "--timeout", "60", "slow", "2"
+    )
     # Signal the worker while its handler sleeps (2 s): once the handler says it started.
     worker.wait_stderr(b"handling", timeout=60)
     worker.popen.send_signal(signal.SIGTERM)
@@ -106,33 +116,49 @@ def test_worker_finishes_its_request_on_sigterm(procs: list[Proc], tmp_path: Pat
     assert "stopping gracefully" in err
 
 
-def test_call_to_a_service_nobody_serves_fails_after_its_timeout(
+def test_call_wait_to_a_service_nobody_serves_fails_after_its_timeout(
     procs: list[Proc], tmp_path: Path
 ) -> None:
+    """--wait queues the call; nobody came: the client asked mmi.service before giving up,
+    so it is exit status 4 (no worker), not 1 (a timeout)."""
     _, tcp = start_broker(procs, tmp_path)
     began = time.monotonic()
     # The client asks the broker (mmi.service) min(1 s, 10%) before giving up: 0.5 s here
     # for the answer to come back, so a loaded machine does not turn it into a plain
-    # RequestTimeout (with 0.3 s, the broker had 30 ms).
-    code, out, err = run("call", "--connect", tcp, "--timeout", "5", "--retries", "0", "nobody")
+    # timeout (with 0.3 s, the broker had 30 ms).
+    code, out, err = run(
+        "call", "--connect", tcp, "--wait", "--timeout", "5", "--retries", "0", "nobody"
+    )
     assert time.monotonic() - began >= 5
-    assert code == 1
-    assert out == ""
-    # Nobody serves it, the broker said.
+    assert (code, out) == (4, "")
     assert err == (
-        "dcp call: NoWorkers: no worker serves 'nobody' (the broker says so; no reply after "
-        "1 attempt(s))\n"
+        "dcp call: no worker serves 'nobody' (the broker says so; no reply after 1 attempt(s))\n"
     )
 
 
-def test_call_no_wait_fails_at_once_when_nobody_serves(procs: list[Proc], tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+@pytest.mark.parametrize("flag", [[], ["--no-wait"]], ids=["default", "no-wait"])
+def test_call_fails_at_once_when_nobody_serves(
+    procs: list[Proc], tmp_path: Path, backend: str, flag: list[str]
+) -> None:
+    """As ``nats req``'s "no responders": one line, exit status 4, not the 30 s timeout."""
     _, tcp = start_broker(procs, tmp_path)
     began = time.monotonic()
-    code, out, err = run("call", "--connect", tcp, "--timeout", "30", "--no-wait", "nobody")
+    code, out, err = run(
+        "--backend", backend, "call", "--connect", tcp, "--timeout", "30", *flag, "nobody"
+    )
     assert time.monotonic() - began < 10  # not the 30 s timeout
-    assert (code, out) == (1, "")
-    assert err.startswith("dcp call: NoWorkers: ")
-    assert "'nobody'" in err
+    assert (code, out) == (4, "")
+    assert err == (
+        "dcp call: no worker serves 'nobody' (start one with 'dcp worker', or use --wait to "
+        "queue the call until one registers)\n"
+    )
+
+
+def test_call_wait_and_no_wait_exclude_each_other() -> None:
+    code, out, err = run("call", "--connect", "tcp://127.0.0.1:1", "--wait", "--no-wait", "x")
+    assert (code, out) == (2, "")
+    assert "not allowed with argument" in err
 
 
 def test_demo_runs_clean() -> None:
@@ -153,7 +179,10 @@ def test_call_timeout_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--timeout", "0.1", "--retries", "0", "echo", "x"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s\n"
+    assert captured.err == (
+        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s; no answer from "
+        "tcp://127.0.0.1:1 either: is a dcp broker running there?\n"
+    )
 
 
 @pytest.mark.parametrize("width", ["1", "4"])
@@ -169,8 +198,8 @@ def test_broker_limits_from_the_command_line(procs: list[Proc]) -> None:
     broker = start(procs, "broker", "--bind", "tcp://127.0.0.1:0", "--max-client-queued", "0")
     (tcp,) = broker.read_lines(1)
     # No worker, and no client may queue anything: refused at once with an error reply.
-    code, out, err = run("call", "--connect", tcp, "--retries", "0", "nobody", "x")
-    assert code != 0
+    code, out, err = run("call", "--connect", tcp, "--wait", "--retries", "0", "nobody", "x")
+    assert code == 1
     assert out == ""
     assert "client_limit" in err
 
@@ -212,7 +241,9 @@ def test_call_reads_stdin_sends_metadata_and_prints_json(
     _, tcp = start_broker(procs, tmp_path)
     start(procs, "worker", "--connect", tcp, "--service", "echo", HANDLER)
     # '-' is one data part: stdin's bytes as they are (the newline included).
-    code, out, err = run("call", "--connect", tcp, "echo", "-", "x", stdin=b"from stdin\n")
+    code, out, err = run(
+        "call", "--connect", tcp, "--wait", "echo", "-", "x", stdin=b"from stdin\n"
+    )
     assert (code, out, err) == (0, "FROM STDIN\n\nX\n", "")
     # Options may follow the positional arguments.
     code, out, err = run(
@@ -236,8 +267,8 @@ def test_call_work_timeout(procs: list[Proc], tmp_path: Path) -> None:
     start(procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli_handlers:slow")
     began = time.monotonic()
     code, out, err = run(
-        "call", "--connect", tcp, "--timeout", "20", "--retries", "0", "--work-timeout", "0.5",
-        "slow", "10",
+        "call", "--connect", tcp, "--wait", "--timeout", "20", "--retries", "0",
+        "--work-timeout", "0.5", "slow", "10",
     )  # fmt: skip
     assert time.monotonic() - began < 8  # not the handler's 10 s
     assert (code, out) == (1, "")

@@ -53,7 +53,7 @@ async def get_json(address: str, path: str) -> Any:
     return json.loads(body)
 
 
-async def handler(request: dcp.Request) -> list[bytes]:
+async def handler(request: dcp.HandlerRequest) -> list[bytes]:
     if request.data and request.data[0] == b"fail":
         raise ValueError("asked to fail")
     return [b"ok"]
@@ -283,6 +283,22 @@ async def test_paths_methods_and_the_page() -> None:
         assert code == 405 and headers["allow"] == "GET, HEAD"
         doc = await get_json(address, "/status")
         assert doc["services"]["total"] == 0
+
+
+async def test_a_trailing_slash_is_ignored_on_every_path() -> None:
+    """One rule for every path: ``/metrics/`` is ``/metrics``, ``/status/`` is ``/status``."""
+    async with dcp.Broker("tcp://127.0.0.1:0", http="127.0.0.1:0", io_thread=False) as broker:
+        address = broker.http_address
+        assert address is not None
+        for path in ("/metrics", "/status", "/status/services", "/status/workers"):
+            plain, slash = await get(address, path), await get(address, path + "/")
+            assert plain[0] == slash[0] == 200, path
+            assert plain[1]["content-type"] == slash[1]["content-type"], path
+        _, _, metrics = await get(address, "/metrics/")
+        assert b"dcp_broker_requests_total 0" in metrics
+        assert (await get_json(address, "/status/services/"))["total"] == 0
+        for path in ("/nowhere/", "/status/nothing/", "/metrics//"):
+            assert (await get(address, path))[0] == 404, path
 
 
 async def test_token_is_required_everywhere() -> None:

@@ -58,7 +58,9 @@ def test_secure_broker_worker_and_call(procs: list[Proc], tmp_path: Path) -> Non
     worker = start(
         procs, "worker", "--connect", tcp, "--service", "echo", HANDLER, *peer("worker")
     )
-    code, out, err = run("call", "--connect", tcp, "echo", "hello", *peer("alice", clients))
+    code, out, err = run(
+        "call", "--connect", tcp, "--wait", "echo", "hello", *peer("alice", clients)
+    )
     assert (code, out, err) == (0, "HELLO\n", "")
     # dcp top takes the same CURVE options (docs/operations.md).
     code, out, err = run("top", "--connect", tcp, "--once", *peer("alice", clients))

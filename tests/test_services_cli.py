@@ -31,7 +31,7 @@ def test_services_find_and_several_services(
         procs, "worker", "--connect", tcp, "--service", "echo", HANDLER,
         "--service", "slow", "tests.cli_handlers:slow", "--concurrency", "2",
     )  # fmt: skip
-    code, out, err = run("call", "--connect", tcp, "echo", "hi")
+    code, out, err = run("call", "--connect", tcp, "--wait", "echo", "hi")
     assert (code, out, err) == (0, "HI\n", "")
     code, out, err = run("call", "--connect", tcp, "slow", "0")
     assert (code, out, err) == (0, "done\n", "")

@@ -1,5 +1,5 @@
 """The directory (Rules D1-D5) and approval (Rules A1-A4) in the sans-IO broker core, with
-explicit ``now``, and the worker core's Rule 12 (several services), without sockets."""
+explicit ``now``, and the worker core's Rule 14 (several services), without sockets."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def test_to_approval() -> None:
     assert approvals.ask(W1, b"a", DCP1, None, None)
 
 
-# ------------------------------------------------------------------- worker core Rule 12
+# ------------------------------------------------------------------- worker core Rule 14
 
 
 def test_worker_core_several_services() -> None:
@@ -230,7 +230,7 @@ def test_worker_core_several_services() -> None:
     ]
     core.receive(serialize(Reply(b"me", (DESCRIBE_TAG,), (b"200",))), 0.1)
     core.receive(serialize(Register(b"a")), 0.1)
-    assert core.state is State.REGISTERING  # Rule 12: "b" not echoed yet
+    assert core.state is State.REGISTERING  # Rule 14: "b" not echoed yet
     core.receive(serialize(Register(b"b")), 0.1)
     assert cast("State", core.state) is State.READY
     assert core.outbox == [Pong()]

@@ -343,7 +343,7 @@ def test_dcp_call_stream_prints_parts_as_they_arrive(tmp_path: Path) -> None:
         start(
             procs, "worker", "--connect", tcp, "--service", "trickle", "tests.cli_handlers:trickle"
         )
-        call = start(procs, "call", "--connect", tcp, "--stream", "trickle", "5")
+        call = start(procs, "call", "--connect", tcp, "--wait", "--stream", "trickle", "5")
         # The first part is printed while the stream still runs.
         assert call.read_lines(1) == ["part 0"]
         assert call.popen.poll() is None
@@ -352,10 +352,15 @@ def test_dcp_call_stream_prints_parts_as_they_arrive(tmp_path: Path) -> None:
         json_call = start(procs, "call", "--connect", tcp, "--stream", "--json", "trickle", "2")
         code, out, err = json_call.finish(10)
         assert (code, out) == (0, '{"data": ["part 0"]}\n{"data": ["part 1"]}\n'), err
-        failing = start(procs, "call", "--connect", tcp, "--stream", "--timeout", "0.3", "none")
-        code, out, err = failing.finish(10)
-        assert (code, out) == (1, "")
-        assert err.startswith("dcp call: ") and "Traceback" not in err
+        args = ("call", "--connect", tcp, "--stream", "--timeout", "0.3", "none")
+        code, out, err = start(procs, *args, "--wait").finish(10)
+        # --wait: queued until --timeout; the client's mmi.service question says why.
+        assert (code, out) == (4, "")
+        assert err.startswith("dcp call: no worker serves 'none' (the broker says so")
+        # Without --wait, nobody serving the service is told at once (mmi.service first).
+        code, out, err = start(procs, *args[:-3], "--timeout", "30", "none").finish(10)
+        assert (code, out) == (4, "")
+        assert err.startswith("dcp call: no worker serves 'none' (start one with 'dcp worker'")
     finally:
         for proc in procs:
             proc.kill()

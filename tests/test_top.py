@@ -36,7 +36,7 @@ def test_top_once_shows_a_service_and_its_requests(
     _, tcp = start_broker(procs, tmp_path, backend)
     start(procs, "--backend", backend, "worker", "--connect", tcp, "--service", "echo", HANDLER)
     for _ in range(3):
-        assert main(["--backend", backend, "call", "--connect", tcp, "echo", "hi"]) == 0
+        assert main(["--backend", backend, "call", "--connect", tcp, "--wait", "echo", "hi"]) == 0
     assert capsys.readouterr().out == "HI\n" * 3
 
     assert main(["top", "--connect", tcp, "--once", "--backend", backend]) == 0
@@ -143,6 +143,35 @@ async def test_poll_reads_the_broker_figures() -> None:
     assert doc["rejections"] == {} and doc["queued"] == 0
 
 
+@pytest.mark.anyio
+async def test_broker_figures_reconcile_with_the_rows() -> None:
+    """Rule 5: ``requests`` = the rows' requests + those of services forgotten since (a
+    worker that left took its service along); ``errors`` is the rows' sum."""
+    ep = f"inproc://top-{uuid.uuid4().hex}"
+    async with Broker(ep), Client(ep, timeout=5) as client:
+        async with Worker(ep, b"gone", _answer):
+            for _ in range(3):
+                await client.request("gone", b"x")
+            with pytest.raises(dcp.RemoteError):
+                await client.request("gone", b"fail")
+        async with Worker(ep, b"svc", _answer):
+            await client.request("svc", b"x")
+            for _ in range(100):  # the broker forgets "gone" once its worker has left
+                snap = await poll(client, 5.0)
+                if [s["name"] for s in snap.services] == ["svc"]:
+                    break
+                await anyio.sleep(0.01)
+    doc = snap.broker
+    assert doc is not None
+    rows_total = sum(s["num_requests"] for s in snap.services)
+    assert (rows_total, doc["forgotten_requests"], doc["requests"]) == (1, 4, 5)
+    assert doc["errors"] == sum(s["num_errors"] for s in snap.services) == 0
+    assert (doc["expired_in_queue"], doc["replaced"]) == (0, 0)
+    text = header(ep, None, snap, "")
+    assert "  requests = rows 1 + forgotten services 4  " in text
+    assert "expired in queue 0  replaced retries 0" in text
+
+
 # ------------------------------------------------------------------- rates, rendering
 
 
@@ -192,7 +221,9 @@ def test_header_lines() -> None:
     text = header("tcp://h:1", first, second, "")
     assert "up 3d01h01m" in text
     assert "req/s 2.0" in text and "requests 7 (+2)" in text
-    assert "refusals: queue_full 4 (+2), client_limit 1" in text
+    assert "refusals (not requests): queue_full 4 (+2), client_limit 1" in text
+    assert "since start: " in text and "rows: since each service became known" in text
+    assert "forgotten" not in text  # an older broker: no forgotten_requests
     assert "up 59s" in header("e", None, first, "")
     assert "up 1m01s" in header("e", None, Snapshot(0.0, (), _broker(0, 61.0)), "")
     assert "up 1h00m05s" in header("e", None, Snapshot(0.0, (), _broker(0, 3605.0)), "")

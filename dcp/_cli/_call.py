@@ -1,14 +1,31 @@
-"""``dcp call``: one request, its reply on stdout (as lines, or as JSON with ``--json``)."""
+"""``dcp call``: one request, its reply on stdout (as lines, or as JSON with ``--json``).
+
+Rules:
+
+1. By default a call fails at once when no worker serves its service, as NATS's ``nats req``
+   answers "no responders": a plain call carries the no-wait option (the broker answers
+   ``no_workers`` at once), a ``--stream`` call asks ``mmi.service`` first. ``--wait``
+   queues the call until a worker comes or ``--timeout`` passes. Either way, "no worker
+   serves it" is one line and exit status :data:`NO_WORKERS`.
+2. ``-v`` (INFO on ``dcp.cli``): the broker it talks to, what it sent (service, parts,
+   bytes), each resend as it happens, and the reply (parts, bytes, time). ``-vv`` adds the
+   client's DEBUG lines (each message from the broker).
+3. A call that timed out (not "no worker") asks the broker ``mmi.service`` for half a second
+   more, and its error line says whether the broker answered: no answer is most likely no
+   broker at that endpoint.
+"""
 
 from __future__ import annotations
 
 import argparse
 import base64
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import anyio
 import zmq
 
 from .._response import Response
@@ -16,9 +33,15 @@ from ._commands import client_security
 from ._run import USAGE, CLIError, run_async, until_signal, zmq_problem
 
 if TYPE_CHECKING:
-    from .._security import CurveClient
+    from .._client import Client
+    from .._errors import NoWorkers
 
-__all__ = ["cmd_call", "reply_json"]
+__all__ = ["NO_WORKERS", "cmd_call", "reply_json"]
+
+logger = logging.getLogger("dcp.cli")
+
+#: Exit status of a call that no worker serves (Rule 1).
+NO_WORKERS = 4
 
 #: The DATA argument that stands for stdin.
 STDIN = "-"
@@ -47,9 +70,99 @@ def reply_json(reply: Response) -> str:
     )
 
 
+def _size(parts: Sequence[bytes]) -> str:
+    return f"{len(parts)} part(s), {sum(len(p) for p in parts):,} bytes"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _no_workers(exc: NoWorkers, service: str, waited: bool) -> CLIError:
+    """Rule 1: one line, exit status :data:`NO_WORKERS`."""
+    if waited:
+        return CLIError(str(exc), NO_WORKERS)  # "no worker serves 'x' (the broker says so...)"
+    return CLIError(
+        f"no worker serves {service!r} (start one with 'dcp worker', or use --wait to queue "
+        "the call until one registers)",
+        NO_WORKERS,
+    )
+
+
+def _connected(client: Client, args: argparse.Namespace) -> None:
+    """Rule 2: where the call goes, and its limits."""
+    heard = "" if client.endpoint == args.connect else f" (heard from {args.connect})"
+    if args.stream:
+        limits = f"timeout {args.timeout:g} s, no resends"
+    else:
+        attempt = args.timeout / (args.retries + 1)
+        limits = f"timeout {args.timeout:g} s, {args.retries} resend(s) after {attempt:.3g} s"
+    logger.info("broker %s%s; %s", client.endpoint, heard, limits)
+
+
+#: Seconds ``dcp call`` waits for the broker's answer to ``mmi.service`` after a timeout.
+HEALTH_TIMEOUT = 0.5
+
+
+async def _why_no_reply(client: Client, args: argparse.Namespace) -> str:
+    """Rule 3: after a timeout, whether the broker itself answers (``mmi.service``), as a
+    hint to append to the error line: a new user's first timeout is a broker that is not
+    there. A broker of ``--type-width 4`` (the DagBox C++ one) has no ``mmi.service``."""
+    from .._errors import DCPError
+
+    if args.type_width != 1:
+        return ""
+    try:
+        await client.request(
+            "mmi.service", args.service, timeout=HEALTH_TIMEOUT, retries=0, no_wait=False
+        )
+    except DCPError:
+        return f"; no answer from {client.endpoint} either: is a dcp broker running there?"
+    return "; the broker answers: the service's workers did not reply in time"
+
+
+async def _watch_resends(client: Client, attempts: int) -> None:
+    """Rule 2: log each resend as the client makes it (its statistics count them)."""
+    seen = 0
+    while True:
+        await anyio.sleep(0.05)
+        retries = client.statistics().retries
+        if retries > seen:
+            seen = retries
+            logger.info("no reply yet: resent the request (attempt %d of %d)", seen + 1, attempts)
+
+
+async def _request(
+    client: Client, args: argparse.Namespace, data: list[bytes], metadata: list[bytes]
+) -> Response:
+    """The call itself, its resends logged as they happen (Rule 2). Its error is raised
+    as it is, not in an exception group."""
+    from .._errors import DCPError
+
+    outcome: Response | DCPError | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_resends, client, args.retries + 1)
+        try:
+            outcome = await client.request(
+                args.service.encode(),
+                *data,
+                metadata=metadata,
+                work_timeout=args.work_timeout,
+                no_wait=not args.wait,
+            )
+        except DCPError as exc:
+            outcome = exc
+        finally:
+            tg.cancel_scope.cancel()
+    if isinstance(outcome, DCPError):
+        raise outcome
+    assert outcome is not None
+    return outcome
+
+
 def cmd_call(args: argparse.Namespace) -> int:
     from .._client import Client
-    from .._errors import DCPError
+    from .._errors import DCPError, NoWorkers, RequestTimeout
 
     metadata = [part.encode() for part in args.metadata]
     if not all(metadata):
@@ -59,9 +172,6 @@ def cmd_call(args: argparse.Namespace) -> int:
     replies: list[Response] = []
 
     async def run() -> None:
-        if args.stream:
-            await call_stream(args, data, metadata, security)
-            return
         async with Client(
             args.connect,
             timeout=args.timeout,
@@ -69,16 +179,35 @@ def cmd_call(args: argparse.Namespace) -> int:
             security=security,
             type_width=args.type_width,
         ) as client:
+            _connected(client, args)
+            logger.info(
+                "request to %r: data %s, metadata %s%s",
+                args.service,
+                _size(data),
+                _size(metadata),
+                "; waits for a worker (--wait)" if args.wait else "",
+            )
+            began = anyio.current_time()
             try:
-                reply = await client.request(
-                    args.service.encode(),
-                    *data,
-                    metadata=metadata,
-                    work_timeout=args.work_timeout,
-                    no_wait=args.no_wait,
-                )
+                if args.stream:
+                    await call_stream(client, args, data, metadata)
+                    return
+                reply = await _request(client, args, data, metadata)
+            except NoWorkers as exc:
+                took = _ms(anyio.current_time() - began)
+                logger.info("the broker says no worker serves %r (after %s)", args.service, took)
+                raise _no_workers(exc, args.service, args.wait) from None
             except DCPError as exc:
-                raise CLIError(f"{type(exc).__name__}: {exc}") from None
+                took = _ms(anyio.current_time() - began)
+                logger.info("no reply: %s (after %s)", type(exc).__name__, took)
+                why = await _why_no_reply(client, args) if type(exc) is RequestTimeout else ""
+                raise CLIError(f"{type(exc).__name__}: {exc}{why}") from None
+            logger.info(
+                "reply after %s: data %s, metadata %s",
+                _ms(anyio.current_time() - began),
+                _size(reply.data),
+                _size(reply.metadata),
+            )
             replies.append(reply)
 
     try:
@@ -103,34 +232,37 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 async def call_stream(
-    args: argparse.Namespace,
-    data: list[bytes],
-    metadata: list[bytes],
-    security: CurveClient | None,
+    client: Client, args: argparse.Namespace, data: list[bytes], metadata: list[bytes]
 ) -> None:
     """``--stream``: print each part as it arrives (one line per data part, or one JSON
-    object per part with ``--json``)."""
-    from .._client import Client
-    from .._errors import DCPError
+    object per part with ``--json``). Without ``--wait``, ask ``mmi.service`` first (Rule 1).
 
-    out = sys.stdout.buffer
-    async with Client(
-        args.connect,
-        timeout=args.timeout,
-        security=security,
-        type_width=args.type_width,
-    ) as client:
+    :raises dcp.NoWorkers: the broker says nobody serves the service (without ``--wait``)
+    """
+    from .._errors import NoWorkers, RequestTimeout
+
+    service = args.service.encode()
+    if not args.wait:
         try:
-            async with client.stream(
-                args.service.encode(), *data, metadata=metadata, work_timeout=args.work_timeout
-            ) as parts:
-                async for part in parts:
-                    if args.json:
-                        line = json.dumps({"data": [_part(p) for p in part]}, ensure_ascii=False)
-                        out.write(line.encode() + b"\n")
-                    else:
-                        for frame in part:
-                            out.write(frame + b"\n")
-                    out.flush()
-        except DCPError as exc:
-            raise CLIError(f"{type(exc).__name__}: {exc}") from None
+            answer = await client.request(
+                "mmi.service", service, timeout=min(1.0, args.timeout), retries=0
+            )
+        except RequestTimeout:
+            answer = None  # no answer: a broker without mmi.service; the stream will tell
+        if answer is not None and answer.data == (b"404",):
+            raise NoWorkers(service, "mmi.service answered 404")
+    out = sys.stdout.buffer
+    parts = 0
+    async with client.stream(
+        service, *data, metadata=metadata, work_timeout=args.work_timeout
+    ) as stream:
+        async for part in stream:
+            parts += 1
+            logger.info("part %d: %s", parts, _size(part))
+            if args.json:
+                line = json.dumps({"data": [_part(p) for p in part]}, ensure_ascii=False)
+                out.write(line.encode() + b"\n")
+            else:
+                for frame in part:
+                    out.write(frame + b"\n")
+            out.flush()

@@ -24,8 +24,9 @@ _EPILOG = """\
 global options (--backend, -v) may also follow the command: dcp broker -v --bind ...
 
 exit status: 0 done; 1 error (one line on stderr: a port in use, a timeout, an error
-reply, ...); 2 usage error; 3 the broker refused a worker's registration; 130 stopped by
-SIGINT (Ctrl-C). A broker or worker stopped by SIGTERM exits with 0 once it has stopped."""
+reply, ...); 2 usage error; 3 the broker refused a worker's registration; 4 no worker
+serves the service of a dcp call; 130 stopped by SIGINT (Ctrl-C). A broker or worker
+stopped by SIGTERM exits with 0 once it has stopped."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -298,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="send one request and print the reply's data parts",
         description="Send one request and print the reply's data parts, one per line (or,\n"
         "with --json, the whole reply as one JSON object). An error reply or a timeout is\n"
-        "one line on stderr and exit status 1. Options may also follow SERVICE and DATA.",
+        "one line on stderr and exit status 1; a service no worker serves fails at once\n"
+        "with exit status 4 (--wait queues the call instead). Options may also follow\n"
+        "SERVICE and DATA.",
     )
     p.add_argument(
         "--connect",
@@ -328,11 +331,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds one worker may hold the request before the broker gives it to another "
         "(default: the broker's --work-timeout, if any)",
     )
-    p.add_argument(
+    waiting = p.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        action="store_true",
+        help="when no worker serves the service, queue the call until one registers or "
+        "--timeout passes (default: fail at once, exit status 4)",
+    )
+    waiting.add_argument(
         "--no-wait",
         action="store_true",
-        help="fail at once (NoWorkers) when no worker serves the service, instead of "
-        "queueing the request until the timeout",
+        help="fail at once when no worker serves the service (the default; kept for scripts)",
     )
     p.add_argument(
         "--metadata",

@@ -16,6 +16,12 @@ Rules:
    nothing is shown until the broker has answered once. Ctrl-C stops at once (exit 130).
 4. A broker that does not answer ``mmi.broker`` (an older dcp broker) still gets its
    services table; the broker-wide line says what is missing.
+5. The broker-wide counters count since the broker started, the rows since their service
+   became known (a service nobody serves and nothing waits for is forgotten, with its
+   counts). The header says so and reconciles them: ``requests`` = the listed services'
+   requests + those of forgotten services (``mmi.broker``'s ``forgotten_requests``, taken at
+   the same instant); ``errors`` is the rows' sum; refusals and retries that replaced a
+   queued copy are not requests (docs/operations.md, "Reading the figures").
 
 ``rich`` (the ``top`` extra) is imported only by :func:`cmd_top`.
 """
@@ -255,16 +261,27 @@ def header(endpoint: str, previous: Snapshot | None, current: Snapshot, stale: s
         f"workers {doc.get('workers', 0)}  clients waiting {doc.get('clients', 0)}  "
         f"services {doc.get('services', 0)}  queued {doc.get('queued', 0)}  "
         f"expired workers {_delta(doc, old, 'expired_workers')}",
-        f"req/s {_num(rate)}  replies/s {_num(replies)}  "
-        f"requests {_delta(doc, old, 'requests')}  errors {_delta(doc, old, 'errors')}  "
+        f"since start: req/s {_num(rate)}  replies/s {_num(replies)}  "
+        f"requests {_delta(doc, old, 'requests')}  replies {_delta(doc, old, 'replies')}  "
         f"redelivered {_delta(doc, old, 'redeliveries')}",
     ]
+    if "forgotten_requests" in doc:  # Rule 5 (an older broker does not say)
+        forgotten = int(doc["forgotten_requests"])
+        listed = int(doc.get("requests", 0)) - forgotten
+        lines.append(
+            f"  requests = rows {listed:,} + forgotten services {forgotten:,}  "
+            f"expired in queue {_delta(doc, old, 'expired_in_queue')}  "
+            f"replaced retries {_delta(doc, old, 'replaced')}"
+        )
+    lines.append(
+        f"rows: since each service became known; their errors {_delta(doc, old, 'errors')}"
+    )
     refused: Mapping[str, int] = doc.get("rejections") or {}
     if refused:
         old_refused: Mapping[str, int] = (old or {}).get("rejections") or {}
         shown = sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))[:6]
         lines.append(
-            "refusals: "
+            "refusals (not requests): "
             + ", ".join(f"{reason} {_delta(refused, old_refused, reason)}" for reason, _ in shown)
         )
     return "\n".join(lines)
@@ -343,7 +360,7 @@ def _need_rich() -> None:
     try:
         import rich  # noqa: F401
     except ImportError:
-        raise CLIError(f"dcp top needs the rich library: {_INSTALL}") from None
+        raise CLIError(f"needs the rich library: {_INSTALL}") from None
 
 
 def cmd_top(args: argparse.Namespace) -> int:

@@ -192,11 +192,18 @@ def stats_entry(service: Service, now: float) -> dict[str, Any]:
     }
 
 
-def broker_entry(stats: BrokerStatistics, uptime: float, errors: int, busy: int) -> dict[str, Any]:
-    """Rule D1: the broker-wide figures ``mmi.broker`` answers (times in seconds).
+def broker_entry(
+    stats: BrokerStatistics, uptime: float, errors: int, busy: int, listed: int = 0
+) -> dict[str, Any]:
+    """Rule D1: the broker-wide figures ``mmi.broker`` answers (times in seconds). The
+    counters count since the broker started, except ``errors``: the error replies of the
+    services known now (as ``mmi.stats`` lists them). ``requests`` is the requests of the
+    services known now (``listed``) plus ``forgotten_requests``: those of services the
+    broker has since forgotten (Rule D5), so ``dcp top`` can reconcile the two.
 
-    :param errors: error replies of every service together
+    :param errors: error replies of every service known now, together
     :param busy: workers holding at least one request
+    :param listed: requests of every service known now, together
     """
     return {
         "type": "io.dcp.v1.broker_stats",
@@ -216,6 +223,9 @@ def broker_entry(stats: BrokerStatistics, uptime: float, errors: int, busy: int)
         "work_timeouts": stats.work_timeouts,
         "queued": sum(s.queued for s in stats.services.values()),
         "rejections": dict(stats.rejections),
+        "forgotten_requests": stats.requests - listed,
+        "expired_in_queue": stats.expired_in_queue,
+        "replaced": stats.replaced,
     }
 
 

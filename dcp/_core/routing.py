@@ -24,18 +24,8 @@ Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit
   context, ``docs/tracing.md``); an answer that matches nothing releases
   nothing (guessing could release a request the worker is still running, which would then
   not be redelivered if it died).
-Rule 5 - Redelivery. A worker that leaves, or is removed (liveness, unreachable, Rule 7),
-  gives back what it held: to the *front* of its service's queue (the DCP spec allows losing
-  it; we do not), at most ``max_redeliveries`` times, after which the client gets a
-  ``redelivery_limit`` error reply (its message says how often it was redelivered: one worker
-  that keeps going away, or several, look the same to the broker). A request whose caller's
-  deadline passed while it was held is not put back (queues Rule Q3).
-Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, see
-  :func:`~dcp._messages.work_timeout_option`; else the broker's ``work_timeout``, if any).
-  A worker that holds it longer than that is treated as lost, as in Rule 5: it is expelled
-  and removed, and what it held is redelivered. The same peer may register again at once but
-  gets no work for ``liveness x heartbeat_interval`` (quarantine, peers Rule L4), so a worker
-  that hangs on every request cannot take the redelivered request straight back.
+Rules 5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
+:mod:`.redelivery`.
 """
 
 from __future__ import annotations
@@ -50,8 +40,8 @@ from .._guard import Guard
 from .._json import encode_json
 from .._messages import without_options
 from .._stats import DURATION_BUCKETS, BrokerCounters
-from .._util import DeadlineHeap, Joined, LogEvery, PeerId
-from . import admission, directory
+from .._util import DeadlineHeap, LogEvery, PeerId
+from . import admission, directory, redelivery
 from .admission import Limits, Load
 from .approval import Approvals
 from .dialects import Dialect
@@ -59,10 +49,6 @@ from .peers import Session, Sessions
 from .queues import Expiry, Pending, QueueDeadlines, Service, read_options
 
 __all__ = ["Pending", "Routing", "Service"]
-
-
-def _deadline_live(pending: Pending, token: int) -> bool:
-    return pending.holder is not None and token == pending.token
 
 
 class Routing:
@@ -97,7 +83,7 @@ class Routing:
         self._services: dict[bytes, Service] = {}
         self._loads: dict[bytes, Load] = {}
         # Work-timeout deadlines of held requests (Rule 7).
-        self._deadlines: DeadlineHeap[Pending] = DeadlineHeap(_deadline_live)
+        self._deadlines: DeadlineHeap[Pending] = DeadlineHeap(redelivery.deadline_live)
         # Expiries of queued requests, and retries' matches (queues Rules Q3 and Q4).
         self._queues = QueueDeadlines(self.counters, self._loads, self._services)
         #: Lines for the operators' log, ``(level, message, args)``: the driver logs them on
@@ -392,136 +378,17 @@ class Routing:
         self.reject(peer, reason, detail)
         self.outbox.append(dialect.refused(peer, name, "registration_refused", detail))
 
-    def revoke(self, now: float) -> int:
-        """Security Rule S5 (:mod:`dcp._guard`), after the allow-lists were replaced: remove
-        every worker whose key may no longer serve one of its services (each such
-        registration refused and told, counted as ``revoked``; held requests redelivered).
-        Returns how many workers were removed."""
-        guard = self.guard
-        if guard is None:
-            return 0
-        self._now = now
-        removed = 0
-        for worker in list(self.sessions.workers.values()):
-            ident = worker.ident
-            denied = [s.name for s in worker.services if not guard.may_serve(ident, s.name)]
-            if not denied:
-                continue
-            for name in denied:
-                detail = f"key {guard.owner(ident)} may no longer register {name[:64]!r}"
-                self._refuse_registration(ident, worker.dialect, name, "revoked", detail)
-            self.remove_worker(worker, "revoked")
-            removed += 1
-        return removed
-
     def serves(self, name: bytes) -> bool:
         """Whether some registered worker provides ``name``."""
         service = self._services.get(name)
         return service is not None and service.workers > 0
 
-    def remove_worker(self, worker: Session, why: str = "left") -> None:
-        """Rule 5: forget the worker; its held requests go back to the front of the queue.
-        Logged at INFO: the worker, ``why`` (``left``, ``expired``, ...), its services and
-        what became of the requests it held."""
-        ident = worker.ident
-        self._log_removal(worker, why)
-        self.sessions.remove(worker)
-        held, worker.held = worker.held, []
-        self.directory.forget(ident, [s.name for s in worker.services])
-        for service in worker.services:
-            service.workers -= 1
-            service.idle.pop(ident, None)
-            if not service.workers and not service.queue and not held:
-                # Nobody provides it and nothing waits for it: forget it (bounds memory).
-                del self._services[service.name]
-        worker.services = []
-        limit = self.limits.max_redeliveries
-        now = self._now
-        for pending in reversed(held):
-            pending.redeliveries += 1
-            if pending.redeliveries > limit:
-                self._finish(pending)
-                self.counters.count("redelivery_limit")
-                self.error_reply(
-                    pending,
-                    "redelivery_limit",
-                    f"redelivered {limit} times (the limit); "
-                    "each time, the worker holding it went away",
-                )
-                continue
-            self._unhold(pending)
-            expiry = pending.expiry
-            if expiry is not None and expiry.when <= now:
-                self._queues.drop(pending)  # queues Rule Q3: its caller gave up
-                continue
-            self.counters.redeliveries += 1
-            pending.service.redeliveries += 1
-            pending.since = now
-            pending.service.queue.appendleft(pending)
-            pending.load.queued += 1
-            if expiry is not None:
-                self._queues.queued(pending)
-        for pending in held:
-            service = pending.service
-            while service.idle and service.queue:
-                queued = self._queues.take(service, now)
-                if queued is not None:
-                    self._dispatch(next(iter(service.idle.values())), queued)
+    # ------------------------------------------- workers lost (.redelivery: Rules 5 and 7)
 
-    def _log_removal(self, worker: Session, why: str) -> None:
-        held = worker.held
-        limit = self.limits.max_redeliveries
-        failed = sum(1 for p in held if p.redeliveries >= limit) if held else 0
-        self.note(
-            logging.INFO,
-            "worker %s %s: served %s; %d held request(s) redelivered, %d failed "
-            "(redelivery_limit)",
-            PeerId(worker.ident),
-            why,
-            Joined([directory.Name(s.name) for s in worker.services]),
-            len(held) - failed,
-            failed,
-        )
-
-    def time_out_work(self, now: float) -> None:
-        """Rule 7: expel and remove every worker holding a request past its work timeout."""
-        deadlines = self._deadlines
-        quarantine = self.sessions.quarantine
-        while (pending := deadlines.pop(now)) is not None:
-            worker = pending.holder
-            assert worker is not None
-            self.note(
-                logging.WARNING,
-                "worker %s held a request for %r past its work timeout (%.3f s): removing it",
-                PeerId(worker.ident),
-                pending.service.name[:64],
-                pending.work_timeout,
-            )
-            self.counters.work_timeouts += 1
-            quarantine[worker.ident] = now + self._quarantine_for
-            self.outbox.append(worker.dialect.expel(worker.ident))
-            self.remove_worker(worker, "timed out")
-        if quarantine:
-            workers = self.sessions.workers
-            for ident, until in list(quarantine.items()):
-                if until <= now:
-                    del quarantine[ident]
-                    released = workers.get(ident)
-                    if released is not None and released.credit:
-                        self._use_credit(released)
-
-    def next_work_deadline(self) -> float | None:
-        """The earliest work-timeout deadline, quarantine end, or expiry of a queued request
-        (``None``: none)."""
-        when = self._deadlines.next_due()
-        expiry = self._queues.next_due()
-        if expiry is not None and (when is None or expiry < when):
-            when = expiry
-        quarantine = self.sessions.quarantine
-        if quarantine:
-            top = min(quarantine.values())
-            when = top if when is None or top < when else when
-        return when
+    revoke = redelivery.revoke
+    remove_worker = redelivery.remove_worker
+    time_out_work = redelivery.time_out_work
+    next_work_deadline = redelivery.next_work_deadline
 
     # ---------------------------------------------------------------- output
     def answered(
@@ -605,7 +472,10 @@ class Routing:
             Detail(detail, args) if args else detail,
         )
         if line is not None:
-            self.log_lines.append((logging.WARNING, *line))
+            # no_workers answers a no-wait request as the protocol says ("no responders",
+            # what `dcp call` asks by default): news, not a misbehaving peer.
+            level = logging.INFO if reason == "no_workers" else logging.WARNING
+            self.log_lines.append((level, *line))
 
     def note(self, level: int, msg: str, *args: object) -> None:
         """A line for the operators' log (:attr:`log_lines`; the driver writes it)."""

@@ -7,6 +7,9 @@ Paths (GET or HEAD; anything else ``405``, an unknown path ``404``):
   (:mod:`.status`; ``?sort=&limit=&offset=``, a bad one ``400``);
 - ``/``: the live status page (``page.html``: static, it fetches ``/status`` every second).
 
+One rule for every path: a trailing slash is ignored (``/metrics/`` is ``/metrics``,
+``/status/services/`` is ``/status/services``), as a user or a scraper may type either.
+
 Rule A1 - With a token (address Rule H3), a request without ``Authorization: Bearer TOKEN``
   gets ``401`` (with ``WWW-Authenticate: Bearer``), whatever the path. The page itself may
   also be opened as ``/?token=TOKEN`` (a browser cannot send the header on its own): its
@@ -84,6 +87,8 @@ class StatusApp:
         if kind != "http":  # pragma: no cover - hypercorn sends websocket scopes elsewhere
             return
         path: str = scope["path"]
+        if len(path) > 1 and path.endswith("/"):
+            path = path[:-1]  # one rule for every path (module docstring)
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         if self._token is not None and not self._authorized(scope, path, query):
             body, text = (_LOGIN, _HTML) if path == "/" else (b"a bearer token is needed\n", _TEXT)
@@ -98,9 +103,7 @@ class StatusApp:
             body, content_type = metrics.render(snap, self._version, self._started)
             await _respond(send, 200, body, content_type.encode(), head=head)
         elif path == "/status" or path.startswith("/status/"):
-            await self._status(
-                send, path[len("/status/") :] if path != "/status" else "", query, head
-            )
+            await self._status(send, path[len("/status/") :], query, head)
         elif path == "/":
             await _respond(send, 200, self._page_html(), _HTML, head=head)
         else:
