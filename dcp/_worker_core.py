@@ -94,24 +94,19 @@ Rule 12 (a new connection on the same socket)
     heartbeats, no liveness deadline: zmq is reconnecting), and
     :meth:`WorkerCore.reconnected` sends REGISTER and then the kept results, so the broker
     knows us before it sees our answers. A new broker routes a registered worker's answer
-    to its client even though it never saw the request, so work finished across a
-    restart is delivered instead of refused and run again. (With CURVE too: the broker
-    derives its sealing key from its secret key, so a restarted broker unseals them.)
+    to its client though it never saw the request (with CURVE too: its sealing key comes
+    from its secret key), so work finished across a restart is delivered, not run again.
 Rule 13 (answers the broker may have lost)
-    A broker killed or restarted takes with it the answers it had received but not yet
-    passed on (zmq queues, the batch it was handling), and those still in the kernel's
-    buffers; DCP has no acknowledgement, so the caller's retry would run them again. So the
-    core remembers the REPLYs it sent in the last ``L * I`` seconds (at most
-    ``replay_limit`` of them and ``replay_bytes`` bytes of data, the newest kept;
-    :mod:`dcp._worker_replay`) and, when the connection is lost
-    (:meth:`WorkerCore.connection_lost`, Rule 6, or a RECONNECT from the broker, Rule 8),
-    sends them again right after the next REGISTER (counted as ``replayed``). Only answers
-    a client can recognise as duplicates are kept: the request's first metadata part is a
-    dcp request id (dcp clients drop a reply to a request they already finished, their
-    tracker's Rule 2) and the request is not a stream (whose parts are not kept). MDP and
-    DagBox clients, which match replies by order, never get one twice. Forwards are not
-    sent again: a new broker would run the next service a second time. An answer the
-    broker did pass on reaches its client twice and is dropped there.
+    A broker killed takes with it the answers it had received but not passed on, and DCP
+    has no acknowledgement: the caller's retry would run them again. So the core keeps the
+    REPLYs it sent in the last ``L * I`` seconds (:mod:`dcp._worker_replay`: at most
+    ``replay_limit`` of them and ``replay_bytes`` bytes, newest kept) and, when the
+    connection is lost (:meth:`WorkerCore.connection_lost`, Rule 6, or a RECONNECT, Rule
+    8), sends them again right after the next REGISTER (counted as ``replayed``). Only
+    answers a client recognises as duplicates: the request's first metadata part is a dcp
+    request id (the client's tracker, Rule 2, drops a reply to a finished request), and not
+    a stream. MDP and DagBox clients match replies by order and never get one twice.
+    Forwards are not sent again (a new broker would run the next service twice).
 Rule 14 (several services)
     A worker may register several services on one connection. Each connection (and each
     RECONNECT) sends first one ``mmi.describe`` request per service that has an info
@@ -241,7 +236,6 @@ class WorkerCore:
         self._received = self._replies = self._forwards = self._errors = 0
         self._cancelled = self._dropped = self._backlogged = self._expired = 0
         self._reregistrations = self._malformed = self._unexpected = 0
-        #: Rule 13: the replies sent lately.
         self._sent = SentReplies(liveness * heartbeat_interval, replay_limit, replay_bytes)
 
     @property

@@ -339,9 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout passes (default: fail at once, exit status 4)",
     )
     waiting.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="fail at once when no worker serves the service (the default; kept for scripts)",
+        "--no-wait", action="store_true", help="fail at once (the default; kept for scripts)"
     )
     p.add_argument(
         "--metadata",
