@@ -132,10 +132,14 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
                 f"| {label} | {mode} | {m['rate']:.0f} | {m['p50_us']:.0f} | "
                 f"{m['broker_cpu_us']:.1f} | {m['broker_thread_cpu_us']:.1f} |"
             )
-        ratio = {c: medians["curve"][c] / medians["plain"][c] for c in COLUMNS}
+        # A tiny run may measure 0 CPU (the kernel counts in clock ticks): no ratio then.
+        ratio = {
+            c: f"{medians['curve'][c] / medians['plain'][c]:.2f}" if medians["plain"][c] else "-"
+            for c in COLUMNS
+        }
         lines.append(
-            f"| {label} | curve / plain | {ratio['rate']:.2f} | {ratio['p50_us']:.2f} | "
-            f"{ratio['broker_cpu_us']:.2f} | {ratio['broker_thread_cpu_us']:.2f} |"
+            f"| {label} | curve / plain | {ratio['rate']} | {ratio['p50_us']} | "
+            f"{ratio['broker_cpu_us']} | {ratio['broker_thread_cpu_us']} |"
         )
     return "\n".join(lines)
 

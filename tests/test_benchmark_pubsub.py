@@ -5,34 +5,17 @@ subscriber, and the scaling runs delivered theirs. Speeds are not asserted here.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from _bench import run_module
 
 
 @pytest.mark.timeout(120)
 def test_tiny_pubsub_benchmark(tmp_path: Path) -> None:
     out = tmp_path / "pubsub.json"
-    env = dict(os.environ)
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(ROOT) if not path else os.pathsep.join([str(ROOT), path])
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.pubsub", "--tiny", "--json", str(out)],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("benchmarks.pubsub", "--tiny", "--json", out, timeout=110)
     records: list[dict[str, Any]] = json.loads(out.read_text())
     cases = [r for r in records if "kind" in r]
     assert {(r["kind"], r["subscribers"]) for r in cases} == {

@@ -12,30 +12,15 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from _bench import ROOT, run_module
 
 
 def _run_suite(out: Path, *args: str, timeout: float = 60.0) -> dict[str, Any]:
-    env = dict(os.environ)
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(ROOT) if not path else os.pathsep.join([str(ROOT), path])
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--tiny", "--out", str(out), *args],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_module("benchmarks.run", "--tiny", "--out", out, *args, timeout=timeout)
     results: dict[str, Any] = json.loads((out / "perf" / "results.json").read_text())
     return results
 
@@ -118,17 +103,7 @@ def test_mdp_peers_through_the_dcp_broker(tmp_path: Path) -> None:
     from benchmarks.variants import VARIANTS
 
     records = tmp_path / "mdp_peers.json"
-    command = [sys.executable, "-m", "benchmarks.mdp_peers", "--tiny", "--json", str(records)]
-    proc = subprocess.run(
-        command,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=80,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("benchmarks.mdp_peers", "--tiny", "--json", records, timeout=80)
     results = json.loads(records.read_text())
     main = results["main"]
     pairs = {("majortomo", "dcp-mdp"), ("majortomo-own", "dcp-majortomo-own")}
@@ -146,16 +121,7 @@ def test_mdp_peers_through_the_dcp_broker(tmp_path: Path) -> None:
     # The section again from the saved records, into a page that keeps its other parts.
     page = tmp_path / "performance.md"
     page.write_text("# Performance\n\nGenerated.\n")
-    render = [sys.executable, "-m", "benchmarks.mdp_peers", "--render", str(records)]
-    proc = subprocess.run(
-        [*render, "--page", str(page)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("benchmarks.mdp_peers", "--render", records, "--page", page, timeout=60)
     text = page.read_text()
     assert text.startswith("# Performance\n\nGenerated.\n")
     assert "<!-- section: mdp-peers -->" in text
@@ -163,15 +129,7 @@ def test_mdp_peers_through_the_dcp_broker(tmp_path: Path) -> None:
 
 
 def test_wake_cost_benchmark_runs() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.wake", "--count", "50", "--rounds", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_module("benchmarks.wake", "--count", "50", "--rounds", "1", timeout=60)
     rows = [
         line for line in proc.stdout.splitlines() if line.startswith("| ") and "us" not in line
     ]
@@ -186,15 +144,7 @@ def test_wake_cost_benchmark_runs() -> None:
 def test_curve_benchmark_runs(tmp_path: Path) -> None:
     """``benchmarks.curve --tiny``: the same load with and without CURVE, both complete."""
     records = tmp_path / "curve.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.curve", "--tiny", "--rounds", "1", "--json", records],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=50,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("benchmarks.curve", "--tiny", "--rounds", "1", "--json", records, timeout=50)
     [(label, modes)] = json.loads(records.read_text()).items()
     assert label == "16 B, window 64"
     assert set(modes) == {"plain", "curve"}
@@ -211,20 +161,20 @@ def test_curve_micro_benchmark_functions() -> None:
     assert 0 < curve._user_id_us(100) < 10_000
 
 
+def test_curve_table_without_measured_cpu() -> None:
+    """A tiny run may measure 0 broker CPU (clock ticks): the ratio is "-", not a crash."""
+    from benchmarks import curve
+
+    row = {"rate": 100.0, "p50_us": 50.0, "broker_cpu_us": 0.0, "broker_thread_cpu_us": 0.0}
+    text = curve.table({"16 B": {"plain": [row], "curve": [{**row, "rate": 50.0}]}})
+    assert "| 16 B | curve / plain | 0.50 | 1.00 | - | - |" in text
+
+
 def test_ab_benchmark_compares_two_checkouts() -> None:
     """``benchmarks.ab`` against HEAD (present in any clone): one tiny round, a table."""
-    command = [sys.executable, "-m", "benchmarks.ab", "--base", "HEAD", "--rounds", "1"]
+    command = ["--base", "HEAD", "--rounds", "1"]
     command += ["--windows", "4", "--count", "200", "--duration", "0.5"]
-    proc = subprocess.run(
-        command,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("benchmarks.ab", *command, timeout=120)
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 4 |")]
     assert [row.split("|")[2].strip() for row in rows] == ["broker_cpu_us", "p50_us", "rate"]
     for row in rows:
@@ -246,17 +196,7 @@ def test_the_whole_stack_comparison(tmp_path: Path) -> None:
     from benchmarks.stack import SHAPES, SIDES
 
     records = tmp_path / "stack.json"
-    command = [sys.executable, "-m", "benchmarks.stack", "--tiny", "--json", str(records)]
-    proc = subprocess.run(
-        command,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("benchmarks.stack", "--tiny", "--json", records, timeout=110)
     stack = json.loads(records.read_text())["stack"]
     assert {(r["shape"], r["side"], r["window"]) for r in stack} == {
         (shape, side, window) for shape in SHAPES for side in SIDES for window in (64, 1)
@@ -270,11 +210,7 @@ def test_the_whole_stack_comparison(tmp_path: Path) -> None:
     assert len(rows) == len(SHAPES) * 2 * (len(SIDES) - 1)
     page = tmp_path / "performance.md"
     page.write_text("# Performance\n\nGenerated.\n")
-    render = [sys.executable, "-m", "benchmarks.stack", "--render", str(records)]
-    proc = subprocess.run(
-        [*render, "--page", str(page)], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("benchmarks.stack", "--render", records, "--page", page, timeout=60)
     text = page.read_text()
     assert text.startswith("# Performance\n\nGenerated.\n")
     assert "<!-- section: stack -->" in text and "## Whole stack" in text
@@ -283,26 +219,17 @@ def test_the_whole_stack_comparison(tmp_path: Path) -> None:
 def test_trace_broker_runs_a_tool_on_the_broker_pid(tmp_path: Path) -> None:
     """benchmarks.trace_broker starts a broker under load and gives its PID to the tool."""
     out = tmp_path / "pid"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.trace_broker",
-            "--variant",
-            "minimal",
-            "--seconds",
-            "0.5",
-            "--",
-            "sh",
-            "-c",
-            f"echo {{pid}} > {out}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = run_module(
+        "benchmarks.trace_broker",
+        "--variant",
+        "minimal",
+        "--seconds",
+        "0.5",
+        "--",
+        "sh",
+        "-c",
+        f"echo {{pid}} > {out}",
         timeout=120,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stderr
     assert int(out.read_text()) > 0
     assert proc.stdout.startswith("minimal window 1: ") and " req/s, broker " in proc.stdout

@@ -13,10 +13,10 @@ import itertools
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import anyio
 import pytest
+from _bench import run_module
 from _fake_peers import RawWorker
 from _raw import Peers
 from opentelemetry import trace
@@ -528,19 +528,9 @@ async def test_calls_on_a_closed_client_end_their_spans(traced: Traced) -> None:
 
 def test_tracing_benchmark_runs() -> None:
     """``benchmarks.tracing`` against HEAD: one tiny round, a row per case, the ratios."""
-    root = Path(__file__).resolve().parents[1]
-    command = [sys.executable, "-m", "benchmarks.tracing", "--base", "HEAD", "--rounds", "1"]
+    command = ["--base", "HEAD", "--rounds", "1"]
     command += ["--windows", "4", "--count", "200", "--duration", "0.5"]
-    proc = subprocess.run(
-        command,
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("benchmarks.tracing", *command, timeout=120)
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 4 |")]
     assert [row[2].strip() for row in rows] == ["base", "off", "on"]
     assert all(float(row[3]) > 0 for row in rows)
