@@ -13,7 +13,7 @@ import argparse
 import time
 
 from dcp import Register, Reply, Request, serialize
-from dcp._broker_core import BrokerCore
+from dcp._core.broker.core import BrokerCore
 
 
 def cycle_us(count: int) -> float:

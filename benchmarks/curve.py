@@ -28,9 +28,9 @@ from typing import Any
 import zmq
 
 from dcp import Register, Request, serialize
-from dcp._broker_core import BrokerCore
-from dcp._guard import Guard
-from dcp._security import write_key_pair
+from dcp._core.broker.core import BrokerCore
+from dcp._core.broker.guard import Guard
+from dcp._io.security import write_key_pair
 
 from .common import pid_list
 from .procs import Procs

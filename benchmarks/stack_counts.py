@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 
 import dcp
-import dcp._zmqio as _zmqio
+import dcp._io.sockets as _zmqio
 
 from .procs import Procs
 from .variants import START_TIMEOUT, Load, start_broker
@@ -54,7 +54,7 @@ class Counts:
 
 @contextmanager
 def _counting(counts: Counts) -> Iterator[None]:
-    """Count socket waits and messages (patched into dcp._zmqio), and Python calls."""
+    """Count socket waits and messages (patched into dcp._io.sockets), and Python calls."""
     c = counts.c
     cls = _zmqio.AsyncSocket
     orig_wait, orig_drain, orig_send = cls.wait_readable, cls.drain, cls.send_nowait

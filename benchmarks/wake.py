@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.wake [--count N]`` ping-pongs one-frame messages between the main
 thread and an echo thread over tcp://127.0.0.1 and prints the main thread's CPU and the wall
-time per round trip, for dcp's :class:`~dcp._zmqio.AsyncSocket` on trio and on asyncio, and
+time per round trip, for dcp's :class:`~dcp._io.sockets.AsyncSocket` on trio and on asyncio, and
 for a plain blocking ``poll``/``recv`` loop. The difference is what every wake-up of an
 anyio-driven broker, client or worker costs on top of a synchronous pyzmq loop.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import anyio
 import zmq
 
-from dcp._zmqio import AsyncSocket
+from dcp._io.sockets import AsyncSocket
 
 
 def _pair(ctx: zmq.Context[zmq.Socket[bytes]]) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from ._broker_core import BrokerCore
+    from dcp._core.broker.core import BrokerCore
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -116,7 +116,7 @@ class StreamStatistics:
 
 @attrs.frozen
 class ServiceStatistics:
-    """Per-service figures from :meth:`~dcp._broker_core.BrokerCore.statistics`."""
+    """Per-service figures from :meth:`~dcp._core.broker.core.BrokerCore.statistics`."""
 
     #: Registered workers providing the service.
     workers: int
@@ -212,7 +212,7 @@ class WorkerStatistics:
     #: backlog (answered with an ``expired`` error reply; Rule 4).
     expired: int = 0
     #: Replies sent again after a lost connection, in case the broker lost them (Rule 13 of
-    #: :mod:`dcp._worker_core`); a client drops the ones it already has.
+    #: :mod:`dcp._core.worker.core`); a client drops the ones it already has.
     replayed: int = 0
 
 
@@ -339,7 +339,7 @@ def snapshot(core: BrokerCore, now: float, *, peers: bool = False) -> BrokerSnap
 
     :param peers: also list every worker and client (``/status``; ``/metrics`` only counts)
     """
-    from ._core.directory import text
+    from dcp._core.broker.directory import text
 
     services = []
     directory = core.directory

@@ -1,4 +1,4 @@
-"""Small primitives the sans-IO cores share (written once, used by several cores)."""
+"""Small primitives shared across layers (the sans-IO cores and the drivers), written once."""
 
 from __future__ import annotations
 
@@ -8,9 +8,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["DeadlineHeap", "Joined", "LogEvery", "LogOnce", "PeerId"]
+__all__ = ["BYTES_LIKE", "DeadlineHeap", "Joined", "LogEvery", "LogOnce", "PeerId", "to_bytes"]
 
 T = TypeVar("T")
+
+#: What dcp accepts as a frame's bytes.
+BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def to_bytes(value: object, what: str) -> bytes:
+    """``value`` as :class:`bytes`; :exc:`TypeError` naming ``what`` if it is not bytes-like."""
+    if isinstance(value, BYTES_LIKE):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
 
 
 class DeadlineHeap(Generic[T]):

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from _cli_procs import Proc
     from pyspark.sql import SparkSession
+
+    from tests.cli.procs import Proc
 
 
 @pytest.fixture(
@@ -46,7 +47,7 @@ def spark_classic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSes
     """One local[2] SparkSession for the whole run, whose JVM also runs the Spark Connect
     server (see ``_spark_session.py``); skipped only when Java is missing. Stopped, JVM
     included, at the end of the run."""
-    from _spark_session import environment, java_missing, start_session, stop_session
+    from tests.spark.session import environment, java_missing, start_session, stop_session
 
     reason = java_missing()
     if reason:
@@ -65,7 +66,7 @@ def spark_classic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSes
 def spark_connect(spark_classic: SparkSession) -> Iterator[SparkSession]:
     """A Spark Connect session of the same JVM's Connect server, for the whole run; skipped
     only when pyspark's connect extra (grpcio, ...) is missing."""
-    from _spark_session import connect_missing, connect_session
+    from tests.spark.session import connect_missing, connect_session
 
     reason = connect_missing()
     if reason:

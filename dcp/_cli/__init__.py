@@ -13,9 +13,9 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from .._exceptions import BaseExceptionGroup
-from ._parser import build_parser
-from ._run import INTERRUPTED, USAGE, CLIError, interrupted
+from dcp._cli._parser import build_parser
+from dcp._cli._run import INTERRUPTED, USAGE, CLIError, interrupted
+from dcp._io.lifecycle import BaseExceptionGroup
 
 __all__ = ["main"]
 

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING
 import anyio
 import zmq
 
-from .._response import Response
-from ._commands import client_security
-from ._run import USAGE, CLIError, run_async, until_signal, zmq_problem
+from dcp._cli._commands import client_security
+from dcp._cli._run import USAGE, CLIError, run_async, until_signal, zmq_problem
+from dcp._models import Response
 
 if TYPE_CHECKING:
-    from .._client import Client
-    from .._errors import NoWorkers
+    from dcp._client.client import Client
+    from dcp._errors import NoWorkers
 
 __all__ = ["NO_WORKERS", "cmd_call", "reply_json"]
 
@@ -108,7 +108,7 @@ async def _why_no_reply(client: Client, args: argparse.Namespace) -> str:
     """Rule 3: after a timeout, whether the broker itself answers (``mmi.service``), as a
     hint to append to the error line: a new user's first timeout is a broker that is not
     there. A broker of ``--type-width 4`` (the DagBox C++ one) has no ``mmi.service``."""
-    from .._errors import DCPError
+    from dcp._errors import DCPError
 
     if args.type_width != 1:
         return ""
@@ -137,7 +137,7 @@ async def _request(
 ) -> Response:
     """The call itself, its resends logged as they happen (Rule 2). Its error is raised
     as it is, not in an exception group."""
-    from .._errors import DCPError
+    from dcp._errors import DCPError
 
     outcome: Response | DCPError | None = None
     async with anyio.create_task_group() as tg:
@@ -161,8 +161,8 @@ async def _request(
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from .._client import Client
-    from .._errors import DCPError, NoWorkers, RequestTimeout
+    from dcp._client.client import Client
+    from dcp._errors import DCPError, NoWorkers, RequestTimeout
 
     metadata = [part.encode() for part in args.metadata]
     if not all(metadata):
@@ -239,7 +239,7 @@ async def call_stream(
 
     :raises dcp.NoWorkers: the broker says nobody serves the service (without ``--wait``)
     """
-    from .._errors import NoWorkers, RequestTimeout
+    from dcp._errors import NoWorkers, RequestTimeout
 
     service = args.service.encode()
     if not args.wait:

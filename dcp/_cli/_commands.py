@@ -14,12 +14,12 @@ import anyio
 import anyio.abc
 import zmq
 
-from ._http import broker_http
-from ._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal, zmq_problem
-from ._services import worker_services
+from dcp._cli._http import broker_http
+from dcp._cli._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal, zmq_problem
+from dcp._cli._services import worker_services
 
 if TYPE_CHECKING:
-    from .._security import CurveClient, CurveServer
+    from dcp._io.security import CurveClient, CurveServer
 
 __all__ = ["client_security", "cmd_broker", "cmd_demo", "cmd_keys", "cmd_worker", "exit_code"]
 
@@ -34,7 +34,7 @@ def exit_code(received: signal.Signals | None) -> int:
 
 def _server_security(args: argparse.Namespace) -> CurveServer | None:
     """The broker's CURVE settings from ``--keys``, ``--allow-client``, ``--allow-worker``."""
-    from .._security import CurveServer
+    from dcp._io.security import CurveServer
 
     if args.keys is None:
         if args.allow_client or args.allow_worker or args.allow_any_client:
@@ -55,7 +55,7 @@ def _server_security(args: argparse.Namespace) -> CurveServer | None:
 
 def client_security(args: argparse.Namespace) -> CurveClient | None:
     """A client's or worker's CURVE settings from ``--keys`` and ``--server-key``."""
-    from .._security import CurveClient
+    from dcp._io.security import CurveClient
 
     if args.keys is None and args.server_key is None:
         return None
@@ -68,7 +68,7 @@ def client_security(args: argparse.Namespace) -> CurveClient | None:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from .._broker import Broker
+    from dcp._broker.broker import Broker
 
     security = _server_security(args)
     http = broker_http(args)
@@ -159,9 +159,9 @@ def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .._errors import AuthenticationFailed, RegistrationRefused
-    from .._services import Service
-    from .._worker import Worker
+    from dcp._errors import AuthenticationFailed, RegistrationRefused
+    from dcp._worker.services import Service
+    from dcp._worker.worker import Worker
 
     served = worker_services(args.service, args.handler, _load_handler)
     try:
@@ -203,7 +203,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .._demo import run_demo
+    from dcp._cli.demo import run_demo
 
     code = 0
 
@@ -228,7 +228,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from .._security import write_key_pair
+    from dcp._io.security import write_key_pair
 
     try:
         public, secret = write_key_pair(args.dir, args.name, overwrite=args.force)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._run import USAGE, CLIError
+from dcp._cli._run import USAGE, CLIError
 
 __all__ = ["add_broker_http", "broker_http"]
 

@@ -8,12 +8,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from .. import __version__
-from .._beacon import BEACON_SCHEME, beacon_port
-from .._endpoints import check_endpoint
-from ._http import add_broker_http
-from ._run import USAGE
-from ._services import add_broker_beacon, add_commands
+from dcp import __version__
+from dcp._cli._http import add_broker_http
+from dcp._cli._run import USAGE
+from dcp._cli._services import add_broker_beacon, add_commands
+from dcp._io.beacon import BEACON_SCHEME, beacon_port
+from dcp._io.endpoints import check_endpoint
 
 __all__ = ["DISTRIBUTION", "build_parser"]
 
@@ -190,10 +190,10 @@ def _common() -> _Intermixed:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dcp`` parser; each subcommand sets ``func`` to its ``cmd_*`` function."""
-    from ._call import cmd_call
-    from ._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
-    from ._pubsub import add_pubsub_commands
-    from ._top import add_top_command
+    from dcp._cli._call import cmd_call
+    from dcp._cli._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
+    from dcp._cli._pubsub import add_pubsub_commands
+    from dcp._cli._top import add_top_command
 
     parser = _Parser(
         prog="dcp",

@@ -9,8 +9,8 @@ from typing import Any
 
 import zmq
 
-from ._commands import client_security
-from ._run import USAGE, CLIError, run_async, until_signal, zmq_problem
+from dcp._cli._commands import client_security
+from dcp._cli._run import USAGE, CLIError, run_async, until_signal, zmq_problem
 
 __all__ = ["add_pubsub_commands"]
 
@@ -59,9 +59,9 @@ def add_pubsub_commands(
 
 
 def _run(args: argparse.Namespace, body: Callable[[Any], Any]) -> int:
-    from .._client import Client
-    from .._errors import DCPError
-    from .._pubsub import SlowConsumer
+    from dcp._client.client import Client
+    from dcp._client.pubsub import SlowConsumer
+    from dcp._errors import DCPError
 
     security = client_security(args)
 

@@ -24,7 +24,7 @@ from typing import TypeVar
 import anyio
 import zmq
 
-from .._exceptions import BaseExceptionGroup, single_error
+from dcp._io.lifecycle import BaseExceptionGroup, single_error
 
 __all__ = [
     "INTERRUPTED",

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._run import USAGE, CLIError, run_async
+from dcp._cli._run import USAGE, CLIError, run_async
 
 __all__ = [
     "add_broker_beacon",
@@ -105,9 +105,9 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def cmd_services(args: argparse.Namespace) -> int:
-    from .._client import Client
-    from .._errors import DCPError
-    from ._commands import client_security
+    from dcp._cli._commands import client_security
+    from dcp._client.client import Client
+    from dcp._errors import DCPError
 
     security = client_security(args)
     rows: list[dict[str, Any]] = []
@@ -128,7 +128,7 @@ def cmd_services(args: argparse.Namespace) -> int:
 
 
 def cmd_find(args: argparse.Namespace) -> int:
-    from .._beacon import find_broker
+    from dcp._io.beacon import find_broker
 
     found: list[str] = []
 

@@ -1,6 +1,6 @@
 """``dcp top``: a live terminal view of a running broker, read from the services the broker
 answers itself: ``mmi.stats`` (one entry per service) and ``mmi.broker`` (broker-wide
-figures), see :mod:`dcp._core.directory` and ``docs/operations.md``.
+figures), see :mod:`dcp._core.broker.directory` and ``docs/operations.md``.
 
 Rules:
 
@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._run import CLIError, run_async, until_signal
+from dcp._cli._run import CLIError, run_async, until_signal
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from .._client import Client
+    from dcp._client.client import Client
 
 __all__ = ["SORT_KEYS", "Row", "Snapshot", "add_top_command", "cmd_top", "rows"]
 
@@ -193,7 +193,7 @@ def add_top_command(
 
 
 async def _ask(client: Client, name: str, timeout: float) -> Any:
-    from .._json import decode_json
+    from dcp._json import decode_json
 
     response = await client.request(name, timeout=timeout, retries=0)
     if response.data == (b"501",):
@@ -364,9 +364,9 @@ def _need_rich() -> None:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from .._client import Client
-    from .._errors import DCPError, RequestTimeout
-    from ._commands import client_security, exit_code
+    from dcp._cli._commands import client_security, exit_code
+    from dcp._client.client import Client
+    from dcp._errors import DCPError, RequestTimeout
 
     _need_rich()
     security = client_security(args)

@@ -9,6 +9,6 @@ Only :mod:`.address` is imported by the broker without the ``http`` extra.
 
 from __future__ import annotations
 
-from .address import HttpOptions, http_options, require
+from dcp._http.address import HttpOptions, http_options, require
 
 __all__ = ["HttpOptions", "http_options", "require"]

@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from .._json import encode_json
-from .._stats import BrokerSnapshot
-from . import metrics, status
+from dcp._http import metrics, status
+from dcp._json import encode_json
+from dcp._stats import BrokerSnapshot
 
 __all__ = ["StatusApp"]
 

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .._stats import DURATION_BUCKETS, BrokerSnapshot
+from dcp._stats import DURATION_BUCKETS, BrokerSnapshot
 
 __all__ = ["SnapshotCollector", "render"]
 

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.abc
 
-from .._stats import BrokerSnapshot
-from .address import HttpOptions
+from dcp._http.address import HttpOptions
+from dcp._stats import BrokerSnapshot
 
 __all__ = ["run_http"]
 
@@ -31,9 +31,9 @@ async def run_http(
     :param endpoints: the broker's bound zmq endpoints (shown by ``/status``)
     :raises OSError: the address could not be bound
     """
-    from .. import __version__
-    from .app import StatusApp
-    from .server import bind, serve_http
+    from dcp import __version__
+    from dcp._http.app import StatusApp
+    from dcp._http.server import bind, serve_http
 
     sock, address = bind(options)
     app = StatusApp(take, token=options.token, version=__version__, endpoints=endpoints)

@@ -27,7 +27,7 @@ import sniffio
 from hypercorn.config import Config, Sockets
 from hypercorn.utils import wrap_app
 
-from .address import HttpOptions
+from dcp._http.address import HttpOptions
 
 __all__ = ["serve_http"]
 

@@ -1,6 +1,6 @@
 """``/status``: the broker as one JSON document, its long lists sortable and paged (NATS
 ``/connz`` style). The schema is in ``docs/operations.md`` (and checked by
-``tests/test_http.py``).
+``tests/http/test_endpoint.py``).
 
 Rule S1 - Lists (``services``, ``workers``, ``clients``) are pages: ``{"total", "offset",
   "limit", "sort", "items"}``. ``?sort=FIELD`` sorts by one of the items' fields, ascending;
@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from .._stats import DURATION_BUCKETS, BrokerSnapshot
+from dcp._stats import DURATION_BUCKETS, BrokerSnapshot
 
 __all__ = ["DEFAULT_LIMIT", "LISTS", "MAX_LIMIT", "Paging", "document", "list_page"]
 

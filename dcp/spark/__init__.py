@@ -23,19 +23,19 @@ except ImportError as _exc:
         "pip install 'dagbox-dcp[spark]'"
     ) from _exc
 
-from ._calls import BATCH_BYTES as BATCH_BYTES
-from ._calls import BadReply as BadReply
-from ._calls import OnError as OnError
-from ._calls import OutputType as OutputType
-from ._calls import ServiceCall as ServiceCall
-from ._calls import call_arrays as call_arrays
-from ._calls import call_batches as call_batches
-from ._calls import describe_error as describe_error
-from ._config import BROKER_ENV as BROKER_ENV
-from ._config import BROKER_KEY as BROKER_KEY
-from ._config import resolve_broker as resolve_broker
-from ._dataframe import map_service as map_service
-from ._dataframe import service_column as service_column
+from dcp.spark._calls import BATCH_BYTES as BATCH_BYTES
+from dcp.spark._calls import BadReply as BadReply
+from dcp.spark._calls import OnError as OnError
+from dcp.spark._calls import OutputType as OutputType
+from dcp.spark._calls import ServiceCall as ServiceCall
+from dcp.spark._calls import call_arrays as call_arrays
+from dcp.spark._calls import call_batches as call_batches
+from dcp.spark._calls import describe_error as describe_error
+from dcp.spark._config import BROKER_ENV as BROKER_ENV
+from dcp.spark._config import BROKER_KEY as BROKER_KEY
+from dcp.spark._config import resolve_broker as resolve_broker
+from dcp.spark._dataframe import map_service as map_service
+from dcp.spark._dataframe import service_column as service_column
 
 __all__ = [
     "BATCH_BYTES",

@@ -31,10 +31,10 @@ from typing import Literal, get_args
 import attrs
 import pyarrow as pa
 
-from .._calls import service_bytes
-from .._errors import DCPError, NoWorkers, RemoteError, RequestTimeout
-from .._response import Outcome, Response
-from .._sync_client import SyncClient
+from dcp._client.sync_client import SyncClient
+from dcp._core.client.calls import service_bytes
+from dcp._errors import DCPError, NoWorkers, RemoteError, RequestTimeout
+from dcp._models import Outcome, Response
 
 __all__ = [
     "BATCH_BYTES",

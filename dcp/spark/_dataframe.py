@@ -11,8 +11,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import BinaryType, DataType, StringType, StructField, StructType
 
-from ._calls import OnError, OutputType, ServiceCall, call_batches, call_column
-from ._config import resolve_broker
+from dcp.spark._calls import OnError, OutputType, ServiceCall, call_batches, call_column
+from dcp.spark._config import resolve_broker
 
 __all__ = ["column_function", "map_service", "service_column"]
 

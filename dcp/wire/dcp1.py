@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import typing
 
-from .. import _errors
-from .._messages import Message, MessageType, Ping, Pong, Reconnect, Register, Reply, Request
+from dcp import _errors
+from dcp.wire.messages import Message, MessageType, Ping, Pong, Reconnect, Register, Reply, Request
 
 if typing.TYPE_CHECKING:
     from collections.abc import Sequence

@@ -32,7 +32,7 @@ import typing
 
 import attrs
 
-from .. import _errors
+from dcp import _errors
 
 if typing.TYPE_CHECKING:
     from collections.abc import Sequence

@@ -9,9 +9,9 @@ from __future__ import annotations
 import enum
 import typing
 
-from .dbp import COMMANDS as _DBP_COMMANDS
-from .mc0 import VERBS as _MC0_VERBS
-from .mdp import HEADERS as _MDP_HEADERS
+from dcp.wire.dbp import COMMANDS as _DBP_COMMANDS
+from dcp.wire.mc0 import VERBS as _MC0_VERBS
+from dcp.wire.mdp import HEADERS as _MDP_HEADERS
 
 if typing.TYPE_CHECKING:
     from collections.abc import Sequence

@@ -23,9 +23,9 @@ import typing
 
 import attrs
 
-from .. import _errors
-from .._messages import OPTION_PREFIX as _OPTION_PREFIX
-from . import dcp1 as _dcp1
+import dcp.wire.dcp1 as _dcp1
+from dcp import _errors
+from dcp.wire.messages import OPTION_PREFIX as _OPTION_PREFIX
 
 if typing.TYPE_CHECKING:
     from collections.abc import Sequence

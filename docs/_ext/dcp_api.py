@@ -12,7 +12,7 @@ Blocks expanded before MyST parses a page (Sphinx's ``source-read`` event):
   becomes the module's docstring (``automodule``), then every name of its ``__all__``
   (``autoclass`` with members, ``autoexception``, ``autofunction`` or ``autodata``), grouped
   under one heading per private module that defines them (``dcp.Broker`` comes from
-  ``dcp._broker``).
+  ``dcp._broker.broker``).
 
   - ``Title = module [module ...]`` lines name and order the groups (module names relative to
     the namespace). A group not named gets the first sentence of its module's docstring as
@@ -22,12 +22,12 @@ Blocks expanded before MyST parses a page (Sphinx's ``source-read`` event):
   - ``:level: N`` is the heading level of the groups (default 2).
 
   A name keeps the namespace's name (``dcp.Broker``); autodoc records the real location as
-  ``:canonical:`` (``dcp._broker.Broker``), so references to either resolve. A name that the
+  ``:canonical:`` (``dcp._broker.broker.Broker``), so references to either resolve. A name that the
   top-level package exports too (``dcp.wire.dcp1.Request`` is ``dcp.Request``) is documented
   there only; here it gets a link target that points to it.
 
 ``dcp-modules``: every private module of a package (found by its files), each a ``py:module``
-  target with the first paragraph of its docstring, so ``:mod:`dcp._broker_core``` resolves.
+  target with the first paragraph of its docstring, so ``:mod:`dcp._core.broker.core``` resolves.
 
 In the root page, a toctree line ``*`` becomes the top-level pages that the page does not list
 (a glob would do the same, but warns when it matches nothing).
@@ -348,8 +348,8 @@ def _qualify(
 
 
 def _private_target(name: str) -> str | None:
-    """The private module that holds ``name`` (``dcp._core.directory.broker_entry`` ->
-    ``dcp._core.directory``) if ``name`` really exists there, else ``None``."""
+    """The private module that holds ``name`` (``dcp._core.broker.directory.broker_entry`` ->
+    ``dcp._core.broker.directory``) if ``name`` really exists there, else ``None``."""
     parts = name.split(".")
     if parts[0] != "dcp" or not any(part.startswith("_") for part in parts[1:]):
         return None
@@ -369,7 +369,7 @@ def _private_target(name: str) -> str | None:
 
 def _link_private(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     """A reference to a private object that exists but is not documented (a helper function
-    of ``dcp._core.directory``) links to its module in the module map; a name that does not
+    of ``dcp._core.broker.directory``) links to its module in the module map; a name that does not
     exist stays a broken reference (and fails the build)."""
     if node.get("refdomain") != "py" or node.get("reftype") == "mod":
         return None

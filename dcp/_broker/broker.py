@@ -1,0 +1,474 @@
+"""The broker: a thin anyio driver around :class:`~dcp._core.broker.core.BrokerCore`."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import time
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import zmq
+from zmq.utils import z85
+
+from dcp._broker.approver import Approver, ApproverRunner
+from dcp._broker.io import Waker
+from dcp._broker.oplog import Frames, log_summaries, read_racy, write_log
+from dcp._broker.reload import reload_broker_security
+from dcp._broker.stats import serve_http, with_zap
+from dcp._broker.thread import Call, thread_loop
+from dcp._broker.zap import ZapHandler
+from dcp._core.broker.core import BrokerCore, BrokerStatistics
+from dcp._core.broker.guard import Guard
+from dcp._core.broker.pubsub import PubSubStatistics
+from dcp._http import http_options
+from dcp._http import require as require_http
+from dcp._io.beacon import send_beacons
+from dcp._io.context import get_context
+from dcp._io.lifecycle import BaseExceptionGroup, single_error
+from dcp._io.security import CurveServer, configure_server_socket
+from dcp._io.sockets import AsyncSocket, Received
+from dcp._util import PeerId
+
+__all__ = ["Broker"]
+
+#: Frames this large (or larger) pass through the broker without a copy in Python; below it,
+#: a copy into ``bytes`` is cheaper than a ``zmq.Frame`` object. (pyzmq's own default
+#: ``copy_threshold`` for sends is 64 KiB too.)
+_ZERO_COPY_THRESHOLD = 65_536
+
+
+logger = logging.getLogger("dcp.broker")
+
+
+class Broker:
+    """A DCP v1 broker, run as a task in any anyio task group (trio or asyncio), that also
+    serves Majordomo peers (MDP/0.1, MDP/0.2, majortomo) on the same endpoints.
+
+    ::
+
+        broker = Broker("tcp://127.0.0.1:5555", "ipc:///tmp/dcp.sock")
+        async with anyio.create_task_group() as tg:
+            endpoints = await tg.start(broker.serve)
+
+    or ``async with Broker("tcp://127.0.0.1:0") as broker: ...`` (see :attr:`endpoints`).
+
+    One ROUTER socket is bound to every endpoint; one thread owns it (the broker's I/O
+    thread; with ``io_thread=False``, one task). Routing follows the rules in
+    :mod:`dcp._core.broker.core`. Socket options: ``ROUTER_MANDATORY`` (so a send to a gone or
+    full peer is known, counted and, for a worker, turned into redelivery),
+    ``ROUTER_HANDOVER`` (a peer reconnecting with the same routing id keeps its address),
+    ``MAXMSGSIZE`` (zmq disconnects a peer that sends a frame larger than the whole
+    message limit; it may reconnect), zmq heartbeats (a dead connection is dropped within
+    the liveness, so a probe to a busy worker that never beats fails once it is gone).
+
+    With ``security`` (CURVE, see ``docs/security.md``) the socket is a CURVE server whose
+    handshakes a ZAP handler task checks against the allow-lists; every message is
+    attributed to its sender's key, registrations need permission, client addresses are
+    sealed before workers see them, ``ROUTER_HANDOVER`` is off (a routing id in use cannot
+    be taken over) and zmq heartbeats drop dead connections after ``liveness x
+    heartbeat_interval``. Without a ``context``, a secure broker uses a zmq context of its
+    own (a context has one ZAP handler). inproc endpoints have no handshake and are refused.
+
+    :param endpoints: zmq endpoints to bind (``tcp://host:0`` picks a free port)
+    :param heartbeat_interval: seconds between worker heartbeats (agreed with workers)
+    :param liveness: heartbeats a worker may miss before its requests are redelivered
+    :param allow_foreign_address: let non-workers send requests carrying another client's
+        address (off by default: a client could steer replies to another peer)
+    :param max_queue: requests queued per service before ``queue_full`` error replies
+    :param max_message_size: largest message accepted, all frames together, in bytes
+        (-1: no limit). Larger messages are counted (``message_too_large``) and dropped;
+        a single frame over it makes zmq drop the sender's connection (``MAXMSGSIZE``).
+    :param max_frames: frames per message; longer messages are counted and dropped (a
+        request whose metadata survived the cut gets an error reply, as for the size limit)
+    :param max_client_queued: requests of one client waiting in queues before
+        ``client_limit`` error replies
+    :param max_client_inflight: requests of one client accepted and unanswered (queued or
+        at a worker) before ``client_limit`` error replies
+    :param work_timeout: seconds a worker may hold a request that carries no work timeout
+        of its own (``None``: no limit); a worker past it is treated as lost
+    :param send_hwm: zmq's send high-water mark, in messages, per peer: a reply to a
+        client that stopped reading is dropped (counted; the client retries) once this many
+        are waiting for it, and a worker that stopped reading is treated as gone
+    :param receive_hwm: zmq's receive high-water mark, in messages, per peer: past it zmq
+        stops reading that peer's connection (back-pressure) while others are still served
+    :param batch: messages handled per wake-up before yielding to other tasks
+    :param context: zmq context (default: one shared per process; with ``security``, one of
+        the broker's own)
+    :param security: CURVE keys and allow-lists (default: no security)
+    :param io_thread: run the socket's I/O loop (and the routing core) in a thread of its
+        own, blocking in a ``recv`` on the socket (:mod:`dcp._broker.io`), instead of in
+        the event loop: a message costs a ``poll(2)`` wake-up in libzmq there instead of an
+        event loop's wait, cancel scope and task switch (``docs/performance-broker.md``).
+        The broker is still a task of your task group;
+        cancelling it stops the thread promptly. ``False`` keeps everything in the event
+        loop (one thread in all)
+    :param approve: a registration approver (``docs/services.md``): called (plain ``def``,
+        on the event loop: keep it quick; or ``async def``) with a
+        :class:`dcp.ApprovalRequest` for each registration (service, the info the worker
+        gave, routing id, CURVE key) and returns ``True``, ``False``, ``(bool, reason)`` or
+        a :class:`dcp.Approval`; a denied worker is told the reason. CURVE allow-lists
+        apply first
+    :param beacon: a UDP port to announce the broker on, every second (the first
+        ``tcp://`` endpoint's port, and with CURVE its public key; ``docs/services.md``)
+    :param beacon_address: where the beacon goes (default: the broadcast address)
+    :param http: serve ``/metrics`` (Prometheus), ``/status`` (JSON) and a live status page
+        on this ``HOST:PORT`` (port 0: a free one, see :attr:`http_address`; needs the
+        ``http`` extra; ``docs/operations.md``). Off by default
+    :param http_token: a bearer token every HTTP request must carry
+    :param http_public: allow an ``http`` host that is not a loopback address
+    :param log_summary: seconds between one-line INFO summaries on the ``dcp.broker``
+        logger (requests/s, replies/s, errors, queue depth, workers idle/busy, clients;
+        ``docs/operations.md``); ``None``: none
+    :param core_options: further :class:`~dcp._core.broker.core.BrokerCore` keyword arguments
+    """
+
+    def __init__(
+        self,
+        *endpoints: str,
+        heartbeat_interval: float = 1.0,
+        liveness: int = 3,
+        allow_foreign_address: bool = False,
+        max_queue: int = 100_000,
+        max_message_size: int = 256 * 1024 * 1024,
+        max_frames: int = 4096,
+        max_client_queued: int = 10_000,
+        max_client_inflight: int = 20_000,
+        work_timeout: float | None = None,
+        send_hwm: int = 1000,
+        receive_hwm: int = 1000,
+        batch: int = 256,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        security: CurveServer | None = None,
+        io_thread: bool = True,
+        approve: Approver | None = None,
+        beacon: int | None = None,
+        beacon_address: str = "255.255.255.255",
+        http: str | None = None,
+        http_token: str | None = None,
+        http_public: bool = False,
+        log_summary: float | None = None,
+        **core_options: Any,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("a broker needs at least one endpoint to bind")
+        if log_summary is not None and not 0 < log_summary < float("inf"):
+            raise ValueError("log_summary must be None or a positive finite number of seconds")
+        self._log_summary = log_summary
+        if security is not None and any(e.startswith("inproc://") for e in endpoints):
+            raise ValueError("inproc:// has no CURVE handshake: a secure broker cannot bind it")
+        self._bind: tuple[str, ...] = endpoints
+        self.heartbeat_interval = heartbeat_interval
+        self._max_message_size = max_message_size
+        self._max_frames = max_frames
+        self._batch = batch
+        self._io_thread = io_thread
+        self._context = context
+        self._send_hwm = send_hwm
+        self._receive_hwm = receive_hwm
+        self._security = security
+        self._zap: ZapHandler | None = None
+        guard = None
+        if security is not None:
+            # The sealing key comes from the broker's secret key (Guard derives its own key
+            # from it, for this one use), so a restarted broker opens the client addresses
+            # its predecessor sealed: work finished across a restart still reaches clients.
+            guard = Guard(
+                security.may_register,
+                z85.decode(security.secret_key),
+                may_connect=security.may_connect,
+            )
+        self._core = BrokerCore(
+            heartbeat_interval=heartbeat_interval,
+            liveness=liveness,
+            allow_foreign_address=allow_foreign_address,
+            max_queue=max_queue,
+            max_client_queued=max_client_queued,
+            max_client_inflight=max_client_inflight,
+            work_timeout=work_timeout,
+            guard=guard,
+            approve=approve is not None,
+            **core_options,
+        )
+        self._approve = approve
+        if beacon is not None and not any(e.startswith("tcp://") for e in endpoints):
+            raise ValueError("a beacon announces a tcp:// endpoint: bind one")
+        self._beacon = beacon
+        self._beacon_address = beacon_address
+        self._http = (
+            None if http is None else http_options(http, token=http_token, public=http_public)
+        )
+        if self._http is not None:
+            require_http()
+        #: The HTTP endpoint's bound address (``HOST:PORT``) while serving; ``None`` before,
+        #: after, or without ``http``.
+        self.http_address: str | None = None
+        self._approver: ApproverRunner | None = None
+        self._socket: AsyncSocket | None = None
+        #: Work for the I/O thread's core (dcp._broker.thread.in_core), and how to wake the
+        #: thread for it (also for the approver's answers, _answered).
+        self._calls: collections.deque[Call[Any]] = collections.deque()
+        self._waker: Waker | None = None
+        self._exit_stack: contextlib.AsyncExitStack | None = None
+        #: The bound endpoints (ports resolved) while serving; empty before.
+        self.endpoints: list[str] = []
+
+    def pubsub_statistics(self) -> PubSubStatistics:
+        """Pub/sub counters and gauges (published, routed, delivered, lost, ...)."""
+        return read_racy(self._core.pubsub.statistics)
+
+    def statistics(self) -> BrokerStatistics:
+        """Counters (requests, replies, forwards, redeliveries, rejections by reason) and
+        gauges (workers, per-service queue depth). With CURVE, ``rejections`` also counts
+        handshakes the ZAP handler denied (``zap_denied``) and malformed ZAP requests
+        (``zap_malformed``)."""
+        return with_zap(self._zap, read_racy(self._core.statistics))
+
+    async def reload_security(self, security: CurveServer) -> int:
+        """Replace the allow-lists while the broker runs (``dcp broker`` does on SIGHUP).
+
+        New handshakes follow the new lists at once. When a key may no longer connect, every
+        connection the broker accepted on its tcp and ipc endpoints from an address that key
+        connected from is dropped (zmq cannot tell which connection a key came in on, nor
+        close just one; see :mod:`dcp._broker.connections`): each peer reconnects and handshakes
+        again, and a revoked key fails (a dcp peer raises :exc:`~dcp.AuthenticationFailed`).
+        Until then, and on inproc connections, every message from a revoked key is refused
+        (``revoked`` in ``statistics().rejections``). A worker whose key may no longer
+        register one of its services is removed and told (a dcp worker's ``serve`` raises
+        :exc:`~dcp.RegistrationRefused`), and the requests it held go to other workers.
+
+        :param security: the new settings, with this broker's key pair
+        :returns: how many workers were removed
+        :raises ValueError: the broker has no security, or ``security`` has another key pair
+            (restart the broker to change its keys: every peer must learn the new one)
+        """
+        return await reload_broker_security(self, security)
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Bind, report the bound endpoints through ``task_status``, and route until
+        cancelled. Cancellation closes the socket (linger 0) before returning.
+
+        :raises zmq.ZMQError: an endpoint could not be bound
+        :raises OSError: the HTTP address could not be bound
+        :raises RuntimeError: the broker is already serving
+        """
+        if self._socket is not None:
+            raise RuntimeError("this broker is already serving")
+        security = self._security
+        # Cleanups run last in, first out: the socket, then the ZAP handler, then the context.
+        with contextlib.ExitStack() as cleanup:
+            ctx = self._context
+            if ctx is None and security is not None:
+                # A context has one ZAP handler: a secure broker keeps a context of its own.
+                ctx = zmq.Context()
+                cleanup.callback(ctx.term)
+            elif ctx is None:
+                ctx = get_context()
+            zap = None
+            if security is not None:
+                # Bound before the broker's socket and closed after it: no handshake goes
+                # unchecked (and with ZAP_ENFORCE_DOMAIN, libzmq refuses one that finds no
+                # handler).
+                zap = ZapHandler(ctx, security.may_connect)
+                zap.bind()
+                cleanup.callback(zap.close)
+            self._zap = zap
+            sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+            # +1: the ROUTER adds the routing-id frame, which the limit does not count.
+            asock = AsyncSocket(
+                sock,
+                max_frames=self._max_frames + 1,
+                # Routing ids are at most 255 bytes; the exact check is in _receive_loop.
+                max_bytes=self._max_message_size + 255 if self._max_message_size >= 0 else 0,
+                # Large data parts are forwarded as zmq's own buffers, never copied in Python.
+                zero_copy_threshold=_ZERO_COPY_THRESHOLD,
+                # With CURVE, each message's sender key (the ZAP user id) goes to the core.
+                user_ids=security is not None,
+            )
+            cleanup.callback(asock.close, 0)
+            try:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
+                sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+                sock.setsockopt(zmq.RCVHWM, self._receive_hwm)
+                # zmq heartbeats drop a dead connection within the liveness, so a send to a
+                # busy worker that does not beat itself (MDP, DagBox C++) fails once its
+                # connection is gone (peers Rule L3), and in secure mode its id is freed.
+                interval = max(1, round(self.heartbeat_interval * 1000))
+                sock.setsockopt(zmq.HEARTBEAT_IVL, interval)
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, interval * self._core.liveness)
+                if security is None:
+                    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+                else:
+                    # No handover: a connection that claims a routing id in use is refused.
+                    configure_server_socket(sock, security)
+                bound = []
+                for endpoint in self._bind:
+                    sock.bind(endpoint)
+                    bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+                self._socket = asock
+                self.endpoints = bound
+                self._core.started = time.monotonic() if self._io_thread else anyio.current_time()
+                logger.info(
+                    "broker bound to %s%s", ", ".join(bound), " (CURVE)" if security else ""
+                )
+                async with anyio.create_task_group() as tg:
+                    if zap is not None:
+                        tg.start_soon(zap.serve)
+                    if self._beacon is not None:
+                        await tg.start(self._send_beacons, bound)
+                    if self._http is not None:
+                        await tg.start(serve_http, self, bound)
+                    if self._log_summary is not None:
+                        tg.start_soon(log_summaries, self._core.overview, self._log_summary)
+                    if self._approve is not None:
+                        self._approver = ApproverRunner(self._approve)
+                        tg.start_soon(self._approver.run, self._answered)
+                    if self._io_thread:
+                        task_status.started(bound)
+                        await thread_loop(self, asock, ctx)
+                    else:
+                        tg.start_soon(self._expire_loop)
+                        task_status.started(bound)
+                        await self._receive_loop(asock)
+            finally:
+                self._socket = None
+                self.endpoints = []
+
+    async def _send_beacons(
+        self, bound: list[str], *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        assert self._beacon is not None
+        port = next(int(e.rpartition(":")[2]) for e in bound if e.startswith("tcp://"))
+        key = None if self._security is None else self._security.public_key
+        await send_beacons(
+            self._beacon, port, address=self._beacon_address, key=key, task_status=task_status
+        )
+
+    async def _receive_loop(self, asock: AsyncSocket) -> None:
+        batch = self._batch
+        while True:
+            await asock.wait_readable()
+            self._handle(asock.drain(batch), anyio.current_time())
+            self._flush(asock)
+            # Let other tasks run between batches, however busy the socket is. (With no
+            # input left, wait_readable parks, which lets them run: no extra pass then.)
+            if asock.has_input():
+                await anyio.lowlevel.checkpoint()
+
+    def _handle(self, received: list[Received], now: float) -> None:
+        """Feed drained messages to the core (cut ones as such)."""
+        core = self._core
+        receive = core.receive
+        max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
+        debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (dcp._broker.oplog Rule 1)
+        for msg in received:
+            if debug:
+                logger.debug("from %s: %s", PeerId(msg.frames[0]), Frames(msg.frames))
+            frames = msg.frames
+            if msg.nbytes - len(frames[0]) > max_bytes:
+                core.reject_too_large(
+                    frames, msg.nbytes - len(frames[0]), max_bytes, now, msg.user_id
+                )
+            elif msg.dropped_frames:
+                core.reject_too_many_frames(frames, msg.dropped_frames, now, msg.user_id)
+            elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
+                continue
+            else:
+                receive(frames, now, msg.user_id)
+
+    async def _expire_loop(self) -> None:
+        core = self._core
+        period = self.heartbeat_interval / 4
+        while True:
+            await anyio.sleep(period)
+            core.expire(anyio.current_time())
+            if core.stalled:  # without the I/O thread, held messages wait for this tick
+                core.retry_held()
+            if (core.outbox or core.log_lines) and self._socket is not None:
+                self._flush(self._socket)
+
+    def _answered(self) -> None:
+        """The approver answered: feed the core (from its own thread)."""
+        waker = self._waker
+        if waker is not None:
+            waker.wake()
+        elif self._socket is not None:
+            self._decide(self._socket, anyio.current_time())
+
+    def _decide(self, asock: AsyncSocket, now: float) -> None:
+        approver = self._approver
+        if approver is not None:
+            answers = approver.answers
+            while answers:
+                token, answer = answers.popleft()
+                self._core.decide(token, answer, now)
+            self._flush(asock)
+
+    def _flush(self, asock: AsyncSocket) -> None:
+        core = self._core
+        approvals = core.approvals
+        if approvals is not None and approvals.asked and self._approver is not None:
+            asked, approvals.asked = approvals.asked, []
+            self._approver.ask(asked, threaded=self._waker is not None)
+        gone: set[bytes] = set()
+        debug = logger.isEnabledFor(logging.DEBUG)  # once per flush (dcp._broker.oplog Rule 1)
+        while core.outbox:
+            out, core.outbox = core.outbox, []
+            for frames in out:
+                peer = frames[0]
+                if debug:
+                    logger.debug("to %s: %s", PeerId(peer), Frames(frames))
+                if gone and peer in gone:
+                    # Its worker was removed earlier in this flush and what it held was
+                    # redelivered: do not hand it anything more.
+                    core.undeliverable(frames, "gone")
+                    continue
+                try:
+                    asock.send_nowait(frames)
+                except zmq.Again:
+                    gone.add(peer)
+                    core.undeliverable(frames, "full")
+                except zmq.ZMQError as exc:
+                    if exc.errno != errno.EHOSTUNREACH:
+                        raise
+                    gone.add(peer)
+                    core.undeliverable(frames, "gone")
+        if core.log_lines:  # the core's lines, this flush's included (dcp._broker.oplog Rule 0)
+            write_log(core.log_lines)
+
+    async def __aenter__(self) -> Broker:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                await tg.start(self.serve)
+                stack.callback(tg.cancel_scope.cancel)
+                self._exit_stack = stack.pop_all()
+        except BaseExceptionGroup as group:
+            raise single_error(group) from None
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        stack, self._exit_stack = self._exit_stack, None
+        if stack is None:
+            return None
+        # The body's exception is not given to the task group: it would come back wrapped in
+        # an ExceptionGroup. It propagates by itself once the broker has stopped.
+        try:
+            await stack.aclose()
+        except BaseExceptionGroup as group:
+            raise single_error(group) from None
+        return None

@@ -1,0 +1,484 @@
+"""The async client: a thin anyio driver around :class:`~dcp._core.client.tracker.RequestTracker`.
+
+One DEALER socket, owned by one receive task that also drives the tracker's timers. Callers
+send from their own tasks (a synchronous ``send_nowait``) and wait on a per-request waiter
+that the receive task resolves; many requests share the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import zmq
+
+import dcp._client.services as _services
+from dcp._client.maps import map_async, map_unordered_async
+from dcp._client.options import ClientOptions
+from dcp._client.pubsub import Subscription
+from dcp._client.pubsub import publish as _publish
+from dcp._client.pubsub import subscribe as _subscribe
+from dcp._client.receive import receive_loop, send_request, shutdown
+from dcp._client.services import ServiceChange, ServiceInfo, ServiceStats, ServiceSummary
+from dcp._client.streams import DEFAULT_WINDOW, Stream
+from dcp._client.waiters import Sink, Waiter
+from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
+from dcp._errors import AuthenticationFailed
+from dcp._io.beacon import BEACON_SCHEME, resolve
+from dcp._io.clock import loop_clock
+from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
+from dcp._io.security import CurveClient
+from dcp._io.sockets import AsyncSocket
+from dcp._json import encode_json
+from dcp._models import Outcome, Response
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from dcp._client.tracing import ClientTracing
+
+__all__ = ["Client"]
+
+logger = logging.getLogger("dcp.client")
+
+
+class Client(ClientOptions):
+    """A DCP client for trio and asyncio programs.
+
+    ::
+
+        async with dcp.Client("tcp://127.0.0.1:5555") as client:
+            response = await client.request("echo", b"hello")
+            async for response in client.map("echo", payloads, window=64):
+                ...
+
+    Requests are matched to replies by an id dcp puts first in the metadata. ``timeout``
+    bounds each whole call; within it, an attempt left unanswered for ``attempt_timeout`` is
+    resent with the same id, at most ``retries`` times (see
+    :class:`~dcp._core.client.tracker.RequestTracker` for the exact rule). Each attempt tells the
+    broker
+    and the worker how long the caller still waits (they drop it after that). Shortly
+    before a call would time out, the client asks the broker (``mmi.service``) whether any
+    worker serves the service; if none does, the call raises :exc:`~dcp.NoWorkers` (a
+    :exc:`~dcp.RequestTimeout`) instead of a plain :exc:`~dcp.RequestTimeout`. Many tasks
+    may call :meth:`request` at once.
+
+    Sends never block the event loop: when zmq's send queue is full (high-water mark) the
+    caller pauses 1 ms, doubling up to 50 ms, and tries again until its attempt's deadline,
+    after which the attempt counts as lost and the retry rule takes over. A *resend* that
+    finds the queue full is not made (counted in ``resends_dropped``); that attempt simply
+    times out again.
+
+    :param endpoint: the broker's zmq endpoint
+    :param timeout: default seconds for a whole call, every attempt and backoff included
+        (``math.inf``: no overall limit). A call to an endpoint where no broker listens
+        fails after this long.
+    :param attempt_timeout: default seconds per attempt before a resend (``None``: each
+        call's ``timeout / (retries + 1)``, 10 s with the defaults)
+    :param retries: default resends after a timed-out attempt
+    :param no_wait: default of :meth:`request`'s ``no_wait``: ask the broker to answer at
+        once, with :exc:`~dcp.NoWorkers`, when no worker serves the service, instead of
+        queueing the request (a dcp broker does; another broker queues it as usual)
+    :param backoff: delay cap before the first resend (seconds)
+    :param backoff_factor: growth of the delay cap per resend
+    :param backoff_max: largest delay cap (seconds)
+    :param jitter: randomised fraction of each delay, in ``[0, 1]``
+    :param routing_id: the socket's zmq routing id (default: 16 random bytes); it must not
+        start with a 0x00 byte. The broker keeps the address across reconnects.
+    :param context: zmq context (default: one shared per process)
+    :param batch: messages handled per wake-up before letting other tasks run
+    :param rng: source of the retry jitter (default: a fresh :class:`random.Random`)
+    :param remember: finished request ids remembered to tell duplicate replies from unknown
+    :param work_timeout: default seconds a worker may hold a request before the broker
+        treats it as lost and gives the request to another worker (``None``: the broker's
+        default); see :doc:`/reliability`
+    :param security: CURVE keys (see ``docs/security.md``; default: no security). If the
+        broker refuses the key, or is not the one whose key is given, or one side uses
+        CURVE and the other not, the handshake fails: pending and later calls raise
+        :exc:`~dcp.AuthenticationFailed` (within about a second), and the client is closed.
+    :param type_width: width of the type frame of every request: 1 (the spec, default) or 4
+        (a little-endian ``int``, as the DagBox C++ reference writes it; its broker aborts on
+        1-byte types). Replies are read in either width. With 4, no ``mmi.service`` question
+        is asked before a timeout (that broker has no such service).
+    :param tracing: one OpenTelemetry span per request, its context sent with the request
+        (``docs/tracing.md``): ``True`` (the global tracer provider) or a
+        ``TracerProvider``; needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError``
+        naming it otherwise)
+    :raises ValueError: a bad option (e.g. ``type_width`` not 1 or 4), before any socket
+        exists
+    """
+
+    #: Spans of the requests (docs/tracing.md); ``None``: tracing off (costs one test).
+    _tracing: ClientTracing | None = None
+
+    def _trace(self, tracing: bool | TracerProvider, endpoint: str) -> None:
+        from dcp._client.tracing import ClientTracing  # imports OpenTelemetry: only when asked
+
+        self._tracing = ClientTracing(tracing, endpoint)
+
+    def _setup(
+        self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
+    ) -> None:
+        self._context = context
+        self._security = security
+        self._socket: AsyncSocket | None = None
+        self._waiters: dict[bytes, Waiter | Sink] = {}
+        self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._watch: HandshakeWatch | None = None
+        self._subscriptions: dict[bytes, Any] = {}
+        #: The event loop's clock (anyio.current_time without its lookup; set on entry).
+        self._now: Callable[[], float] = anyio.current_time
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Client:
+        if self._socket is not None or self._closed:
+            raise RuntimeError("a Client can be entered only once")
+        if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
+            key = None if self._security is None else self._security.server_key
+            self.endpoint = await resolve(self.endpoint, key=key)
+        sock, mon = connect_dealer(self._context, self.routing_id, self._security, self.endpoint)
+        self._socket = AsyncSocket(sock)
+        self._now = loop_clock()
+        self._watch = watch = HandshakeWatch(
+            self.endpoint, secure=self._security is not None, role="client"
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(self._shutdown, None)
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            tg.start_soon(receive_loop, self)
+            if mon is not None:
+                tg.start_soon(watch_handshakes, sock, mon, watch, self._shutdown)
+            stack.callback(tg.cancel_scope.cancel)
+            self._exit_stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # The body's exception is not passed to the task group: it would come back wrapped
+        # in an ExceptionGroup. The receive task never raises, so nothing else can.
+        stack, self._exit_stack = self._exit_stack, None
+        self._shutdown(None)
+        if stack is not None:
+            await stack.aclose()
+
+    async def aclose(self) -> None:
+        """Close the socket (linger 0). Pending and later requests raise
+        :exc:`anyio.ClosedResourceError`. Idempotent; a checkpoint.
+        """
+        self._shutdown(None)
+        await anyio.lowlevel.checkpoint()
+
+    # ------------------------------------------------------------------ requests
+
+    async def request(
+        self,
+        service: str | bytes,
+        *data: Part,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline that travels with it)
+        attempt_timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+        no_wait: bool | None = None,
+    ) -> Response:
+        """Send a request and wait for its reply.
+
+        Every part is checked before anything is sent. Cancelling the caller forgets the
+        request at once (a reply arriving later is counted as late and dropped); nothing is
+        left behind.
+
+        :param service: the service name (``str``: sent as UTF-8)
+        :param data: the data parts (``str``: sent as UTF-8)
+        :param metadata: non-empty parts the worker returns unchanged in the reply
+        :param timeout: seconds for the whole call, retries included (default: the client's)
+        :param attempt_timeout: seconds before an unanswered attempt is resent (default: the
+            client's, else ``timeout / (retries + 1)``)
+        :param retries: resends after timed-out attempts (default: the client's)
+        :param work_timeout: seconds a worker may hold it (default: the client's)
+        :param no_wait: fail at once with :exc:`NoWorkers` if no worker serves the service
+            (default: the client's; needs a dcp broker)
+        :raises TypeError: a part that is not ``bytes`` or ``str`` (nothing is sent)
+        :raises ValueError: an empty metadata part, a bad option (nothing is sent)
+        :raises NoWorkers: no worker serves the service (the broker said so)
+        :raises RequestTimeout: no reply within ``timeout``, or after the last attempt
+        :raises RemoteError: a dcp error reply (from a worker or the broker)
+        :raises anyio.ClosedResourceError: the client is (or was, while waiting) closed
+        :raises anyio.BrokenResourceError: the socket failed
+        """
+        service = service_bytes(service)
+        parts = data_parts(data)
+        metadata = self._metadata(metadata, work_timeout, no_wait)
+        timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        if self._tracing is None:
+            waiter = Waiter()
+            rid, frames = self._start(service, parts, metadata, timing, waiter)
+        else:
+            waiter, rid, frames = self._tracing.request(
+                self._start, service, parts, metadata, timing
+            )
+        try:
+            await self._send(rid, frames)
+            await waiter.event.wait()
+        finally:
+            if self._waiters.pop(rid, None) is not None:
+                self._tracker.cancel(rid)
+                waiter.forget()
+        return self._result(waiter.outcome)
+
+    async def request_json(
+        self,
+        service: str | bytes,
+        obj: Any,
+        *,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,  # noqa: ASYNC109 (see request())
+        attempt_timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+        no_wait: bool | None = None,
+    ) -> Any:
+        """Send ``obj`` as one JSON data part (UTF-8) and return the reply's one data part
+        decoded from JSON: ``await client.request_json("add", {"a": 1, "b": 2})``.
+
+        The options and errors are :meth:`request`'s, and:
+
+        :raises TypeError: ``obj`` is not JSON-serialisable (before anything is sent)
+        :raises ValueError: ``obj`` holds ``NaN`` or an infinity (before anything is sent);
+            the reply is not exactly one UTF-8 JSON part
+        """
+        response = await self.request(
+            service,
+            encode_json(obj, name="obj"),
+            metadata=metadata,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            retries=retries,
+            work_timeout=work_timeout,
+            no_wait=no_wait,
+        )
+        return response.json()
+
+    async def services(
+        self,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> list[ServiceSummary]:
+        """Every service the broker knows, with workers, queue and version (``mmi.services``,
+        ``docs/services.md``).
+
+        :raises RuntimeError: the broker does not answer it (not a dcp broker)
+        """
+        return await _services.services(self, timeout=timeout)
+
+    async def service_info(
+        self,
+        name: str | bytes,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> ServiceInfo | None:
+        """One service's version, description, metadata and schemas (``mmi.info``);
+        ``None`` if the broker knows no such service."""
+        return await _services.service_info(self, name, timeout=timeout)
+
+    async def service_stats(
+        self,
+        name: str | bytes,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> ServiceStats | None:
+        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
+        return await _services.service_stats(self, name, timeout=timeout)
+
+    def watch_services(
+        self, *, interval: float = 1.0, timeout: float | None = None
+    ) -> AsyncIterator[ServiceChange]:
+        """Services coming up and going down, polled every ``interval`` seconds."""
+        return _services.watch_services(self, interval=interval, timeout=timeout)
+
+    def map(
+        self,
+        service: str | bytes,
+        payloads: Iterable[Payload],
+        *,
+        window: int = 64,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+        no_wait: bool | None = None,
+    ) -> AsyncGenerator[Response, None]:
+        """Request ``service`` once per payload; yield the replies in input order.
+
+        ::
+
+            async for response in client.map("echo", [b"a", "b", (b"two", b"parts")]):
+                ...
+
+        At most ``window`` requests are outstanding (sent, reply not yet yielded), so at
+        most ``window`` replies are buffered. The first failure is raised and the
+        outstanding requests are forgotten. Leaving the loop early forgets them when the
+        generator is closed: ``async with contextlib.aclosing(client.map(...)) as replies:``
+        makes that immediate (otherwise it happens when the generator is collected).
+        The options are :meth:`request`'s, for each request (``timeout`` too: each request
+        has its own).
+
+        :param payloads: each is ``bytes`` or ``str`` (one data part) or a sequence of
+            data parts; each is checked before it is sent (``TypeError`` naming
+            ``payloads[i]``, raised on iteration)
+        :raises ValueError: ``window`` < 1 or another bad option (at once, not on iteration)
+        """
+        service, meta, timing = self._map_options(
+            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+        )
+        return map_async(self, service, payloads, window, meta, timing)
+
+    def map_unordered(
+        self,
+        service: str | bytes,
+        payloads: Iterable[Payload],
+        *,
+        window: int = 64,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+        no_wait: bool | None = None,
+    ) -> AsyncGenerator[tuple[int, Response], None]:
+        """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
+        is the payload's position in ``payloads``)."""
+        service, meta, timing = self._map_options(
+            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+        )
+        return map_unordered_async(self, service, payloads, window, meta, timing)
+
+    def stream(
+        self,
+        service: str | bytes,
+        *data: Part,
+        metadata: Sequence[Part] = (),
+        window: int = DEFAULT_WINDOW,
+        timeout: float | None = None,
+        stall_timeout: float | None = None,
+        work_timeout: float | None = None,
+    ) -> Stream:
+        """Request ``service`` and read its answer part by part (``docs/streams.md``)::
+
+            async with client.stream("rows", b"query") as parts:
+                async for part in parts:  # each part: a tuple of bytes
+                    ...
+
+        At most ``window`` parts are sent ahead of what was read (the worker waits for
+        credit). Leaving the block early cancels the stream at the worker. The request is
+        sent once, never resent.
+
+        :param timeout: seconds for the whole stream (default: the client's)
+        :param stall_timeout: seconds to wait for each next part (default: no limit)
+        :raises ValueError: a bad option (at once, nothing is sent)
+        :raises StreamBroken: (while reading) the worker went away mid-stream
+        :raises RemoteError: (while reading) the stream ended with an error reply
+        :raises RequestTimeout: (while reading) ``timeout`` or ``stall_timeout`` passed
+        """
+        checked, parts, meta, timing = self._stream_options(
+            service, data, metadata, timeout, stall_timeout, work_timeout
+        )
+        stream = Stream(self, checked, parts, meta, timing, window, stall_timeout)
+        if self._tracing is not None:
+            self._tracing.trace_stream(stream)
+        return stream
+
+    # ------------------------------------------------------------------ pub/sub
+
+    async def publish(self, subject: str | bytes, *data: Part, ack: bool = False) -> int | None:
+        """Publish ``data`` to ``subject`` (see ``docs/pubsub.md``). Without ``ack`` it returns
+        ``None`` once sent (at most once); with ``ack`` it waits for the broker and returns how
+        many subscriptions the message was routed to (a queue group counts once).
+
+        :raises ValueError: a bad subject (nothing is sent)
+        :raises RemoteError: with ``ack``, a refusal (``forbidden_subject``, ...)
+        """
+        return await _publish(self, subject, data, ack)
+
+    def subscribe(
+        self,
+        pattern: str | bytes,
+        queue: str | bytes | None = None,
+        *,
+        max_pending: int = 1000,
+        overflow: str = "drop-oldest",
+        window: int = 256,
+        refresh: float = 1.0,
+        last_value: bool = False,
+    ) -> contextlib.AbstractAsyncContextManager[Subscription]:
+        """Subscribe to ``pattern`` (``*``: one token, ``>``: the rest) for the ``async with``
+        block: ``async for msg in sub`` yields :class:`~dcp.PubSubMessage` objects (see
+        ``docs/pubsub.md`` for the options: queue groups, the broker's buffer of
+        ``max_pending`` messages and its ``overflow`` policy, gap notices, re-subscribing).
+
+        :raises ValueError: a bad pattern or option (nothing is sent)
+        """
+        return _subscribe(self, pattern, queue, max_pending, overflow, window, refresh, last_value)
+
+    # ------------------------------------------------------------------ internals
+
+    #: Send a request's first attempt, waiting while zmq's queue is full (dcp/_client/receive.py);
+    #: a method of the client for the maps, streams and pub/sub.
+    _send = send_request
+    #: Close the socket and fail every waiter (dcp/_client/receive.py).
+    _shutdown = shutdown
+
+    def _start(
+        self,
+        service: bytes,
+        data: Sequence[bytes],
+        metadata: Sequence[bytes],
+        timing: Timing,
+        waiter: Waiter | Sink,
+    ) -> tuple[bytes, list[bytes]]:
+        if self._closed:
+            raise self._closed_error()
+        if self._socket is None:
+            raise RuntimeError("use 'async with Client(...)' before sending requests")
+        tracker = self._tracker
+        rid = tracker.request(service, data, self._now(), metadata=metadata, timing=timing)
+        out, tracker.outbox = tracker.outbox, []
+        (frames,) = out  # the request's first attempt; sent (or waited for) by _send
+        self._waiters[rid] = waiter
+        self._socket.move_deadline(tracker.deadline_of(rid))
+        return rid, frames
+
+    def _forget(self, rids: Iterable[bytes]) -> None:
+        waiters = self._waiters
+        tracker = self._tracker
+        for rid in rids:
+            if waiters.pop(rid, None) is not None:
+                tracker.cancel(rid)
+
+    def _result(self, outcome: Outcome | None) -> Response:
+        if isinstance(outcome, Response):
+            return outcome
+        if outcome is None:
+            raise self._closed_error()
+        raise outcome
+
+    def _closed_error(self) -> Exception:
+        if isinstance(self._broken, AuthenticationFailed):
+            return AuthenticationFailed(self._broken.endpoint, self._broken.reason)
+        if self._broken is not None:
+            exc = anyio.BrokenResourceError(f"the client's socket failed: {self._broken!r}")
+            exc.__cause__ = self._broken
+            return exc
+        return anyio.ClosedResourceError("the client is closed")

@@ -1,0 +1,174 @@
+"""What :class:`~dcp.Client` and :class:`~dcp.SyncClient` share: their options, and what is
+built from them (the request tracker, the request metadata and time limits, the
+statistics). Their socket: :func:`dcp._io.handshake.connect_dealer`, shared with the worker.
+
+Rules:
+
+1. Every option is checked by ``__init__`` before the client makes a socket: a bad one
+   raises (``ValueError``, or ``ImportError`` for tracing without OpenTelemetry) and nothing
+   is left open. The order: routing id, tracing, work timeout, the tracker's options; then
+   the client's own :meth:`ClientOptions._setup` (the sync client connects there).
+2. A request that sets no metadata, work timeout or ``no_wait`` of its own gets the
+   metadata built once per (``work_timeout``, ``no_wait``) setting of the client (both are
+   public attributes a caller may change between requests), not once per request.
+3. The per-request path (``request``) calls the helpers here no more than it did when
+   each client had its own copy: options of a whole ``map`` or ``stream`` are checked by one
+   helper, once per call.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import zmq
+
+from dcp._client.streams import stream_timing
+from dcp._core.client.calls import (
+    Part,
+    Timing,
+    check_window,
+    checked_routing_id,
+    data_parts,
+    request_metadata,
+    service_bytes,
+)
+from dcp._core.client.tracker import RequestTracker
+from dcp._io.security import CurveClient
+from dcp._stats import ClientStatistics
+from dcp.wire.messages import work_timeout_option
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+__all__ = ["ClientOptions"]
+
+
+class ClientOptions:
+    """The options of a client (the parameters are :class:`dcp.Client`'s)."""
+
+    #: True once the client was closed (or, for the async client, its socket broke).
+    _closed: bool = False
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout: float = 30.0,
+        attempt_timeout: float | None = None,
+        retries: int = 2,
+        no_wait: bool = False,
+        backoff: float = 0.1,
+        backoff_factor: float = 2.0,
+        backoff_max: float = 5.0,
+        jitter: float = 0.5,
+        routing_id: bytes | None = None,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        batch: int = 256,
+        rng: random.Random | None = None,
+        remember: int = 8192,
+        work_timeout: float | None = None,
+        security: CurveClient | None = None,
+        type_width: int = 1,
+        tracing: bool | TracerProvider = False,
+    ) -> None:
+        routing_id = checked_routing_id(routing_id)
+        if tracing:  # docs/tracing.md: spans of the requests; off costs nothing
+            self._trace(tracing, endpoint)
+        if work_timeout is not None:
+            work_timeout_option(work_timeout)  # check it now
+        #: Default work timeout of requests (seconds; ``None``: the broker's).
+        self.work_timeout = work_timeout
+        #: Default of :meth:`request`'s ``no_wait``.
+        self.no_wait = no_wait
+        self.endpoint = endpoint
+        #: The socket's zmq routing id: the broker's address for this client.
+        self.routing_id = routing_id
+        self._tracker = RequestTracker(
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            retries=retries,
+            backoff=backoff,
+            backoff_factor=backoff_factor,
+            backoff_max=backoff_max,
+            jitter=jitter,
+            rng=rng,
+            remember=remember,
+            type_width=type_width,
+            probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
+        )
+        self._batch = batch
+        #: (work_timeout, no_wait) and the request metadata they give with no other option.
+        self._plain_metadata: tuple[tuple[float | None, bool], tuple[bytes, ...]] | None = None
+        self._setup(context, security)
+
+    def _trace(self, tracing: bool | TracerProvider, endpoint: str) -> None:
+        """Start tracing the requests (called only when ``tracing`` is set)."""
+        raise NotImplementedError
+
+    def _setup(
+        self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
+    ) -> None:
+        """The client's own state, once every option is checked (Rule 1)."""
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        """True once the client was closed or its socket broke."""
+        return self._closed
+
+    def statistics(self) -> ClientStatistics:
+        """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""
+        return self._tracker.statistics()
+
+    def _metadata(
+        self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
+    ) -> tuple[bytes, ...]:
+        if metadata == () and work_timeout is None and no_wait is None:
+            # Rule 2: the client's own options only, built once per setting.
+            key = (self.work_timeout, self.no_wait)
+            plain = self._plain_metadata
+            if plain is None or plain[0] != key:
+                plain = self._plain_metadata = (key, self._metadata((), key[0], key[1]))
+            return plain[1]
+        return request_metadata(
+            metadata,
+            work_timeout,
+            self.work_timeout,
+            no_wait=self.no_wait if no_wait is None else no_wait,
+        )
+
+    def _map_options(
+        self,
+        window: int,
+        service: str | bytes,
+        metadata: Sequence[Part],
+        timeout: float | None,
+        attempt_timeout: float | None,
+        retries: int | None,
+        work_timeout: float | None,
+        no_wait: bool | None,
+    ) -> tuple[bytes, tuple[bytes, ...], Timing]:
+        """A ``map``'s service, metadata and time limits, checked before it starts."""
+        check_window(window)
+        checked = service_bytes(service)
+        meta = self._metadata(metadata, work_timeout, no_wait)
+        return checked, meta, self._tracker.timing(timeout, attempt_timeout, retries)
+
+    def _stream_options(
+        self,
+        service: str | bytes,
+        data: Sequence[Part],
+        metadata: Sequence[Part],
+        timeout: float | None,
+        stall_timeout: float | None,
+        work_timeout: float | None,
+    ) -> tuple[bytes, tuple[bytes, ...], tuple[bytes, ...], Timing]:
+        """A ``stream``'s service, data, metadata and time limits (one attempt), checked."""
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise ValueError("stall_timeout must be positive")
+        checked = service_bytes(service)
+        parts = tuple(data_parts(data))
+        meta = self._metadata(metadata, work_timeout, False)
+        return checked, parts, meta, stream_timing(self._tracker.timing(timeout, None, 0))

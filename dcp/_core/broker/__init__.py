@@ -1,0 +1,1 @@
+"""The broker's sans-IO core."""

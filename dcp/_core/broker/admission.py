@@ -1,0 +1,68 @@
+"""Admission: the broker's limits on requests, turned into refusals. Pure.
+
+Rule A1 - A request for a service nobody has named yet creates it, unless its name is longer
+  than ``max_service_name`` (``service_name_too_long``) or ``max_services`` are known
+  (``too_many_services``). Registrations are not bounded by ``max_services`` (requests for
+  made-up names must not lock real workers out); they are bounded per worker.
+Rule A2 - A request that would wait (no idle worker) in a queue of ``max_queue`` is refused
+  (``queue_full``).
+Rule A3 - Per client address, at most ``max_client_inflight`` requests are accepted and
+  unanswered (queued or held by workers), and at most ``max_client_queued`` wait in queues;
+  past either: ``client_limit``.
+
+Each refusal is a ``(code, message)`` pair; the caller counts it and tells the client with an
+error reply.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["Limits", "Load", "refusal"]
+
+
+@attrs.frozen
+class Limits:
+    """The bounds the broker core enforces (see :class:`~dcp._core.broker.core.BrokerCore`)."""
+
+    max_queue: int = 100_000
+    max_services: int = 10_000
+    max_service_name: int = 1024
+    max_redeliveries: int = 5
+    max_held: int = 10_000
+    max_services_per_worker: int = 256
+    max_client_queued: int = 10_000
+    max_client_inflight: int = 20_000
+
+
+class Load:
+    """What the broker holds for one client address (Rule A3)."""
+
+    __slots__ = ("inflight", "queued")
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.inflight = 0
+
+
+def refusal(
+    limits: Limits, queued: int, idle: bool, load: Load, name: bytes
+) -> tuple[str, str] | None:
+    """Rules A2 and A3 for a request to a known service with ``queued`` requests waiting and
+    an ``idle`` worker or not: a refusal, or ``None`` to accept."""
+    if not idle and queued >= limits.max_queue:
+        return "queue_full", f"queue for {name[:64]!r} is full"
+    if load.inflight >= limits.max_client_inflight:
+        return "client_limit", f"{load.inflight} requests of this client unanswered"
+    if not idle and load.queued >= limits.max_client_queued:
+        return "client_limit", f"{load.queued} requests of this client queued"
+    return None
+
+
+def new_service_refusal(limits: Limits, known: int, name: bytes) -> tuple[str, str] | None:
+    """Rule A1 for a request naming a service not known yet."""
+    if len(name) > limits.max_service_name:
+        return "service_name_too_long", f"service name of {len(name)} bytes"
+    if known >= limits.max_services:
+        return "too_many_services", f"{known} services already known"
+    return None

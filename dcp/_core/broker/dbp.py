@@ -1,0 +1,136 @@
+"""DBP peers (the Distributive Broker Protocol draft, :mod:`dcp.wire.dbp`) on the routing
+core. Sans-IO.
+
+Rule B1 - Info. ``u_U name`` is answered ``o_O json``: the service's info and live figures
+  (``mmi.info`` and ``mmi.stats`` merged), or for an empty name the list ``mmi.services``
+  gives; a service the broker does not know gets ``{"name": ..., "status": "inactive"}``.
+  Any peer may ask, registered or not.
+Rule B2 - Registration. ``UwU json`` with a ``name`` registers the peer for that service,
+  with the JSON's ``version``, ``description``, ``metadata`` and schemas as the service's
+  info (directory Rule D3; its other fields, such as the draft's address, port and
+  heartbeat timing, are not used). It goes through every registration rule (reserved names,
+  allow-lists, approval): APPROVED is ``OwO``, a refusal is ``(O_O) reason``. Info that
+  does not validate is refused the same way. A registered DBP service holds one request at
+  a time (``REQ``; it answers with ``REP``, which asks for the next), like an MDP worker.
+Rule B3 - ``UoU json`` from a registered service replaces its info (answered ``u.u``);
+  ``<3`` keeps it alive (peers Rule L1; the broker beats DBP services itself, as MDP ones);
+  ``</3`` removes it (its request is redelivered). Any of these from a peer that is not a
+  registered DBP service gets ``</3`` (DBP: "respond to any valid but unexpected command by
+  sending DISCONNECT"); ``u.u`` is ignored.
+
+What this module does NOT do: the draft's UDP heartbeats (the beacon is dcp's own,
+:mod:`dcp._io.beacon`), network bridging, last-value caching, logging aggregation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dcp._core.broker import directory
+from dcp._core.broker.dialects import DBP
+from dcp._core.broker.peers import Session
+from dcp._core.broker.routing import Routing
+from dcp._errors import RemoteProtocolError
+from dcp._json import encode_json
+from dcp.wire import dbp
+
+__all__ = ["DbpPeers"]
+
+
+class DbpPeers(Routing):
+    """Routing plus DBP services and info requests (the module's rules)."""
+
+    def _on_dbp(
+        self,
+        peer: bytes,
+        body: Sequence[bytes],
+        worker: Session | None,
+        now: float,
+        principal: str | None,
+    ) -> None:
+        try:
+            event = dbp.parse(body)
+        except RemoteProtocolError as exc:
+            self.reject(peer, exc.reason, str(exc))
+            return
+        if isinstance(event, dbp.InfoRequest):
+            self.outbox.append(DBP.reply(peer, b"", (), (self._dbp_info(event.name),)))
+            return
+        if isinstance(event, dbp.Ack):
+            return
+        if isinstance(event, dbp.Registration):
+            self._dbp_register(peer, worker, event, now, principal)
+            return
+        if worker is None or worker.dialect is not DBP:
+            if worker is not None:
+                self.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
+                return
+            self.counters.reconnects_sent += 1
+            self.outbox.append(DBP.expel(peer))
+            return
+        self.sessions.heard(worker, now)
+        if isinstance(event, dbp.ServiceReply):
+            answered = self.answered(peer, worker, event.client, None)
+            if answered is None:
+                return
+            client, pending = answered
+            self.counters.replies += 1
+            if pending is not None:
+                origin = pending.origin
+                name, metadata = pending.service.name, pending.metadata
+            else:
+                origin, name, metadata = self.sessions.dialect_of(client), b"", ()
+            self.outbox.append(origin.reply(client, name, metadata, event.body))
+            self.credit(worker, released=pending is not None)
+        elif isinstance(event, dbp.Update):
+            try:
+                info = directory.parse_info(encode_json(event.document))
+            except ValueError as exc:
+                self.reject(peer, "bad_service_info", str(exc))
+                return
+            for service in worker.services:
+                self.directory.describe(peer, service.name, info, registered=True)
+            self.outbox.append([peer, b"", dbp.ACK, b"%.3f" % DBP.clock()])
+        elif isinstance(event, dbp.Heartbeat):
+            if worker.held:
+                worker.beats_busy = True
+        else:  # Disconnect
+            self.remove_worker(worker)
+
+    def _dbp_register(
+        self,
+        peer: bytes,
+        worker: Session | None,
+        event: dbp.Registration,
+        now: float,
+        principal: str | None,
+    ) -> None:
+        """Rule B2."""
+        if worker is not None and worker.dialect is not DBP:
+            self.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
+            return
+        name = event.name
+        try:
+            info = directory.parse_info(encode_json(event.document))
+        except ValueError as exc:
+            self.reject(peer, "bad_service_info", str(exc))
+            self.outbox.append(DBP.refused(peer, name, "bad_service_info", str(exc)))
+            return
+        self.directory.describe(peer, name, info, registered=False)
+        self.register(peer, worker, name, DBP, now, principal)
+
+    def _dbp_info(self, name: bytes) -> bytes:
+        """Rule B1: the JSON answering an info request."""
+        services, now = self._services, self._now
+        if not name:
+            return directory.answer(
+                b"mmi.services", (), self.serves, services, self.directory, now
+            )[0]
+        service = services.get(name)
+        if service is None:
+            return encode_json({"name": directory.text(name), "status": "inactive"})
+        info = self.directory.info_entry(service, now)
+        stats = directory.stats_entry(service, now)
+        merged = {**stats, **info, "status": "active" if service.workers else "inactive"}
+        merged["type"] = "io.dcp.v1.dbp_info"
+        return encode_json(merged)

@@ -1,0 +1,203 @@
+"""mc0 peers (:mod:`dcp.wire.mc0`) on the broker's pub/sub. Sans-IO.
+
+Rule C1 - Topics are subjects. An mc0 topic is an exact subject (no wildcards): ``SUB``
+  subscribes to each topic named, ``UNSUB`` ends those subscriptions, ``PUT`` publishes its
+  body to its ``TOPIC`` (reaching dcp subscribers whose patterns match), and dcp publishes
+  reach mc0 subscribers of that subject as ``MESSAGE``. A topic that is not a valid plain
+  subject (subjects Rule T1: a ``*`` or ``>`` token, an empty token, whitespace) is refused.
+Rule C2 - Answers. A command with an ``ID`` header is answered ``OK`` with it, or ``ERROR``
+  with it and a ``MESSAGE``; a failed command without ``ID`` gets ``ERROR`` with ``MESSAGE``
+  alone. Every failure is also counted by reason (``bad_mc0_message``, ``bad_subject``,
+  ``forbidden_subject``, ``too_many_subscriptions``, ``bad_ttl``).
+Rule C3 - Liveness. ``CONNECT`` may set ``TTL`` (ms, 100 to 86,400,000): when the broker has
+  not heard from the peer for that long it sends ``NOOP`` (again every TTL of silence). A
+  peer the broker cannot send its NOOP to (gone, or hopelessly behind), one that sends
+  ``DISCONNECT``, or the least recently heard one when more than ``max_mc0_peers`` are
+  known, loses its subscriptions.
+Rule C4 - Flow. mc0 has no credit and no gap notice: deliveries go out at once (pubsub Rule
+  P2, no credit accounting), a delivery zmq's send queue has no room for is lost and counted
+  (``lost`` in the pub/sub statistics), so a slow mc0 peer costs nobody else anything.
+
+Not implemented (the draft leaves them open): ``VERSION`` is recorded but changes nothing;
+``X-`` headers are ignored; a PUT is not acknowledged without ``ID``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from dcp._core.broker.pubsub import Writer
+from dcp._core.broker.pubsub_peers import PubSubOptions, PubSubPeers
+from dcp._errors import RemoteProtocolError
+from dcp._util import DeadlineHeap
+from dcp.wire import mc0
+
+__all__ = ["Mc0Peers"]
+
+_MIN_TTL_MS = 100
+_MAX_TTL_MS = 86_400_000
+_SID_PREFIX = b"mc0:"
+_FROM_BROKER = frozenset({b"MESSAGE", b"NOOP", b"OK", b"ERROR"})
+
+
+class _Peer:
+    __slots__ = ("ident", "token", "ttl", "version")
+
+    def __init__(self, ident: bytes) -> None:
+        self.ident = ident
+        self.ttl: float | None = None
+        self.version = b""
+        self.token = 0
+
+
+class _Writer(Writer):
+    def message(
+        self, peer: bytes, sid: bytes, subject: bytes, data: Sequence[bytes]
+    ) -> list[bytes]:
+        return [peer, *mc0.message(subject, data)]
+
+    def gap(self, peer: bytes, sid: bytes, lost: int, reason: str) -> list[bytes] | None:
+        return None
+
+
+_WRITER = _Writer()
+
+
+def _live(peer: _Peer, token: int) -> bool:
+    return peer.token == token
+
+
+class Mc0Peers(PubSubPeers):
+    """Pub/sub plus mc0 peers (the module's rules)."""
+
+    _mc0_peers: OrderedDict[bytes, _Peer]
+    _mc0_ttl: DeadlineHeap[_Peer]
+
+    def init_pubsub(self, options: PubSubOptions | None) -> None:
+        super().init_pubsub(options)
+        self._mc0_peers = OrderedDict()
+        self._mc0_ttl = DeadlineHeap(_live)
+
+    def on_mc0(
+        self, peer: bytes, body: Sequence[bytes], now: float, principal: str | None
+    ) -> None:
+        """One mc0 command from ``peer`` (Rules C1-C3)."""
+        try:
+            cmd = mc0.parse(body)
+        except RemoteProtocolError as exc:
+            self._mc0_fail(peer, None, exc.reason, str(exc))
+            return
+        state = self._mc0_heard(peer, now)
+        ident = cmd.id
+        verb = cmd.verb
+        key = principal.encode() if principal is not None else None
+        if verb == b"PUT":
+            topic = cmd.headers.get(b"TOPIC")
+            if topic is None:
+                self._mc0_fail(peer, ident, "bad_mc0_message", "PUT without TOPIC")
+                return
+            checked = self.check_publish(topic, key)
+            if isinstance(checked, tuple):
+                self._mc0_fail(peer, ident, *checked)
+                return
+            self.pubsub.publish(checked, topic, cmd.positional)
+            self.drain_pubsub()
+        elif verb == b"SUB":
+            for topic in cmd.positional:
+                topic = bytes(topic)
+                tokens = self.check_subscribe(topic, key)
+                if isinstance(tokens, tuple) or b"*" in tokens or b">" in tokens:
+                    code, why = (
+                        tokens
+                        if isinstance(tokens, tuple)
+                        else ("bad_subject", "mc0 topics are exact")
+                    )
+                    self._mc0_fail(peer, ident, code, f"{why} ({topic[:64]!r})")
+                    return
+                refused = self.pubsub.subscribe(peer, _SID_PREFIX + topic, tokens, _WRITER, now)
+                if refused is not None:
+                    self._mc0_fail(peer, ident, refused, "subscription refused")
+                    return
+        elif verb == b"UNSUB":
+            for topic in cmd.positional:
+                self.pubsub.unsubscribe(peer, _SID_PREFIX + bytes(topic))
+        elif verb == b"CONNECT":
+            ttl = cmd.headers.get(b"TTL")
+            if ttl is not None:
+                if not ttl.isdigit() or not _MIN_TTL_MS <= int(ttl[:12]) <= _MAX_TTL_MS:
+                    self._mc0_fail(peer, ident, "bad_ttl", f"TTL {ttl[:16]!r}")
+                    return
+                state.ttl = int(ttl) / 1000
+                self._mc0_schedule(state, now)
+            state.version = cmd.headers.get(b"VERSION", b"")
+        elif verb == b"DISCONNECT":
+            self._mc0_forget(peer)
+        # NOOP: being heard is all it does.
+        if ident is not None:
+            self.outbox.append([peer, *mc0.ok(ident)])
+
+    def _mc0_fail(self, peer: bytes, ident: bytes | None, code: str, detail: str) -> None:
+        self.reject(peer, code, detail)
+        self.outbox.append([peer, *mc0.error(ident, f"{code}: {detail}")])
+
+    def _mc0_heard(self, peer: bytes, now: float) -> _Peer:
+        peers = self._mc0_peers
+        state = peers.get(peer)
+        if state is None:
+            state = peers[peer] = _Peer(peer)
+            if len(peers) > self.pubsub_options.max_mc0_peers:
+                oldest = next(iter(peers))
+                self.counters.count("mc0_peer_evicted")
+                self._mc0_forget(oldest)
+        else:
+            peers.move_to_end(peer)
+            if state.ttl is not None:
+                self._mc0_schedule(state, now)
+        return state
+
+    def _mc0_schedule(self, state: _Peer, now: float) -> None:
+        assert state.ttl is not None
+        state.token += 1
+        if state.token == 1:
+            self._mc0_ttl.live += 1
+        self._mc0_ttl.push(now + state.ttl, state.token, state)
+
+    def _mc0_forget(self, peer: bytes) -> None:
+        state = self._mc0_peers.pop(peer, None)
+        if state is not None and state.ttl is not None:
+            state.token = -1
+            self._mc0_ttl.live -= 1
+        self.pubsub.drop_peer(peer)
+
+    def expire_pubsub(self, now: float) -> None:
+        """Subscriptions not refreshed (pubsub Rule P5) and mc0 TTLs (Rule C3)."""
+        self.pubsub.expire(now)
+        heap = self._mc0_ttl
+        while (state := heap.pop(now)) is not None:
+            self.outbox.append([state.ident, *mc0.noop()])
+            assert state.ttl is not None
+            state.token += 1
+            heap.push(now + state.ttl, state.token, state)
+
+    def next_pubsub_expiry(self) -> float | None:
+        when = self.pubsub.next_expiry()
+        due = self._mc0_ttl.next_due()
+        if due is not None and (when is None or due < when):
+            when = due
+        return when
+
+    def pubsub_undeliverable(self, frames: list[bytes], why: str) -> bool:
+        if super().pubsub_undeliverable(frames, why):
+            return True
+        if len(frames) < 2 or frames[0] not in self._mc0_peers:
+            return False
+        verb = frames[1]
+        if verb.__class__ is not bytes or verb not in _FROM_BROKER:
+            return False
+        if verb == b"MESSAGE":
+            self.pubsub.lost += 1
+            self.pubsub.delivered -= 1
+        elif verb == b"NOOP":
+            self._mc0_forget(frames[0])  # gone, or hopelessly behind
+        return True

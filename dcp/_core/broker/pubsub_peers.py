@@ -1,0 +1,337 @@
+"""Pub/sub for DCP peers (a dcp wire extension) on the routing core. Sans-IO.
+
+The extension (``docs/protocol.md``, "Pub/sub"): requests (0x04) to reserved service names
+that start with ``\\xffDCP:`` (no UTF-8 service name starts with byte 0xFF), answered with
+ordinary replies; deliveries are replies (0x05) whose one metadata part names the
+subscription. A plain DCP v1 peer never sends these names, so it never sees any of it.
+
+Rule PS1 - Requests. ``\\xffDCP:sub`` (data: sid, pattern, queue group, options ``k=v``...)
+  subscribes; ``\\xffDCP:unsub`` (sid) ends it; ``\\xffDCP:credit`` (sid, count) grants
+  credit and refreshes it (pubsub Rules P2, P5); ``\\xffDCP:pub`` (subject, data...)
+  publishes. Each is answered with a reply carrying the request's metadata (``ok``, or for
+  a publish the number of recipients as ASCII digits), except a publish without metadata,
+  which is not answered (fire and forget). Errors are dcp error replies: ``bad_subject``,
+  ``bad_subscription``, ``too_many_subscriptions``, ``unknown_subscription``,
+  ``forbidden_subject``, ``unknown_pubsub_command``.
+Rule PS2 - Deliveries. A message: ``"" DGBX\\x01 0x05 client "" \\xffDCP:msg=<sid> ""
+  subject data...``; a gap notice: ``... "" \\xffDCP:gap=<sid> "" <lost> <reason>``. In the
+  subscriber's type-frame width.
+Rule PS3 - Permissions (CURVE only: a message with a principal). A publish needs a
+  publisher pattern matching its subject, a subscription a subscriber pattern covering its
+  own (:func:`covers`), each listing the sender's key or ``*``; with no list, anyone may.
+Rule PS4 - A request naming a client address other than its sender is refused
+  (``forbidden_address``): pub/sub answers go to the sender.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from dcp._core.broker.dialects import DcpDialect
+from dcp._core.broker.pubsub import Overflow, PubSub, Writer
+from dcp._core.broker.routing import Routing
+from dcp._core.broker.subjects import SubjectError, check_pattern, check_subject, matches
+from dcp.wire.messages import OPTION_PREFIX, Request
+
+__all__ = ["PUBSUB_PREFIX", "PubSubOptions", "PubSubPeers", "covers"]
+
+#: Service names of the extension start with this.
+PUBSUB_PREFIX = OPTION_PREFIX
+SUB = OPTION_PREFIX + b"sub"
+UNSUB = OPTION_PREFIX + b"unsub"
+CREDIT = OPTION_PREFIX + b"credit"
+PUB = OPTION_PREFIX + b"pub"
+MSG_PREFIX = OPTION_PREFIX + b"msg="
+GAP_PREFIX = OPTION_PREFIX + b"gap="
+_OK = (b"ok",)
+_ANY = b"*"
+_MAX_WINDOW = 1_000_000
+_MAX_TIMEOUT_MS = 3_600_000
+
+
+def covers(allowed: bytes, pattern: bytes) -> bool:
+    """Whether every subject ``pattern`` matches is matched by ``allowed`` (both valid)."""
+    a = allowed.split(b".")
+    p = pattern.split(b".")
+    for i, token in enumerate(a):
+        if token == b">":
+            return len(p) > i
+        if i >= len(p) or p[i] == b">" or (token != b"*" and token != p[i]):
+            return False
+    return len(a) == len(p)
+
+
+def _acl(
+    value: Mapping[str | bytes, Iterable[str | bytes]] | None,
+) -> dict[bytes, frozenset[bytes]] | None:
+    if value is None:
+        return None
+    out: dict[bytes, frozenset[bytes]] = {}
+    for pattern, keys in value.items():
+        p = pattern.encode() if isinstance(pattern, str) else bytes(pattern)
+        check_pattern(p)
+        out[p] = frozenset(k.encode() if isinstance(k, str) else bytes(k) for k in keys)
+    return out
+
+
+@attrs.frozen
+class PubSubOptions:
+    """Pub/sub settings of a broker (``Broker(pubsub=...)``).
+
+    :ivar max_subscriptions: subscriptions at once (more are refused)
+    :ivar max_subscriptions_per_peer: subscriptions of one peer at once
+    :ivar max_pending: the largest buffer a subscription may ask for (messages)
+    :ivar last_values: subjects whose last message is kept for new subscribers (0: off)
+    :ivar max_mc0_peers: mc0 peers remembered at once (their TTL and subscriptions)
+    :ivar publishers: with CURVE, subject pattern -> z85 keys (``"*"``: any key) that may
+        publish to subjects it matches; ``None``: any key may publish anything
+    :ivar subscribers: with CURVE, subject pattern -> keys that may subscribe to patterns
+        it covers; ``None``: any key may subscribe to anything
+    """
+
+    max_subscriptions: int = 100_000
+    max_subscriptions_per_peer: int = 10_000
+    max_pending: int = 100_000
+    last_values: int = 0
+    max_mc0_peers: int = 65_536
+    publishers: Mapping[bytes, frozenset[bytes]] | None = attrs.field(
+        default=None, converter=_acl, eq=False
+    )
+    subscribers: Mapping[bytes, frozenset[bytes]] | None = attrs.field(
+        default=None, converter=_acl, eq=False
+    )
+
+    def may_publish(self, key: bytes, subject: bytes) -> bool:
+        return _allowed(self.publishers, key, subject, matches)
+
+    def may_subscribe(self, key: bytes, pattern: bytes) -> bool:
+        return _allowed(self.subscribers, key, pattern, covers)
+
+
+def _allowed(
+    acl: Mapping[bytes, frozenset[bytes]] | None, key: bytes, what: bytes, test: object
+) -> bool:
+    if acl is None:
+        return True
+    assert callable(test)
+    return any((key in keys or _ANY in keys) and test(p, what) for p, keys in acl.items())
+
+
+class DcpWriter(Writer):
+    """Deliveries and gap notices to a DCP subscriber (Rule PS2)."""
+
+    __slots__ = ("_dialect",)
+
+    def __init__(self, dialect: DcpDialect) -> None:
+        self._dialect = dialect
+
+    def message(
+        self, peer: bytes, sid: bytes, subject: bytes, data: Sequence[bytes]
+    ) -> list[bytes]:
+        return self._dialect.reply(peer, b"", (MSG_PREFIX + sid,), (subject, *data))
+
+    def gap(self, peer: bytes, sid: bytes, lost: int, reason: str) -> list[bytes] | None:
+        return self._dialect.reply(peer, b"", (GAP_PREFIX + sid,), (b"%d" % lost, reason.encode()))
+
+
+_WRITERS: dict[DcpDialect, DcpWriter] = {}
+
+
+def _options(parts: Sequence[bytes]) -> dict[bytes, bytes]:
+    out: dict[bytes, bytes] = {}
+    for part in parts:
+        key, _, value = bytes(part).partition(b"=")
+        out.setdefault(key, value)
+    return out
+
+
+def _count(value: bytes | None, default: int, low: int, high: int) -> int | None:
+    if value is None:
+        return default
+    if not value.isdigit() or len(value) > 12:
+        return None
+    n = int(value)
+    return n if low <= n <= high else None
+
+
+class PubSubPeers(Routing):
+    """Routing plus pub/sub for DCP peers (the module's rules); :mod:`dcp._core.broker.mc0` adds
+    mc0."""
+
+    pubsub: PubSub
+    pubsub_options: PubSubOptions
+
+    def init_pubsub(self, options: PubSubOptions | None) -> None:
+        self.pubsub_options = options = options or PubSubOptions()
+        self.pubsub = PubSub(
+            max_subscriptions=options.max_subscriptions,
+            max_subscriptions_per_peer=options.max_subscriptions_per_peer,
+            max_pending=options.max_pending,
+            last_values=options.last_values,
+        )
+
+    def drain_pubsub(self) -> None:
+        ps = self.pubsub
+        if ps.outbox:
+            self.outbox.extend(ps.outbox)
+            ps.outbox.clear()
+
+    def on_pubsub(
+        self, peer: bytes, msg: Request, dialect: DcpDialect, now: float, principal: str | None
+    ) -> None:
+        """A DCP request to a reserved pub/sub name (Rules PS1, PS3, PS4)."""
+        name = msg.service
+        metadata = msg.metadata
+        if msg.client is not None and msg.client != peer:
+            self.refuse(
+                peer,
+                dialect,
+                name,
+                metadata,
+                "forbidden_address",
+                "pub/sub answers go to the sender",
+            )
+            return
+        data = msg.data
+        key = principal.encode() if principal is not None else None
+        if name == PUB:
+            self._publish_dcp(peer, dialect, metadata, data, key)
+        elif name == CREDIT:
+            grant = _count(bytes(data[1]) if len(data) == 2 else None, -1, 0, _MAX_WINDOW)
+            if grant is None or grant < 0:
+                self.refuse(
+                    peer, dialect, name, metadata, "bad_subscription", "credit needs sid, count"
+                )
+                return
+            if self.pubsub.refresh(peer, bytes(data[0]), grant, now):
+                self.outbox.append(dialect.reply(peer, name, metadata, _OK))
+                self.drain_pubsub()
+            else:
+                self.outbox.append(
+                    dialect.error(peer, name, metadata, "unknown_subscription", "subscribe again")
+                )
+        elif name == SUB:
+            self._subscribe_dcp(peer, dialect, metadata, data, key, now)
+        elif name == UNSUB:
+            if len(data) != 1:
+                self.refuse(peer, dialect, name, metadata, "bad_subscription", "unsub needs a sid")
+                return
+            self.pubsub.unsubscribe(peer, bytes(data[0]))
+            self.outbox.append(dialect.reply(peer, name, metadata, _OK))
+        else:
+            self.refuse(peer, dialect, name, metadata, "unknown_pubsub_command", repr(name[:32]))
+
+    def _publish_dcp(
+        self,
+        peer: bytes,
+        dialect: DcpDialect,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        key: bytes | None,
+    ) -> None:
+        error = self.check_publish(data[0] if data else b"", key)
+        if isinstance(error, tuple):
+            if metadata:
+                self.refuse(peer, dialect, PUB, metadata, *error)
+            else:
+                self.reject(peer, *error)
+            return
+        routed = self.pubsub.publish(error, bytes(data[0]), data[1:])
+        if metadata:
+            self.outbox.append(dialect.reply(peer, PUB, metadata, (b"%d" % routed,)))
+        self.drain_pubsub()
+
+    def check_publish(self, subject: bytes, key: bytes | None) -> list[bytes] | tuple[str, str]:
+        """The subject's tokens, or ``(code, message)`` why it may not be published."""
+        subject = bytes(subject)
+        try:
+            tokens = check_subject(subject)
+        except SubjectError as exc:
+            return "bad_subject", str(exc)
+        if key is not None and not self.pubsub_options.may_publish(key, subject):
+            return "forbidden_subject", f"may not publish to {subject!r}"
+        return tokens
+
+    def check_subscribe(self, pattern: bytes, key: bytes | None) -> list[bytes] | tuple[str, str]:
+        """The pattern's tokens, or ``(code, message)`` why it may not be subscribed to."""
+        try:
+            tokens = check_pattern(pattern)
+        except SubjectError as exc:
+            return "bad_subject", str(exc)
+        if key is not None and not self.pubsub_options.may_subscribe(key, pattern):
+            return "forbidden_subject", f"may not subscribe to {pattern!r}"
+        return tokens
+
+    def _subscribe_dcp(
+        self,
+        peer: bytes,
+        dialect: DcpDialect,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        key: bytes | None,
+        now: float,
+    ) -> None:
+        if len(data) < 3 or not data[0]:
+            self.refuse(
+                peer, dialect, SUB, metadata, "bad_subscription", "sub needs sid, pattern, queue"
+            )
+            return
+        sid, pattern, queue = bytes(data[0]), bytes(data[1]), bytes(data[2])
+        checked = self.check_subscribe(pattern, key)
+        if isinstance(checked, tuple):
+            self.refuse(peer, dialect, SUB, metadata, *checked)
+            return
+        opts = _options(data[3:])
+        max_pending = _count(opts.get(b"max-pending"), 1000, 1, self.pubsub.max_pending)
+        window = _count(opts.get(b"window"), 1000, 1, _MAX_WINDOW)
+        timeout = _count(opts.get(b"timeout"), 30_000, 1, _MAX_TIMEOUT_MS)
+        try:
+            overflow = Overflow(opts.get(b"overflow", b"drop-oldest").decode("ascii", "replace"))
+        except ValueError:
+            overflow = None
+        if max_pending is None or window is None or timeout is None or overflow is None:
+            self.refuse(
+                peer, dialect, SUB, metadata, "bad_subscription", f"bad options {sorted(opts)}"
+            )
+            return
+        writer = _WRITERS.get(dialect)
+        if writer is None:
+            writer = _WRITERS[dialect] = DcpWriter(dialect)
+        refused = self.pubsub.subscribe(
+            peer,
+            sid,
+            checked,
+            writer,
+            now,
+            queue=queue,
+            max_pending=max_pending,
+            overflow=overflow,
+            credit=window,
+            timeout=timeout / 1000,
+            last_value=b"last-value" in opts,
+        )
+        if refused is not None:
+            self.refuse(peer, dialect, SUB, metadata, refused, "subscription refused")
+            return
+        self.outbox.append(dialect.reply(peer, SUB, metadata, _OK))
+        self.drain_pubsub()
+
+    def pubsub_undeliverable(self, frames: list[bytes], why: str) -> bool:
+        """A pub/sub message the driver could not send (zmq's queue to the subscriber is
+        full, or it is gone): a lost message, told in the subscription's next gap notice, its
+        credit given back (pubsub Rule P4). Whether ``frames`` was one."""
+        head = frames[5] if len(frames) > 7 else b""
+        if head.__class__ is not bytes:
+            return False
+        kind = head[:9]
+        if kind == MSG_PREFIX:
+            self.pubsub.undelivered(frames[0], head[9:], 1, counted=False)
+        elif kind == GAP_PREFIX:
+            lost = frames[7]
+            if lost.__class__ is bytes and lost.isdigit():
+                self.pubsub.undelivered(frames[0], head[9:], int(lost), counted=True)
+        else:
+            return False
+        return True

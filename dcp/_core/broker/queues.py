@@ -1,0 +1,329 @@
+"""Service queues: the requests they hold, the caller's deadline of a queued request, and a
+retry that replaces its queued copy. Sans-IO (the routing core, :mod:`.routing`, drives it).
+
+Rule Q1 - Options. A request's dcp options (metadata parts starting with ``\\xffDCP:``, see
+  :mod:`dcp.wire.messages`; a dcp request id, ``\\xffDCP:id=...``, is not one) are read once, in
+  one pass, when it arrives (:func:`read_options`); a request with none (plain DCP traffic)
+  costs one byte comparison per metadata part.
+Rule Q2 - No-wait. A request carrying the no-wait option for a service no registered worker
+  provides is refused at once (``no_workers``) instead of being queued.
+Rule Q3 - Deadlines. A request carrying expires-in (the time its caller has left) expires
+  that long after it arrived at the broker. A request still *queued* past its expiry is
+  dropped without a reply (its caller gave up) and counted (``expired_in_queue``). A request
+  held by a worker is not affected (work timeouts govern those, routing Rule 7); one its
+  worker gives back (routing Rule 5) is queued again under the same expiry, and dropped at
+  once if that has passed. Expiries live in one :class:`~dcp._util.DeadlineHeap`; a queue is
+  never scanned: an expired request stays in its deque as a *tombstone* (its payload freed),
+  skipped when it reaches the front (a queue's front is never a tombstone) and swept out
+  when tombstones outnumber the live requests.
+Rule Q4 - Replacement. A request carrying expires-in whose service, client address and
+  metadata (all of it but the expires-in part, which each attempt sets anew) equal those of
+  a *queued* request is a retry of it: it replaces that request in place (its metadata,
+  data, dialect and expiry; its place in the queue is kept) instead of queueing a copy, and
+  is counted (``replaced``), not accepted anew. A retry of a request a worker holds is queued
+  as a new request (that worker may have died). Requests without expires-in are never
+  matched, so plain DCP traffic pays nothing for this.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
+
+from dcp._core.broker.admission import Load
+from dcp._core.broker.dialects import Dialect
+from dcp._stats import DURATION_BUCKETS, BrokerCounters
+from dcp._util import DeadlineHeap
+from dcp.wire.messages import (
+    NO_WAIT_OPTION,
+    REQUEST_ID_PREFIX,
+    parse_work_timeout,
+    request_expires_in,
+)
+
+if TYPE_CHECKING:
+    from dcp._core.broker.peers import Session
+
+__all__ = ["Expiry", "Options", "Pending", "QueueDeadlines", "Service", "read_options"]
+
+#: What a retry is matched by (Rule Q4): service, client address, metadata minus expires-in.
+Key: TypeAlias = "tuple[bytes, bytes, tuple[bytes, ...]]"
+
+#: Tombstones a queue may hold before they are swept out, beyond as many as its live requests.
+_SWEEP_SLACK = 1024
+
+
+class Options:
+    """The dcp options a request carries (Rule Q1)."""
+
+    __slots__ = ("expires_in", "no_wait", "work_timeout")
+
+    def __init__(self) -> None:
+        self.work_timeout: float | None = None
+        self.expires_in: float | None = None
+        self.no_wait = False
+
+
+def read_options(metadata: tuple[bytes, ...]) -> Options | None:
+    """Rule Q1: the options in ``metadata`` (the first valid one of each kind), or ``None``
+    if it carries none."""
+    options = None
+    for part in metadata:
+        if part[:1] == b"\xff" and not part.startswith(REQUEST_ID_PREFIX):
+            if options is None:
+                options = Options()
+            if part == NO_WAIT_OPTION:
+                options.no_wait = True
+            elif options.work_timeout is None and (seconds := parse_work_timeout(part)):
+                options.work_timeout = seconds
+            elif options.expires_in is None:
+                options.expires_in = request_expires_in((part,))
+    return options
+
+
+class Expiry:
+    """When a request's caller gives up, and its bookkeeping (Rules Q3 and Q4)."""
+
+    __slots__ = ("dead", "key", "queued", "token", "when")
+
+    def __init__(self, when: float, key: Key) -> None:
+        self.when = when
+        self.key = key
+        #: In a queue now (its latest heap entry stands).
+        self.queued = False
+        #: Dropped from its queue (a tombstone until it reaches the front or is swept).
+        self.dead = False
+        #: Bumped at each push: older heap entries are stale.
+        self.token = 0
+
+
+class Pending:
+    """A request in a queue or held by a worker."""
+
+    __slots__ = (
+        "client",
+        "data",
+        "expiry",
+        "holder",
+        "load",
+        "metadata",
+        "origin",
+        "redeliveries",
+        "seq",
+        "service",
+        "shown",
+        "since",
+        "token",
+        "work_timeout",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        service: Service,
+        client: bytes,
+        shown: bytes,
+        origin: Dialect,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        load: Load,
+        work_timeout: float | None,
+        expiry: Expiry | None = None,
+    ) -> None:
+        #: Arrival order, to serve a multi-service worker the oldest request first.
+        self.seq = seq
+        self.service = service
+        #: The client's address, and the address workers see (sealed in secure mode).
+        self.client = client
+        self.shown = shown
+        #: The client's dialect, to answer it in kind.
+        self.origin = origin
+        self.metadata = metadata
+        self.data = data
+        self.redeliveries = 0
+        self.load = load
+        self.work_timeout = work_timeout
+        #: Its caller's deadline, if it carries expires-in (Rule Q3).
+        self.expiry = expiry
+        #: The worker holding it, if any.
+        self.holder: Session | None = None
+        #: Counts dispatches: a work-timeout entry is live only while its token matches.
+        self.token = 0
+        #: When it was queued or last dispatched (directory Rule D5: queue age, timing).
+        self.since = 0.0
+
+
+class Service:
+    """A service: its queue (Rule Q3: the front is never a tombstone) and its workers."""
+
+    __slots__ = (
+        "answered",
+        "busy_time",
+        "dead",
+        "durations",
+        "errors",
+        "idle",
+        "name",
+        "queue",
+        "redeliveries",
+        "requests",
+        "workers",
+    )
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.queue: deque[Pending] = deque()
+        #: Tombstones in :attr:`queue` (Rule Q3).
+        self.dead = 0
+        #: Ready workers, least recently used first.
+        self.idle: OrderedDict[bytes, Session] = OrderedDict()
+        self.workers = 0
+        #: Directory Rule D5: requests accepted, error replies, answers and their total
+        #: processing time (s, dispatch to answer).
+        self.requests = self.errors = self.answered = 0
+        self.busy_time = 0.0
+        #: Requests put back in the queue because their worker went away (routing Rule 5).
+        self.redeliveries = 0
+        #: Answers by processing time: ``durations[i]`` counts those of at most
+        #: ``DURATION_BUCKETS[i]`` seconds and more than the bucket before (the last: longer).
+        self.durations = [0] * (len(DURATION_BUCKETS) + 1)
+
+    def queued(self) -> int:
+        """Live requests in the queue."""
+        return len(self.queue) - self.dead
+
+    def sweep(self) -> None:
+        """Drop tombstones from the front; rebuild the queue when they outnumber the rest."""
+        queue = self.queue
+        while queue and (expiry := queue[0].expiry) is not None and expiry.dead:
+            queue.popleft()
+            self.dead -= 1
+        if self.dead > len(queue) // 2 + _SWEEP_SLACK:
+            self.queue = deque(p for p in queue if p.expiry is None or not p.expiry.dead)
+            self.dead = 0
+
+
+def _queued_live(pending: Pending, token: int) -> bool:
+    expiry = pending.expiry
+    return expiry is not None and expiry.queued and expiry.token == token
+
+
+class QueueDeadlines:
+    """The expiries of queued requests (Rule Q3) and the index retries are matched by (Rule
+    Q4). Only requests that carry expires-in are ever in either.
+
+    :param counters: the broker's counters (``expired_in_queue``, ``replaced``)
+    :param loads: the routing core's per-client loads (an expired request leaves its load)
+    :param services: the routing core's services (one nobody serves is forgotten once its
+        queue is empty)
+    """
+
+    def __init__(
+        self, counters: BrokerCounters, loads: dict[bytes, Load], services: dict[bytes, Service]
+    ) -> None:
+        self._counters = counters
+        self._loads = loads
+        self._services = services
+        self._heap: DeadlineHeap[Pending] = DeadlineHeap(_queued_live)
+        #: Queued requests by key (Rule Q4).
+        self._index: dict[Key, Pending] = {}
+
+    @staticmethod
+    def key(name: bytes, client: bytes, metadata: tuple[bytes, ...]) -> Key:
+        """What a retry of this request is matched by (Rule Q4)."""
+        return name, client, tuple(p for p in metadata if request_expires_in((p,)) is None)
+
+    def replace(
+        self,
+        key: Key,
+        origin: Dialect,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        when: float,
+    ) -> bool:
+        """Rule Q4: whether a queued request matches ``key`` (then it takes the retry's
+        dialect, metadata, data and expiry ``when``)."""
+        queued = self._index.get(key)
+        if queued is None:
+            return False
+        queued.origin = origin
+        queued.metadata = metadata
+        queued.data = data
+        expiry = queued.expiry
+        assert expiry is not None and expiry.queued
+        expiry.when = when
+        self._heap.live -= 1
+        self._push(queued, expiry)
+        self._counters.replaced += 1
+        return True
+
+    def queued(self, pending: Pending) -> None:
+        """``pending`` (carrying an expiry) entered its queue."""
+        expiry = pending.expiry
+        assert expiry is not None
+        expiry.queued = True
+        self._push(pending, expiry)
+        self._index.setdefault(expiry.key, pending)
+
+    def take(self, service: Service, now: float) -> Pending | None:
+        """The request at the front of ``service``'s queue, taken out of it for a worker
+        (``None``: it had expired, and was dropped)."""
+        pending = service.queue.popleft()
+        pending.load.queued -= 1
+        return pending if self.taken(service, pending, now) else None
+
+    def taken(self, service: Service, pending: Pending, now: float) -> bool:
+        """``pending`` was taken from the front of ``service``'s queue (and its client's
+        queued count): keep the front live, and say whether it is still wanted (if not, it
+        had expired and was dropped). Only needed if ``service.dead`` or ``pending.expiry``."""
+        if service.dead:
+            service.sweep()
+        if pending.expiry is not None:
+            expired = pending.expiry.when <= now
+            self._dequeued(pending, expired)
+            if expired:
+                self.drop(pending)
+                return False
+        return True
+
+    def expire(self, now: float) -> None:
+        """Rule Q3: drop every queued request past its expiry."""
+        while (pending := self._heap.pop(now)) is not None:
+            self._dequeued(pending, True)
+            pending.load.queued -= 1
+            self.drop(pending)
+            service = pending.service
+            service.dead += 1
+            service.sweep()
+            services = self._services
+            if not service.queue and not service.workers and services.get(service.name) is service:
+                # Nobody provides it and nothing waits for it: forget it (bounds memory).
+                del services[service.name]
+
+    def drop(self, pending: Pending) -> None:
+        """Rule Q3: ``pending``, no longer counted as queued or held, expired unanswered."""
+        self._counters.expired_in_queue += 1
+        pending.data = ()
+        load = pending.load
+        load.inflight -= 1
+        if not load.inflight:
+            self._loads.pop(pending.client, None)
+
+    def next_due(self) -> float | None:
+        """The earliest expiry of a queued request (``None``: none)."""
+        return self._heap.next_due()
+
+    def _dequeued(self, pending: Pending, dead: bool) -> None:
+        expiry = pending.expiry
+        assert expiry is not None and expiry.queued
+        expiry.queued = False
+        expiry.dead = dead
+        self._heap.live -= 1
+        if self._index.get(expiry.key) is pending:
+            del self._index[expiry.key]
+
+    def _push(self, pending: Pending, expiry: Expiry) -> None:
+        expiry.token += 1
+        self._heap.live += 1
+        self._heap.push(expiry.when, expiry.token, pending)

@@ -1,0 +1,435 @@
+"""dcp streams in the broker: partial replies with credit and cancel. Sans-IO.
+
+A *stream* is a request whose answer comes in parts (frames in :mod:`dcp.wire.streams`,
+the whole design in ``docs/streams.md``). The broker relays parts from the worker to the
+reader and credit and cancels from the reader to the worker, and polices the credit. It
+stores no part of a dcp reader's stream: a part is written to the reader's socket at once,
+and credit bounds how many parts of one stream are between the broker and its reader
+(*outstanding*). Only for readers without credit does it hold a bounded few (Rule T3).
+
+Rule T1 - Open. The broker knows a stream from the first PARTIAL its worker sends for a
+  request it holds (matched by client address and metadata, as a reply is; a Majordomo
+  worker's by client address). Its reader is the request's client if it asked for a stream
+  (the ``\\xffDCP:stream=<window>`` option, DCP) or speaks a dialect with partials (MDP/0.2,
+  majortomo). Otherwise the part is dropped and counted (``partial_dropped``): a plain DCP
+  v1 client only ever gets the final reply. A PARTIAL that matches no held request is
+  counted (``stream_unmatched``) and answered with CANCEL.
+Rule T2 - Credit. A stream's credit starts at its window; each part forwarded takes 1 and
+  each CREDIT from the reader adds its count and is relayed to the worker. A part beyond the
+  credit (a DCP worker that ignores it) is an *overrun*: dropped, the worker is sent CANCEL
+  and the reader an error reply ``stream_overrun``. So at most *window* parts of one stream
+  are ever outstanding, whatever the reader's speed.
+Rule T3 - Readers without credit. An MDP/0.2 or majortomo client has no credit: the broker
+  asks for a stream on its behalf (it adds the stream option with ``STREAM_WINDOW`` to the
+  request) and is the reader towards the worker: it grants the worker credit again as it
+  writes parts to the client's socket (topping it up to the window once half is used). A
+  part the client's socket cannot take (its high-water mark) is *held*, with everything
+  after it for that client (parts and final replies, in order; at most ``MAX_HELD``), and
+  the worker gets no more credit: it pauses. The driver retries held messages every few
+  milliseconds (:meth:`Streams.retry_held`); once a retry went out whole, the client's
+  streams get credit again. A held part beyond ``MAX_HELD`` (only a worker without credit,
+  Rule T4, gets there) is dropped and counted (``partial_dropped``) and the stream
+  cancelled. A client that is gone cancels its streams (Rule T5).
+Rule T4 - Writers without credit. A Majordomo worker's partials are forwarded as they come
+  (MDP has no credit and no cancel): a cancel only stops forwarding them.
+Rule T5 - Cancel. A CANCEL from the reader (or a part its socket could not take) is relayed
+  to the worker and its later parts are dropped; the worker's final reply still releases the
+  request (and reaches the reader, who drops it). A CANCEL for a stream whose first part has
+  not come yet is remembered (at most ``max_cancelled``, oldest forgotten first) and acted
+  on when that part comes. A CANCEL for a stream the broker does not know is ignored.
+Rule T6 - No redelivery after a part. A worker that goes away holding a request of which a
+  part was forwarded does not give it back to the queue (routing Rule 5): the reader gets an
+  error reply ``stream_broken`` naming how many parts were sent. A stream without parts
+  yet is redelivered as any request.
+Rule T7 - End. The final reply ends the stream (it is routed as any reply).
+
+What this module does NOT do: buffer parts beyond Rule T3's bound, time streams (work
+timeouts, routing Rule 7, bound the whole stream), or read frames other than the stream
+messages.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+import dcp.wire.streams as wire
+from dcp._core.broker.admission import Limits
+from dcp._core.broker.approval import Approvals
+from dcp._core.broker.dialects import DcpDialect, Dialect
+from dcp._core.broker.guard import Guard
+from dcp._core.broker.peers import Session, Sessions
+from dcp._core.broker.queues import Pending
+from dcp._core.broker.routing import Routing
+from dcp._stats import StreamStatistics
+from dcp.wire import mdp
+from dcp.wire.streams import StreamMessage, StreamType, parse_stream, stream_window
+
+__all__ = ["Stream", "Streams"]
+
+#: The window the broker asks for on behalf of readers without credit (Rule T3).
+STREAM_WINDOW = 32
+#: Early cancels remembered (Rule T5).
+MAX_CANCELLED = 10_000
+#: Messages held per client without credit whose socket is full (Rule T3).
+MAX_HELD = 2 * STREAM_WINDOW + 1
+_MDP_C02 = mdp.C02
+
+
+class Stream:
+    """A stream the broker knows (Rule T1)."""
+
+    __slots__ = ("cancelled", "credit", "key", "outstanding", "parts", "pending", "window")
+
+    def __init__(self, pending: Pending, window: int, key: tuple[bytes, bytes] | None) -> None:
+        self.pending = pending
+        #: The reader's first credit.
+        self.window = window
+        #: Parts the worker may still send (Rule T2).
+        self.credit = window
+        #: Parts forwarded to the reader, and of those not yet credited back.
+        self.parts = 0
+        self.outstanding = 0
+        #: ``(client, request id)`` of a DCP reader, by which its CREDIT and CANCEL name it;
+        #: ``None`` for a reader without credit (Rule T3).
+        self.key = key
+        self.cancelled = False
+
+
+class Streams(Routing):
+    """Routing plus streams (the module's rules)."""
+
+    def __init__(
+        self,
+        *,
+        limits: Limits,
+        sessions: Sessions,
+        work_timeout: float | None,
+        quarantine: float,
+        guard: Guard | None,
+        approvals: Approvals | None = None,
+    ) -> None:
+        super().__init__(
+            limits=limits,
+            sessions=sessions,
+            work_timeout=work_timeout,
+            quarantine=quarantine,
+            guard=guard,
+            approvals=approvals,
+        )
+        self._streams: dict[Pending, Stream] = {}
+        self._stream_keys: dict[tuple[bytes, bytes], Stream] = {}
+        self._early_cancels: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+        # Rule T3: messages held for clients whose socket was full, and the clients whose
+        # held messages the last retry sent.
+        self._held_out: dict[bytes, deque[list[bytes]]] = {}
+        self._retried: set[bytes] = set()
+        self._stream_stats = {
+            "cancelled": 0,
+            "broken": 0,
+            "overruns": 0,
+            "outstanding_max": 0,
+            "held": 0,
+        }
+
+    # ------------------------------------------------------------------ input
+
+    def mdp_metadata(self, dialect: Dialect) -> tuple[bytes, ...]:
+        """Rule T3: the metadata of an MDP client's request (asking for a stream if its
+        dialect has partials)."""
+        return _MDP_STREAM if dialect.partials else ()
+
+    def on_stream(
+        self, peer: bytes, body: Sequence[bytes], worker: Session | None, now: float
+    ) -> None:
+        """A DCP stream message (``body`` after the routing id) from ``peer``."""
+        try:
+            msg = parse_stream(body)
+        except Exception as exc:  # a RemoteProtocolError: every defect has its reason
+            self.reject(peer, getattr(exc, "reason", "bad_stream_message"), str(exc))
+            return
+        if worker is not None:
+            self.sessions.heard(worker, now)
+        if msg.type is StreamType.PARTIAL:
+            if worker is None or not isinstance(worker.dialect, DcpDialect):
+                self.reject(peer, "partial_from_non_worker", "only DCP workers send parts")
+                return
+            self._on_dcp_partial(peer, worker, msg)
+        else:
+            self._on_reader(peer, msg)
+
+    def mdp_partial(self, worker: Session, client: bytes, body: Sequence[bytes]) -> None:
+        """A Majordomo worker's PARTIAL for ``client`` (unsealed) (Rules T1, T4)."""
+        pending = self.find_held(worker, client)
+        if pending is None:
+            self.counters.count("partial_dropped")
+            return
+        stream = self._stream(pending)
+        if stream is not None and not stream.cancelled:
+            self._forward(stream, body)
+        else:
+            self.counters.count("partial_dropped")
+
+    def _on_dcp_partial(self, peer: bytes, worker: Session, msg: StreamMessage) -> None:
+        client = msg.client
+        if client is None:
+            self.reject(peer, "reply_without_client", "a part has no client address")
+            return
+        shown = client
+        if self.guard is not None:
+            unsealed = self.unseal(peer, client)
+            if unsealed is None:
+                return
+            client = unsealed
+        pending = None
+        for held in worker.held:
+            if held.client == client and held.metadata == msg.metadata:
+                pending = held
+                break
+        if pending is None:
+            self.counters.count("stream_unmatched")
+            self._tell_worker(worker, StreamType.CANCEL, shown, msg.metadata)
+            return
+        stream = self._stream(pending)
+        if stream is None:
+            self.counters.count("partial_dropped")
+            self._tell_worker(worker, StreamType.CANCEL, shown, msg.metadata)
+            return
+        if stream.cancelled:
+            self.counters.count("partial_dropped")
+            return
+        if stream.credit <= 0:
+            # Rule T2: an overrun.
+            self._stream_stats["overruns"] += 1
+            self.reject(peer, "stream_overrun", "a part sent without credit")
+            self._cancel(stream)
+            self._error(pending, "stream_overrun", "the worker sent a part without credit")
+            return
+        self._forward(stream, msg.data)
+
+    def _on_reader(self, peer: bytes, msg: StreamMessage) -> None:
+        if not msg.metadata:
+            self.reject(peer, "stream_without_id", "CREDIT or CANCEL names no request")
+            return
+        key = (peer, msg.metadata[0])
+        stream = self._stream_keys.get(key)
+        if msg.type is StreamType.CANCEL:
+            if stream is None:
+                early = self._early_cancels
+                early[key] = None
+                if len(early) > MAX_CANCELLED:
+                    early.popitem(last=False)
+            elif not stream.cancelled:
+                self._cancel(stream)
+            return
+        if stream is None or stream.cancelled:
+            self.counters.count("stream_unknown")
+            return
+        stream.credit += msg.credit
+        stream.outstanding = max(0, stream.outstanding - msg.credit)
+        self._relay_credit(stream, msg.credit)
+
+    # ------------------------------------------------------------------ rules
+
+    def _stream(self, pending: Pending) -> Stream | None:
+        """Rule T1: the stream of held ``pending``, opened now if this is its first part;
+        ``None`` if its client gets no parts."""
+        stream = self._streams.get(pending)
+        if stream is not None:
+            return stream
+        origin = pending.origin
+        key: tuple[bytes, bytes] | None = None
+        if isinstance(origin, DcpDialect):
+            window = stream_window(pending.metadata)
+            if window is None or not pending.metadata:
+                return None
+            key = (pending.client, pending.metadata[0])
+        elif origin.partials:
+            window = STREAM_WINDOW
+        else:
+            return None
+        stream = Stream(pending, window, key)
+        self._streams[pending] = stream
+        if key is not None:
+            self._stream_keys[key] = stream
+            if self._early_cancels.pop(key, 0) is None:
+                self._cancel(stream)  # Rule T5: cancelled before its first part
+        return stream
+
+    def _forward(self, stream: Stream, data: Sequence[bytes]) -> None:
+        pending = stream.pending
+        origin = pending.origin
+        client = pending.client
+        stream.credit -= 1
+        stream.parts += 1
+        self.counters.partials += 1
+        if isinstance(origin, DcpDialect):
+            self.outbox.append(
+                [
+                    client,
+                    *wire.build(
+                        StreamType.PARTIAL, client, pending.metadata, data, width=origin.width
+                    ),
+                ]
+            )
+            stream.outstanding += 1
+            if stream.outstanding > self._stream_stats["outstanding_max"]:
+                self._stream_stats["outstanding_max"] = stream.outstanding
+            return
+        frames = origin.reply(client, pending.service.name, pending.metadata, data, final=False)
+        held = self._held_out.get(client)
+        if held is not None:
+            self._hold(stream, held, frames)  # Rule T3: after what is held; no credit
+            return
+        self.outbox.append(frames)
+        if client not in self._retried and stream.credit <= stream.window // 2:
+            self._top_up(stream)
+
+    def _top_up(self, stream: Stream) -> None:
+        """Rule T3: the broker reads for this client; top the worker's credit up."""
+        if stream.credit < stream.window:
+            grant = stream.window - stream.credit
+            stream.credit = stream.window
+            self._relay_credit(stream, grant)
+
+    def _hold(self, stream: Stream, held: deque[list[bytes]], frames: list[bytes]) -> None:
+        if len(held) < MAX_HELD:
+            held.append(frames)
+        else:
+            self.counters.count("partial_dropped")
+            self._cancel(stream)
+
+    def _relay_credit(self, stream: Stream, n: int) -> None:
+        pending = stream.pending
+        worker = pending.holder
+        if worker is not None and isinstance(worker.dialect, DcpDialect):
+            self._tell_worker(worker, StreamType.CREDIT, pending.shown, pending.metadata, n)
+
+    def _cancel(self, stream: Stream) -> None:
+        """Rule T5: stop the stream: CANCEL to its (DCP) worker, later parts dropped."""
+        stream.cancelled = True
+        self._stream_stats["cancelled"] += 1
+        pending = stream.pending
+        worker = pending.holder
+        if worker is not None and isinstance(worker.dialect, DcpDialect):
+            self._tell_worker(worker, StreamType.CANCEL, pending.shown, pending.metadata)
+
+    def _tell_worker(
+        self,
+        worker: Session,
+        mtype: StreamType,
+        client: bytes,
+        metadata: tuple[bytes, ...],
+        n: int = 0,
+    ) -> None:
+        dialect = worker.dialect
+        assert isinstance(dialect, DcpDialect)
+        frames = wire.build(mtype, client, metadata, credit=n, width=dialect.width)
+        self.outbox.append([worker.ident, *frames])
+
+    def _error(self, pending: Pending, code: str, message: str) -> None:
+        """An error reply ending ``pending``'s stream (after what is held, Rule T3)."""
+        client = pending.client
+        self.answer(
+            client,
+            pending.origin.error(client, pending.service.name, pending.metadata, code, message),
+        )
+
+    def answer(self, client: bytes, frames: list[bytes]) -> None:
+        """Send a final reply to ``client`` (after its held messages, Rule T3)."""
+        held = self._held_out.get(client)
+        if held is None:
+            self.outbox.append(frames)
+        else:
+            held.append(frames)
+
+    def undelivered(self, frames: list[bytes], why: str) -> bool:
+        """Rules T3, T5: the driver could not send ``frames``. An answer to an MDP/0.2 or
+        majortomo client whose socket is full is held (returns ``True``: handled); a reader
+        that is gone has its streams cancelled (returns ``False``: counted as usual)."""
+        peer = frames[0]
+        held = self._held_out.get(peer)
+        if held is None:
+            if why == "full" and _MDP_C02 in frames[1:3]:
+                held = self._held_out[peer] = deque()
+            else:
+                if self._streams:
+                    for stream in list(self._streams.values()):
+                        if stream.pending.client == peer and not stream.cancelled:
+                            self._cancel(stream)
+                return False
+        # After a failure, the driver fails the rest of its flush to that peer (in order).
+        if len(held) < MAX_HELD:
+            held.append(frames)
+            self._stream_stats["held"] += 1
+        else:
+            self.counters.count("partial_dropped")
+        return True
+
+    @property
+    def stalled(self) -> bool:
+        """Whether messages are held for full sockets, or were just retried (the driver then
+        calls :meth:`retry_held` within a few milliseconds)."""
+        return bool(self._held_out or self._retried)
+
+    def retry_held(self) -> None:
+        """Rule T3: send what is held again (the driver calls it while :attr:`stalled`).
+        Clients whose last retry went out whole get credit again for their streams."""
+        retried = self._retried
+        if retried:
+            delivered = retried.difference(self._held_out)
+            if delivered:
+                for stream in list(self._streams.values()):
+                    if stream.key is None and stream.pending.client in delivered:
+                        self._top_up(stream)
+        held, self._held_out = self._held_out, {}
+        self._retried = set(held)
+        for messages in held.values():
+            self.outbox.extend(messages)
+
+    # ------------------------------------------------------------- overrides
+
+    def _finish(self, pending: Pending) -> None:
+        """Rule T7: the stream (if any) of ``pending`` ends with it."""
+        super()._finish(pending)
+        if self._streams:
+            stream = self._streams.pop(pending, None)
+            if stream is not None and stream.key is not None:
+                self._stream_keys.pop(stream.key, None)
+
+    def remove_worker(self, worker: Session, why: str = "left") -> None:
+        """Rule T6: requests of which a part was forwarded are not redelivered."""
+        if self._streams and worker.held:
+            kept = []
+            for pending in worker.held:
+                stream = self._streams.get(pending)
+                if stream is None:
+                    kept.append(pending)
+                    continue
+                self._finish(pending)
+                if not stream.cancelled:
+                    self._stream_stats["broken"] += 1
+                    self.counters.count("stream_broken")
+                    self._error(
+                        pending,
+                        "stream_broken",
+                        f"the worker went away after {stream.parts} part(s)",
+                    )
+            worker.held = kept
+        super().remove_worker(worker, why)
+
+    def stream_statistics(self) -> StreamStatistics:
+        """A snapshot of the stream figures."""
+        stats = self._stream_stats
+        return StreamStatistics(
+            open=len(self._streams),
+            outstanding=sum(s.outstanding for s in self._streams.values()),
+            outstanding_max=stats["outstanding_max"],
+            cancelled=stats["cancelled"],
+            broken=stats["broken"],
+            overruns=stats["overruns"],
+            held=stats["held"],
+        )
+
+
+_MDP_STREAM = (wire.stream_option(STREAM_WINDOW),)

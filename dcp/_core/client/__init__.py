@@ -1,0 +1,1 @@
+"""The client's sans-IO core."""

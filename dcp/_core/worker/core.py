@@ -1,0 +1,500 @@
+"""The sans-IO state machine of a dcp worker: registration, credit, heartbeats, liveness.
+
+:class:`WorkerCore` takes whole multipart messages from the broker (``list[bytes]``, DEALER
+side) and the current time ``now``, and tells the I/O layer what to do: messages to send,
+handlers to start (:class:`Run`), a lost broker to reconnect to (:class:`BrokerLost`), or a
+refusal (:class:`Refused`).
+
+Output convention (the same for every dcp core): input methods (:meth:`~WorkerCore.connect`,
+:meth:`~WorkerCore.receive`, :meth:`~WorkerCore.finish`, :meth:`~WorkerCore.tick`,
+:meth:`~WorkerCore.leave`) take ``now`` where time matters, return nothing, and append their
+outputs (:data:`Output`), in order, to :attr:`WorkerCore.outbox`; the driver drains it after
+each call or batch (``out, core.outbox = core.outbox, []``) and acts on them in order.
+
+The rules (``N`` is the concurrency; ``I`` the heartbeat interval; ``L`` the liveness):
+
+Rule 1 (registration)
+    Each connection starts with REGISTER. The broker's echo makes the core READY and resets
+    the reconnect backoff. Registering is itself a readiness signal (the broker marks a newly
+    registered worker ready, as MDP does with READY), so no PING follows the echo; with a
+    broker that does not, the first heartbeat (a PING, Rule 5) asks for work. A PONG follows
+    the echo instead: a keep-alive that asks for nothing and tells a dcp broker this worker
+    beats while busy, so that its silence while busy means it hung (the broker's peers Rule
+    L3; workers that never beat while busy are given a longer busy timeout).
+Rule 2 (credit: ask for more work while busy, never for too much)
+    The core tracks ``credit``: how many requests the broker may still send us, counting
+    those already on their way. It mirrors the broker's rule (see :mod:`dcp._core.broker.core`,
+    Rule 1): REGISTER sets it to 1; each REPLY or forwarded REQUEST adds 1 (it frees the
+    held request's slot); each request received takes 1; a PING sets it to at least 1. A
+    PING is exact only when credit is 0 (the broker's own count can be no higher than ours,
+    since ours includes requests in flight), so after receiving a request the core sends a
+    PING at once if ``in_progress < N`` and credit is 0. Invariant: ``in_progress + credit
+    <= N``, so the broker never sends more than the free slots. An answer to a request
+    received before the current registration adds nothing: the broker forgot that request
+    when it forgot us, so the answer matches nothing there and earns no credit
+    (:attr:`Run.generation` tells them apart).
+Rule 3 (finish)
+    A finished handler's REPLY (or forwarded REQUEST) is sent and adds 1 credit (Rule 2), so
+    no PING follows. If the local backlog is not empty, its oldest request takes the freed
+    slot.
+Rule 4 (the backlog: never more than ``N``, whatever the broker)
+    With a dcp broker the invariant of Rule 2 keeps the backlog empty. A broker that keeps
+    readiness as a single flag (as the DCP spec can be read; the DagBox reference does)
+    collapses signals, so our credit can only over-estimate its count: we ask for less, not
+    more. Should a request still arrive while all ``N`` slots are busy (a broker that grants
+    more than it was asked for, or a re-registration while handlers run: REGISTER always
+    earns one request), it waits in a local FIFO backlog and starts when a slot frees: at
+    most ``N`` handlers ever run. Such requests are counted (``backlogged``). One whose
+    caller's deadline (its expires-in option, counted from its arrival here) passed while it
+    waited is not run: it is answered with an ``expired`` error reply at once (which frees
+    its slot at the broker, Rule 3; its caller has given up and drops it) and counted
+    (``expired``).
+Rule 5 (heartbeat)
+    While READY, a heartbeat is due when the last one is ``I`` old and either nothing was
+    sent or nothing was received for ``I`` (replies are not answered, so replies alone would
+    not prove the broker alive). It is a PING if a slot is free, the worker is not stopping,
+    and either credit is 0 or nothing is running (then a PING cannot raise the broker's
+    count above ours, and it restores lost credit with a flag-keeping broker); else a PONG:
+    a dcp keep-alive that refreshes the broker's liveness without asking for work.
+Rule 6 (broker liveness)
+    No message of any kind from the broker for ``L * I`` (also while waiting for the echo):
+    the broker is gone. The core becomes DISCONNECTED and emits :class:`BrokerLost` with
+    the backoff delay (exponential from ``reconnect_min`` to ``reconnect_max``, with jitter);
+    the I/O layer closes the socket, waits, and calls :meth:`WorkerCore.connect` again.
+Rule 7 (requests in progress across reconnects)
+    Handlers that are running when the broker vanishes keep running; their results are sent
+    on whatever connection is current when they finish, or kept and sent right after the
+    next REGISTER if there is none (dcp clients keep their address across reconnects and drop
+    duplicates by request id). The local backlog is dropped: the broker requeues what it had
+    dispatched, and clients retry.
+Rule 8 (Reconnect from the broker)
+    A RECONNECT (0x06) means the broker does not know us: REGISTER again at once on the same
+    connection, and drop the local backlog (the broker requeued it when it dropped us).
+Rule 9 (stopping)
+    After :meth:`WorkerCore.stop` the core asks for no more work (heartbeats are PONGs),
+    drops the backlog and every request that still arrives, and lets running handlers
+    finish. :meth:`WorkerCore.leave` emits a RECONNECT for the broker (dcp extension: "I am
+    leaving; requeue what I hold"), so whatever was dropped is served by another worker.
+Rule 10 (refused registration)
+    A REPLY without a client address whose data is a ``registration_refused`` error reply
+    and whose metadata names our service (dcp extension, sent by a secure broker) means we
+    may not serve: the core becomes CLOSED and emits :class:`Refused`. Any other REPLY is
+    counted as unexpected and ignored.
+Rule 11 (type-frame width)
+    Messages from the broker are read in either width (1 byte, the spec; 4 bytes
+    little-endian, the DagBox C++ reference). With ``type_width=1`` we start in 1 byte and
+    then write in the width of the broker's last message. With ``type_width=4`` every
+    message is written in 4 bytes from the first REGISTER on, whatever the broker writes: the
+    explicit setting wins (a DagBox broker aborts on a 1-byte type; a dcp broker reads both).
+Rule 12 (a new connection on the same socket)
+    zmq reconnects a socket by itself, and the broker at the other end may be a new one (a
+    restart) that does not know us. The driver reports the socket's connection events (zmq's
+    monitor): :meth:`WorkerCore.connection_lost` makes the core DISCONNECTED without closing
+    anything (results that finish meanwhile are kept, Rule 7; the backlog is dropped; no
+    heartbeats, no liveness deadline: zmq is reconnecting), and
+    :meth:`WorkerCore.reconnected` sends REGISTER and then the kept results, so the broker
+    knows us before it sees our answers. A new broker routes a registered worker's answer
+    to its client though it never saw the request (with CURVE too: its sealing key comes
+    from its secret key), so work finished across a restart is delivered, not run again.
+Rule 13 (answers the broker may have lost)
+    A broker killed takes with it the answers it had received but not passed on, and DCP
+    has no acknowledgement: the caller's retry would run them again. So the core keeps the
+    REPLYs it sent in the last ``L * I`` seconds (:mod:`dcp._core.worker.replay`: at most
+    ``replay_limit`` of them and ``replay_bytes`` bytes, newest kept) and, when the
+    connection is lost (:meth:`WorkerCore.connection_lost`, Rule 6, or a RECONNECT, Rule
+    8), sends them again right after the next REGISTER (counted as ``replayed``). Only
+    answers a client recognises as duplicates: the request's first metadata part is a dcp
+    request id (the client's tracker, Rule 2, drops a reply to a finished request), and not
+    a stream. MDP and DagBox clients match replies by order and never get one twice.
+    Forwards are not sent again (a new broker would run the next service twice).
+Rule 14 (several services)
+    A worker may register several services on one connection. Each connection (and each
+    RECONNECT) sends first one ``mmi.describe`` request per service that has an info
+    document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
+    is ignored), then one REGISTER per service. READY comes once every registration is
+    echoed; a refusal of any of them closes the core (Rule 10).
+
+What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
+handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
+"""
+
+from __future__ import annotations
+
+import math
+import random as _random
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+
+from dcp._core.broker.directory import DESCRIBE
+from dcp._core.worker.outputs import BrokerLost, Output, Refused, Run, State, backoff_delay
+from dcp._core.worker.replay import SentReplies
+from dcp._errors import RemoteProtocolError
+from dcp._stats import WorkerStatistics
+from dcp.wire.dcp1 import check_type_width, parse
+from dcp.wire.messages import (
+    Message,
+    Ping,
+    Pong,
+    Reconnect,
+    Register,
+    Reply,
+    Request,
+    error_reply_data,
+    parse_error_reply,
+    request_expires_in,
+)
+
+#: The metadata of a worker's ``mmi.describe`` request (Rule 14), to know the answer.
+DESCRIBE_TAG = b"\xffDCP:describe"
+
+__all__ = [
+    "BrokerLost",
+    "Output",
+    "Refused",
+    "Run",
+    "State",
+    "WorkerCore",
+    "backoff_delay",
+]
+
+
+class WorkerCore:
+    """The worker's protocol state (see the module docstring for the rules).
+
+    :param service: the service name to register
+    :param concurrency: ``N``, the most requests held at once
+    :param heartbeat_interval: ``I``, in seconds
+    :param liveness: ``L``; the broker is gone after ``L * I`` seconds of silence
+    :param random: source of jitter in ``[0, 1)``
+    :param type_width: type-frame width of what we send (Rule 11): 1 (the spec) follows the
+        broker; 4 (the DagBox C++ reference) is kept whatever the broker writes
+    :param replay_limit: the most recent replies kept to send again after a lost
+        connection (Rule 13; 0: none)
+    :param replay_bytes: the most data bytes those replies may hold together
+    """
+
+    def __init__(
+        self,
+        service: bytes,
+        *,
+        concurrency: int = 1,
+        heartbeat_interval: float = 1.0,
+        liveness: int = 3,
+        reconnect_min: float = 0.1,
+        reconnect_max: float = 5.0,
+        random: Callable[[], float] = _random.random,
+        type_width: int = 1,
+        more_services: Sequence[bytes] = (),
+        infos: Mapping[bytes, bytes] | None = None,
+        replay_limit: int = 1024,
+        replay_bytes: int = 8 << 20,
+    ) -> None:
+        check_type_width(type_width)
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not heartbeat_interval > 0:
+            raise ValueError("heartbeat_interval must be positive")
+        if liveness < 1:
+            raise ValueError("liveness must be at least 1")
+        if not 0 < reconnect_min <= reconnect_max:
+            raise ValueError("need 0 < reconnect_min <= reconnect_max")
+        self.service = service
+        #: Every service registered (Rule 14): ``service`` first.
+        self.services = (service, *more_services)
+        #: Their info documents, sent with ``mmi.describe`` before the registrations.
+        self.infos = dict(infos or {})
+        self._unconfirmed: set[bytes] = set()
+        #: ``N``, the most requests held at once.
+        self.concurrency = concurrency
+        self.heartbeat_interval = heartbeat_interval
+        self.liveness = liveness
+        self.reconnect_min = reconnect_min
+        self.reconnect_max = reconnect_max
+        self._random = random
+        #: What the I/O layer must do, in order: messages to send and commands (see the
+        #: output convention in the module docstring). The driver drains it after each call.
+        self.outbox: list[Output] = []
+        #: Where we stand with the broker.
+        self.state = State.DISCONNECTED
+        #: True once :meth:`stop` was called.
+        self.stopping = False
+        #: The type-frame width we were told to write (Rule 11).
+        self.type_width = type_width
+        #: The type-frame width of what we send now (Rule 11).
+        self.width = type_width
+        self._in_progress = 0
+        #: Counts registrations; the broker forgets our held requests between them.
+        self._generation = 0
+        #: Requests the broker may still send us, including those in flight (Rule 2).
+        self._credit = 0
+        #: Requests waiting for a slot, with the time their caller gives up (Rule 4).
+        self._backlog: deque[tuple[Request, float]] = deque()
+        self._pending: list[Message] = []
+        self._last_send = self._last_recv = self._last_beat = 0.0
+        self._failures = 0
+        self._connections = 0
+        self._received = self._replies = self._forwards = self._errors = 0
+        self._cancelled = self._dropped = self._backlogged = self._expired = 0
+        self._reregistrations = self._malformed = self._unexpected = 0
+        self._sent = SentReplies(liveness * heartbeat_interval, replay_limit, replay_bytes)
+
+    @property
+    def in_progress(self) -> int:
+        """Handlers running now (never more than :attr:`concurrency`)."""
+        return self._in_progress
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def connect(self, now: float) -> None:
+        """A fresh connection: send REGISTER, then results that finished while disconnected."""
+        if self.state is not State.DISCONNECTED:
+            raise RuntimeError(f"connect() in state {self.state.name}")
+        self._connections += 1
+        self.state = State.REGISTERING
+        self._last_recv = self._last_beat = now
+        self._generation += 1
+        self._credit = 1
+        outbox = self.outbox
+        outbox += self._registrations()
+        outbox += self._pending
+        for message in self._pending:
+            if type(message) is Reply:
+                self._sent.remember(message, now)
+        self._pending.clear()
+        self._last_send = now
+
+    def connection_lost(self, now: float) -> None:
+        """Rule 12: the socket's connection went down (zmq is reconnecting it)."""
+        if self.state in (State.REGISTERING, State.READY):
+            self.state = State.DISCONNECTED
+            self._drop_backlog()
+            self._pending[:0] = self._sent.take(now)
+
+    def reconnected(self, now: float) -> None:
+        """Rule 12: the socket has a new connection: REGISTER, then the kept results."""
+        if self.state is State.DISCONNECTED:
+            self.connect(now)
+        elif self.state in (State.REGISTERING, State.READY):  # no loss was reported
+            self._reregister(now)
+
+    def receive(self, frames: Sequence[bytes], now: float) -> None:
+        """A message from the broker.
+
+        :raises RemoteProtocolError: it does not parse (it still proves the broker alive)
+        """
+        if self.state not in (State.REGISTERING, State.READY):
+            return
+        self._last_recv = now
+        try:
+            msg, width = parse(frames)
+        except RemoteProtocolError:
+            self._malformed += 1
+            raise
+        if self.type_width == 1:
+            self.width = width  # Rule 11: answer in kind
+        if isinstance(msg, Request):
+            self._on_request(msg, now)
+            return
+        if isinstance(msg, Register) and msg.service in self.services:
+            self._unconfirmed.discard(msg.service)
+            if self._unconfirmed:
+                return  # Rule 14: ready once every registration is echoed
+            self.state = State.READY
+            self._failures = 0
+            # Rule 1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
+            self._send(Pong(), now)
+            return
+        if isinstance(msg, Reconnect):
+            self._reregister(now)
+            return
+        if isinstance(msg, Reply) and msg.client is None:
+            refusal = parse_error_reply(msg.data)
+            if (
+                refusal is not None
+                and refusal[0] == "registration_refused"
+                and any(msg.metadata == ((s,) if s else ()) for s in self.services)
+            ):
+                self.state = State.CLOSED
+                self.stopping = True
+                self._drop_backlog()
+                refused = msg.metadata[0] if msg.metadata else b""
+                self.outbox.append(Refused(refusal[1], refused))
+                return
+        if isinstance(msg, Reply) and msg.metadata == (DESCRIBE_TAG,):
+            return  # the broker's answer to mmi.describe (Rule 14)
+        if not isinstance(msg, (Ping, Pong)):
+            self._unexpected += 1
+
+    def finish(
+        self, message: Reply | Request | None, now: float, *, generation: int | None = None
+    ) -> None:
+        """A handler ended with ``message`` to send, or ``None`` if it was cancelled.
+
+        :param generation: :attr:`Run.generation` of the handler's request (``None``: the
+            current registration)
+        """
+        if self._in_progress <= 0:
+            raise RuntimeError("finish() without a running handler")
+        self._in_progress -= 1
+        if message is None:
+            self._cancelled += 1
+        else:
+            if isinstance(message, Request):
+                self._forwards += 1
+            elif parse_error_reply(message.data) is not None:
+                self._errors += 1
+            else:
+                self._replies += 1
+            if generation is None or generation == self._generation:
+                # The broker releases the request and adds one credit. An answer to a
+                # request from before we registered again matches nothing there: no credit.
+                self._credit += 1
+            self._send(message, now)
+        self._start_backlog(now)
+
+    def tick(self, now: float) -> None:
+        """Time passed: maybe a heartbeat (Rule 5), maybe the broker is gone (Rule 6)."""
+        if self.state not in (State.REGISTERING, State.READY):
+            return
+        if now >= self._last_recv + self.liveness * self.heartbeat_interval:
+            self.state = State.DISCONNECTED
+            self._drop_backlog()
+            self._pending[:0] = self._sent.take(now)
+            delay = backoff_delay(
+                self._failures, self.reconnect_min, self.reconnect_max, self._random()
+            )
+            self._failures += 1
+            self.outbox.append(BrokerLost(delay))
+        elif self.state is State.READY and now >= self._heartbeat_due():
+            if self._has_free_slot() and (self._credit == 0 or self._in_progress == 0):
+                self._credit = max(self._credit, 1)
+                self._send(Ping(), now)
+            else:
+                self._send(Pong(), now)
+
+    def deadline(self) -> float:
+        """When :meth:`tick` next has something to do (``inf`` if never)."""
+        if self.state not in (State.REGISTERING, State.READY):
+            return math.inf
+        lost = self._last_recv + self.liveness * self.heartbeat_interval
+        if self.state is State.READY:
+            return min(lost, self._heartbeat_due())
+        return lost
+
+    def stop(self) -> None:
+        """Stop asking for work and drop the backlog (Rule 9). Idempotent."""
+        self.stopping = True
+        self._drop_backlog()
+
+    def leave(self) -> None:
+        """Leave for good: a RECONNECT for the broker if we are (being) registered."""
+        if self.state in (State.REGISTERING, State.READY):
+            self.outbox.append(Reconnect())
+        self.stopping = True
+        self.state = State.CLOSED
+        self._drop_backlog()
+        self._pending.clear()
+
+    def statistics(self) -> WorkerStatistics:
+        """A snapshot of the counters."""
+        return WorkerStatistics(
+            received=self._received,
+            replies=self._replies,
+            forwards=self._forwards,
+            errors=self._errors,
+            cancelled=self._cancelled,
+            dropped=self._dropped,
+            in_progress=self._in_progress,
+            backlog=len(self._backlog),
+            backlogged=self._backlogged,
+            reconnects=max(0, self._connections - 1),
+            reregistrations=self._reregistrations,
+            malformed=self._malformed,
+            unexpected=self._unexpected,
+            expired=self._expired,
+            replayed=self._sent.replayed,
+        )
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _registrations(self) -> list[Message]:
+        """Rule 14: every description, then every registration."""
+        self._unconfirmed = set(self.services)
+        infos = self.infos
+        described: list[Message] = [
+            Request(DESCRIBE, None, (DESCRIBE_TAG,), (name, infos[name]))
+            for name in self.services
+            if name in infos
+        ]
+        return described + [Register(name) for name in self.services]
+
+    def _on_request(self, request: Request, now: float) -> None:
+        self._received += 1
+        if self._credit:
+            self._credit -= 1
+        if self.stopping:
+            self._dropped += 1
+            return
+        if self._in_progress < self.concurrency:
+            self._in_progress += 1
+            self.outbox.append(Run(request, self._generation))
+        else:
+            expires_in = request_expires_in(request.metadata)
+            self._backlog.append((request, math.inf if expires_in is None else now + expires_in))
+            self._backlogged += 1
+        # Rule 2: ask for more if a slot is free and no request is owed to us already.
+        if self.state is State.READY and self._has_free_slot() and self._credit == 0:
+            self._credit = 1
+            self._send(Ping(), now)
+
+    def _start_backlog(self, now: float) -> None:
+        """Rule 4: the oldest backlog request whose caller still waits takes the free slot;
+        those past their deadline are answered ``expired`` (each adds 1 credit, Rule 3)."""
+        backlog = self._backlog
+        while backlog:
+            request, deadline = backlog.popleft()
+            if now < deadline:
+                self._in_progress += 1
+                self.outbox.append(Run(request, self._generation))
+                return
+            self._expired += 1
+            self._credit += 1
+            data = error_reply_data(
+                "expired", "the caller's deadline passed while the request waited for a slot"
+            )
+            self._send(Reply(request.client, request.metadata, data), now)
+
+    def _reregister(self, now: float) -> None:
+        """Rule 8: REGISTER again on this connection."""
+        self._reregistrations += 1
+        self.state = State.REGISTERING
+        self._drop_backlog()
+        self._generation += 1
+        self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
+        replay = self._sent.take(now)
+        for message in self._registrations():
+            self._send(message, now)
+        for reply in replay:
+            self._send(reply, now)
+
+    def _has_free_slot(self) -> bool:
+        return not self.stopping and self._in_progress < self.concurrency
+
+    def _heartbeat_due(self) -> float:
+        quiet = min(self._last_send, self._last_recv)
+        return max(self._last_beat, quiet) + self.heartbeat_interval
+
+    def _send(self, message: Message, now: float) -> None:
+        if self.state in (State.REGISTERING, State.READY):
+            self._last_send = now
+            if isinstance(message, (Ping, Pong)):
+                self._last_beat = now
+            elif type(message) is Reply:
+                self._sent.remember(message, now)
+            self.outbox.append(message)
+        elif self.state is State.DISCONNECTED and isinstance(message, (Reply, Request)):
+            self._pending.append(message)  # Rule 7: sent after the next REGISTER
+
+    def _drop_backlog(self) -> None:
+        self._dropped += len(self._backlog)
+        self._backlog.clear()

@@ -1,0 +1,69 @@
+"""What the worker core (:mod:`dcp._core.worker.core`) tells its driver: its state, and the
+commands it puts in its outbox besides messages to send."""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeAlias
+
+import attrs
+
+from dcp.wire.messages import Message, Request
+
+__all__ = ["BrokerLost", "Output", "Refused", "Run", "State", "backoff_delay"]
+
+
+def backoff_delay(failures: int, low: float, high: float, rand: float) -> float:
+    """Reconnect delay after ``failures`` consecutive failed connections.
+
+    The ceiling doubles from ``low`` up to ``high``; the delay is drawn from the upper half
+    below the ceiling (``rand`` in ``[0, 1)``) and is never below ``low``.
+    """
+    ceiling = min(high, low * 2.0 ** min(failures, 60))
+    return max(low, ceiling * (0.5 + rand / 2))
+
+
+class State(enum.Enum):
+    """Where the worker stands with its broker."""
+
+    #: No connection; :meth:`~dcp._core.worker.core.WorkerCore.connect` starts one.
+    DISCONNECTED = "disconnected"
+    #: REGISTER sent; waiting for the broker's echo.
+    REGISTERING = "registering"
+    #: Registered: the broker may dispatch requests.
+    READY = "ready"
+    #: Left for good after :meth:`~dcp._core.worker.core.WorkerCore.leave`.
+    CLOSED = "closed"
+
+
+@attrs.frozen
+class Run:
+    """Output: start the handler for :attr:`request`; pass :attr:`generation` back to
+    :meth:`~dcp._core.worker.core.WorkerCore.finish`."""
+
+    request: Request
+    #: The registration the request came under (worker core Rule 2: only answers to requests of the
+    #: current registration earn credit; the broker cannot match older ones).
+    generation: int = attrs.field(default=0, eq=False)
+
+
+@attrs.frozen
+class BrokerLost:
+    """Output: the broker is gone; close the socket, wait :attr:`delay` s, reconnect."""
+
+    delay: float
+
+
+@attrs.frozen
+class Refused:
+    """Output: the broker refused our registration (worker core Rule 10); stop serving."""
+
+    #: The broker's explanation.
+    message: str
+    #: The service refused (not compared: one worker core refuses at most once).
+    service: bytes = attrs.field(default=b"", eq=False)
+
+
+#: What the core asks the I/O layer to do (the items of
+#: :attr:`~dcp._core.worker.core.WorkerCore.outbox`).
+Output: TypeAlias = Message | Run | BrokerLost | Refused

@@ -1,0 +1,1 @@
+"""The I/O layer: sockets, their context and handshakes, endpoints, security, the beacon."""

@@ -1,0 +1,225 @@
+"""Handshake failures, read from a socket's zmq monitor, so that a peer the broker will
+never talk to learns it within about a second instead of timing out.
+
+zmq hides a failed handshake from the socket's user: messages just queue. The monitor sees
+it. Rules (:class:`HandshakeWatch`, pure: monitor events in, a verdict out):
+
+Rule H1 - Refused key. ``HANDSHAKE_FAILED_AUTH``: the broker's ZAP handler refused our key
+  (its status code is the event's value). libzmq does not reconnect after it. Fail at once.
+Rule H2 - Mismatch. ``HANDSHAKE_FAILED_PROTOCOL``: the two sides disagree on the security
+  mechanism (a plaintext peer and a CURVE broker, or the reverse) or the handshake broke
+  the protocol. libzmq does not reconnect after it either. Fail at once.
+Rule H3 - Wrong broker key. ``HANDSHAKE_FAILED_NO_DETAIL``: the broker hung up during the
+  handshake; with CURVE that is what a broker does with a HELLO it cannot decrypt (we were
+  given the wrong server key); without, what a CURVE broker may do (if it sees the
+  mismatch before we do). libzmq reconnects (every ``RECONNECT_IVL``, 0.1 s by
+  default), so one such failure may be a broker going down at a bad moment: fail after
+  :data:`NO_DETAIL_LIMIT` in a row with no successful handshake between them.
+Rule H4 - ``HANDSHAKE_SUCCEEDED`` clears the count of H3.
+Rule H5 - Unheard reconnections (CURVE only). A secure broker does not let a new connection
+  take over a routing id (no ``ROUTER_HANDOVER``, see ``docs/security.md``), and zmq
+  checks the id once, when the connection attaches: a client whose reconnection beats the
+  broker's teardown of its old connection is ignored for as long as the new connection
+  lasts. So a secure client counts successful handshakes (:attr:`HandshakeWatch.handshakes`)
+  and notes the count whenever it hears the broker; when an attempt times out and it has
+  heard nothing on a connection that is not its first (:meth:`HandshakeWatch.unheard`), it
+  drops the connection and connects again before resending. By then the broker has torn
+  down the old one (zmq heartbeats, within its ``liveness x heartbeat_interval``), so the
+  new connection is heard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Callable
+
+import anyio
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from dcp._errors import AuthenticationFailed
+from dcp._io.context import get_context
+from dcp._io.security import CurveClient, configure_client_socket
+from dcp._io.sockets import AsyncSocket
+
+__all__ = [
+    "EVENTS",
+    "NO_DETAIL_LIMIT",
+    "HandshakeWatch",
+    "close_monitor",
+    "connect_dealer",
+    "monitor",
+    "read_events",
+    "watch_handshakes",
+]
+
+#: The monitor events the rules use, and ``DISCONNECTED`` (the worker's Rule 12).
+EVENTS = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+#: Rule H3: failed handshakes in a row, without detail, that end the peer.
+NO_DETAIL_LIMIT = 3
+
+#: How to give a peer its keys, in Python and on the command line.
+_KEYS_HINT = "security=dcp.CurveClient(...) in Python, --keys and --server-key for dcp commands"
+_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+#: Numbers the monitors' inproc addresses (with the process id: forks do not share them).
+_MONITORS = (f"{os.getpid()}-{n}" for n in itertools.count())
+
+
+class HandshakeWatch:
+    """Rules H1-H4 for one socket connected to ``endpoint``.
+
+    :param endpoint: the broker's endpoint, named in the error
+    :param secure: whether this side uses CURVE (it shapes the explanation)
+    :param role: ``"client"`` or ``"worker"``, named in the error
+    """
+
+    __slots__ = ("endpoint", "handshakes", "heard", "no_detail", "role", "secure")
+
+    def __init__(self, endpoint: str, *, secure: bool, role: str) -> None:
+        self.endpoint = endpoint
+        self.secure = secure
+        self.role = role
+        #: Rule H3: failures without detail since the last successful handshake.
+        self.no_detail = 0
+        #: Rule H5: successful handshakes so far, and their count when the broker was last
+        #: heard (the client sets :attr:`heard` as messages arrive).
+        self.handshakes = 0
+        self.heard = 0
+
+    def unheard(self) -> bool:
+        """Rule H5: whether the current connection is a reconnection (CURVE) on which the
+        broker was never heard."""
+        return self.secure and self.handshakes > 1 and self.heard < self.handshakes
+
+    def event(self, event: int, value: int) -> AuthenticationFailed | None:
+        """One monitor event; the error to raise if the rules say the peer is done for."""
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.no_detail = 0
+            self.handshakes += 1
+            if self.handshakes == 1:
+                self.heard = 1  # the first connection is attached like any new one
+            return None
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return self._fail(
+                f"the broker refused this {self.role}'s CURVE key (ZAP status {value})"
+                if self.secure
+                else f"the broker refused this {self.role} (ZAP status {value})"
+            )
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if value == _MISMATCH:
+                return self._fail(
+                    f"this {self.role} uses CURVE and the broker does not"
+                    if self.secure
+                    else f"the broker requires CURVE security and this {self.role} has none "
+                    f"({_KEYS_HINT})"
+                )
+            return self._fail(f"the security handshake broke the protocol (zmq code {value:#x})")
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self.no_detail += 1
+            if self.no_detail >= NO_DETAIL_LIMIT:
+                return self._fail(
+                    f"the broker hung up during {self.no_detail} handshakes in a row: is the "
+                    "server key this client was given the broker's public key?"
+                    if self.secure
+                    else f"the peer hung up during {self.no_detail} handshakes in a row: "
+                    f"does the broker require CURVE ({_KEYS_HINT})?"
+                )
+        return None
+
+    def _fail(self, reason: str) -> AuthenticationFailed:
+        return AuthenticationFailed(self.endpoint, reason)
+
+
+def connect_dealer(
+    context: zmq.Context[zmq.Socket[bytes]] | None,
+    routing_id: bytes,
+    security: CurveClient | None,
+    endpoint: str,
+) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """A client's or worker's DEALER socket (linger 0, ``routing_id``, CURVE keys if
+    ``security``) connected to the broker at ``endpoint``, and the monitor that watches its
+    handshakes from the start (:func:`monitor`); nothing is left open if a step fails.
+
+    :param context: zmq context (default: one shared per process)
+    """
+    ctx = context if context is not None else get_context()
+    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    mon: zmq.Socket[bytes] | None = None
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        configure_client_socket(sock, security)
+        mon = monitor(sock)  # handshake failures raise AuthenticationFailed
+        sock.connect(endpoint)
+    except BaseException:
+        sock.close(0)
+        if mon is not None:
+            mon.close(0)
+        raise
+    return sock, mon
+
+
+def monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
+    """A PAIR socket that receives ``sock``'s handshake events (call before ``connect``).
+
+    Close it with :func:`close_monitor`.
+    """
+    # A unique address: pyzmq's default names it after the socket's file descriptor, which
+    # a new socket reuses while libzmq may still be tearing down the old monitor (seen as
+    # clients whose monitor never connected, in a long test run).
+    return sock.get_monitor_socket(EVENTS, addr=f"inproc://dcp-monitor-{next(_MONITORS)}")
+
+
+def close_monitor(sock: zmq.Socket[bytes], mon: zmq.Socket[bytes]) -> None:
+    """Stop ``sock``'s monitor (if ``sock`` is still open) and close ``mon``."""
+    if not sock.closed:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+    mon.close(0)
+
+
+def read_events(mon: zmq.Socket[bytes]) -> list[tuple[int, int]]:
+    """Every event waiting on a monitor socket, as ``(event, value)``; never blocks."""
+    events: list[tuple[int, int]] = []
+    while True:
+        try:
+            frames = mon.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return events
+        parsed = parse_monitor_message(frames)
+        events.append((int(parsed["event"]), int(parsed["value"])))
+
+
+async def watch_handshakes(
+    sock: zmq.Socket[bytes],
+    mon: zmq.Socket[bytes],
+    watch: HandshakeWatch,
+    on_failure: Callable[[AuthenticationFailed], object],
+) -> None:
+    """Apply the rules to ``mon``'s events until one says the peer is done for (then call
+    ``on_failure`` with the error and return), the monitor is closed, or cancellation.
+    Closes the monitor on the way out."""
+    amon = AsyncSocket(mon)
+    try:
+        while True:
+            await amon.wait_readable()
+            for event, value in read_events(mon):
+                failure = watch.event(event, value)
+                if failure is not None:
+                    on_failure(failure)
+                    return
+    except anyio.ClosedResourceError:
+        pass
+    finally:
+        if not sock.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+        amon.close(0)

@@ -1,0 +1,141 @@
+"""What users hold: what a successful call returns (:class:`Response`) and the outcomes a
+client's caller can get; what a handler sees of a request (:class:`HandlerRequest`) and its
+answer that passes the request on (:class:`Forward`)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import attrs
+
+from dcp._errors import RemoteError, RequestTimeout
+from dcp._json import decode_json
+from dcp._util import to_bytes
+from dcp.wire.messages import OPTION_PREFIX, Request
+
+__all__ = ["Forward", "HandlerRequest", "OnePart", "Outcome", "Response", "handler_view"]
+
+
+class OnePart:
+    """Readers of the one data part most messages have (a mixin of :class:`Response` and
+    :class:`~dcp.HandlerRequest`): :attr:`bytes`, :attr:`text` and :meth:`json` raise
+    :exc:`ValueError` if there is not exactly one."""
+
+    __slots__ = ()
+    #: What the message is called in error messages.
+    _what: ClassVar[str] = "message"
+    data: tuple[builtins.bytes, ...]
+
+    def _single(self) -> builtins.bytes:
+        if len(self.data) != 1:
+            raise ValueError(
+                f"the {self._what} has {len(self.data)} data parts, not exactly one: "
+                f"read {self._what}.data"
+            )
+        return self.data[0]
+
+    @property
+    def text(self) -> str:
+        """The one data part, decoded as UTF-8.
+
+        :raises ValueError: not exactly one data part, or not UTF-8
+        """
+        try:
+            return self._single().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"the {self._what}'s data part is not UTF-8: {exc}") from None
+
+    def json(self) -> Any:
+        """The one data part, decoded as a UTF-8 JSON document.
+
+        :raises ValueError: not exactly one data part, or not a UTF-8 JSON document
+        """
+        return decode_json(self._single(), name=f"the {self._what}'s data part")
+
+    # Last: in the class body, ``bytes`` below this line is the property.
+    @property
+    def bytes(self) -> builtins.bytes:
+        """The one data part.
+
+        :raises ValueError: not exactly one data part
+        """
+        return self._single()
+
+
+@attrs.frozen
+class Response(OnePart):
+    """A successful reply to a request.
+
+    Most replies have exactly one data part; :attr:`bytes`, :attr:`text` and :meth:`json`
+    read it (and raise :exc:`ValueError` if there is not exactly one)::
+
+        response = await client.request("greet", "world")
+        print(response.text)
+
+    :ivar data: the reply's data parts
+    :ivar metadata: the request's metadata as the worker returned it (dcp's request id
+        and request options removed)
+    """
+
+    _what: ClassVar[str] = "response"
+    data: tuple[builtins.bytes, ...]
+    metadata: tuple[builtins.bytes, ...] = ()
+
+
+#: What a request ends with: its reply, an error reply, or a timeout.
+Outcome = Response | RemoteError | RequestTimeout
+
+
+@attrs.frozen(init=False)
+class Forward:
+    """A handler's answer that passes the request on to another service (the DAG).
+
+    The worker sends a REQUEST for ``service`` carrying the original client address and the
+    original metadata, unchanged, so the final reply goes straight to the client and still
+    names its request (dcp clients match replies by the first metadata part), and so the
+    broker knows which request the forward finishes. There is deliberately no way to change
+    the metadata on the way.
+
+    :ivar service: the service that handles the rest of the request
+    :ivar data: the data parts of the new request
+    """
+
+    service: bytes
+    data: tuple[bytes, ...]
+
+    def __init__(self, service: str | bytes, *data: bytes) -> None:
+        svc = service.encode() if isinstance(service, str) else to_bytes(service, "service")
+        parts = tuple(to_bytes(part, "a data part") for part in data)
+        self.__attrs_init__(svc, parts)
+
+
+def _tuple_of_bytes(value: Iterable[bytes]) -> tuple[bytes, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class HandlerRequest(Request, OnePart):
+    """A request as a worker's handler sees it: :attr:`metadata` holds the caller's own parts
+    only; dcp's parts (every part starting with ``\\xffDCP:``: a dcp client's request id,
+    ``\\xffDCP:id=...``, and request options such as ``work-timeout`` and ``expires-in``)
+    are in :attr:`dcp_metadata`, in the order they came. :attr:`text`, :attr:`bytes` and
+    :meth:`json` read its one data part, as on a :class:`~dcp.Response`. The worker answers
+    (and forwards) with the request's metadata exactly as it arrived, whatever the handler
+    sees.
+
+    :ivar dcp_metadata: dcp's metadata parts, removed from :attr:`metadata`
+    """
+
+    _what: ClassVar[str] = "request"
+    dcp_metadata: tuple[bytes, ...] = attrs.field(default=(), converter=_tuple_of_bytes)
+
+
+def handler_view(request: Request) -> HandlerRequest:
+    """What the handler of ``request`` sees (:class:`HandlerRequest`)."""
+    own: list[bytes] = []
+    dcp: list[bytes] = []
+    for part in request.metadata:
+        (dcp if part[:1] == b"\xff" and part.startswith(OPTION_PREFIX) else own).append(part)
+    return HandlerRequest(request.service, request.client, own, request.data, dcp)

@@ -1,0 +1,134 @@
+"""``dcp call`` as a new user meets it (:mod:`dcp._cli._call` Rules 1 and 2): what ``-v``
+and ``-vv`` say, and a call to a service nobody serves. In process (so coverage sees the
+command), against a real ``dcp broker`` and ``dcp worker`` subprocesses on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+
+import dcp
+from dcp._cli import main
+from dcp._cli._call import NO_WORKERS
+from tests.cli.procs import HANDLER, Proc, start, start_broker
+
+
+def _lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "dcp.cli" and r.levelno == level]
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_verbose_call_says_where_what_and_how_long(
+    procs: list[Proc],
+    tmp_path: Path,
+    backend: str,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, tcp = start_broker(procs, tmp_path, backend)
+    start(procs, "worker", "--connect", tcp, "--service", "echo", HANDLER)
+    argv = ["--backend", backend, "call", "--connect", tcp, "--wait", "echo", "hello", "world"]
+    assert main([*argv, "-v", "--metadata", "m"]) == 0
+    assert capsys.readouterr().out == "HELLO\nWORLD\n"
+    broker, request, reply = _lines(caplog)
+    assert broker == f"broker {tcp}; timeout 5 s, 2 resend(s) after 1.67 s"
+    assert request == (
+        "request to 'echo': data 2 part(s), 10 bytes, metadata 1 part(s), 1 bytes; waits for "
+        "a worker (--wait)"
+    )
+    assert reply.startswith("reply after ")
+    assert reply.endswith(": data 2 part(s), 10 bytes, metadata 1 part(s), 1 bytes")
+    assert not _lines(caplog, logging.DEBUG)
+    # -vv: the frames too (the client's DEBUG line for each message from the broker).
+    caplog.clear()
+    assert main([*argv, "-vv"]) == 0
+    assert capsys.readouterr().out == "HELLO\nWORLD\n"
+    debug = [r.getMessage() for r in caplog.records if r.name == "dcp.client"]
+    assert any(line.startswith(f"from broker {tcp}: ") for line in debug), debug
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_call_to_nobody_fails_at_once_and_verbose_says_so(
+    procs: list[Proc],
+    tmp_path: Path,
+    backend: str,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, tcp = start_broker(procs, tmp_path, backend)
+    argv = ["--backend", backend, "call", "-v", "--connect", tcp, "--timeout", "30", "nobody"]
+    assert main(argv) == NO_WORKERS == 4
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("dcp call: no worker serves 'nobody' (start one with")
+    assert _lines(caplog)[-1].startswith("the broker says no worker serves 'nobody' (after ")
+    # --wait: queued, resent as attempts time out (each resend logged), then told why.
+    caplog.clear()
+    waiting = ["--timeout", "0.9", "--retries", "2", "--wait"]
+    assert main([*argv[:-3], *waiting, "nobody"]) == NO_WORKERS
+    assert capsys.readouterr().err == (
+        "dcp call: no worker serves 'nobody' (the broker says so; no reply after 3 attempt(s))\n"
+    )
+    assert "no reply yet: resent the request (attempt 2 of 3)" in _lines(caplog)
+
+
+def test_verbose_stream_logs_each_part(
+    procs: list[Proc],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, tcp = start_broker(procs, tmp_path)
+    start(procs, "worker", "--connect", tcp, "--service", "trickle", "tests.cli.handlers:trickle")
+    assert main(["call", "-v", "--connect", tcp, "--wait", "--stream", "trickle", "2"]) == 0
+    assert capsys.readouterr().out == "part 0\npart 1\n"
+    lines = _lines(caplog)
+    assert lines[0] == f"broker {tcp}; timeout 5 s, no resends"
+    assert lines[-2:] == ["part 1: 1 part(s), 6 bytes", "part 2: 1 part(s), 6 bytes"]
+    # Without --wait the stream asks mmi.service first: the worker is there, so it runs.
+    assert main(["call", "--connect", tcp, "--stream", "trickle", "1"]) == 0
+    assert capsys.readouterr().out == "part 0\n"
+
+
+def test_stream_to_a_silent_endpoint_times_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """No answer to ``mmi.service`` (nobody listens): the stream is tried, and times out."""
+    argv = ["call", "--connect", "tcp://127.0.0.1:1", "--stream", "--timeout", "0.2", "x"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.startswith("dcp call: RequestTimeout: ")
+
+
+def test_a_timeout_says_whether_the_broker_answers(
+    procs: list[Proc], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule 3: after a timeout, ``mmi.service`` tells a missing broker from a slow worker."""
+    _, tcp = start_broker(procs, tmp_path)
+    start(procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli.handlers:slow")
+    assert main(["call", "--connect", tcp, "--wait", "--timeout", "30", "slow", "0"]) == 0
+    assert capsys.readouterr().out == "done\n"  # the worker has registered
+    argv = ["call", "--connect", tcp, "--retries", "0", "--timeout", "0.5"]
+    assert main([*argv, "slow", "10"]) == 1
+    assert capsys.readouterr().err == (
+        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.5s; the broker answers: "
+        "the service's workers did not reply in time\n"
+    )
+    # A DagBox C++ broker (--type-width 4) has no mmi.service: nothing to ask.
+    silent = ["call", "--connect", "tcp://127.0.0.1:1", "--type-width", "4", "--retries", "0"]
+    assert main([*silent, "--timeout", "0.1", "x"]) == 1
+    assert capsys.readouterr().err == (
+        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s\n"
+    )
+
+
+@pytest.mark.anyio
+async def test_broker_logs_no_workers_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """The answer to a no-wait request nobody serves is news (INFO), not a WARNING."""
+    caplog.set_level(logging.INFO, logger="dcp")
+    ep = f"inproc://call-{uuid.uuid4().hex}"
+    async with dcp.Broker(ep), dcp.Client(ep, timeout=5) as client:
+        with pytest.raises(dcp.NoWorkers):
+            await client.request("nobody", b"x", no_wait=True)
+    (record,) = [r for r in caplog.records if "no_workers" in r.getMessage()]
+    assert (record.name, record.levelno) == ("dcp.broker", logging.INFO)

@@ -1,0 +1,234 @@
+"""User errors of the ``dcp`` command line: each is exactly one line on stderr and a non-zero
+exit code (2 for usage errors), never a traceback. Every case runs ``python -m dcp`` as a
+subprocess (``_cli_procs.py``) and compares the whole of stderr."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import zmq
+
+from dcp._cli import main
+from dcp._cli._run import interrupted, zmq_problem
+from dcp._io.lifecycle import BaseExceptionGroup
+from tests.cli.procs import HANDLER, Proc, run
+
+CALL = ["call", "--connect", "tcp://127.0.0.1:1"]
+WORKER = ["worker", "--connect", "tcp://127.0.0.1:1", "--service", "s"]
+BROKER = ["broker", "--bind", "tcp://127.0.0.1:0"]
+
+
+def see(command: str) -> str:
+    return f" (see '{command} --help')"
+
+
+USAGE_ERRORS = [
+    # Endpoints, checked before any socket exists.
+    (
+        ["call", "--connect", "tcp://*:5555", "echo"],
+        "dcp call: argument --connect: bad endpoint 'tcp://*:5555': host '*' (every "
+        "interface) is for binding only; connect to a host name or address, e.g. "
+        "tcp://127.0.0.1:5555" + see("dcp call"),
+    ),
+    (
+        ["call", "--connect", "tcp://127.0.0.1:99999", "echo"],
+        "dcp call: argument --connect: bad endpoint 'tcp://127.0.0.1:99999': port 99999 is "
+        "out of range (0 to 65535)" + see("dcp call"),
+    ),
+    (
+        ["broker", "--bind", "tcp://127.0.0.1:99999"],
+        "dcp broker: argument --bind: bad endpoint 'tcp://127.0.0.1:99999': port 99999 is "
+        "out of range (0 to 65535)" + see("dcp broker"),
+    ),
+    (
+        ["worker", "--connect", "localhost:5555", "--service", "s", HANDLER],
+        "dcp worker: argument --connect: bad endpoint 'localhost:5555': expected "
+        "tcp://HOST:PORT, ipc://PATH or inproc://NAME" + see("dcp worker"),
+    ),
+    (
+        ["call", "--connect", "tcp://127.0.0.1", "echo"],
+        "dcp call: argument --connect: bad endpoint 'tcp://127.0.0.1': no port (expected "
+        "tcp://HOST:PORT)" + see("dcp call"),
+    ),
+    (
+        ["broker", "--bind", "udp://127.0.0.1:5555"],
+        "dcp broker: argument --bind: bad endpoint 'udp://127.0.0.1:5555': scheme must be "
+        "tcp, ipc or inproc" + see("dcp broker"),
+    ),
+    (
+        ["broker", "--bind", "inproc://broker"],
+        "dcp broker: argument --bind: bad endpoint 'inproc://broker': inproc:// reaches only "
+        "the same process; use tcp:// or ipc://" + see("dcp broker"),
+    ),
+    # Numbers out of range.
+    (
+        [*WORKER, "--concurrency", "0", HANDLER],
+        "dcp worker: argument --concurrency: must be at least 1, not 0" + see("dcp worker"),
+    ),
+    (
+        [*WORKER, "--grace", "-1", HANDLER],
+        "dcp worker: argument --grace: must be a finite number >= 0, not '-1'" + see("dcp worker"),
+    ),
+    (
+        [*CALL, "--timeout", "0", "echo"],
+        "dcp call: argument --timeout: must be a finite number > 0, not '0'" + see("dcp call"),
+    ),
+    (
+        [*CALL, "--timeout", "soon", "echo"],
+        "dcp call: argument --timeout: expected seconds, not 'soon'" + see("dcp call"),
+    ),
+    (
+        [*CALL, "--retries", "-1", "echo"],
+        "dcp call: argument --retries: must be at least 0, not -1" + see("dcp call"),
+    ),
+    (
+        [*BROKER, "--heartbeat-interval", "nan"],
+        "dcp broker: argument --heartbeat-interval: must be a finite number > 0, not 'nan'"
+        + see("dcp broker"),
+    ),
+    (
+        [*BROKER, "--max-queue", "lots"],
+        "dcp broker: argument --max-queue: expected a whole number, not 'lots'"
+        + see("dcp broker"),
+    ),
+    (
+        ["demo", "--requests", "0"],
+        "dcp demo: argument --requests: must be at least 1, not 0" + see("dcp demo"),
+    ),
+    # Other arguments.
+    (
+        [*CALL, "echo", "-", "-"],
+        "dcp call: '-' (stdin) may be given as DATA only once" + see("dcp call"),
+    ),
+    (
+        [*CALL, "--metadata", "", "echo"],
+        "dcp call: --metadata parts must not be empty" + see("dcp call"),
+    ),
+    (
+        [*WORKER, "no_colon"],
+        "dcp worker: handler must be module:function, not 'no_colon'" + see("dcp worker"),
+    ),
+    (
+        [*BROKER, "--allow-client", "x"],
+        "dcp broker: --allow-client/--allow-worker need --keys" + see("dcp broker"),
+    ),
+    (
+        ["demo", "--backend", "curio"],
+        "dcp demo: argument --backend: invalid choice: 'curio' (choose from 'trio', "
+        "'asyncio')" + see("dcp demo"),
+    ),
+    (
+        ["fly"],
+        "dcp: argument COMMAND: invalid choice: 'fly' (choose from 'broker', 'worker', "
+        "'call', 'demo', 'keys', 'pub', 'sub', 'services', 'find', 'top')" + see("dcp"),
+    ),
+    ([], "dcp: the following arguments are required: COMMAND" + see("dcp")),
+    (
+        ["call", "echo"],
+        "dcp call: the following arguments are required: --connect" + see("dcp call"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "line"), USAGE_ERRORS)
+def test_usage_error_is_one_line_and_exit_2(argv: list[str], line: str) -> None:
+    assert run(*argv) == (2, "", line + "\n")
+
+
+@pytest.mark.parametrize(("argv", "line"), USAGE_ERRORS[:4])
+def test_usage_error_in_process(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr() == ("", line + "\n")
+
+
+@pytest.mark.parametrize(
+    ("spec", "line"),
+    [
+        (
+            "tests.no_such_module:echo",
+            "dcp worker: cannot load handler 'tests.no_such_module:echo': "
+            "No module named 'tests.no_such_module'",
+        ),
+        (
+            "tests.cli.handlers:missing",
+            "dcp worker: cannot load handler 'tests.cli.handlers:missing': "
+            "module 'tests.cli.handlers' has no attribute 'missing'",
+        ),
+        (
+            "tests.cli.handlers:not_callable",
+            "dcp worker: 'tests.cli.handlers:not_callable' is not callable",
+        ),
+    ],
+)
+def test_handler_that_cannot_be_loaded(spec: str, line: str) -> None:
+    assert run(*WORKER, spec) == (1, "", line + "\n")
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_port_in_use(backend: str) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    try:
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        endpoint = f"tcp://127.0.0.1:{port}"
+        assert run("--backend", backend, "broker", "--bind", endpoint) == (
+            1,
+            "",
+            f"dcp broker: cannot bind {endpoint}: Address already in use\n",
+        )
+    finally:
+        sock.close(0)
+
+
+def test_address_of_another_machine() -> None:
+    # 192.0.2.0/24 is TEST-NET-1 (RFC 5737): no machine has it.
+    assert run("broker", "--bind", "tcp://192.0.2.1:5555") == (
+        1,
+        "",
+        "dcp broker: cannot bind tcp://192.0.2.1:5555: Cannot assign requested address\n",
+    )
+
+
+def test_missing_key_file() -> None:
+    keys = ["--keys", "/no/such", "--server-key", "/no/such"]
+    assert run(*WORKER, *keys, HANDLER) == (
+        1,
+        "",
+        "dcp worker: Invalid certificate file: /no/such\n",
+    )
+
+
+def test_ctrl_c_on_demo_exits_130() -> None:
+    # One request at a time: it runs for many seconds, however fast the machine.
+    demo = Proc("demo", "--requests", "100000", "--clients", "1", "--window", "1")
+    try:
+        demo.wait_stderr(b"req/s", timeout=30)  # the progress bar: the demo is running
+        demo.popen.send_signal(signal.SIGINT)
+        code, out, err = demo.finish(20)
+        assert (code, out) == (130, "")
+        assert err.endswith("\n")  # the progress bar's line is ended
+        assert "Traceback" not in err
+    finally:
+        demo.kill()
+
+
+def test_run_time_helpers() -> None:
+    assert interrupted(KeyboardInterrupt())
+    assert interrupted(BaseExceptionGroup("", [KeyboardInterrupt(), KeyboardInterrupt()]))
+    assert not interrupted(BaseExceptionGroup("", [KeyboardInterrupt(), ValueError()]))
+    assert not interrupted(ValueError())
+    # pyzmq names the endpoint of a failed bind; when it does not, the command's are used.
+    error = zmq.ZMQError(zmq.EADDRINUSE, "Address already in use (addr='tcp://h:1')")
+    assert (
+        zmq_problem(error, "bind", ["tcp://x:2"])
+        == "cannot bind tcp://h:1: Address already in use"
+    )
+    error = zmq.ZMQError(zmq.EINVAL, "Invalid argument")
+    assert zmq_problem(error, "connect to", ["tcp://x:2"]) == (
+        "cannot connect to tcp://x:2: Invalid argument"
+    )

@@ -1,0 +1,258 @@
+"""The broker core with Majordomo peers, in memory (sans-IO): Rules M1-M4 of
+:mod:`dcp._core.broker.majordomo`, MMI (:mod:`dcp._core.broker.directory`), cross-protocol calls
+and the
+liveness of busy workers that never beat (peers Rule L3). Time goes by the ``now`` argument."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcp._core.broker.core import BrokerCore
+from dcp._core.broker.guard import Guard
+from dcp.wire import mdp
+from dcp.wire.dcp1 import parse, serialize
+from dcp.wire.messages import Register, Reply, Request, parse_error_reply
+
+ECHO = b"echo"
+V01C = mdp.peer(mdp.Form.V01, envelope=True, worker=False)
+V01W = mdp.peer(mdp.Form.V01, envelope=True, worker=True)
+V02C = mdp.peer(mdp.Form.V02, envelope=False, worker=False)
+V02W = mdp.peer(mdp.Form.V02, envelope=False, worker=True)
+MTC = mdp.peer(mdp.Form.MAJORTOMO, envelope=True, worker=False)
+MTW = mdp.peer(mdp.Form.V02, envelope=True, worker=True)  # majortomo's Worker
+
+
+def feed(core: BrokerCore, peer: bytes, frames: list[bytes], now: float = 0.0) -> None:
+    core.receive([peer, *frames], now)
+
+
+def take(core: BrokerCore) -> list[list[bytes]]:
+    sent, core.outbox = core.outbox, []
+    return sent
+
+
+def mdp_worker(core: BrokerCore, ident: bytes, form: mdp.MdpPeer, service: bytes = ECHO) -> None:
+    feed(core, ident, form.worker_ready(service))
+    assert take(core) == []  # MDP confirms nothing
+    assert core.statistics().services[service].workers >= 1
+
+
+@pytest.mark.parametrize(("client", "worker"), [(V01C, V01W), (V02C, V02W), (MTC, MTW)])
+def test_mdp_client_to_mdp_worker_in_each_form(client: mdp.MdpPeer, worker: mdp.MdpPeer) -> None:
+    core = BrokerCore()
+    mdp_worker(core, b"W", worker)
+    feed(core, b"C", client.client_request(ECHO, [b"hi", b""]))
+    assert take(core) == [[b"W", *worker.worker_request(b"C", [b"hi", b""])]]
+    feed(core, b"W", worker.worker_answer(b"C", [b"HI"], final=True))
+    assert take(core) == [[b"C", *client.client_answer(ECHO, [b"HI"], final=True)]]
+    stats = core.statistics()
+    assert (stats.requests, stats.replies, stats.unmatched, stats.rejections) == (1, 1, 0, {})
+    assert stats.services[ECHO].idle == 1  # FINAL frees the worker (one request at a time)
+
+
+def test_partials_reach_a_streaming_client_in_order_then_final() -> None:
+    core = BrokerCore()
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"C", V02C.client_request(ECHO, [b"q"]))
+    take(core)
+    for i in range(3):
+        feed(core, b"W", V02W.worker_answer(b"C", [b"part%d" % i], final=False))
+    feed(core, b"W", V02W.worker_answer(b"C", [b"end"], final=True))
+    assert take(core) == [
+        [b"C", *V02C.client_answer(ECHO, [b"part0"], final=False)],
+        [b"C", *V02C.client_answer(ECHO, [b"part1"], final=False)],
+        [b"C", *V02C.client_answer(ECHO, [b"part2"], final=False)],
+        [b"C", *V02C.client_answer(ECHO, [b"end"], final=True)],
+    ]
+    assert (core.statistics().partials, core.statistics().replies) == (3, 1)
+
+
+def test_partials_to_a_dcp_or_mdp01_client_are_dropped_and_counted() -> None:
+    core = BrokerCore()
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"D", serialize(Request(ECHO, None, (b"id",), (b"q",))))
+    feed(core, b"M", V01C.client_request(ECHO, [b"q"]))
+    take(core)
+    feed(core, b"W", V02W.worker_answer(b"D", [b"p"], final=False))
+    assert take(core) == []
+    assert core.statistics().rejections == {"partial_dropped": 1}
+
+
+def test_dcp_client_served_by_mdp_worker_gets_its_metadata_back() -> None:
+    core = BrokerCore()
+    mdp_worker(core, b"W", V01W)
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid-1", b"m2"), (b"x", b"y")), width=4))
+    # MDP has no metadata: the worker gets the body only; the broker keeps the metadata.
+    assert take(core) == [[b"W", *V01W.worker_request(b"D", [b"x", b"y"])]]
+    feed(core, b"W", V01W.worker_answer(b"D", [b"XY"], final=True))
+    [reply] = take(core)
+    assert reply == [b"D", *serialize(Reply(b"D", (b"rid-1", b"m2"), (b"XY",)), width=4)]
+
+
+def test_mdp_client_served_by_dcp_worker_gets_a_final() -> None:
+    core = BrokerCore()
+    feed(core, b"W", serialize(Register(ECHO)))
+    take(core)
+    feed(core, b"M", MTC.client_request(ECHO, [b"x"]))
+    [given] = take(core)
+    msg, _ = parse(given[1:])
+    # An MDP/0.2 (here majortomo) client can take parts: the broker asks for a stream.
+    stream = (b"\xffDCP:stream=32",)
+    assert msg == Request(ECHO, b"M", stream, (b"x",))
+    feed(core, b"W", serialize(Reply(b"M", stream, (b"X",))))
+    assert take(core) == [[b"M", *MTC.client_answer(ECHO, [b"X"], final=True)]]
+
+
+def test_a_refused_mdp_request_gets_a_final_with_the_error() -> None:
+    core = BrokerCore(max_queue=0)
+    feed(core, b"M", V02C.client_request(ECHO, [b"x"]))
+    [sent] = take(core)
+    assert sent[:4] == [b"M", b"MDPC02", b"\x03", ECHO]
+    error = parse_error_reply(sent[4:])
+    assert error is not None and error[0] == "queue_full"
+    assert core.statistics().rejections == {"queue_full": 1}
+
+
+@pytest.mark.parametrize("client", [V01C, V02C, MTC])
+def test_mmi_for_mdp_clients(client: mdp.MdpPeer) -> None:
+    core = BrokerCore()
+    mdp_worker(core, b"W", V02W)
+    for name, body, code in [
+        (b"mmi.service", [ECHO], b"200"),
+        (b"mmi.service", [b"nobody"], b"404"),
+        (b"mmi.service", [], b"404"),
+        (b"mmi.other", [ECHO], b"501"),
+    ]:
+        feed(core, b"C", client.client_request(name, body))
+        assert take(core) == [[b"C", *client.client_answer(name, [code], final=True)]]
+    assert core.statistics().requests == 0  # answered by the broker, never queued
+
+
+def test_mmi_for_dcp_clients_keeps_the_metadata() -> None:
+    core = BrokerCore()
+    feed(core, b"D", serialize(Request(b"mmi.service", None, (b"rid",), (ECHO,))))
+    assert take(core) == [[b"D", *serialize(Reply(b"D", (b"rid",), (b"404",)))]]
+
+
+def test_workers_may_not_register_mmi_names() -> None:
+    core = BrokerCore()
+    feed(core, b"W", V02W.worker_ready(b"mmi.service"))
+    assert take(core) == [[b"W", *V02W.worker_disconnect()]]
+    feed(core, b"D", serialize(Register(b"mmi.x")))
+    [refusal] = take(core)
+    msg, _ = parse(refusal[1:])
+    assert isinstance(msg, Reply) and msg.client is None
+    error = parse_error_reply(msg.data)
+    assert error is not None and error[0] == "registration_refused"
+    stats = core.statistics()
+    assert (stats.workers, stats.rejections) == (0, {"reserved_service": 2})
+
+
+def test_unexpected_mdp_worker_commands_get_disconnect() -> None:
+    core = BrokerCore()
+    # Not registered: anything but READY (and DISCONNECT itself) gets DISCONNECT (RFC 7).
+    feed(core, b"X", V01W.worker_heartbeat())
+    feed(core, b"X", V01W.worker_answer(b"C", [b"r"], final=True))
+    feed(core, b"X", V01W.worker_disconnect())
+    assert take(core) == [[b"X", *V01W.worker_disconnect()]] * 2
+    assert core.statistics().reconnects_sent == 2
+    # Registered: a second READY, or a command MDP does not know, ends the session.
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"W", V02W.worker_ready(ECHO))
+    assert take(core) == [[b"W", *V02W.worker_disconnect()]]
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"W", [b"MDPW02", b"\x09"])
+    assert take(core) == [[b"W", *V02W.worker_disconnect()]]
+    stats = core.statistics()
+    assert stats.workers == 0
+    assert stats.rejections == {"unexpected_ready": 1, "unknown_message_type": 1}
+
+
+def test_a_worker_keeps_its_dialect() -> None:
+    core = BrokerCore()
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"W", serialize(Register(b"other")))
+    feed(core, b"W", V02C.client_request(ECHO, []))
+    feed(core, b"D", serialize(Register(ECHO)))
+    take(core)
+    feed(core, b"D", V02W.worker_heartbeat())
+    assert core.statistics().rejections == {"dialect_mismatch": 3}
+
+
+def test_the_broker_heartbeats_mdp_workers_and_expires_silent_idle_ones() -> None:
+    core = BrokerCore(heartbeat_interval=1.0, mdp_timeout=10.0)
+    mdp_worker(core, b"W", V02W)
+    assert core.next_expiry() == 0.0  # the first heartbeat is due
+    core.expire(0.0)
+    assert take(core) == [[b"W", *V02W.worker_heartbeat()]]
+    assert core.next_expiry() == 1.0
+    core.expire(0.5)
+    assert take(core) == []
+    feed(core, b"W", V02W.worker_heartbeat(), now=5.0)  # its own heartbeats keep it alive
+    core.expire(14.9)
+    assert core.statistics().workers == 1
+    core.expire(15.0)
+    assert core.statistics().workers == 0
+    assert core.statistics().expired_workers == 1
+
+
+def test_a_busy_silent_mdp_worker_keeps_its_request_and_answers_once() -> None:
+    """zguide and majortomo workers send nothing while a handler runs: a 40 s job is not
+    taken away after the idle timeout; the broker's heartbeats are its probes."""
+    core = BrokerCore(heartbeat_interval=1.0, mdp_timeout=10.0, busy_timeout=60.0)
+    mdp_worker(core, b"W", V01W)
+    feed(core, b"C", V01C.client_request(ECHO, [b"job"]))
+    take(core)
+    for t in range(1, 41):
+        core.expire(float(t))
+    assert core.statistics().workers == 1
+    assert core.statistics().redeliveries == 0
+    feed(core, b"W", V01W.worker_answer(b"C", [b"done"], final=True), now=40.5)
+    sent = [m for m in take(core) if m[0] == b"C"]
+    assert sent == [[b"C", *V01C.client_answer(ECHO, [b"done"], final=True)]]
+    assert core.statistics().replies == 1
+
+
+def test_a_dead_busy_mdp_worker_is_found_by_a_failed_heartbeat() -> None:
+    core = BrokerCore(heartbeat_interval=1.0)
+    mdp_worker(core, b"W1", V02W)
+    mdp_worker(core, b"W2", V02W)
+    feed(core, b"C", V02C.client_request(ECHO, [b"job"]))
+    [first] = take(core)
+    dead = first[0]
+    core.expire(1.0)
+    beats = take(core)
+    assert len(beats) == 2
+    [to_dead] = [m for m in beats if m[0] == dead]
+    core.undeliverable(to_dead, "gone")  # the driver's send failed
+    alive = b"W2" if dead == b"W1" else b"W1"
+    assert take(core) == [[alive, *V02W.worker_request(b"C", [b"job"])]]
+    assert core.statistics().redeliveries == 1
+
+
+def test_mdp_workers_in_secure_mode_see_and_return_sealed_addresses() -> None:
+    """Security Rule S4 holds for Majordomo workers too: the client address they get is
+    sealed, and a forged one in a FINAL or PARTIAL is refused."""
+    key = "k" * 40  # any principal: the test's guard lets every key register
+    core = BrokerCore(guard=Guard(lambda key, service: True, b"s" * 32))
+
+    def feed_as(peer: bytes, frames: list[bytes]) -> None:
+        core.receive([peer, *frames], 0.0, key)
+
+    feed_as(b"W", V02W.worker_ready(ECHO))
+    feed_as(b"C", V02C.client_request(ECHO, [b"x"]))
+    [given] = take(core)
+    sealed = given[3]
+    assert given == [b"W", *V02W.worker_request(sealed, [b"x"])]
+    assert sealed != b"C"
+    assert core.guard is not None and core.guard.unseal(sealed) == b"C"
+    for final in (False, True):
+        feed_as(b"W", V02W.worker_answer(b"C", [b"forged"], final=final))
+    assert take(core) == []
+    assert core.statistics().rejections == {"bad_client_address": 2}
+    feed_as(b"W", V02W.worker_answer(sealed, [b"p"], final=False))
+    feed_as(b"W", V02W.worker_answer(sealed, [b"f"], final=True))
+    assert take(core) == [
+        [b"C", *V02C.client_answer(ECHO, [b"p"], final=False)],
+        [b"C", *V02C.client_answer(ECHO, [b"f"], final=True)],
+    ]

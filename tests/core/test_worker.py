@@ -1,0 +1,825 @@
+"""The worker's sans-IO core, driven synchronously with an explicit ``now``."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcp._core.broker.core import BrokerCore
+from dcp._core.worker.core import (
+    BrokerLost,
+    Output,
+    Refused,
+    Run,
+    State,
+    WorkerCore,
+    backoff_delay,
+)
+from dcp._errors import RemoteProtocolError
+from dcp._models import Forward
+from dcp._worker.results import error_reply, result_message
+from dcp.wire.dcp1 import parse, serialize
+from dcp.wire.messages import (
+    ERROR_MARKER,
+    Message,
+    Ping,
+    Pong,
+    Reconnect,
+    Register,
+    Reply,
+    Request,
+    expires_in_option,
+    parse_error_reply,
+)
+
+SVC = b"echo"
+CLIENT = b"\x01client"
+
+
+def core(n: int = 1, **kw: float) -> WorkerCore:
+    return WorkerCore(SVC, concurrency=n, random=lambda: 0.0, **kw)  # type: ignore[arg-type]
+
+
+def take(w: WorkerCore) -> list[Output]:
+    """Drain the core's outbox (what its last calls asked for)."""
+    out, w.outbox = w.outbox, []
+    return out
+
+
+def state(w: WorkerCore) -> State:
+    """``w.state``, read through a call so mypy does not narrow it between steps."""
+    return w.state
+
+
+def ready(n: int = 1, now: float = 0.0) -> WorkerCore:
+    w = core(n)
+    w.connect(now)
+    assert take(w) == [Register(SVC)]
+    assert state(w) is State.REGISTERING
+    # The echo: READY, and a PONG that says the worker beats while busy (Rule 1).
+    w.receive(serialize(Register(SVC)), now)
+    assert take(w) == [Pong()]
+    assert state(w) is State.READY
+    return w
+
+
+def req(i: int, client: bytes = CLIENT) -> Request:
+    return Request(SVC, client, (b"id-%d" % i, b"m2"), (b"data-%d" % i, b""))
+
+
+def deliver(w: WorkerCore, msg: Message, now: float) -> list[Output]:
+    w.receive(serialize(msg), now)
+    return take(w)
+
+
+def test_registration_is_echoed_then_ready_without_ping() -> None:
+    w = core(3)
+    assert w.deadline() == math.inf
+    w.connect(5.0)
+    assert take(w) == [Register(SVC)]
+    # Waiting for the echo: only the liveness deadline counts.
+    assert w.deadline() == 5.0 + 3 * 1.0
+    w.tick(6.5)
+    assert take(w) == []
+    # The registration itself is a readiness signal: the echo asks for no work. A PONG
+    # (asks for nothing) tells the broker this worker beats while busy.
+    assert deliver(w, Register(SVC), 6.5) == [Pong()]
+    assert state(w) is State.READY
+    with pytest.raises(RuntimeError):
+        w.connect(7.0)
+
+
+def test_outbox_keeps_outputs_in_order_until_the_driver_drains_it() -> None:
+    w = core(2)
+    w.connect(0.0)
+    w.receive(serialize(Register(SVC)), 0.0)
+    w.receive(serialize(req(1)), 0.1)
+    assert w.outbox == [Register(SVC), Pong(), Run(req(1)), Ping()]
+    out, w.outbox = w.outbox, []
+    assert len(out) == 4 and w.outbox == []
+
+
+def test_echo_for_another_service_is_unexpected() -> None:
+    w = core()
+    w.connect(0.0)
+    take(w)
+    assert deliver(w, Register(b"other"), 0.1) == []
+    assert state(w) is State.REGISTERING
+    assert w.statistics().unexpected == 1
+
+
+def test_request_runs_and_asks_for_more_while_a_slot_is_free() -> None:
+    w = ready(n=3)
+    assert deliver(w, req(1), 1.0) == [Run(req(1)), Ping()]
+    assert deliver(w, req(2), 1.0) == [Run(req(2)), Ping()]
+    # The third fills the last slot: no PING.
+    assert deliver(w, req(3), 1.0) == [Run(req(3))]
+    assert w.in_progress == 3
+    # A reply is a readiness signal by itself: no PING after it.
+    w.finish(Reply(CLIENT, (b"id-1", b"m2"), (b"r",)), 2.0)
+    out = take(w)
+    assert out == [Reply(CLIENT, (b"id-1", b"m2"), (b"r",))]
+    assert w.in_progress == 2
+
+
+def test_concurrency_one_never_pings_on_request() -> None:
+    w = ready(n=1)
+    assert deliver(w, req(1), 0.5) == [Run(req(1))]
+
+
+def test_backlog_when_a_request_arrives_while_full() -> None:
+    w = ready(n=1)
+    assert deliver(w, req(1), 0.1) == [Run(req(1))]
+    # The race of Rule 4: one more request arrives while the only slot is busy.
+    assert deliver(w, req(2), 0.2) == []
+    st1 = w.statistics()
+    assert (st1.in_progress, st1.backlog, st1.backlogged) == (1, 1, 1)
+    reply = result_message(req(1), b"done")
+    w.finish(reply, 0.3)
+    assert take(w) == [reply, Run(req(2))]
+    assert w.in_progress == 1
+    assert w.statistics().backlog == 0
+    w.finish(None, 0.4)
+    assert take(w) == []
+    stats = w.statistics()
+    assert (stats.received, stats.replies, stats.cancelled, stats.in_progress) == (2, 1, 1, 0)
+
+
+def test_finish_without_handler_is_an_error() -> None:
+    with pytest.raises(RuntimeError):
+        ready().finish(None, 0.0)
+
+
+def test_counters_split_replies_errors_forwards() -> None:
+    w = ready(n=3)
+    for i in range(3):
+        deliver(w, req(i), 0.0)
+    w.finish(result_message(req(0), [b"a", b"b"]), 0.1)
+    w.finish(error_reply(req(1), "handler_error", "ValueError: x"), 0.1)
+    w.finish(result_message(req(2), Forward("next", b"x")), 0.1)
+    s = w.statistics()
+    assert (s.received, s.replies, s.errors, s.forwards, s.in_progress) == (3, 1, 1, 1, 0)
+
+
+def test_idle_heartbeat_is_a_ping_every_interval() -> None:
+    w = ready(n=2, now=0.0)
+    assert w.deadline() == 1.0
+    w.tick(0.99)
+    assert take(w) == []
+    w.tick(1.0)
+    assert take(w) == [Ping()]
+    assert w.deadline() == 2.0
+    # The broker answers: liveness refreshed, next beat one interval after the ping.
+    assert deliver(w, Pong(), 1.01) == []
+    w.tick(1.5)
+    assert take(w) == []
+    w.tick(2.0)
+    assert take(w) == [Ping()]
+
+
+def test_full_worker_heartbeats_with_pong() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, req(1), 0.0)
+    w.tick(1.0)
+    assert take(w) == [Pong()]
+    deliver(w, Pong(), 1.0)
+    w.tick(2.0)
+    assert take(w) == [Pong()]
+
+
+def test_stopping_worker_heartbeats_with_pong_and_drops_new_requests() -> None:
+    w = ready(n=2, now=0.0)
+    deliver(w, req(1), 0.0)
+    w.stop()
+    w.tick(1.0)
+    assert take(w) == [Pong()]
+    assert deliver(w, req(2), 1.1) == []
+    s = w.statistics()
+    assert (s.received, s.dropped, s.in_progress) == (2, 1, 1)
+    reply = result_message(req(1), b"ok")
+    w.finish(reply, 1.2)
+    assert take(w) == [reply]
+    w.leave()
+    assert take(w) == [Reconnect()]
+    assert state(w) is State.CLOSED
+    w.tick(100.0)
+    assert take(w) == []
+    w.receive(serialize(req(3)), 100.0)
+    assert take(w) == []
+
+
+def test_replies_alone_do_not_suppress_heartbeats() -> None:
+    # Replies are never answered; if the broker sent nothing for an interval, beat anyway.
+    w = ready(n=4, now=0.0)
+    for i in range(4):
+        deliver(w, req(i), 0.0)
+    # A reply went out at 0.9, but nothing came in since 0.0: beat at 1.0 all the same.
+    w.finish(result_message(req(0), b"r"), 0.9)
+    take(w)
+    # The reply already earned one request for the freed slot (Rule 2): a keep-alive, then.
+    w.tick(1.0)
+    assert take(w) == [Pong()]
+    # Only once per interval, even though the broker stays quiet.
+    w.finish(result_message(req(1), b"r"), 1.5)
+    take(w)
+    w.tick(1.9)
+    assert take(w) == []
+    w.tick(2.0)
+    assert take(w) == [Pong()]
+
+
+def test_heartbeat_not_sent_while_traffic_flows_both_ways() -> None:
+    w = ready(n=1, now=0.0)
+    t = 0.0
+    for i in range(10):
+        t += 0.5
+        assert deliver(w, req(i), t) == [Run(req(i))]
+        w.tick(t)
+        assert take(w) == []
+        w.finish(result_message(req(i), b"r"), t)
+        take(w)
+    # ... and a beat at most once per interval when the broker goes quiet.
+    w.tick(t + 0.99)
+    assert take(w) == []
+    w.tick(t + 1.0)
+    assert take(w) == [Ping()]
+    w.tick(t + 1.5)
+    assert take(w) == []
+
+
+def test_broker_silence_is_broker_lost_with_backoff() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, req(1), 0.0)
+    deliver(w, req(2), 0.0)  # backlog
+    w.tick(2.0)
+    assert take(w) == [Pong()]
+    assert w.deadline() == 3.0
+    w.tick(3.0)
+    assert take(w) == [BrokerLost(0.05 * 2)]  # reconnect_min (0.1) x (0.5 + 0/2)
+    assert state(w) is State.DISCONNECTED
+    assert w.deadline() == math.inf
+    s = w.statistics()
+    assert (s.backlog, s.dropped, s.in_progress) == (0, 1, 1)
+    # The running handler finishes while disconnected: its reply waits for the next socket.
+    reply = result_message(req(1), b"late")
+    w.finish(reply, 3.5)
+    assert take(w) == []
+    w.connect(4.0)
+    assert take(w) == [Register(SVC), reply]
+    assert w.statistics().reconnects == 1
+    # Waiting for the echo also times out; the delay doubles.
+    w.tick(7.0)
+    assert take(w) == [BrokerLost(0.1)]
+    w.connect(7.1)
+    assert take(w) == [Register(SVC)]
+    deliver(w, Register(SVC), 7.2)
+    w.tick(10.2)
+    assert take(w) == [BrokerLost(0.1)]  # reset by the echo
+
+
+def test_reconnect_from_broker_reregisters_at_once() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, req(1), 0.0)
+    deliver(w, req(2), 0.0)
+    assert deliver(w, Reconnect(), 0.5) == [Register(SVC)]
+    assert state(w) is State.REGISTERING
+    s = w.statistics()
+    assert (s.reregistrations, s.backlog, s.dropped, s.in_progress) == (1, 0, 1, 1)
+    # Results still go out while re-registering.
+    reply = result_message(req(1), b"r")
+    w.finish(reply, 0.6)
+    assert take(w) == [reply]
+    assert deliver(w, Register(SVC), 0.7) == [Pong()]
+    assert state(w) is State.READY
+
+
+def test_a_new_connection_registers_before_the_results_kept_meanwhile() -> None:
+    # Rule 12: the broker restarted under the same socket.
+    w = ready(n=2, now=0.0)
+    deliver(w, req(1), 0.0)
+    deliver(w, req(2), 0.0)
+    w.connection_lost(0.5)
+    assert state(w) is State.DISCONNECTED
+    assert w.deadline() == math.inf  # zmq reconnects; no liveness clock meanwhile
+    w.tick(100.0)
+    assert take(w) == []
+    first = result_message(req(1), b"r1")
+    w.finish(first, 0.6)
+    assert take(w) == []  # kept: the broker there now may not know us
+    w.reconnected(0.7)
+    assert take(w) == [Register(SVC), first]
+    assert state(w) is State.REGISTERING
+    second = result_message(req(2), b"r2")
+    w.finish(second, 0.8)  # on the new connection, after the REGISTER
+    assert take(w) == [second]
+    assert w.statistics().reconnects == 1
+    # A new connection without a reported loss: register again on it at once.
+    assert deliver(w, Register(SVC), 0.9) == [Pong()]
+    w.reconnected(1.0)
+    assert take(w) == [Register(SVC)]
+    assert w.statistics().reregistrations == 1
+    # Nothing to do once closed.
+    w.leave()
+    take(w)
+    w.connection_lost(1.1)
+    w.reconnected(1.2)
+    assert take(w) == []
+    assert state(w) is State.CLOSED
+
+
+def test_malformed_message_is_counted_and_proves_liveness() -> None:
+    w = ready(now=0.0)
+    with pytest.raises(RemoteProtocolError):
+        w.receive([b"", b"XXXX\x01", b"\x02"], 2.5)
+    assert w.statistics().malformed == 1
+    w.tick(3.0)
+    assert take(w) == [Ping()]  # not lost: the garbage arrived at 2.5
+
+
+def test_unexpected_reply_and_ping_are_ignored() -> None:
+    w = ready()
+    assert deliver(w, Reply(CLIENT, (), (b"x",)), 0.1) == []
+    assert deliver(w, Ping(), 0.1) == []
+    assert w.statistics().unexpected == 1
+
+
+def test_four_byte_type_width_is_answered_in_kind() -> None:
+    w = core(2)
+    w.connect(0.0)
+    w.receive(serialize(Register(SVC), width=4), 0.0)
+    assert w.width == 4
+
+
+def test_leave_before_registration_and_when_disconnected() -> None:
+    w = core()
+    w.leave()
+    assert take(w) == []
+    w2 = core()
+    w2.connect(0.0)
+    take(w2)
+    w2.leave()
+    assert take(w2) == [Reconnect()]
+
+
+def test_stop_drops_backlog() -> None:
+    w = ready(n=1)
+    deliver(w, req(1), 0.0)
+    deliver(w, req(2), 0.0)
+    w.stop()
+    assert w.statistics().backlog == 0
+    # The freed slot does not start anything any more.
+    w.finish(None, 0.1)
+    assert take(w) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"concurrency": 0},
+        {"heartbeat_interval": 0.0},
+        {"liveness": 0},
+        {"reconnect_min": 0.0},
+        {"reconnect_min": 2.0, "reconnect_max": 1.0},
+    ],
+)
+def test_bad_parameters(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        WorkerCore(SVC, **kwargs)  # type: ignore[arg-type]
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+def test_result_message_shapes() -> None:
+    r = req(1)
+    assert result_message(r, b"x") == Reply(CLIENT, r.metadata, (b"x",))
+    assert result_message(r, bytearray(b"y")) == Reply(CLIENT, r.metadata, (b"y",))
+    assert result_message(r, [b"a", b""]) == Reply(CLIENT, r.metadata, (b"a", b""))
+    assert result_message(r, ()) == Reply(CLIENT, r.metadata, ())
+    fwd = result_message(r, Forward("next", b"p", b"q"))
+    assert fwd == Request(b"next", CLIENT, r.metadata, (b"p", b"q"))
+    bare = result_message(r, Forward(b"next"))
+    assert bare == Request(b"next", CLIENT, r.metadata, ())
+
+
+@pytest.mark.parametrize("bad", [None, "text", 3, [b"ok", "no"], {b"a": 1}])
+def test_result_message_rejects_other_types(bad: object) -> None:
+    with pytest.raises(TypeError):
+        result_message(req(1), bad)
+
+
+def test_forward_validation() -> None:
+    with pytest.raises(TypeError):
+        Forward("s", "text")  # type: ignore[arg-type]
+    f = Forward("s", b"a")
+    assert (f.service, f.data) == (b"s", (b"a",))
+
+
+def test_error_reply_keeps_client_and_metadata() -> None:
+    r = req(1)
+    e = error_reply(r, "handler_error", "ValueError: é")
+    assert (e.client, e.metadata, e.data[0]) == (CLIENT, r.metadata, ERROR_MARKER)
+    assert parse_error_reply(e.data) == ("handler_error", "ValueError: é")
+
+
+def test_backoff_delay() -> None:
+    assert backoff_delay(0, 0.1, 5.0, 0.0) == 0.1
+    assert backoff_delay(0, 0.1, 5.0, 0.999) == pytest.approx(0.1, rel=1e-3)
+    assert backoff_delay(3, 0.1, 5.0, 0.0) == pytest.approx(0.4)
+    assert backoff_delay(3, 0.1, 5.0, 0.999) == pytest.approx(0.8, rel=1e-3)
+    assert backoff_delay(10, 0.1, 5.0, 0.5) == pytest.approx(3.75)
+    assert backoff_delay(10_000, 0.1, 5.0, 0.999) <= 5.0
+    rng = random.Random(1)
+    for failures in range(20):
+        d = backoff_delay(failures, 0.1, 5.0, rng.random())
+        assert 0.1 <= d <= 5.0
+
+
+# -- the worker core against the real broker core, in memory ----------------------------
+
+
+class Wired:
+    """A WorkerCore and a BrokerCore connected in memory, with one client."""
+
+    def __init__(self, n: int) -> None:
+        self.now = 0.0
+        self.broker = BrokerCore(heartbeat_interval=1.0, liveness=3)
+        self.worker = WorkerCore(SVC, concurrency=n)
+        self.running: list[Request] = []
+        self.max_running = 0
+        self.replies: list[Reply] = []
+        self.worker.connect(self.now)
+        self.outs(take(self.worker))
+        self.pump()
+
+    def outs(self, outs: list[Output]) -> None:
+        for out in outs:
+            if isinstance(out, Run):
+                self.running.append(out.request)
+                self.max_running = max(self.max_running, len(self.running))
+                assert len(self.running) == self.worker.in_progress
+            elif isinstance(out, (BrokerLost, Refused)):  # pragma: no cover - never here
+                raise AssertionError(out)
+            else:
+                self.broker.receive([b"W", *serialize(out)], self.now)
+
+    def pump(self) -> None:
+        for _ in range(10_000):
+            if not self.broker.outbox:
+                return
+            batch, self.broker.outbox = self.broker.outbox, []
+            for frames in batch:
+                if frames[0] == b"W":
+                    self.worker.receive(frames[1:], self.now)
+                    self.outs(take(self.worker))
+                else:
+                    assert frames[0] == b"C"
+                    msg, _ = parse(frames[1:])
+                    assert isinstance(msg, Reply)
+                    self.replies.append(msg)
+        raise AssertionError("broker and worker did not settle")  # pragma: no cover
+
+    def client_request(self, i: int) -> None:
+        msg = Request(SVC, None, (b"id-%d" % i,), (b"%d" % i,))
+        self.broker.receive([b"C", *serialize(msg)], self.now)
+        self.pump()
+
+    def finish(self, index: int) -> None:
+        request = self.running.pop(index)
+        self.worker.finish(result_message(request, request.data[0]), self.now)
+        self.outs(take(self.worker))
+        self.pump()
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        self.worker.tick(self.now)
+        self.outs(take(self.worker))
+        self.broker.expire(self.now)
+        self.pump()
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_wired_fills_exactly_n_slots_without_backlog(n: int) -> None:
+    w = Wired(n)
+    for i in range(3 * n):
+        w.client_request(i)
+    assert w.max_running == n
+    assert len(w.running) == n
+    for _ in range(3 * n):
+        w.finish(0)
+    assert sorted(int(r.data[0]) for r in w.replies) == list(range(3 * n))
+    s = w.worker.statistics()
+    assert (s.received, s.replies, s.backlogged) == (3 * n, 3 * n, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    steps=st.lists(st.tuples(st.sampled_from(["req", "fin", "tick"]), st.integers(0, 7))),
+)
+def test_wired_never_exceeds_n_and_answers_everything(
+    n: int, steps: list[tuple[str, int]]
+) -> None:
+    w = Wired(n)
+    sent = 0
+    for kind, k in steps:
+        if kind == "req":
+            w.client_request(sent)
+            sent += 1
+        elif kind == "fin" and w.running:
+            w.finish(k % len(w.running))
+        else:
+            w.advance(0.3 + k / 10)
+        assert len(w.running) <= n
+    for _ in range(sent + 1):  # drain
+        if not w.running:
+            break
+        w.finish(0)
+    assert sorted(int(r.data[0]) for r in w.replies) == list(range(sent))
+    s = w.worker.statistics()
+    assert s.received == s.replies + s.in_progress + s.backlog + s.dropped
+
+
+def test_nothing_is_sent_or_kept_after_leave() -> None:
+    w = ready(n=1)
+    deliver(w, req(1), 0.0)
+    w.leave()
+    assert take(w) == [Reconnect()]
+    w.finish(result_message(req(1), b"late"), 0.1)
+    assert take(w) == []
+    assert w.deadline() == math.inf
+    assert w.statistics().replies == 1
+
+
+def test_heartbeats_are_not_kept_while_disconnected() -> None:
+    w = ready(n=1, now=0.0)
+    w.tick(3.0)
+    assert take(w) == [BrokerLost(0.1)]
+    w.receive(serialize(Pong()), 3.1)
+    assert take(w) == []  # a stale socket's message
+    w.connect(3.2)
+    assert take(w) == [Register(SVC)]
+
+
+class Crossed:
+    """A WorkerCore and a BrokerCore whose messages travel through two FIFO pipes, delivered
+    in an order the test chooses: requests and replies cross each other in flight."""
+
+    def __init__(self, n: int) -> None:
+        self.broker = BrokerCore(heartbeat_interval=1.0, liveness=3)
+        self.worker = WorkerCore(SVC, concurrency=n)
+        self.to_broker: deque[list[bytes]] = deque()
+        self.to_worker: deque[list[bytes]] = deque()
+        self.running: list[Request] = []
+        self.replies: list[Reply] = []
+        self.worker.connect(0.0)
+        self.do(take(self.worker))
+
+    def do(self, outs: Sequence[Output]) -> None:
+        for out in outs:
+            if isinstance(out, Run):
+                self.running.append(out.request)
+            else:
+                assert isinstance(out, Message)
+                self.to_broker.append([b"W", *serialize(out)])
+
+    def collect(self) -> None:
+        batch, self.broker.outbox = self.broker.outbox, []
+        for frames in batch:
+            if frames[0] == b"W":
+                self.to_worker.append(frames[1:])
+            else:
+                msg, _ = parse(frames[1:])
+                assert isinstance(msg, Reply)
+                self.replies.append(msg)
+
+    def step(self, kind: str, k: int) -> None:
+        if kind == "up" and self.to_broker:
+            self.broker.receive(self.to_broker.popleft(), 0.0)
+            self.collect()
+        elif kind == "down" and self.to_worker:
+            self.worker.receive(self.to_worker.popleft(), 0.0)
+            self.do(take(self.worker))
+        elif kind == "fin" and self.running:
+            request = self.running.pop(k % len(self.running))
+            self.worker.finish(result_message(request, request.data[0]), 0.0)
+            self.do(take(self.worker))
+
+    def settle(self) -> None:
+        while self.to_broker or self.to_worker:
+            self.step("up", 0)
+            self.step("down", 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    requests=st.integers(0, 20),
+    steps=st.lists(st.tuples(st.sampled_from(["up", "down", "fin"]), st.integers(0, 7))),
+)
+def test_credit_keeps_exactly_n_busy_when_messages_cross(
+    n: int, requests: int, steps: list[tuple[str, int]]
+) -> None:
+    """Whatever order the pipes deliver in: never more than N handlers and never the
+    backlog (Rule 2's invariant), and whenever all is delivered, N run if work is queued."""
+    w = Crossed(n)
+    for i in range(requests):
+        msg = Request(SVC, None, (b"id-%d" % i,), (b"%d" % i,))
+        w.broker.receive([b"C", *serialize(msg)], 0.0)
+        w.collect()
+    for kind, k in steps:
+        w.step(kind, k)
+        assert len(w.running) <= n
+        if not (w.to_broker or w.to_worker):
+            queued = w.broker.statistics().services[SVC].queued
+            assert len(w.running) == n or queued == 0
+    for _ in range(requests + 1):
+        w.settle()
+        if not w.running:
+            break
+        w.step("fin", 0)
+    w.settle()
+    assert sorted(int(r.data[0]) for r in w.replies) == list(range(requests))
+    assert w.worker.statistics().backlogged == 0
+
+
+def test_answers_from_before_a_re_registration_earn_no_credit() -> None:
+    """The broker forgets a busy worker, which registers again: the answers of the handlers
+    it was running match nothing at the broker, so they must not count as credit either,
+    or the worker under-asks for good (only one of its N slots busy)."""
+    broker = BrokerCore(max_redeliveries=0)
+    worker = WorkerCore(SVC, concurrency=2)
+    running: list[Run] = []
+
+    def to_broker(outs: Sequence[Output]) -> None:
+        for out in outs:
+            if isinstance(out, Run):
+                running.append(out)
+            else:
+                assert isinstance(out, Message)
+                broker.receive([b"W", *serialize(out)], 0.0)
+        while broker.outbox:
+            batch, broker.outbox = broker.outbox, []
+            for frames in batch:
+                if frames[0] == b"W":
+                    worker.receive(frames[1:], 0.0)
+                    to_broker(take(worker))
+
+    def finish(run: Run) -> None:
+        reply = result_message(run.request, b"ok")
+        worker.finish(reply, 0.0, generation=run.generation)
+        to_broker(take(worker))
+
+    def request(i: int) -> None:
+        msg = Request(SVC, None, (b"id-%d" % i,), (b"x",))
+        broker.receive([b"C", *serialize(msg)], 0.0)
+        to_broker([])
+
+    worker.connect(0.0)
+    to_broker(take(worker))
+    request(0)
+    request(1)
+    assert len(running) == 2
+    broker.expire(1e9)  # the broker forgets the busy worker...
+    broker.outbox.clear()
+    to_broker([Ping()])  # ...which hears reconnect on its next heartbeat and registers again
+    assert worker.statistics().reregistrations == 1
+    for run in running[:]:
+        running.remove(run)
+        finish(run)  # late answers: routed by the broker, matched to nothing
+    assert broker.statistics().unmatched == 2
+    for i in range(10, 16):
+        request(i)
+    assert len(running) == 2  # both slots busy again
+    while running:
+        finish(running.pop(0))
+        assert len(running) == 2 or broker.statistics().services[SVC].queued == 0
+    assert worker.statistics().backlogged == 0
+
+
+def test_a_backlogged_request_past_its_callers_deadline_is_answered_not_run() -> None:
+    """Rule 4: the caller gave up while the request waited for a slot; the ``expired`` error
+    reply frees its slot at the broker (and earns credit, Rule 3) and nobody runs it."""
+    w = ready(1)
+    first = req(1)
+    doomed = Request(SVC, CLIENT, (b"id-2", expires_in_option(1.0)), (b"d2",))
+    later = Request(SVC, CLIENT, (b"id-3", expires_in_option(1.0)), (b"d3",))
+    assert deliver(w, first, 0.0) == [Run(first)]
+    assert deliver(w, doomed, 0.0) == []
+    assert deliver(w, later, 0.5) == []
+    w.finish(result_message(first, b"r1"), 1.0)
+    out = take(w)
+    assert out[0] == Reply(CLIENT, first.metadata, (b"r1",))
+    expired = out[1]
+    assert isinstance(expired, Reply)
+    assert (expired.client, expired.metadata) == (CLIENT, doomed.metadata)
+    assert parse_error_reply(expired.data) == (
+        "expired",
+        "the caller's deadline passed while the request waited for a slot",
+    )
+    assert out[2:] == [Run(later)]  # its deadline, 1.5, has not come
+    s = w.statistics()
+    assert (s.received, s.replies, s.expired, s.errors, s.in_progress, s.backlog) == (
+        3,
+        1,
+        1,
+        0,
+        1,
+        0,
+    )
+    # Credit: two answers, two slots freed at the broker; the worker asks for no more.
+    w.finish(result_message(later, b"r3"), 2.0)
+    assert take(w) == [Reply(CLIENT, later.metadata, (b"r3",))]
+
+
+# -- Rule 13: answers the broker may have lost ---------------------------------------------
+
+DCP_ID = b"\xffDCP:id=" + bytes(16)
+
+
+def dcp_req(i: int, *options: bytes) -> Request:
+    """A request as a dcp client sends it: its id first, then options."""
+    return Request(SVC, CLIENT, (DCP_ID + b"%08d" % i, *options), (b"data-%d" % i,))
+
+
+def test_replies_sent_before_a_lost_connection_are_sent_again_after_register() -> None:
+    w = ready(n=4, now=0.0)
+    for i in range(4):
+        deliver(w, dcp_req(i), 0.0)
+    replies = [result_message(dcp_req(i), b"r%d" % i) for i in range(4)]
+    old = replies[0]
+    w.finish(old, 0.1)  # older than L * I (3 s) when the loss is noticed: not kept
+    w.finish(replies[1], 3.0)
+    w.finish(replies[2], 3.2)
+    take(w)
+    w.connection_lost(3.5)
+    w.finish(replies[3], 3.6)  # while disconnected: kept as before (Rule 7)
+    assert take(w) == []
+    w.reconnected(3.7)
+    assert take(w) == [Register(SVC), replies[1], replies[2], replies[3]]
+    assert w.statistics().replayed == 2
+    # Once sent again they are remembered again: a second restart replays them too.
+    assert deliver(w, Register(SVC), 3.8) == [Pong()]
+    assert deliver(w, Reconnect(), 3.9) == [Register(SVC), replies[1], replies[2], replies[3]]
+    assert w.statistics().replayed == 5
+
+
+def test_a_silent_broker_replays_after_the_new_connection() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, dcp_req(1), 0.0)
+    reply = result_message(dcp_req(1), b"r")
+    w.finish(reply, 0.5)
+    take(w)
+    w.tick(3.0)  # Rule 6: silent for L * I
+    assert take(w) == [BrokerLost(0.1)]
+    w.connect(3.2)
+    assert take(w) == [Register(SVC), reply]
+
+
+def test_only_replies_a_client_can_tell_apart_are_replayed() -> None:
+    w = ready(n=4, now=0.0)
+    plain = req(1)  # metadata of its own (an MDP or DagBox client): matched by order
+    stream = dcp_req(2, b"\xffDCP:stream=8")
+    forward_of = dcp_req(3)
+    errored = dcp_req(4)
+    for r in (plain, stream, forward_of, errored):
+        deliver(w, r, 0.0)
+    w.finish(result_message(plain, b"r"), 0.1)
+    w.finish(result_message(stream, b""), 0.1)
+    w.finish(Request(b"next", CLIENT, forward_of.metadata, (b"x",)), 0.1)
+    failed = error_reply(errored, "handler_error", "boom")
+    w.finish(failed, 0.1)
+    take(w)
+    w.connection_lost(0.2)
+    w.reconnected(0.3)
+    assert take(w) == [Register(SVC), failed]
+
+
+def test_replay_is_bounded_by_count_and_bytes() -> None:
+    w = WorkerCore(SVC, concurrency=8, replay_limit=3, replay_bytes=10)
+    w.connect(0.0)
+    w.receive(serialize(Register(SVC)), 0.0)
+    for i in range(8):
+        w.receive(serialize(dcp_req(i)), 0.0)
+    replies = [result_message(dcp_req(i), b"abcd") for i in range(8)]
+    for r in replies[:5]:
+        w.finish(r, 0.1)
+    take(w)
+    w.connection_lost(0.2)
+    w.reconnected(0.3)
+    # The newest 3, then only 2 fit in 10 bytes.
+    assert take(w)[1:] == replies[3:5]
+    off = WorkerCore(SVC, replay_limit=0)
+    off.connect(0.0)
+    off.receive(serialize(Register(SVC)), 0.0)
+    off.receive(serialize(dcp_req(1)), 0.0)
+    off.finish(result_message(dcp_req(1), b"r"), 0.1)
+    off.connection_lost(0.2)
+    off.reconnected(0.3)
+    assert [m for m in off.outbox if isinstance(m, Reply)] == [result_message(dcp_req(1), b"r")]
