@@ -24,7 +24,7 @@ from typing import Any
 
 import zmq
 
-from dcp import Message, Ping, Reconnect, Register, Reply, Request, parse, serialize
+from dcp.wire import Message, Ping, Reconnect, Register, Reply, Request, parse, serialize
 
 __all__ = ["serve_dagbox", "serve_majortomo"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from dcp import Register, Reply, Request, serialize
 from dcp._core.broker.core import BrokerCore
+from dcp.wire import Register, Reply, Request, serialize
 
 
 def cycle_us(count: int) -> float:

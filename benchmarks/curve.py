@@ -27,10 +27,10 @@ from typing import Any
 
 import zmq
 
-from dcp import Register, Request, serialize
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
 from dcp._io.security import write_key_pair
+from dcp.wire import Register, Request, serialize
 
 from .common import pid_list
 from .procs import Procs

@@ -5,17 +5,29 @@ answer that passes the request on (:class:`Forward`)."""
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, ClassVar, TypeAlias
 
 import attrs
 
 from dcp._errors import RemoteError, RequestTimeout
 from dcp._json import decode_json
 from dcp._util import to_bytes
-from dcp.wire.messages import OPTION_PREFIX, Request
+from dcp.wire.messages import Request
+from dcp.wire.options import OPTION_PREFIX
 
-__all__ = ["Forward", "HandlerRequest", "OnePart", "Outcome", "Response", "handler_view"]
+__all__ = [
+    "AsyncHandler",
+    "Forward",
+    "Handler",
+    "HandlerRequest",
+    "HandlerResult",
+    "OnePart",
+    "Outcome",
+    "Response",
+    "StreamHandler",
+    "handler_view",
+]
 
 
 class OnePart:
@@ -139,3 +151,13 @@ def handler_view(request: Request) -> HandlerRequest:
     for part in request.metadata:
         (dcp if part[:1] == b"\xff" and part.startswith(OPTION_PREFIX) else own).append(part)
     return HandlerRequest(request.service, request.client, own, request.data, dcp)
+
+
+#: What a handler may return.
+HandlerResult: TypeAlias = bytes | Sequence[bytes] | Forward
+AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
+#: ``async def handler(request: dcp.HandlerRequest) -> bytes | Sequence[bytes] | dcp.Forward``, or
+#: the same as a plain ``def`` (run in a worker thread).
+#: ``async def handler(request)`` with ``yield``: a stream handler (docs/streams.md).
+StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncIterator[Any]]
+Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult] | StreamHandler

@@ -19,7 +19,7 @@ __all__ = [
     "ClientFigures",
     "ClientStatistics",
     "ServiceFigures",
-    "ServiceStatistics",
+    "QueueStatistics",
     "WorkerFigures",
     "WorkerStatistics",
     "snapshot",
@@ -115,8 +115,9 @@ class StreamStatistics:
 
 
 @attrs.frozen
-class ServiceStatistics:
-    """Per-service figures from :meth:`~dcp._core.broker.core.BrokerCore.statistics`."""
+class QueueStatistics:
+    """A service's queue and workers as the broker sees them
+    (:attr:`BrokerStatistics.services`)."""
 
     #: Registered workers providing the service.
     workers: int
@@ -159,7 +160,7 @@ class BrokerStatistics:
     #: Clients with requests accepted and not yet answered (queued or held).
     clients: int
     #: Per-service workers, idle workers and queue depth.
-    services: dict[bytes, ServiceStatistics]
+    services: dict[bytes, QueueStatistics]
     #: Partial replies (MDP/0.2 PARTIAL) routed to a client.
     partials: int = 0
     #: Queued requests dropped unanswered because their caller's deadline (the expires-in

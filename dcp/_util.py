@@ -8,7 +8,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["BYTES_LIKE", "DeadlineHeap", "Joined", "LogEvery", "LogOnce", "PeerId", "to_bytes"]
+__all__ = [
+    "BYTES_LIKE",
+    "DeadlineHeap",
+    "Joined",
+    "LogEvery",
+    "LogOnce",
+    "PeerId",
+    "fixup_module_metadata",
+    "to_bytes",
+]
 
 T = TypeVar("T")
 
@@ -171,3 +180,23 @@ class Joined:
 
     def __str__(self) -> str:
         return ", ".join(str(x) for x in self.items) or self.empty
+
+
+def fixup_module_metadata(module_name: str, namespace: dict[str, object]) -> None:
+    """Show the classes and functions a public module re-exports as its own: ``dcp.Client``,
+    not ``dcp._client.client.Client``, in reprs, tracebacks and pickles (trio's
+    ``fixup_module_metadata``). Only the re-exported objects change, not their methods.
+
+    :param module_name: the public module (``"dcp"``, ``"dcp.wire"``)
+    :param namespace: its globals; the names in its ``__all__`` are fixed up
+    """
+    for name in namespace.get("__all__", ()):  # type: ignore[attr-defined]
+        obj = namespace[name]
+        module = getattr(obj, "__module__", None)
+        if (
+            isinstance(module, str)
+            and module.startswith("dcp.")
+            and module != module_name
+            and (isinstance(obj, type) or callable(obj))
+        ):
+            obj.__module__ = module_name

@@ -14,9 +14,9 @@ from typing import TypeVar
 import anyio
 import zmq
 
-from dcp import Message, parse, serialize
 from dcp._io.context import get_context
 from dcp._io.security import CurveClient, configure_client_socket
+from dcp.wire import Message, parse, serialize
 
 __all__ = ["POLL", "Peers", "RawPeer", "wait_for"]
 

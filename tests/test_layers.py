@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dcp"
 #: Each layer and what it holds, lowest first; a module may import its own layer and those
 #: below it. A module not named here belongs to its nearest named parent.
 LAYERS: list[tuple[str, ...]] = [
-    ("dcp._errors", "dcp._json", "dcp._util"),
+    ("dcp._errors", "dcp._json", "dcp._util", "dcp._version"),
     ("dcp.wire",),
     ("dcp._models", "dcp._stats"),
     ("dcp._core",),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -82,11 +83,11 @@ def test_response_text_and_json_errors() -> None:
 @pytest.mark.anyio
 async def test_json_from_call_to_handler_and_back() -> None:
     """``request_json`` sends one JSON part; the handler reads it with ``request.json()`` and
-    answers with ``dcp.to_json(...)``; the caller gets the object back."""
+    answers with ``json.dumps(...)``; the caller gets the object back."""
 
     async def add(request: dcp.HandlerRequest) -> bytes:
         numbers = request.json()
-        return dcp.to_json({"sum": sum(numbers), "text": request.text})
+        return json.dumps({"sum": sum(numbers), "text": request.text}).encode()
 
     async with (
         dcp.Broker("tcp://127.0.0.1:0") as broker,

@@ -23,7 +23,7 @@ from dcp._broker.reload import reload_broker_security
 from dcp._broker.stats import serve_http, with_zap
 from dcp._broker.thread import Call, thread_loop
 from dcp._broker.zap import ZapHandler
-from dcp._core.broker.core import BrokerCore, BrokerStatistics
+from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
 from dcp._core.broker.pubsub import PubSubStatistics
 from dcp._http import http_options
@@ -33,6 +33,7 @@ from dcp._io.context import get_context
 from dcp._io.lifecycle import BaseExceptionGroup, single_error
 from dcp._io.security import CurveServer, configure_server_socket
 from dcp._io.sockets import AsyncSocket, Received
+from dcp._stats import BrokerStatistics
 from dcp._util import PeerId
 
 __all__ = ["Broker"]

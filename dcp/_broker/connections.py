@@ -1,18 +1,17 @@
 """Dropping the connections a broker accepted, so that every peer handshakes again.
 
-zmq has no call that closes one connection of a ROUTER socket, and no way to learn which
-connection a CURVE key came in on. When a security reload revokes a key (Rule S5 in
+zmq has no call that closes one connection of a ROUTER socket, and no way to learn which connection
+a CURVE key came in on. When a security reload revokes a key (Rule S5 in
 :mod:`dcp._core.broker.guard`), the broker therefore drops every connection it accepted on its tcp
-and
-ipc endpoints *from the addresses that key connected from* (the ZAP handler remembers them:
-the peer's IP for tcp; ipc has none, so every ipc connection goes): zmq sees each one end,
-its peer reconnects (zmq's own reconnect, 0.1 s by default) and handshakes again, and the
-ZAP handler, which already has the new lists, refuses the revoked keys. A dcp client or
-worker whose key was revoked learns it from its handshake (:exc:`dcp.AuthenticationFailed`);
-every other peer carries on (a worker registers again on its new connection; a client
-resends what an attempt lost). The cost falls on the peers that share an address with a
-revoked key (on one host, all of them): their connections drop too, and a request a worker
-of theirs held is given again (it may run twice, as after any lost connection).
+and ipc endpoints *from the addresses that key connected from* (the ZAP handler remembers them: the
+peer's IP for tcp; ipc has none, so every ipc connection goes): zmq sees each one end, its peer
+reconnects (zmq's own reconnect, 0.1 s by default) and handshakes again, and the ZAP handler, which
+already has the new lists, refuses the revoked keys. A dcp client or worker whose key was revoked
+learns it from its handshake (:exc:`dcp.AuthenticationFailed`); every other peer carries on (a
+worker registers again on its new connection; a client resends what an attempt lost). The cost
+falls on the peers that share an address with a revoked key (on one host, all of them): their
+connections drop too, and a request a worker of theirs held is given again (it may run twice, as
+after any lost connection).
 
 The connections are found the way ``ss`` finds them: the process's open descriptors
 (``/proc/self/fd``, or ``/dev/fd``) that are connected stream sockets whose *local*

@@ -19,8 +19,7 @@ import attrs
 
 from dcp._broker.thread import in_core
 from dcp._broker.zap import ZapHandler
-from dcp._core.broker.core import BrokerStatistics
-from dcp._stats import BrokerSnapshot, snapshot
+from dcp._stats import BrokerSnapshot, BrokerStatistics, snapshot
 
 if TYPE_CHECKING:
     from dcp._broker.broker import Broker

@@ -8,12 +8,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from dcp import __version__
 from dcp._cli._http import add_broker_http
 from dcp._cli._run import USAGE
 from dcp._cli._services import add_broker_beacon, add_commands
 from dcp._io.beacon import BEACON_SCHEME, beacon_port
 from dcp._io.endpoints import check_endpoint
+from dcp._version import __version__
 
 __all__ = ["DISTRIBUTION", "build_parser"]
 

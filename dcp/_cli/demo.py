@@ -26,8 +26,8 @@ import attrs
 from dcp._broker.broker import Broker
 from dcp._client.client import Client
 from dcp._errors import DCPError
-from dcp._models import HandlerRequest
-from dcp._worker.worker import Forward, Worker
+from dcp._models import Forward, HandlerRequest
+from dcp._worker.worker import Worker
 
 __all__ = ["DemoSummary", "run_demo"]
 

@@ -60,9 +60,8 @@ class Client(ClientOptions):
     Requests are matched to replies by an id dcp puts first in the metadata. ``timeout``
     bounds each whole call; within it, an attempt left unanswered for ``attempt_timeout`` is
     resent with the same id, at most ``retries`` times (see
-    :class:`~dcp._core.client.tracker.RequestTracker` for the exact rule). Each attempt tells the
-    broker
-    and the worker how long the caller still waits (they drop it after that). Shortly
+    :class:`~dcp._core.client.tracker.RequestTracker` for the exact rule). Each attempt tells
+    the broker and the worker how long the caller still waits (they drop it after that). Shortly
     before a call would time out, the client asks the broker (``mmi.service``) whether any
     worker serves the service; if none does, the call raises :exc:`~dcp.NoWorkers` (a
     :exc:`~dcp.RequestTimeout`) instead of a plain :exc:`~dcp.RequestTimeout`. Many tasks

@@ -37,7 +37,7 @@ from dcp._core.client.calls import (
 from dcp._core.client.tracker import RequestTracker
 from dcp._io.security import CurveClient
 from dcp._stats import ClientStatistics
-from dcp.wire.messages import work_timeout_option
+from dcp.wire.options import work_timeout_option
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider

@@ -1,6 +1,5 @@
-"""The blocking client: plain pyzmq around :class:`~dcp._core.client.tracker.RequestTracker`, no
-event
-loop. Meant for threads and processes that are not async (e.g. Spark executors), so the
+"""The blocking client: plain pyzmq around :class:`~dcp._core.client.tracker.RequestTracker`,
+no event loop. Meant for threads and processes that are not async (e.g. Spark executors), so the
 per-request path is kept short: one tracker entry, one frames list, one result slot.
 """
 

@@ -31,9 +31,9 @@ async def run_http(
     :param endpoints: the broker's bound zmq endpoints (shown by ``/status``)
     :raises OSError: the address could not be bound
     """
-    from dcp import __version__
     from dcp._http.app import StatusApp
     from dcp._http.server import bind, serve_http
+    from dcp._version import __version__
 
     sock, address = bind(options)
     app = StatusApp(take, token=options.token, version=__version__, endpoints=endpoints)

@@ -60,7 +60,7 @@ except ImportError as _exc:  # pragma: no cover - the dev extra installs it
         "pip install 'dagbox-dcp[otel]'"
     ) from _exc
 
-from dcp.wire.messages import OPTION_PREFIX
+from dcp.wire.options import OPTION_PREFIX
 
 __all__ = [
     "GETTER",
@@ -124,7 +124,7 @@ GETTER: Final = _OptionGetter()
 def tracer(tracing: object) -> trace.Tracer:
     """The tracer for ``tracing=``: ``True`` is the global provider's (looked up on each
     span, so a provider set later is used), a :class:`TracerProvider` is used as given."""
-    from dcp import __version__
+    from dcp._version import __version__
 
     if tracing is True:
         return trace.get_tracer(_SCOPE, __version__)

@@ -32,10 +32,12 @@ from dcp._core.worker.core import Run
 from dcp._models import handler_view
 from dcp._worker.results import blocked_loop_hint, error_reply, result_message, wait_blocked
 from dcp._worker.slots import HandlerSlots
-from dcp.wire.messages import Reply, Request, request_work_timeout
+from dcp.wire.messages import Reply, Request
+from dcp.wire.options import request_work_timeout
 
 if TYPE_CHECKING:
-    from dcp._worker.worker import AsyncHandler, StreamHandler, Worker
+    from dcp._models import AsyncHandler, StreamHandler
+    from dcp._worker.worker import Worker
 
 __all__ = ["call_handler", "drop", "finish", "handle", "host_handlers", "watch_loop"]
 

@@ -5,26 +5,17 @@ info it registers with), and how a worker given several is set up (``docs/servic
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
 import anyio
 import attrs
 
 from dcp._core.broker.directory import parse_info
 from dcp._json import encode_json
-from dcp._models import HandlerRequest
+from dcp._models import Handler, HandlerRequest, HandlerResult
 from dcp._worker.results import is_async_handler
 
-if TYPE_CHECKING:
-    from typing import TypeAlias
-
-    from dcp._worker.worker import Handler, HandlerResult
-
-    #: ``Worker(services=...)``: service names (``str`` or ``bytes``) to handlers or
-    #: :class:`Service` objects.
-    ServiceTable: TypeAlias = Mapping[Any, "Service | Handler"]
-
-__all__ = ["Service", "as_service", "dispatcher", "several_services"]
+__all__ = ["Service", "ServiceTable", "as_service", "dispatcher", "several_services"]
 
 
 @attrs.frozen
@@ -71,6 +62,11 @@ class Service:
         if self.metadata is not None:
             doc["metadata"] = dict(self.metadata)
         return encode_json(doc, name="service info") if doc else None
+
+
+#: ``Worker(services=...)``: service names (``str`` or ``bytes``) to handlers or
+#: :class:`Service` objects.
+ServiceTable: TypeAlias = Mapping[Any, "Service | Handler"]
 
 
 def as_service(value: Service | Handler) -> Service:

@@ -21,7 +21,8 @@ from dcp._io.tracing import (
     trace_options,
     tracer,
 )
-from dcp.wire.messages import REQUEST_ID_PREFIX, Reply, Request, parse_error_reply
+from dcp.wire.messages import Reply, Request, parse_error_reply
+from dcp.wire.options import REQUEST_ID_PREFIX
 
 __all__ = ["WorkerTracing"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -21,7 +21,7 @@ from dcp._io.handshake import HandshakeWatch
 from dcp._io.lifecycle import BaseExceptionGroup, single_error
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
-from dcp._models import Forward, HandlerRequest
+from dcp._models import Handler
 from dcp._stats import WorkerStatistics
 from dcp._worker.connection import (
     close_connection,
@@ -42,18 +42,9 @@ if TYPE_CHECKING:
     from dcp._worker.services import ServiceTable
     from dcp._worker.tracing import WorkerTracing
 
-__all__ = ["Forward", "Handler", "HandlerRequest", "Worker", "WorkerStatistics"]
+__all__ = ["Worker"]
 
 logger = logging.getLogger("dcp.worker")
-
-#: What a handler may return.
-HandlerResult: TypeAlias = bytes | Sequence[bytes] | Forward
-AsyncHandler: TypeAlias = Callable[[HandlerRequest], Awaitable[HandlerResult]]
-#: ``async def handler(request: dcp.HandlerRequest) -> bytes | Sequence[bytes] | dcp.Forward``, or
-#: the same as a plain ``def`` (run in a worker thread).
-#: ``async def handler(request)`` with ``yield``: a stream handler (docs/streams.md).
-StreamHandler: TypeAlias = Callable[[HandlerRequest], AsyncIterator[Any]]
-Handler: TypeAlias = AsyncHandler | Callable[[HandlerRequest], HandlerResult] | StreamHandler
 
 _POLLIN = int(zmq.POLLIN)
 #: Messages read per wake-up before other tasks get a turn.
@@ -89,7 +80,7 @@ class Worker:
 
     It receives a :class:`~dcp.HandlerRequest`: ``request.metadata`` is the caller's own
     metadata; dcp's request id and options are in ``request.dcp_metadata``. It returns
-    ``bytes`` (one data part), a sequence of ``bytes``, or a :class:`Forward` to pass the
+    ``bytes`` (one data part), a sequence of ``bytes``, or a :class:`~dcp.Forward` to pass the
     request on to another service with the original client address and metadata (the
     reply, too, carries the metadata exactly as it came). A handler that raises is answered
     with a dcp error reply (code ``handler_error``, message ``"ExcType: text"``); one that

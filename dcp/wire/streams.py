@@ -25,7 +25,7 @@ import attrs
 
 import dcp.wire.dcp1 as _dcp1
 from dcp import _errors
-from dcp.wire.messages import OPTION_PREFIX as _OPTION_PREFIX
+from dcp.wire.options import OPTION_PREFIX as _OPTION_PREFIX
 
 if typing.TYPE_CHECKING:
     from collections.abc import Sequence

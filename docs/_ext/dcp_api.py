@@ -23,7 +23,7 @@ Blocks expanded before MyST parses a page (Sphinx's ``source-read`` event):
 
   A name keeps the namespace's name (``dcp.Broker``); autodoc records the real location as
   ``:canonical:`` (``dcp._broker.broker.Broker``), so references to either resolve. A name that the
-  top-level package exports too (``dcp.wire.dcp1.Request`` is ``dcp.Request``) is documented
+  top-level package exports too (``dcp.wire.dcp1.Request`` is ``dcp.wire.Request``) is documented
   there only; here it gets a link target that points to it.
 
 ``dcp-modules``: every private module of a package (found by its files), each a ``py:module``
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -70,25 +71,71 @@ def _first_sentence(module: ModuleType) -> str:
 
 
 def _import_sources(module: ModuleType) -> dict[str, str]:
-    """Where each name of a package's ``__init__`` is imported from (``from .x import y``)."""
+    """Where each name of a package's ``__init__`` is imported from (``from dcp._x import y``
+    or ``from ._x import y``)."""
     path = getattr(module, "__file__", None)
     if path is None or Path(path).name != "__init__.py":
         return {}
     sources: dict[str, str] = {}
     for node in ast.walk(ast.parse(Path(path).read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level > 0:
-            base = module.__name__.rsplit(".", node.level - 1)[0] if node.level > 1 else ""
-            base = base or module.__name__
-            source = f"{base}.{node.module}" if node.module else base
+        if isinstance(node, ast.ImportFrom):
+            if node.level > 0:
+                base = module.__name__.rsplit(".", node.level - 1)[0] if node.level > 1 else ""
+                base = base or module.__name__
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
             for alias in node.names:
                 sources[alias.asname or alias.name] = source
     return sources
 
 
+@functools.cache
+def _definitions(package: str) -> dict[int, str]:
+    """``id(obj)`` -> the module of ``package`` whose source defines ``obj`` at its top level
+    (a public package shows re-exported objects as its own, ``dcp.Client``, so their
+    ``__module__`` no longer says where they live)."""
+    root = Path(next(iter(importlib.import_module(package).__path__)))
+    found: dict[int, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        if parts[-1] == "__main__":
+            continue
+        name = ".".join(parts)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = [
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
+        if not defined:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # an optional dependency (OpenTelemetry, hypercorn, pyspark)
+            continue
+        for attr in defined:
+            obj = getattr(module, attr, None)
+            if obj is not None:
+                found.setdefault(id(obj), name)
+    return found
+
+
+def defining_module(obj: Any) -> str | None:
+    """The dcp module whose source defines ``obj`` (``None``: not one of dcp's)."""
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str):
+        return None
+    top = module.split(".")[0]
+    return _definitions(top).get(id(obj), module) if top == "dcp" else module
+
+
 def _source_module(namespace: ModuleType, name: str, obj: Any, imports: dict[str, str]) -> str:
-    owner = getattr(obj, "__module__", None)
     top = namespace.__name__.split(".")[0]
-    if isinstance(owner, str) and owner.startswith(top) and callable(obj):
+    owner = defining_module(obj) if callable(obj) else None
+    if isinstance(owner, str) and owner.startswith(top) and owner != namespace.__name__:
         return owner
     return imports.get(name, namespace.__name__)
 
@@ -141,15 +188,17 @@ def _parse_options(body: str) -> tuple[dict[str, str], dict[str, str], list[str]
 
 
 def _home(module: ModuleType, name: str, obj: Any) -> str | None:
-    """Where else ``obj`` is documented: the top-level package is the home of every name it
-    exports, so ``dcp.wire.dcp1.Request`` (the same object as ``dcp.Request``) is listed, not
-    documented twice."""
-    top = importlib.import_module(module.__name__.split(".")[0])
-    if module is top or not isinstance(obj, type | Callable | bytes | str | int):
+    """Where else ``obj`` is documented: a parent package is the home of every name it
+    exports, so ``dcp.wire.messages.Request`` (the same object as ``dcp.wire.Request``) is
+    listed, not documented twice."""
+    if not isinstance(obj, type | Callable | bytes | str | int):
         return None
-    for exported in getattr(top, "__all__", ()):
-        if getattr(top, exported) is obj:
-            return f"{top.__name__}.{exported}"
+    parts = module.__name__.split(".")
+    for depth in range(1, len(parts)):
+        parent = importlib.import_module(".".join(parts[:depth]))
+        for exported in getattr(parent, "__all__", ()):
+            if getattr(parent, exported) is obj:
+                return f"{parent.__name__}.{exported}"
     return None
 
 
@@ -334,7 +383,7 @@ def _qualify(
     ``TracerProvider`` or ``Handler``) are qualified from the imports of the module that wrote
     them (``~opentelemetry.trace.TracerProvider``), so they resolve or match the third-party
     prefixes like every evaluated annotation."""
-    module = getattr(obj, "__module__", None)
+    module = defining_module(obj)
     if not isinstance(module, str) or not (signature or return_annotation):
         return None
     imports = _imported_names(module)
@@ -386,7 +435,22 @@ def _link_private(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     return None
 
 
+def _restore_modules() -> None:
+    """Give the objects that ``dcp`` and ``dcp.wire`` show as their own
+    (:func:`dcp._util.fixup_module_metadata`) their real ``__module__`` back for the build:
+    autodoc reads ``#:`` attribute comments and annotations from the module that wrote them.
+    The pages still name them ``dcp.Broker`` (the directives use the namespace's names)."""
+    for name in ("dcp", "dcp.wire"):
+        namespace = importlib.import_module(name)
+        for exported in namespace.__all__:
+            obj = getattr(namespace, exported)
+            real = _definitions("dcp").get(id(obj))
+            if real is not None and getattr(obj, "__module__", None) == name:
+                obj.__module__ = real
+
+
 def setup(app: Any) -> dict[str, Any]:
+    _restore_modules()
     app.connect("missing-reference", _link_private)
     app.connect("autodoc-process-signature", _qualify)
     app.connect("autodoc-process-docstring", _drop_type_docstring)

@@ -1,7 +1,7 @@
 """The real broker on tcp://127.0.0.1, driven by raw DEALER peers, every frame checked exactly.
 
-The peers are plain pyzmq sockets with chosen routing ids (:mod:`_raw`); they never block the
-event loop. Every test runs on asyncio and trio.
+The peers are plain pyzmq sockets with chosen routing ids (:mod:`tests.helpers`); they never block
+the event loop. Every test runs on asyncio and trio.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from dcp import PROTOCOL, Ping, Pong, Reconnect, Register, Reply, Request
 from dcp._broker.broker import Broker
-from dcp._core.broker.core import BrokerStatistics
+from dcp._stats import BrokerStatistics
+from dcp.wire import PROTOCOL, Ping, Pong, Reconnect, Register, Reply, Request
 from dcp.wire.messages import error_reply_data
 from tests.helpers import Peers, RawPeer, wait_for
 

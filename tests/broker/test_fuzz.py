@@ -17,7 +17,7 @@ Peers, by role:
 - one *oversize* peer sends only messages holding a frame over the limit: zmq drops its
   connection for each (``MAXMSGSIZE``), so none of them may reach the broker's core.
 
-Accounting. Every garbage message is classified here with :func:`dcp.parse` and the broker's
+Accounting. Every garbage message is classified here with :func:`dcp.wire.parse` and the broker's
 rules, given its sender's role; a message that would legitimately change the real traffic's
 routing (registering for ``echo``, queueing work for ``echo``, a routed reply to the real
 client) or a peer's role is never sent. A send that finds zmq's queue full (EAGAIN) is
@@ -123,10 +123,10 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
     if streams.is_stream(frames):
         return classify_stream(frames, worker=worker)
     try:
-        msg, _ = dcp.parse(frames)
+        msg, _ = dcp.wire.parse(frames)
     except dcp.RemoteProtocolError as exc:
         return REJECT, exc.reason
-    if isinstance(msg, dcp.Request):
+    if isinstance(msg, dcp.wire.Request):
         if msg.client is not None and not worker and msg.client != peer:
             return REJECT, "forbidden_address"
         if msg.client is not None and (msg.client == CLIENT_ID or msg.client[:1] == b"\x00"):
@@ -137,7 +137,7 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
             if msg.service not in GARBAGE_SERVICES:
                 return SKIP, ""  # echo's queue is the real traffic's; no new services
             return ACCEPTED, ""
-    if isinstance(msg, dcp.Reply):
+    if isinstance(msg, dcp.wire.Reply):
         if not worker:
             return REJECT, "reply_from_non_worker"
         if msg.client is None:
@@ -145,15 +145,15 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
         if msg.client == CLIENT_ID or msg.client[:1] == b"\x00":
             return SKIP, ""  # would reach the real client (or an echo worker)
         return ROUTED, ""
-    if isinstance(msg, (dcp.Ping, dcp.Pong)):
+    if isinstance(msg, (dcp.wire.Ping, dcp.wire.Pong)):
         return (SILENT, "") if worker else (RECONNECT, "")
-    if isinstance(msg, dcp.Register):
+    if isinstance(msg, dcp.wire.Register):
         if len(msg.service) > 1024:
             return REJECT, "service_name_too_long"
         if worker and msg.service in WORKER_SERVICES:
             return SILENT, ""
         return SKIP, ""  # a stranger would become a worker; never echo
-    assert isinstance(msg, dcp.Reconnect)
+    assert isinstance(msg, dcp.wire.Reconnect)
     return (SKIP, "") if worker else (REJECT, "unexpected_reconnect")
 
 
@@ -219,21 +219,21 @@ class Garbage:
         meta = tuple(self.blob(1, 12) for _ in range(r.randint(0, 3)))
         data = tuple(self.blob(0, 64) for _ in range(r.randint(0, 3)))
         service = r.choice([*GARBAGE_SERVICES, ECHO, LONG_NAME])
-        msg: dcp.Message = r.choice(
+        msg: dcp.wire.Message = r.choice(
             [
-                dcp.Request(service, client, meta, data),
-                dcp.Request(service, client, meta, data),
-                dcp.Reply(client, meta, data),
-                dcp.Reply(client, meta, data),
-                dcp.Register(r.choice([*WORKER_SERVICES, b"reg-other", LONG_NAME])),
-                dcp.Ping(),
-                dcp.Pong(),
-                dcp.Reconnect(),
+                dcp.wire.Request(service, client, meta, data),
+                dcp.wire.Request(service, client, meta, data),
+                dcp.wire.Reply(client, meta, data),
+                dcp.wire.Reply(client, meta, data),
+                dcp.wire.Register(r.choice([*WORKER_SERVICES, b"reg-other", LONG_NAME])),
+                dcp.wire.Ping(),
+                dcp.wire.Pong(),
+                dcp.wire.Reconnect(),
             ]
         )
         if r.random() < 0.25:
             return self.valid_mdp(peer, service, client or peer, data)
-        return dcp.serialize(msg, width=r.choice((1, 4)))
+        return dcp.wire.serialize(msg, width=r.choice((1, 4)))
 
     def valid_mdp(
         self, peer: bytes, service: bytes, client: bytes, data: tuple[bytes, ...]
@@ -259,7 +259,7 @@ class Garbage:
         if kind == 0:
             return b""
         if kind == 1:
-            return dcp.PROTOCOL
+            return dcp.wire.PROTOCOL
         if kind == 2:
             return r.randrange(8).to_bytes(r.choice((1, 4)), "little")
         if kind == 3:
@@ -274,7 +274,7 @@ class Garbage:
         n = self.rng.randint(1, 12)
         frames = [self.piece(peer) for _ in range(n)]
         if self.rng.random() < 0.5:  # mostly a plausible header, so the body gets parsed
-            frames[:3] = [b"", dcp.PROTOCOL, self.piece(peer)][: len(frames)]
+            frames[:3] = [b"", dcp.wire.PROTOCOL, self.piece(peer)][: len(frames)]
         return frames
 
     def mutate(self, frames: list[bytes], peer: bytes) -> list[bytes]:
@@ -318,7 +318,7 @@ class Garbage:
     def big(self) -> list[bytes]:
         """Too many frames or too many bytes (every frame within zmq's MAXMSGSIZE)."""
         r = self.rng
-        head = [b"", dcp.PROTOCOL, b"\x04", b"nobody", b"", b""]
+        head = [b"", dcp.wire.PROTOCOL, b"\x04", b"nobody", b"", b""]
         kind = r.randrange(4)
         if kind == 0:  # just over, or just at, the frame limit
             n = r.choice((MAX_FRAMES - 1, MAX_FRAMES, MAX_FRAMES + 1, MAX_FRAMES + 2))
@@ -328,7 +328,7 @@ class Garbage:
             return [*head, b"y" * (size // 2), b"z" * (size - size // 2)]
         if kind == 2:  # far over the byte limit, in small frames
             return head + [b"w" * 30_000] * r.randint(3, 8)
-        return [b"", dcp.PROTOCOL] + [self.blob(0, 4) for _ in range(r.randint(300, 1000))]
+        return [b"", dcp.wire.PROTOCOL] + [self.blob(0, 4) for _ in range(r.randint(300, 1000))]
 
 
 class Peer:
@@ -377,7 +377,7 @@ async def send_garbage(endpoint: str, rng: random.Random, tally: Tally) -> None:
     try:
         for ident in FUZZ_WORKERS:
             for service in WORKER_SERVICES[: 1 + FUZZ_WORKERS.index(ident)]:
-                reg = dcp.serialize(dcp.Register(service), width=WIDTH.get(ident, 1))
+                reg = dcp.wire.serialize(dcp.wire.Register(service), width=WIDTH.get(ident, 1))
                 assert peers[ident].try_send(reg)
                 tally.outcomes[SILENT] += 1
                 tally.sent += 1
@@ -413,7 +413,7 @@ async def send_garbage(endpoint: str, rng: random.Random, tally: Tally) -> None:
                 kind = rng.random()
                 if huge:
                     huge = False
-                    frames = [b"", dcp.PROTOCOL, b"\x02"] + [b"h"] * 4997
+                    frames = [b"", dcp.wire.PROTOCOL, b"\x02"] + [b"h"] * 4997
                 elif kind < 0.005:
                     frames = gen.big()
                 elif kind < 0.3:
@@ -422,7 +422,7 @@ async def send_garbage(endpoint: str, rng: random.Random, tally: Tally) -> None:
                     frames = gen.mutate(gen.valid(ident), ident)
                 else:
                     frames = gen.valid(ident)
-                    dcp_frames = len(frames) > 2 and frames[1] == dcp.PROTOCOL
+                    dcp_frames = len(frames) > 2 and frames[1] == dcp.wire.PROTOCOL
                     if WIDTH.get(ident, 1) == 4 and rng.random() < 0.8 and dcp_frames:
                         frames[2] = frames[2][0].to_bytes(4, "little")
                 outcome, reason = classify(frames, ident, worker=worker)
@@ -447,7 +447,7 @@ async def send_garbage(endpoint: str, rng: random.Random, tally: Tally) -> None:
             peer.sock.close(0)
 
 
-async def echo(request: dcp.Request) -> Sequence[bytes]:
+async def echo(request: dcp.wire.Request) -> Sequence[bytes]:
     return request.data
 
 

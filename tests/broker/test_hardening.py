@@ -18,7 +18,7 @@ import zmq
 import dcp
 from dcp._io.context import get_context
 from dcp._models import HandlerRequest
-from dcp.wire.messages import OPTION_PREFIX, work_timeout_option
+from dcp.wire.options import OPTION_PREFIX, work_timeout_option
 from tests.integration.test_end_to_end import HB, eventually, fast_worker
 
 pytestmark = pytest.mark.anyio
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.anyio
 _EXPIRES_IN = OPTION_PREFIX + b"expires-in="
 
 
-async def echo(request: dcp.Request) -> bytes:
+async def echo(request: dcp.wire.Request) -> bytes:
     return b"echo:" + b"".join(request.data)
 
 
@@ -42,7 +42,7 @@ async def test_a_request_held_past_its_work_timeout_is_answered_by_another_worke
     calls: list[bytes] = []
     cancelled: list[bytes] = []
 
-    async def hangs_once(request: dcp.Request) -> bytes:
+    async def hangs_once(request: dcp.wire.Request) -> bytes:
         calls.append(request.data[0])
         if len(calls) == 1:
             try:
@@ -77,7 +77,7 @@ async def test_a_request_held_past_its_work_timeout_is_answered_by_another_worke
 
 
 async def test_a_request_every_worker_holds_too_long_ends_in_redelivery_limit() -> None:
-    async def hangs(request: dcp.Request) -> bytes:
+    async def hangs(request: dcp.wire.Request) -> bytes:
         await anyio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -174,7 +174,9 @@ async def test_a_client_that_stops_reading_loses_only_its_own_replies(
             stalled = stalled_dealer(endpoint, b"STALLED")
             try:
                 for i in range(n):
-                    frames = dcp.serialize(dcp.Request(b"echo", None, (b"%d" % i,), (payload,)))
+                    frames = dcp.wire.serialize(
+                        dcp.wire.Request(b"echo", None, (b"%d" % i,), (payload,))
+                    )
                     while True:
                         try:
                             stalled.send_multipart(frames, zmq.NOBLOCK)
@@ -205,7 +207,7 @@ async def test_a_worker_that_stops_reading_is_dropped_and_its_work_redelivered(
     with anyio.fail_after(20):
         stalled = stalled_dealer(endpoint, b"STUCK-WORKER")
         try:
-            stalled.send_multipart(dcp.serialize(dcp.Register(b"echo")))
+            stalled.send_multipart(dcp.wire.serialize(dcp.wire.Register(b"echo")))
             await eventually(lambda: broker.statistics().workers == 1)
             async with (
                 dcp.Client(endpoint, timeout=10, retries=0) as client,
@@ -220,7 +222,7 @@ async def test_a_worker_that_stops_reading_is_dropped_and_its_work_redelivered(
                 tg.start_soon(call, 0)  # the stalled worker takes it
                 await eventually(lambda: broker.statistics().dispatched == 1)
                 # Its heartbeats ask for pongs it never reads: its queue fills up.
-                ping = dcp.serialize(dcp.Ping())
+                ping = dcp.wire.serialize(dcp.wire.Ping())
                 for _ in range(5000):
                     if broker.statistics().rejections:
                         break

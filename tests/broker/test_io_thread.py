@@ -9,11 +9,11 @@ import anyio
 import pytest
 import zmq
 
-from dcp import Register, Reply, Request
 from dcp._broker.broker import Broker
 from dcp._broker.io import Waker, read_one
 from dcp._broker.thread import in_core
 from dcp._io.sockets import AsyncSocket
+from dcp.wire import Register, Reply, Request
 from tests.helpers import Peers, wait_for
 
 

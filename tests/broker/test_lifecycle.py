@@ -14,8 +14,8 @@ import anyio
 import pytest
 import zmq
 
-from dcp import Ping, Pong, Reconnect, Register, Request
 from dcp._broker.broker import Broker
+from dcp.wire import Ping, Pong, Reconnect, Register, Request
 from tests.helpers import Peers, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -2,8 +2,7 @@
 messages, raw DEALER peers send seeded-random mc0-shaped commands and DCP pub/sub requests,
 valid and mutated. Each garbage message's fate is predicted here from the rules
 (``dcp._core.broker.mc0`` Rules C1-C2, ``dcp._core.broker.pubsub_peers`` Rule PS1); the broker's
-rejection
-counters must equal the prediction exactly, and the real subscriber gets every message.
+rejection counters must equal the prediction exactly, and the real subscriber gets every message.
 ``DCP_FUZZ_COUNT`` raises the count for a soak."""
 
 from __future__ import annotations
@@ -64,10 +63,10 @@ def predict(frames: Sequence[bytes], peer: bytes) -> str | None:
     if family is not Family.DCP:
         return "skip"
     try:
-        msg, _ = dcp.parse(frames)
+        msg, _ = dcp.wire.parse(frames)
     except dcp.RemoteProtocolError as exc:
         return exc.reason
-    if not isinstance(msg, dcp.Request) or not msg.service.startswith(b"\xffDCP:"):
+    if not isinstance(msg, dcp.wire.Request) or not msg.service.startswith(b"\xffDCP:"):
         return "skip"
     if msg.client is not None and msg.client != peer:
         return "forbidden_address"
@@ -165,7 +164,17 @@ class Garbage:
         else:
             data = [b"sid%d" % r.randrange(4), r.choice([b"1", b"x", b""])][: r.randrange(4)]
         client = [] if r.random() < 0.9 else [r.choice([peer, b"someone"])]
-        return [b"", dcp.PROTOCOL, b"\x04", b"\xffDCP:" + name, *client, b"", *meta, b"", *data]
+        return [
+            b"",
+            dcp.wire.PROTOCOL,
+            b"\x04",
+            b"\xffDCP:" + name,
+            *client,
+            b"",
+            *meta,
+            b"",
+            *data,
+        ]
 
     def mutate(self, frames: list[bytes]) -> list[bytes]:
         r = self.rng

@@ -11,7 +11,8 @@ import anyio.abc
 import pytest
 import zmq
 
-from dcp import Broker, Client, CurveClient, CurveServer, Request, SyncClient, Worker
+from dcp import Broker, Client, CurveClient, CurveServer, SyncClient, Worker
+from dcp.wire import Request
 
 pytestmark = pytest.mark.anyio
 

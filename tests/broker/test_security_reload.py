@@ -19,10 +19,10 @@ from dcp import (
     CurveClient,
     CurveServer,
     RegistrationRefused,
-    Request,
     Worker,
 )
 from dcp._broker.connections import cut_accepted, revokes
+from dcp.wire import Request
 
 BROKER = zmq.curve_keypair()
 ALICE = zmq.curve_keypair()

@@ -1,5 +1,5 @@
 """The ``dcp`` command line, run as real subprocesses (``python -m dcp``; helpers in
-``_cli_procs.py``), plus in-process calls of :func:`dcp._cli.main` so coverage sees the
+``tests/cli/procs.py``), plus in-process calls of :func:`dcp._cli.main` so coverage sees the
 argument handling. User errors (one line, exit codes) are in ``test_cli_errors.py``.
 """
 

@@ -1,6 +1,6 @@
 """User errors of the ``dcp`` command line: each is exactly one line on stderr and a non-zero
 exit code (2 for usage errors), never a traceback. Every case runs ``python -m dcp`` as a
-subprocess (``_cli_procs.py``) and compares the whole of stderr."""
+subprocess (``tests/cli/procs.py``) and compares the whole of stderr."""
 
 from __future__ import annotations
 

@@ -18,16 +18,13 @@ import anyio
 import pytest
 import zmq
 
-from dcp import NoWorkers, RemoteError, Request, RequestTimeout
+from dcp import NoWorkers, RemoteError, RequestTimeout
 from dcp._broker.broker import Broker
 from dcp._client.client import Client
 from dcp._models import Response
-from dcp.wire.messages import (
-    NO_WAIT_OPTION,
-    REQUEST_ID_PREFIX,
-    error_reply_data,
-    request_expires_in,
-)
+from dcp.wire import Request
+from dcp.wire.messages import error_reply_data
+from dcp.wire.options import NO_WAIT_OPTION, REQUEST_ID_PREFIX, request_expires_in
 from tests.fakes import FakeBroker, RawWorker, drop_first, echo, fail, random_delay, silent, twice
 
 pytestmark = pytest.mark.anyio

@@ -12,10 +12,12 @@ import anyio
 import pytest
 import zmq
 
-from dcp import NoWorkers, RemoteError, Request, RequestTimeout
+from dcp import NoWorkers, RemoteError, RequestTimeout
 from dcp._client.sync_client import SyncClient
 from dcp._models import Response
-from dcp.wire.messages import NO_WAIT_OPTION, REQUEST_ID_PREFIX, error_reply_data
+from dcp.wire import Request
+from dcp.wire.messages import error_reply_data
+from dcp.wire.options import NO_WAIT_OPTION, REQUEST_ID_PREFIX
 from tests.fakes import (
     FakeBroker,
     RawWorker,

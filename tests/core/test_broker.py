@@ -1,7 +1,7 @@
 """The broker's sans-IO routing core, one rule at a time, with explicit ``now`` (no sockets).
 
 Messages go in as the ROUTER sees them (routing id first); what the core wants to send is read
-back from ``core.outbox`` and compared frame by frame with :func:`dcp.serialize` output.
+back from ``core.outbox`` and compared frame by frame with :func:`dcp.wire.serialize` output.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ from hypothesis import given as hypothesis_given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dcp import (
+from dcp._broker.oplog import write_log
+from dcp._core.broker.core import BrokerCore
+from dcp._core.broker.unreachable import Unreachable
+from dcp._stats import QueueStatistics
+from dcp.wire import (
     PROTOCOL,
     Message,
     Ping,
@@ -25,10 +29,8 @@ from dcp import (
     parse,
     serialize,
 )
-from dcp._broker.oplog import write_log
-from dcp._core.broker.core import BrokerCore, ServiceStatistics
-from dcp._core.broker.unreachable import Unreachable
-from dcp.wire.messages import ERROR_MARKER, parse_error_reply, work_timeout_option
+from dcp.wire.messages import ERROR_MARKER, parse_error_reply
+from dcp.wire.options import work_timeout_option
 from tests.wire.vectors import vectors_or_skip
 
 W1, W2, W3 = b"W1", b"W2", b"W3"
@@ -93,7 +95,7 @@ def test_registration_is_echoed_in_the_senders_width(width: int) -> None:
     assert take(core) == [out(W1, Register(ECHO), width)]
     stats = core.statistics()
     assert stats.workers == 1
-    assert stats.services == {ECHO: ServiceStatistics(workers=1, idle=1, queued=0)}
+    assert stats.services == {ECHO: QueueStatistics(workers=1, idle=1, queued=0)}
     assert stats.rejections == {}
 
 
@@ -146,7 +148,7 @@ def test_readiness_does_not_pile_up() -> None:
     for n in range(3):
         feed(core, C1, req(n))
     assert take(core) == [given(W1, 0, C1)]
-    assert core.statistics().services[ECHO] == ServiceStatistics(workers=1, idle=0, queued=2)
+    assert core.statistics().services[ECHO] == QueueStatistics(workers=1, idle=0, queued=2)
 
 
 def test_each_finished_request_frees_one_slot() -> None:
@@ -170,7 +172,7 @@ def test_each_finished_request_frees_one_slot() -> None:
         feed(core, C1, req(n))
     # W1 has two free slots: two requests; the third waits for a slot.
     assert take(core) == [given(W1, 3, C1), given(W1, 4, C1)]
-    assert core.statistics().services[ECHO] == ServiceStatistics(workers=2, idle=0, queued=1)
+    assert core.statistics().services[ECHO] == QueueStatistics(workers=2, idle=0, queued=1)
 
 
 def test_a_worker_with_credit_left_goes_to_the_back_of_the_idle_list() -> None:
@@ -186,7 +188,7 @@ def test_a_worker_with_credit_left_goes_to_the_back_of_the_idle_list() -> None:
         feed(core, C1, req(n))
     # W1 takes one and, with credit left, goes behind W2; then W2; then W1 again.
     assert take(core) == [given(W1, 2, C1), given(W2, 3, C1), given(W1, 4, C1)]
-    assert core.statistics().services[ECHO] == ServiceStatistics(workers=2, idle=0, queued=0)
+    assert core.statistics().services[ECHO] == QueueStatistics(workers=2, idle=0, queued=0)
 
 
 def test_a_worker_holds_one_request_until_it_replies() -> None:
@@ -203,7 +205,7 @@ def test_a_worker_holds_one_request_until_it_replies() -> None:
         assert take(core) == expected
     stats = core.statistics()
     assert (stats.requests, stats.dispatched, stats.replies) == (3, 3, 3)
-    assert stats.services[ECHO] == ServiceStatistics(workers=1, idle=1, queued=0)
+    assert stats.services[ECHO] == QueueStatistics(workers=1, idle=1, queued=0)
 
 
 # ------------------------------------------------------------------ Rule 2
@@ -229,7 +231,7 @@ def test_queue_is_fifo() -> None:
     for n in range(5):
         feed(core, C1 if n % 2 else C2, req(n))
     assert take(core) == []
-    assert core.statistics().services[ECHO] == ServiceStatistics(workers=0, idle=0, queued=5)
+    assert core.statistics().services[ECHO] == QueueStatistics(workers=0, idle=0, queued=5)
     feed(core, W1, Register(ECHO))
     assert take(core) == [out(W1, Register(ECHO)), given(W1, 0, C2)]
     for n in range(5):
@@ -261,7 +263,7 @@ def test_ready_worker_registering_another_service_takes_its_queued_request() -> 
     assert take(core) == []
     feed(core, W1, Register(b"b"))
     assert take(core) == [out(W1, Register(b"b")), given(W1, 1, C1, b"b")]
-    assert core.statistics().services[b"b"] == ServiceStatistics(workers=1, idle=0, queued=0)
+    assert core.statistics().services[b"b"] == QueueStatistics(workers=1, idle=0, queued=0)
     assert core.statistics().services[b"a"].idle == 0
 
 
@@ -269,7 +271,7 @@ def test_service_is_forgotten_when_its_last_worker_leaves() -> None:
     core = BrokerCore()
     workers(core, W1, W2)
     feed(core, W1, Reconnect())
-    assert core.statistics().services == {ECHO: ServiceStatistics(workers=1, idle=1, queued=0)}
+    assert core.statistics().services == {ECHO: QueueStatistics(workers=1, idle=1, queued=0)}
     feed(core, W2, Reconnect())
     assert core.statistics().services == {}
     assert core.statistics().workers == 0
@@ -283,7 +285,7 @@ def test_service_with_queued_requests_is_kept_when_its_last_worker_leaves() -> N
     take(core)
     feed(core, W1, Reconnect())
     # Both requests wait for the next worker, the held one first.
-    assert core.statistics().services == {ECHO: ServiceStatistics(workers=0, idle=0, queued=2)}
+    assert core.statistics().services == {ECHO: QueueStatistics(workers=0, idle=0, queued=2)}
     feed(core, W2, Register(ECHO))
     assert take(core) == [out(W2, Register(ECHO)), given(W2, 1, C1)]
 
@@ -483,7 +485,7 @@ def test_silent_worker_expires_and_its_request_goes_to_another() -> None:
     assert take(core) == [out(W2, Pong())]  # W2 never beat while busy: probed (Rule L3)
     core.expire(2.5 + 60.0)  # silent for the whole busy timeout
     assert core.next_expiry() is None
-    assert core.statistics().services == {ECHO: ServiceStatistics(0, 0, 1)}
+    assert core.statistics().services == {ECHO: QueueStatistics(0, 0, 1)}
 
 
 def test_expired_workers_request_goes_to_the_front_of_the_queue() -> None:
@@ -765,8 +767,8 @@ def test_statistics_figures() -> None:
     assert stats.rejections == {"reply_from_non_worker": 1}
     assert stats.workers == 3
     assert stats.services == {
-        b"a": ServiceStatistics(workers=2, idle=0, queued=0),
-        b"b": ServiceStatistics(workers=1, idle=1, queued=0),
+        b"a": QueueStatistics(workers=2, idle=0, queued=0),
+        b"b": QueueStatistics(workers=1, idle=1, queued=0),
     }
     # A snapshot: later traffic does not change it.
     feed(core, C2, answer(9, C1))

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from dcp import Ping, Pong, Register, Reply, Request, parse
-from dcp._core.broker.core import BrokerCore, ServiceStatistics
+from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.queues import read_options
-from dcp.wire.messages import (
+from dcp._stats import QueueStatistics
+from dcp.wire import Ping, Pong, Register, Reply, Request, parse
+from dcp.wire.messages import parse_error_reply
+from dcp.wire.options import (
     NO_WAIT_OPTION,
     REQUEST_ID_PREFIX,
     expires_in_option,
-    parse_error_reply,
     work_timeout_option,
 )
 from tests.core.test_broker import C1, C2, ECHO, W1, error_of, feed, out, take, workers
@@ -100,7 +101,7 @@ def test_an_expired_request_is_not_dispatched_between_checks() -> None:
     assert take(core) == [out(W1, Register(ECHO)), out(W1, expiring(2, 5.0, client=C1))]
     stats = core.statistics()
     assert (stats.expired_in_queue, stats.dispatched) == (1, 1)
-    assert stats.services[ECHO] == ServiceStatistics(workers=1, idle=0, queued=0)
+    assert stats.services[ECHO] == QueueStatistics(workers=1, idle=0, queued=0)
 
 
 def test_expired_requests_in_the_middle_leave_the_order_alone() -> None:

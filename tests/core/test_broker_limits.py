@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from dcp import PROTOCOL, Ping, Pong, Reconnect, Register, Reply, Request, serialize
-from dcp._core.broker.core import BrokerCore, ServiceStatistics
-from dcp.wire.messages import parse_work_timeout, work_timeout_option
+from dcp._core.broker.core import BrokerCore
+from dcp._stats import QueueStatistics
+from dcp.wire import PROTOCOL, Ping, Pong, Reconnect, Register, Reply, Request, serialize
+from dcp.wire.options import parse_work_timeout, work_timeout_option
 from tests.core.test_broker import (
     C1,
     C2,
@@ -294,7 +295,7 @@ def test_a_worker_dropped_for_a_work_timeout_gets_no_work_for_a_while() -> None:
     assert take(core) == [out(W1, Register(ECHO))]
     feed(core, W1, Ping(), now=0.7)
     assert take(core) == [out(W1, Pong())]
-    assert core.statistics().services[ECHO] == ServiceStatistics(workers=1, idle=0, queued=1)
+    assert core.statistics().services[ECHO] == QueueStatistics(workers=1, idle=0, queued=1)
     assert core.next_expiry() == 3.5
     feed(core, W2, Register(ECHO), now=1.0)  # another worker takes the request
     assert take(core) == [out(W2, Register(ECHO)), out(W2, timed(1, 0.5, C1))]

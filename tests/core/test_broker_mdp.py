@@ -1,7 +1,7 @@
 """The broker core with Majordomo peers, in memory (sans-IO): Rules M1-M4 of
 :mod:`dcp._core.broker.majordomo`, MMI (:mod:`dcp._core.broker.directory`), cross-protocol calls
-and the
-liveness of busy workers that never beat (peers Rule L3). Time goes by the ``now`` argument."""
+and the liveness of busy workers that never beat (peers Rule L3). Time goes by the ``now``
+argument."""
 
 from __future__ import annotations
 

@@ -10,13 +10,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcp import Message, Ping, Pong, Reconnect, Register, Reply, Request, parse, serialize
 from dcp._core.broker import directory
 from dcp._core.broker.approval import Approval, Approvals, to_approval
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.dialects import DCP1
 from dcp._core.worker.core import DESCRIBE_TAG, Refused, State, WorkerCore
-from dcp.wire import mdp
+from dcp.wire import (
+    Message,
+    Ping,
+    Pong,
+    Reconnect,
+    Register,
+    Reply,
+    Request,
+    mdp,
+    parse,
+    serialize,
+)
 from dcp.wire.messages import error_reply_data, parse_error_reply
 
 W1, W2, C1 = b"W1", b"W2", b"C1"

@@ -18,23 +18,14 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from dcp import (
-    PROTOCOL,
-    CurveClient,
-    CurveServer,
-    Message,
-    Ping,
-    Register,
-    Reply,
-    Request,
-    serialize,
-)
+from dcp import CurveClient, CurveServer
 from dcp._broker.oplog import write_log
 from dcp._broker.zap import ZapHandler
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
 from dcp._core.worker.core import Output, Refused, State, WorkerCore
 from dcp._io.security import ANY, load_public_keys, write_key_pair, z85_key
+from dcp.wire import PROTOCOL, Message, Ping, Register, Reply, Request, serialize
 from dcp.wire.messages import error_reply_data, parse_error_reply
 from tests.helpers import wait_for
 

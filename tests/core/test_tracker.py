@@ -15,13 +15,10 @@ from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._models import Response
 from dcp.wire.dcp1 import parse, serialize
-from dcp.wire.messages import (
+from dcp.wire.messages import Ping, Reply, Request, error_reply_data
+from dcp.wire.options import (
     OPTION_PREFIX,
     REQUEST_ID_PREFIX,
-    Ping,
-    Reply,
-    Request,
-    error_reply_data,
     expires_in_option,
     request_expires_in,
 )

@@ -34,9 +34,9 @@ from dcp.wire.messages import (
     Register,
     Reply,
     Request,
-    expires_in_option,
     parse_error_reply,
 )
+from dcp.wire.options import expires_in_option
 
 SVC = b"echo"
 CLIENT = b"\x01client"

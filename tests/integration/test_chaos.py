@@ -218,7 +218,7 @@ def test_broker_statistics_from_its_log_line() -> None:
         redeliveries=2,
         expired_workers=2,
         rejections={"reply_from_non_worker": 1},
-        services={b"chaos": dcp.ServiceStatistics(workers=4, idle=4, queued=0)},
+        services={b"chaos": dcp.QueueStatistics(workers=4, idle=4, queued=0)},
     )
     stats = dcp.BrokerStatistics(**fields)
     log = f"x dcp.cli INFO broker listening\nx dcp.cli INFO broker stopped: {stats}\n"

@@ -12,20 +12,9 @@ import anyio
 import pytest
 import zmq
 
-from dcp import (
-    Broker,
-    Client,
-    CurveClient,
-    CurveServer,
-    Message,
-    Register,
-    Reply,
-    Request,
-    Worker,
-    parse,
-    serialize,
-)
+from dcp import Broker, Client, CurveClient, CurveServer, Worker
 from dcp._io.context import get_context
+from dcp.wire import Message, Register, Reply, Request, parse, serialize
 
 pytestmark = pytest.mark.anyio
 

@@ -24,18 +24,14 @@ from dcp import (
     CurveClient,
     CurveServer,
     Forward,
-    Register,
     RegistrationRefused,
-    Reply,
-    Request,
     SyncClient,
     Worker,
-    parse,
-    serialize,
 )
 from dcp._broker.zap import ZAP_ENDPOINT
 from dcp._io.context import get_context
 from dcp._io.security import configure_client_socket
+from dcp.wire import Register, Reply, Request, parse, serialize
 from tests.helpers import Peers, wait_for
 
 pytestmark = pytest.mark.anyio

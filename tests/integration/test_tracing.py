@@ -1,6 +1,5 @@
-"""OpenTelemetry tracing (docs/tracing.md, dcp/_client/tracing.py) on real tcp sockets, on both
-anyio
-backends: one trace across client -> worker A -> (forward) worker B, error and timeout
+"""OpenTelemetry tracing (docs/tracing.md, dcp/_io/tracing.py) on real tcp sockets, on both
+anyio backends: one trace across client -> worker A -> (forward) worker B, error and timeout
 status, what travels on the wire with tracing on and off, plain DCP and Majordomo peers,
 streams, ``map`` and cancellation.
 
@@ -25,8 +24,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import dcp
 from dcp._io.tracing import trace_options
-from dcp._worker.worker import Handler
-from dcp.wire.messages import OPTION_PREFIX, REQUEST_ID_PREFIX, without_options
+from dcp._models import Handler
+from dcp.wire.options import OPTION_PREFIX, REQUEST_ID_PREFIX, without_options
 from tests.bench.run import run_module
 from tests.fakes import RawWorker
 from tests.helpers import Peers
@@ -551,14 +550,14 @@ def test_broker_core_matches_a_forward_with_other_trace_options(mine: bytes) -> 
     workers(core, W1, service=b"a")
     workers(core, W2, service=b"b")
     rid = REQUEST_ID_PREFIX + b"12345678"
-    feed(core, C1, dcp.Request(b"a", None, (rid, TRACEPARENT + b"client", b"mine"), (b"x",)))
+    feed(core, C1, dcp.wire.Request(b"a", None, (rid, TRACEPARENT + b"client", b"mine"), (b"x",)))
     assert take(core) == [
-        out(W1, dcp.Request(b"a", C1, (rid, TRACEPARENT + b"client", b"mine"), (b"x",)))
+        out(W1, dcp.wire.Request(b"a", C1, (rid, TRACEPARENT + b"client", b"mine"), (b"x",)))
     ]
-    forward = dcp.Request(b"b", C1, (rid, TRACEPARENT + b"hop", mine), (b"y",))
+    forward = dcp.wire.Request(b"b", C1, (rid, TRACEPARENT + b"hop", mine), (b"y",))
     feed(core, W1, forward)
     assert take(core)[0] == out(W2, forward)
     stats = core.statistics()
     assert (stats.forwards, stats.unmatched) == ((1, 0) if mine == b"mine" else (1, 1))
-    feed(core, W1, dcp.Reconnect())  # W1 leaves: what it still holds is redelivered
+    feed(core, W1, dcp.wire.Reconnect())  # W1 leaves: what it still holds is redelivered
     assert core.statistics().redeliveries == (0 if mine == b"mine" else 1)

@@ -170,12 +170,12 @@ def test_dbp_core_edges() -> None:
     # A bad update is counted and dropped; a heartbeat while busy marks it as beating.
     assert send(dbp.UPDATE, T, b'{"version": "nope"}') == []
     assert core.counters.rejections["bad_service_info"] == 1
-    core.receive([b"C", *dcp.serialize(dcp.Request(b"s", None, (b"m",), (b"x",)))], 0.0)
+    core.receive([b"C", *dcp.wire.serialize(dcp.wire.Request(b"s", None, (b"m",), (b"x",)))], 0.0)
     core.outbox = []
     assert send(dbp.HEARTBEAT, T) == []
     assert core.sessions.workers[P].beats_busy
     # A DCP worker that speaks DBP: a dialect mismatch, for a registration too.
-    core.receive([b"D", *dcp.serialize(dcp.Register(b"d"))], 0.0)
+    core.receive([b"D", *dcp.wire.serialize(dcp.wire.Register(b"d"))], 0.0)
     core.outbox = []
     for frames in ([b"D", b"", dbp.HEARTBEAT, T], [b"D", *reg("d")]):
         core.receive(frames, 0.0)

@@ -1,7 +1,7 @@
 """``type_width=4``: dcp's clients and workers talking to the DagBox C++ reference broker.
 
 DagBox writes the type frame as a 4-byte little-endian ``int`` and aborts on a 1-byte one.
-:class:`~_fake_peers.DagBoxBroker` stands in for it on a real ROUTER socket and fails the test
+:class:`~tests.fakes.DagBoxBroker` stands in for it on a real ROUTER socket and fails the test
 on any type frame that is not exactly 4 bytes. The last tests go through the real
 :class:`dcp.Broker`, which reads both widths and answers each peer in kind.
 """
@@ -16,13 +16,14 @@ import anyio.to_thread
 import pytest
 import zmq
 
-from dcp import Forward, Request, RequestTimeout
+from dcp import Forward, RequestTimeout
 from dcp._broker.broker import Broker
 from dcp._client.client import Client
 from dcp._client.sync_client import SyncClient
 from dcp._core.client.tracker import RequestTracker
 from dcp._core.worker.core import WorkerCore
 from dcp._worker.worker import Worker
+from dcp.wire import Request
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import Ping, Reconnect, Register, Reply
 from tests.fakes import DagBoxBroker

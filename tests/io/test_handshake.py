@@ -11,17 +11,9 @@ import anyio
 import pytest
 import zmq
 
-from dcp import (
-    AuthenticationFailed,
-    Broker,
-    Client,
-    CurveClient,
-    CurveServer,
-    Request,
-    SyncClient,
-    Worker,
-)
+from dcp import AuthenticationFailed, Broker, Client, CurveClient, CurveServer, SyncClient, Worker
 from dcp._io.handshake import NO_DETAIL_LIMIT, HandshakeWatch
+from dcp.wire import Request
 
 BROKER = zmq.curve_keypair()
 ALICE = zmq.curve_keypair()

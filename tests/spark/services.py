@@ -24,7 +24,7 @@ import attrs
 
 import dcp
 from dcp._models import HandlerRequest
-from dcp.wire.messages import OPTION_PREFIX, REQUEST_ID_PREFIX
+from dcp.wire.options import OPTION_PREFIX, REQUEST_ID_PREFIX
 
 __all__ = ["Recorder", "Services", "services", "slow_echo"]
 
@@ -131,7 +131,7 @@ def services(*, concurrency: int = 64, **broker_options: float) -> Iterator[Serv
             portal.call(portal.stop, True)
 
 
-async def slow_echo(request: dcp.Request) -> bytes:
+async def slow_echo(request: dcp.wire.Request) -> bytes:
     """Sleep 5 ms, then reply with the request's first data part, upper-cased."""
     await anyio.sleep(0.005)
     return request.data[0].upper()

@@ -28,7 +28,7 @@ from dcp.spark import (
 )
 from dcp.spark._calls import call_column
 from dcp.spark._dataframe import column_function
-from dcp.wire.messages import REQUEST_ID_PREFIX
+from dcp.wire.options import REQUEST_ID_PREFIX
 from tests.spark.services import Services, services
 
 

@@ -6,11 +6,11 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from dcp import (
+from dcp import LocalProtocolError, RemoteProtocolError, _errors
+from dcp.wire import (
     PROTOCOL,
     BadProtocolFrame,
     BadTypeFrame,
-    LocalProtocolError,
     Message,
     MessageType,
     MissingClientDelimiter,
@@ -21,14 +21,12 @@ from dcp import (
     Pong,
     Reconnect,
     Register,
-    RemoteProtocolError,
     Reply,
     Request,
     TooFewFrames,
     UnexpectedFrames,
     UnknownMessageType,
     UnsupportedVersion,
-    _errors,
     parse,
     serialize,
 )

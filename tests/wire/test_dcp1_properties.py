@@ -5,14 +5,14 @@ from __future__ import annotations
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from dcp import (
+from dcp import RemoteProtocolError
+from dcp.wire import (
     PROTOCOL,
     Message,
     Ping,
     Pong,
     Reconnect,
     Register,
-    RemoteProtocolError,
     Reply,
     Request,
     parse,

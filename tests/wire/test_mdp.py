@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dcp import PROTOCOL, RemoteProtocolError
-from dcp.wire import mdp
+from dcp import RemoteProtocolError
+from dcp.wire import PROTOCOL, mdp
 from dcp.wire.sniff import Family, sniff
 
 FORMS = list(mdp.Form)

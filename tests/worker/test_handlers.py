@@ -19,11 +19,11 @@ import zmq
 import dcp
 from dcp._models import HandlerRequest
 from dcp.wire.dcp1 import parse, serialize
-from dcp.wire.messages import (
+from dcp.wire.messages import parse_error_reply
+from dcp.wire.options import (
     NO_WAIT_OPTION,
     REQUEST_ID_PREFIX,
     expires_in_option,
-    parse_error_reply,
     work_timeout_option,
 )
 from tests.integration.test_end_to_end import HB, eventually, fast_broker, fast_worker
@@ -40,10 +40,12 @@ def fake() -> Iterator[FakeBroker]:
 
 
 def send(client: zmq.Socket[bytes], service: bytes, meta: Sequence[bytes], *data: bytes) -> None:
-    client.send_multipart(serialize(dcp.Request(service, None, tuple(meta), data)), zmq.NOBLOCK)
+    client.send_multipart(
+        serialize(dcp.wire.Request(service, None, tuple(meta), data)), zmq.NOBLOCK
+    )
 
 
-async def receive(client: zmq.Socket[bytes], limit: float = 5.0) -> dcp.Reply:
+async def receive(client: zmq.Socket[bytes], limit: float = 5.0) -> dcp.wire.Reply:
     with anyio.fail_after(limit):
         while True:
             try:
@@ -52,7 +54,7 @@ async def receive(client: zmq.Socket[bytes], limit: float = 5.0) -> dcp.Reply:
                 await anyio.sleep(0.002)
                 continue
             msg, _ = parse(frames)
-            assert isinstance(msg, dcp.Reply)
+            assert isinstance(msg, dcp.wire.Reply)
             return msg
 
 
@@ -71,7 +73,7 @@ async def test_a_blocking_def_handler_runs_once_in_a_thread(
     runs: list[int] = []
     loop_thread = threading.get_ident()
 
-    def crunch(request: dcp.Request) -> bytes:
+    def crunch(request: dcp.wire.Request) -> bytes:
         runs.append(threading.get_ident())
         time.sleep(4 * HB)
         return request.data[0].upper()
@@ -92,7 +94,7 @@ class Shout:
     def __init__(self) -> None:
         self.threads: list[int] = []
 
-    async def __call__(self, request: dcp.Request, suffix: bytes = b"") -> bytes:
+    async def __call__(self, request: dcp.wire.Request, suffix: bytes = b"") -> bytes:
         self.threads.append(threading.get_ident())
         return request.data[0].upper() + suffix
 
@@ -101,7 +103,7 @@ async def test_handler_kinds_are_told_apart() -> None:
     loop_thread = threading.get_ident()
     threads: list[int] = []
 
-    def plain(request: dcp.Request, suffix: bytes) -> bytes:
+    def plain(request: dcp.wire.Request, suffix: bytes) -> bytes:
         threads.append(threading.get_ident())
         return request.data[0] + suffix
 
@@ -124,7 +126,7 @@ async def test_def_handlers_run_concurrently_up_to_the_concurrency() -> None:
     most = 0
     lock = threading.Lock()
 
-    def slow(request: dcp.Request) -> bytes:
+    def slow(request: dcp.wire.Request) -> bytes:
         nonlocal running, most
         with lock:
             running += 1
@@ -149,7 +151,7 @@ async def test_def_handlers_run_concurrently_up_to_the_concurrency() -> None:
 async def test_a_blocked_event_loop_is_warned_about_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async def blocking(request: dcp.Request) -> bytes:
+    async def blocking(request: dcp.wire.Request) -> bytes:
         time.sleep(4 * HB)  # noqa: ASYNC251 - wrong in an async handler: what the warning is for
         return request.data[0]
 
@@ -208,7 +210,7 @@ async def test_a_backlogged_request_past_its_deadline_is_not_run(fake: FakeBroke
     release = anyio.Event()
     ran: list[bytes] = []
 
-    async def handler(request: dcp.Request) -> bytes:
+    async def handler(request: dcp.wire.Request) -> bytes:
         ran.append(request.data[0])
         await release.wait()
         return request.data[0]
@@ -217,15 +219,15 @@ async def test_a_backlogged_request_past_its_deadline_is_not_run(fake: FakeBroke
     async with anyio.create_task_group() as tg:
         ident = await start(tg, fake, worker)
         client = b"\x01client"
-        fake.send(ident, dcp.Request(b"echo", client, (b"id-1",), (b"one",)))
+        fake.send(ident, dcp.wire.Request(b"echo", client, (b"id-1",), (b"one",)))
         fake.send(
-            ident, dcp.Request(b"echo", client, (b"id-2", expires_in_option(0.05)), (b"two",))
+            ident, dcp.wire.Request(b"echo", client, (b"id-2", expires_in_option(0.05)), (b"two",))
         )
         await eventually(lambda: worker.statistics().backlog == 1)
         await anyio.sleep(0.1)
         release.set()
-        _, first = await fake.expect(dcp.Reply)
-        _, second = await fake.expect(dcp.Reply)
+        _, first = await fake.expect(dcp.wire.Reply)
+        _, second = await fake.expect(dcp.wire.Reply)
         tg.cancel_scope.cancel()
     assert first.data == (b"one",)
     assert parse_error_reply(second.data) is not None
@@ -243,7 +245,7 @@ async def test_no_wait_for_a_service_nobody_serves_fails_at_once() -> None:
         client = raw_client(broker.endpoints[0])
         try:
             for width in (1, 4):
-                request = dcp.Request(b"nobody", None, (b"id", NO_WAIT_OPTION), (b"x",))
+                request = dcp.wire.Request(b"nobody", None, (b"id", NO_WAIT_OPTION), (b"x",))
                 client.send_multipart(serialize(request, width=width), zmq.NOBLOCK)
                 reply = await receive(client, limit=1.0)
                 assert parse_error_reply(reply.data) == (
@@ -258,7 +260,7 @@ async def test_no_wait_for_a_service_nobody_serves_fails_at_once() -> None:
 async def test_an_expired_queued_request_is_dropped_before_a_worker_comes() -> None:
     runs: list[bytes] = []
 
-    async def later(request: dcp.Request) -> bytes:
+    async def later(request: dcp.wire.Request) -> bytes:
         runs.append(request.data[0])
         return b"done"
 
@@ -281,7 +283,7 @@ async def test_an_expired_queued_request_is_dropped_before_a_worker_comes() -> N
 async def test_a_retry_replaces_its_queued_copy_and_the_job_runs_once() -> None:
     runs: list[bytes] = []
 
-    async def later(request: dcp.Request) -> bytes:
+    async def later(request: dcp.wire.Request) -> bytes:
         runs.append(request.data[0])
         return b"done"
 
@@ -308,7 +310,7 @@ async def test_the_blocked_warning_is_silent_for_a_healthy_worker(
 ) -> None:
     caplog.set_level(logging.WARNING, "dcp.worker")
 
-    async def quick(request: dcp.Request) -> bytes:
+    async def quick(request: dcp.wire.Request) -> bytes:
         return b"ok"
 
     async with fast_broker() as broker, fast_worker(broker.endpoints[0], "quick", quick):

@@ -69,13 +69,13 @@ from dcp._core.broker.peers import Session, Sessions
 from dcp._core.broker.pubsub_peers import PUBSUB_PREFIX, PubSubOptions
 from dcp._core.broker.unreachable import EarlyReplies, Unreachable
 from dcp._errors import RemoteProtocolError
-from dcp._stats import BrokerStatistics, ServiceStatistics
+from dcp._stats import BrokerStatistics, QueueStatistics
 from dcp.wire.dcp1 import PROTOCOL, parse
 from dcp.wire.messages import ERROR_MARKER, MessageType, Register, Reply, Request
 from dcp.wire.sniff import Family, sniff
 from dcp.wire.streams import TYPE_FRAMES as STREAM_TYPE_FRAMES
 
-__all__ = ["BrokerCore", "BrokerStatistics", "ServiceStatistics"]
+__all__ = ["BrokerCore"]
 
 
 class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
@@ -112,9 +112,9 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         every 2.5 s by default)
     :param guard: the security rules for CURVE mode (``None``: off; see Rule S)
     :param pubsub: pub/sub settings (:mod:`dcp._core.broker.pubsub_peers`,
-    :mod:`dcp._core.broker.mc0`)
-    :param approve: registrations wait for an approver (:mod:`dcp._core.broker.approval`): the
-        driver answers the questions in ``approvals.asked`` with :meth:`decide`
+        :mod:`dcp._core.broker.mc0`)
+    :param approve: registrations wait for an approver (:mod:`dcp._core.broker.approval`):
+        the driver answers the questions in ``approvals.asked`` with :meth:`decide`
     """
 
     def __init__(
@@ -426,7 +426,7 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
     # --------------------------------------------------------- statistics
 
     def overview(self) -> dict[str, Any]:
-        """Broker-wide figures for ``mmi.broker`` (:func:`~._core.directory.broker_entry`);
+        """Broker-wide figures for ``mmi.broker`` (:func:`~.directory.broker_entry`);
         the uptime counts from :attr:`started`, which the driver sets when it has bound."""
         errors = sum(s.errors for s in self._services.values())
         listed = sum(s.requests for s in self._services.values())
@@ -454,7 +454,7 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
             workers=len(self.sessions.workers),
             clients=len(self._loads),
             services={
-                name: ServiceStatistics(s.workers, len(s.idle), s.queued())
+                name: QueueStatistics(s.workers, len(s.idle), s.queued())
                 for name, s in self._services.items()
             },
             partials=c.partials,

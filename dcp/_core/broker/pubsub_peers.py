@@ -33,7 +33,8 @@ from dcp._core.broker.dialects import DcpDialect
 from dcp._core.broker.pubsub import Overflow, PubSub, Writer
 from dcp._core.broker.routing import Routing
 from dcp._core.broker.subjects import SubjectError, check_pattern, check_subject, matches
-from dcp.wire.messages import OPTION_PREFIX, Request
+from dcp.wire.messages import Request
+from dcp.wire.options import OPTION_PREFIX
 
 __all__ = ["PUBSUB_PREFIX", "PubSubOptions", "PubSubPeers", "covers"]
 

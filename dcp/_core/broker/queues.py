@@ -35,7 +35,7 @@ from dcp._core.broker.admission import Load
 from dcp._core.broker.dialects import Dialect
 from dcp._stats import DURATION_BUCKETS, BrokerCounters
 from dcp._util import DeadlineHeap
-from dcp.wire.messages import (
+from dcp.wire.options import (
     NO_WAIT_OPTION,
     REQUEST_ID_PREFIX,
     parse_work_timeout,

@@ -39,8 +39,7 @@ def deadline_live(pending: Pending, token: int) -> bool:
 
 def revoke(routing: Routing, now: float) -> int:
     """Security Rule S5 (:mod:`dcp._core.broker.guard`), after the allow-lists were replaced:
-    remove
-    every worker whose key may no longer serve one of its services (each such
+    remove every worker whose key may no longer serve one of its services (each such
     registration refused and told, counted as ``revoked``; held requests redelivered).
     Returns how many workers were removed."""
     guard = routing.guard

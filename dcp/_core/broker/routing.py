@@ -46,7 +46,7 @@ from dcp._core.broker.queues import Expiry, Pending, QueueDeadlines, Service, re
 from dcp._json import encode_json
 from dcp._stats import DURATION_BUCKETS, BrokerCounters
 from dcp._util import DeadlineHeap, LogEvery, PeerId
-from dcp.wire.messages import without_options
+from dcp.wire.options import without_options
 
 __all__ = ["Pending", "Routing", "Service"]
 

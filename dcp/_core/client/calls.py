@@ -16,7 +16,7 @@ from typing import cast
 
 import attrs
 
-from dcp.wire.messages import NO_WAIT_OPTION, work_timeout_option
+from dcp.wire.options import NO_WAIT_OPTION, work_timeout_option
 
 __all__ = [
     "Part",

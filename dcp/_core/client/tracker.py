@@ -79,14 +79,8 @@ from dcp._models import Outcome, Response
 from dcp._stats import ClientStatistics
 from dcp._util import DeadlineHeap
 from dcp.wire.dcp1 import check_type_width, parse, serialize
-from dcp.wire.messages import (
-    OPTION_PREFIX,
-    REQUEST_ID_PREFIX,
-    Reply,
-    Request,
-    expires_in_option,
-    parse_error_reply,
-)
+from dcp.wire.messages import Reply, Request, parse_error_reply
+from dcp.wire.options import OPTION_PREFIX, REQUEST_ID_PREFIX, expires_in_option
 
 __all__ = ["RequestTracker"]
 

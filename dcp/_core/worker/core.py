@@ -141,8 +141,8 @@ from dcp.wire.messages import (
     Request,
     error_reply_data,
     parse_error_reply,
-    request_expires_in,
 )
+from dcp.wire.options import request_expires_in
 
 #: The metadata of a worker's ``mmi.describe`` request (Rule 14), to know the answer.
 DESCRIBE_TAG = b"\xffDCP:describe"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from dcp.wire.messages import REQUEST_ID_PREFIX, Message, Reply
+from dcp.wire.messages import Message, Reply
+from dcp.wire.options import REQUEST_ID_PREFIX
 from dcp.wire.streams import STREAM_OPTION
 
 __all__ = ["SentReplies"]
