@@ -1,12 +1,18 @@
-"""Raw DEALER peers for broker tests: exact frames in, exact frames out, no dcp logic.
+"""Shared test helpers: raw DEALER peers, and the sans-IO cores wired together in memory.
 
-A :class:`RawPeer` is a plain pyzmq DEALER with a chosen routing id. It never blocks the
-event loop: receiving polls with ``NOBLOCK`` and sleeps briefly between tries, bounded by a
-deadline. :class:`Peers` creates them and closes them all (linger 0) on exit.
+A :class:`RawPeer` is a plain pyzmq DEALER with a chosen routing id: exact frames in, exact
+frames out, no dcp logic. It never blocks the event loop: receiving polls with ``NOBLOCK``
+and sleeps briefly between tries, bounded by a deadline. :class:`Peers` creates them and
+closes them all (linger 0) on exit.
+
+:func:`take` drains a :class:`~dcp._core.worker.core.WorkerCore`; :class:`Wired` and
+:class:`Crossed` connect one to a :class:`~dcp._core.broker.core.BrokerCore` in memory (h11's
+``ConnectionPair``): synchronous, with an explicit ``now``.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
@@ -14,11 +20,14 @@ from typing import TypeVar
 import anyio
 import zmq
 
+from dcp._core.broker.core import BrokerCore
+from dcp._core.worker.core import Event, Run, WorkerCore
 from dcp._io.context import get_context
 from dcp._io.security import CurveClient, configure_client_socket
-from dcp.wire import Message, parse, serialize
+from dcp._worker.results import result_message
+from dcp.wire import Message, Reply, Request, parse, serialize
 
-__all__ = ["POLL", "Peers", "RawPeer", "wait_for"]
+__all__ = ["POLL", "SVC", "Crossed", "Peers", "RawPeer", "Wired", "take", "wait_for"]
 
 #: Seconds between receive attempts.
 POLL = 0.001
@@ -123,3 +132,132 @@ class Peers:
     ) -> None:
         for peer in self._peers:
             peer.close()
+
+
+# -- the worker core, alone and wired to the broker core in memory ---------------------------
+
+#: The service of :class:`Wired` and :class:`Crossed`.
+SVC = b"echo"
+
+
+def take(core: WorkerCore) -> list[Message | Event]:
+    """Drain ``core`` (:meth:`~dcp._core.worker.core.WorkerCore.drain`): the messages it
+    would send, parsed back from their frames, in order, then its events, in order. (The two
+    lists are apart: the order between a message and an event is not the core's to say.)"""
+    outbox, events = core.drain()
+    return [*(parse(frames)[0] for frames in outbox), *events]
+
+
+def _broker_sent(broker: BrokerCore) -> list[list[bytes]]:
+    batch, broker.outbox = broker.outbox, []
+    return batch
+
+
+class Wired:
+    """A WorkerCore (routing id ``W``) and a BrokerCore connected in memory, with one client
+    (``C``): every message is delivered at once."""
+
+    def __init__(self, n: int) -> None:
+        self.now = 0.0
+        self.broker = BrokerCore(heartbeat_interval=1.0, liveness=3)
+        self.worker = WorkerCore(SVC, concurrency=n)
+        self.running: list[Request] = []
+        self.max_running = 0
+        self.replies: list[Reply] = []
+        self.worker.connect(self.now)
+        self.flush()
+        self.pump()
+
+    def flush(self) -> None:
+        """Deliver the worker's messages to the broker; start its runs."""
+        outbox, events = self.worker.drain()
+        for frames in outbox:
+            self.broker.receive([b"W", *frames], self.now)
+        for event in events:
+            assert isinstance(event, Run), event
+            self.running.append(event.request)
+            self.max_running = max(self.max_running, len(self.running))
+            assert len(self.running) == self.worker.in_progress
+
+    def pump(self) -> None:
+        for _ in range(10_000):
+            if not self.broker.outbox:
+                return
+            for frames in _broker_sent(self.broker):
+                if frames[0] == b"W":
+                    self.worker.receive(frames[1:], self.now)
+                    self.flush()
+                else:
+                    assert frames[0] == b"C"
+                    msg, _ = parse(frames[1:])
+                    assert isinstance(msg, Reply)
+                    self.replies.append(msg)
+        raise AssertionError("broker and worker did not settle")  # pragma: no cover
+
+    def client_request(self, i: int) -> None:
+        msg = Request(SVC, None, (b"id-%d" % i,), (b"%d" % i,))
+        self.broker.receive([b"C", *serialize(msg)], self.now)
+        self.pump()
+
+    def finish(self, index: int) -> None:
+        request = self.running.pop(index)
+        self.worker.finish(result_message(request, request.data[0]), self.now)
+        self.flush()
+        self.pump()
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        self.worker.expire(self.now)
+        self.flush()
+        self.broker.expire(self.now)
+        self.pump()
+
+
+class Crossed:
+    """A WorkerCore and a BrokerCore whose messages travel through two FIFO pipes, delivered
+    in an order the test chooses: requests and replies cross each other in flight."""
+
+    def __init__(self, n: int) -> None:
+        self.broker = BrokerCore(heartbeat_interval=1.0, liveness=3)
+        self.worker = WorkerCore(SVC, concurrency=n)
+        self.to_broker: deque[list[bytes]] = deque()
+        self.to_worker: deque[list[bytes]] = deque()
+        self.running: list[Request] = []
+        self.replies: list[Reply] = []
+        self.worker.connect(0.0)
+        self.flush()
+
+    def flush(self) -> None:
+        """Put the worker's messages in the pipe to the broker; start its runs."""
+        outbox, events = self.worker.drain()
+        for frames in outbox:
+            self.to_broker.append([b"W", *frames])
+        for event in events:
+            assert isinstance(event, Run), event
+            self.running.append(event.request)
+
+    def collect(self) -> None:
+        for frames in _broker_sent(self.broker):
+            if frames[0] == b"W":
+                self.to_worker.append(frames[1:])
+            else:
+                msg, _ = parse(frames[1:])
+                assert isinstance(msg, Reply)
+                self.replies.append(msg)
+
+    def step(self, kind: str, k: int) -> None:
+        if kind == "up" and self.to_broker:
+            self.broker.receive(self.to_broker.popleft(), 0.0)
+            self.collect()
+        elif kind == "down" and self.to_worker:
+            self.worker.receive(self.to_worker.popleft(), 0.0)
+            self.flush()
+        elif kind == "fin" and self.running:
+            request = self.running.pop(k % len(self.running))
+            self.worker.finish(result_message(request, request.data[0]), 0.0)
+            self.flush()
+
+    def settle(self) -> None:
+        while self.to_broker or self.to_worker:
+            self.step("up", 0)
+            self.step("down", 0)

@@ -1,4 +1,20 @@
-"""The worker: a thin anyio driver around :class:`~dcp._core.worker.core.WorkerCore`."""
+"""The worker: :class:`Worker`, the thin public anyio driver, composed of parts that each own
+their state.
+
+None of the parts reads another's privates:
+
+- the sans-IO core, :class:`~dcp._core.worker.core.WorkerCore` (registration, credit,
+  heartbeats, liveness; the messages to send and the events to act on);
+- the connection, :class:`~dcp._worker.connection.Connection` (the DEALER socket, its
+  handshake monitor, sending);
+- the handlers, :class:`~dcp._worker.handlers.Handlers` (their slots, one request's run, its
+  answer given to the core);
+- the streams, :class:`~dcp._worker.streams.WorkerStreams`.
+
+The serving task (:meth:`Worker.serve`) runs one connection at a time: it gives the core the
+broker's messages and the time, sends what the core drains, starts its runs, and sleeps
+until the next message or the core's next deadline.
+"""
 
 from __future__ import annotations
 
@@ -13,28 +29,19 @@ import anyio.abc
 import attrs
 import zmq
 
-from dcp._core.worker.core import BrokerLost, Output, Refused, Run, State, WorkerCore
-from dcp._errors import AuthenticationFailed, RegistrationRefused, RemoteProtocolError
+from dcp._core.worker.core import BrokerLost, Event, Malformed, Refused, Run, State, WorkerCore
+from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
-from dcp._io.handshake import HandshakeWatch
 from dcp._io.lifecycle import BaseExceptionGroup, single_error
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._models import Handler
 from dcp._stats import WorkerStatistics
-from dcp._worker.connection import (
-    close_connection,
-    open_connection,
-    poll_monitor,
-    send_message,
-    send_part,
-)
-from dcp._worker.handlers import call_handler, drop, finish, handle, host_handlers, watch_loop
-from dcp._worker.results import handler_name, is_async_handler
+from dcp._worker.connection import Connection
+from dcp._worker.handlers import Handlers
 from dcp._worker.services import several_services
-from dcp._worker.slots import HandlerSlots
-from dcp._worker.streams import WorkerStreams, is_stream_handler
+from dcp._worker.streams import WorkerStreams
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -46,7 +53,6 @@ __all__ = ["Worker"]
 
 logger = logging.getLogger("dcp.worker")
 
-_POLLIN = int(zmq.POLLIN)
 #: Messages read per wake-up before other tasks get a turn.
 _BATCH = 64
 #: Linger (ms) of the socket closed after a graceful leave, so the last replies and the
@@ -160,30 +166,23 @@ class Worker:
         tracing: bool | TracerProvider = False,
     ) -> None:
         self.endpoint = endpoint
-        #: Spans of the handlers (docs/tracing.md); ``None``: tracing off (costs one test).
-        self._tracing: WorkerTracing | None = None
+        # Spans of the handlers (docs/tracing.md); None: tracing off (costs one test).
+        traced: WorkerTracing | None = None
         if tracing:
             from dcp._worker.tracing import WorkerTracing  # imports OpenTelemetry: only when asked
 
-            self._tracing = WorkerTracing(tracing)
+            traced = WorkerTracing(tracing)
         self._security = security
-        #: Why serving ended for good: a refused registration or a failed handshake.
-        self._refused: RegistrationRefused | AuthenticationFailed | None = None
+        #: Why serving ended for good: a refused registration (a failed handshake is the
+        #: connection's :attr:`~dcp._worker.connection.Connection.failure`).
+        self._refused: RegistrationRefused | None = None
         several = several_services(service, handler, services)
         if several is not None:
             # docs/services.md: one dispatching handler; concurrency is the services' sum.
             service, handler, concurrency = several.first, several.handler, several.concurrency
         assert service is not None and handler is not None
         self.service = service.encode() if isinstance(service, str) else bytes(service)
-        self._handler = handler
-        self._is_async = is_async_handler(handler)
-        #: An async generator function streams its answer (docs/streams.md).
-        self._streaming = is_stream_handler(handler)
-        self._streams = WorkerStreams()
-        self._handler_name = handler_name(handler)
-        #: Bounds the threads of a plain ``def`` handler (made in :meth:`serve`).
-        self._threads: anyio.CapacityLimiter | None = None
-        self._context = context
+        # The parts (each owns its state; none reads another's privates):
         self._core = WorkerCore(
             self.service,
             concurrency=concurrency,
@@ -195,23 +194,31 @@ class Worker:
             more_services=() if several is None else several.more,
             infos=None if several is None else several.infos,
         )
-        self._asock: AsyncSocket | None = None
-        self._watch_scope: anyio.CancelScope | None = None
-        self._monitor: zmq.Socket[bytes] | None = None
-        self._amonitor: AsyncSocket | None = None
-        self._watch = HandshakeWatch(endpoint, secure=security is not None, role="worker")
-        #: Handshakes that succeeded on the current socket (the first is the first connection).
-        self._handshakes = 0
-        self._tg: anyio.abc.TaskGroup | None = None
-        #: The handlers' slots (_worker_slots.py): cancelling them cancels them all.
-        self._handlers: HandlerSlots[Run] | None = None
+        self._streams = WorkerStreams()
+        self._connection = Connection(
+            self._core,
+            self._streams,
+            endpoint=endpoint,
+            service=self.service,
+            context=context,
+            security=security,
+            wake=self._wake,
+        )
+        self._handlers = Handlers(
+            self._core,
+            self._connection,
+            self._streams,
+            handler,
+            service=self.service,
+            tracing=traced,
+            wake=self._wake,
+        )
         self._wake_scope: anyio.CancelScope | None = None
         self._stop_deadline: float | None = None
         self._task_status: anyio.abc.TaskStatus[None] | None = None
         self._serving = False
         self._done: anyio.Event | None = None
         self._cm_tg: anyio.abc.TaskGroup | None = None
-        self._send_failures = 0
         #: The event loop's clock (anyio.current_time without its lookup; set in serve).
         self._now: Callable[[], float] = anyio.current_time
 
@@ -220,12 +227,30 @@ class Worker:
     def statistics(self) -> WorkerStatistics:
         """Counters: requests received, replies, forwards, errors, in progress, backlog,
         reconnects and more (see :class:`WorkerStatistics`)."""
-        return attrs.evolve(self._core.statistics(), send_failures=self._send_failures)
+        return attrs.evolve(self._core.statistics(), send_failures=self._connection.send_failures)
 
     @property
     def registered(self) -> bool:
         """True while the broker has confirmed our registration on the current socket."""
         return self._core.state is State.READY
+
+    # The parts the worker is made of, for tests and debugging: internals, whose names and
+    # methods change without notice (docs/internals).
+
+    @property
+    def core(self) -> WorkerCore:
+        """Internal: the worker's sans-IO core (its state, credit, type-frame width)."""
+        return self._core
+
+    @property
+    def connection(self) -> Connection:
+        """Internal: the worker's connection to the broker (its socket, its monitor)."""
+        return self._connection
+
+    @property
+    def streams(self) -> WorkerStreams:
+        """Internal: the streams the worker's handlers run (their counters)."""
+        return self._streams
 
     def stop(self, *, grace: float | None = None) -> None:
         """Begin a graceful stop and return at once; :meth:`serve` returns when done.
@@ -301,81 +326,83 @@ class Worker:
         self._serving = True
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if self._security is None else self._security.server_key
-            self.endpoint = await resolve(self.endpoint, key=key)
+            self.endpoint = self._connection.endpoint = await resolve(self.endpoint, key=key)
         self._done = anyio.Event()
         self._task_status = task_status
         self._now = loop_clock()
+        handlers = self._handlers
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
-                self._threads = anyio.CapacityLimiter(self._core.concurrency)
                 watchdog = anyio.CancelScope()
-                tg.start_soon(self._watch_loop, watchdog)
-                self._handlers = await tg.start(self._host_handlers)
+                tg.start_soon(handlers.watch_loop, watchdog)
+                await tg.start(handlers.host)
                 try:
-                    await self._run()
+                    await self._run(tg)
                 finally:
                     watchdog.cancel()
-                    self._close(0)
-                    self._cancel_handlers()
+                    self._connection.close(0)
+                    handlers.cancel()
         finally:
-            self._tg = None
             self._done.set()
-        if self._refused is not None:
-            raise self._refused
+        error = self._refused or self._connection.failure
+        if error is not None:
+            raise error
 
     # -- the serving task -------------------------------------------------------------------
 
-    async def _run(self) -> None:
+    async def _run(self, tg: anyio.abc.TaskGroup) -> None:
         core = self._core
+        connection = self._connection
         while self._stop_deadline is None:
-            self._open()
+            asock = connection.open(tg)
             core.connect(anyio.current_time())
-            outs, core.outbox = core.outbox, []
-            for out in outs:
-                self._do(out)
-            lost = await self._session()
+            self._flush()
+            lost = await self._session(asock)
             self._streams.cancel_all()  # the broker forgot our streams
             if lost is None:
                 return
-            self._close(0)
+            connection.close(0)
             logger.warning("broker %s silent; reconnecting in %.2fs", self.endpoint, lost.delay)
             await self._wait(anyio.current_time() + lost.delay)
         # Stopping without a connection: let the handlers finish, then leave.
         deadline = self._stop_deadline
         while core.in_progress and anyio.current_time() < deadline:
             await self._wait(deadline)
-        self._cancel_handlers()
+        self._handlers.cancel()
         core.leave()
-        core.outbox = []  # disconnected: nothing to send
+        core.drain()  # disconnected: nothing to send
 
-    async def _session(self) -> BrokerLost | None:
-        """Serve one connection; ``None`` once we left gracefully, else why it ended."""
+    async def _session(self, asock: AsyncSocket) -> BrokerLost | None:
+        """Serve one connection; ``None`` once we left gracefully (or must stop: refused),
+        else why it ended."""
         core = self._core
-        asock = self._asock
-        assert asock is not None
+        connection = self._connection
+        send = connection.send
+        streams_receive = self._streams.receive
+        slots = self._handlers.slots
+        assert slots is not None
+        submit = slots.submit
         while True:
-            self._poll_monitor()
-            if self._refused is not None:  # the handshake failed (see _poll_monitor)
+            connection.poll()
+            if connection.failure is not None:  # the handshake failed (connection Rule 3)
                 return None
             now = self._now()
             if self._stop_deadline is not None and (
                 core.in_progress == 0 or now >= self._stop_deadline
             ):
-                self._cancel_handlers()
+                self._handlers.cancel()
                 core.leave()
-                outs, core.outbox = core.outbox, []
-                for out in outs:
-                    self._do(out)
-                self._close(_LEAVE_LINGER_MS)
+                self._flush()
+                connection.close(_LEAVE_LINGER_MS)
                 return None
-            core.tick(now)
-            outs, core.outbox = core.outbox, []
-            for out in outs:
-                if isinstance(out, BrokerLost):
-                    return out
-                self._do(out)
-            deadline = core.deadline()
+            core.expire(now)
+            if core.outbox or core.events:  # mostly nothing is due: no calls then
+                stop = self._flush()
+                if stop is not None:
+                    return stop if type(stop) is BrokerLost else None
+            deadline = core.next_deadline()
+            if deadline is None:
+                deadline = math.inf
             if self._stop_deadline is not None:
                 deadline = min(deadline, self._stop_deadline)
             await asock.wait_readable(deadline)
@@ -390,27 +417,18 @@ class Worker:
                         sum(len(f) for f in received.frames),
                     )
             for received in batch:
-                if self._streams.receive(received.frames):
-                    continue  # a stream's credit or cancel (_worker_streams.py)
-                try:
-                    core.receive(received.frames, now)
-                except RemoteProtocolError as exc:
-                    logger.warning("malformed message from broker (%s): %s", exc.reason, exc)
-                    continue
-                outs, core.outbox = core.outbox, []
-                for out in outs:
-                    if isinstance(out, Refused):
-                        logger.error(
-                            "broker %s refused the registration for %r: %s",
-                            self.endpoint,
-                            self.service,
-                            out.message,
-                        )
-                        self._refused = RegistrationRefused(
-                            out.service or self.service, out.message
-                        )
-                        return None
-                    self._do(out)
+                frames = received.frames
+                if streams_receive(frames):
+                    continue  # a stream's credit or cancel (dcp/_worker/streams.py)
+                core.receive(frames, now)
+                outbox, events = core.drain()
+                for out in outbox:
+                    send(out)
+                for event in events:
+                    if type(event) is Run:
+                        submit(event)
+                    elif self._act(event):
+                        return None  # refused
                 if core.state is State.READY and self._task_status is not None:
                     logger.info(
                         "worker for service %r registered at %s", self.service, self.endpoint
@@ -422,6 +440,42 @@ class Worker:
             # is the same one; the wait's setup comes after their replies have left).
             if batch:
                 await anyio.lowlevel.checkpoint()
+
+    def _flush(self) -> BrokerLost | Refused | None:
+        """Do what the core asked for: send its messages, start its runs, log; the event
+        that ends the session (:class:`BrokerLost`, :class:`Refused`), if any."""
+        core = self._core
+        outbox, events = core.drain()
+        send = self._connection.send
+        for frames in outbox:
+            send(frames)
+        for event in events:
+            if type(event) is Run:
+                slots = self._handlers.slots
+                assert slots is not None
+                slots.submit(event)
+            elif type(event) is BrokerLost:
+                return event
+            elif self._act(event):
+                assert type(event) is Refused
+                return event
+        return None
+
+    def _act(self, event: Event) -> bool:
+        """Act on an event that is not a :class:`Run`; whether it ends serving (a refusal)."""
+        if type(event) is Malformed:
+            logger.warning("malformed message from broker (%s): %s", event.reason, event.message)
+            return False
+        if type(event) is Refused:
+            logger.error(
+                "broker %s refused the registration for %r: %s",
+                self.endpoint,
+                self.service,
+                event.message,
+            )
+            self._refused = RegistrationRefused(event.service or self.service, event.message)
+            return True
+        raise AssertionError(event)  # pragma: no cover - a BrokerLost only comes from expire
 
     async def _wait(self, deadline: float) -> None:
         """Sleep until ``deadline`` or until :meth:`_wake`."""
@@ -437,36 +491,6 @@ class Worker:
     def _wake(self) -> None:
         if self._wake_scope is not None:
             self._wake_scope.cancel()
-        if self._asock is not None:
-            self._asock.wake()
-
-    # -- the connection (dcp/_worker/connection.py; methods, so that the hot path makes the
-    # -- same calls as when they were written here) ------------------------------------------
-
-    _open = open_connection
-    _poll_monitor = poll_monitor
-    _close = close_connection
-    _send = send_message
-    _send_part = send_part
-
-    def _do(self, out: Output) -> None:
-        if isinstance(out, Run):
-            assert self._handlers is not None
-            self._handlers.submit(out)
-        elif isinstance(out, (BrokerLost, Refused)):  # pragma: no cover - handled by _session
-            raise AssertionError(out)
-        else:
-            self._send(out)
-
-    # -- handlers (dcp/_worker/handlers.py; methods, for the same reason) -------------------
-
-    _host_handlers = host_handlers
-    _watch_loop = watch_loop
-    _handle = handle
-    _drop = drop
-    _finish = finish
-    _call = call_handler
-
-    def _cancel_handlers(self) -> None:
-        if self._handlers is not None:
-            self._handlers.cancel()
+        asock = self._connection.socket
+        if asock is not None:
+            asock.wake()

@@ -28,6 +28,7 @@ from dcp.wire import (
     serialize,
 )
 from dcp.wire.messages import error_reply_data, parse_error_reply
+from tests.helpers import take as take_worker
 
 W1, W2, C1 = b"W1", b"W2", b"C1"
 INFO = {"version": "1.0.0", "description": "d", "metadata": {"k": "v"}}
@@ -232,8 +233,7 @@ def test_to_approval() -> None:
 def test_worker_core_several_services() -> None:
     core = WorkerCore(b"a", more_services=(b"b",), infos={b"b": b'{"version":"1.0.0"}'})
     core.connect(0.0)
-    sent, core.outbox = core.outbox, []
-    assert sent == [
+    assert take_worker(core) == [
         Request(b"mmi.describe", None, (DESCRIBE_TAG,), (b"b", b'{"version":"1.0.0"}')),
         Register(b"a"),
         Register(b"b"),
@@ -243,19 +243,18 @@ def test_worker_core_several_services() -> None:
     assert core.state is State.REGISTERING  # Rule 14: "b" not echoed yet
     core.receive(serialize(Register(b"b")), 0.1)
     assert cast("State", core.state) is State.READY
-    assert core.outbox == [Pong()]
-    core.outbox = []
+    assert take_worker(core) == [Pong()]
     assert core.statistics().unexpected == 0
     # A broker RECONNECT: everything again.
     core.receive(serialize(Reconnect()), 0.2)
-    assert core.outbox[1:] == [Register(b"a"), Register(b"b")]
-    core.outbox = []
+    assert take_worker(core)[1:] == [Register(b"a"), Register(b"b")]
     core.receive(serialize(Ping()), 0.2)
     # A refusal of either closes the core, naming the service.
     refusal = Reply(None, (b"b",), error_reply_data("registration_refused", "no"))
     core.receive(serialize(refusal), 0.3)
-    assert core.outbox == [Refused("no")]
-    assert isinstance(core.outbox[0], Refused) and core.outbox[0].service == b"b"
+    refused = take_worker(core)
+    assert refused == [Refused("no")]
+    assert isinstance(refused[0], Refused) and refused[0].service == b"b"
     assert cast("State", core.state) is State.CLOSED
 
 

@@ -23,10 +23,11 @@ from dcp._broker.oplog import write_log
 from dcp._broker.zap import ZapHandler
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
-from dcp._core.worker.core import Output, Refused, State, WorkerCore
+from dcp._core.worker.core import Refused, State, WorkerCore
 from dcp._io.security import ANY, load_public_keys, write_key_pair, z85_key
 from dcp.wire import PROTOCOL, Message, Ping, Register, Reply, Request, serialize
 from dcp.wire.messages import error_reply_data, parse_error_reply
+from tests.helpers import take as take_worker
 from tests.helpers import wait_for
 
 BROKER = zmq.curve_keypair()
@@ -43,11 +44,6 @@ def out(peer: bytes, msg: Message, width: int = 1) -> list[bytes]:
 def take(core: BrokerCore) -> list[list[bytes]]:
     sent, core.outbox = core.outbox, []
     return sent
-
-
-def take_worker(core: WorkerCore) -> list[Output]:
-    outputs, core.outbox = core.outbox, []
-    return outputs
 
 
 # -- keys -------------------------------------------------------------------------------
@@ -413,7 +409,7 @@ def test_worker_core_stops_on_a_refused_registration(service: bytes) -> None:
     core.receive(refusal(service), 0.1)
     assert take_worker(core) == [Refused("not you")]
     assert core.state is State.CLOSED
-    core.tick(100.0)
+    core.expire(100.0)
     assert take_worker(core) == []
 
 

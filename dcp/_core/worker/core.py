@@ -1,15 +1,20 @@
 """The sans-IO state machine of a dcp worker: registration, credit, heartbeats, liveness.
 
 :class:`WorkerCore` takes whole multipart messages from the broker (``list[bytes]``, DEALER
-side) and the current time ``now``, and tells the I/O layer what to do: messages to send,
-handlers to start (:class:`Run`), a lost broker to reconnect to (:class:`BrokerLost`), or a
-refusal (:class:`Refused`).
+side) and the current time ``now``, and tells the driver what to do: messages to send, and
+events: handlers to start (:class:`Run`), a lost broker to reconnect to
+(:class:`BrokerLost`), a refusal (:class:`Refused`), a malformed message to log
+(:class:`Malformed`).
 
-Output convention (the same for every dcp core): input methods (:meth:`~WorkerCore.connect`,
-:meth:`~WorkerCore.receive`, :meth:`~WorkerCore.finish`, :meth:`~WorkerCore.tick`,
-:meth:`~WorkerCore.leave`) take ``now`` where time matters, return nothing, and append their
-outputs (:data:`Output`), in order, to :attr:`WorkerCore.outbox`; the driver drains it after
-each call or batch (``out, core.outbox = core.outbox, []``) and acts on them in order.
+It follows the contract of every dcp core (:mod:`dcp._core`): input methods
+(:meth:`~WorkerCore.connect`, :meth:`~WorkerCore.receive`, :meth:`~WorkerCore.finish`,
+:meth:`~WorkerCore.expire`, :meth:`~WorkerCore.leave`...) take ``now`` where time matters,
+return nothing, and append their outputs, in order, to two lists: :attr:`WorkerCore.outbox`,
+the messages to send, each a ``list[bytes]`` ready for the socket (serialized in the
+type-frame width the core writes, Rule 11), and :attr:`WorkerCore.events` (:data:`Event`).
+The driver takes both with :meth:`~WorkerCore.drain` after each call or batch, sends the
+messages in order and acts on the events in order. Time is :meth:`~WorkerCore.expire` at
+:meth:`~WorkerCore.next_deadline` or later.
 
 The rules (``N`` is the concurrency; ``I`` the heartbeat interval; ``L`` the liveness):
 
@@ -126,11 +131,19 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from dcp._core.broker.directory import DESCRIBE
-from dcp._core.worker.outputs import BrokerLost, Output, Refused, Run, State, backoff_delay
+from dcp._core.worker.outputs import (
+    BrokerLost,
+    Event,
+    Malformed,
+    Refused,
+    Run,
+    State,
+    backoff_delay,
+)
 from dcp._core.worker.replay import SentReplies
 from dcp._errors import RemoteProtocolError
 from dcp._stats import WorkerStatistics
-from dcp.wire.dcp1 import check_type_width, parse
+from dcp.wire.dcp1 import check_type_width, parse, serialize
 from dcp.wire.messages import (
     Message,
     Ping,
@@ -149,7 +162,8 @@ DESCRIBE_TAG = b"\xffDCP:describe"
 
 __all__ = [
     "BrokerLost",
-    "Output",
+    "Event",
+    "Malformed",
     "Refused",
     "Run",
     "State",
@@ -211,9 +225,10 @@ class WorkerCore:
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
         self._random = random
-        #: What the I/O layer must do, in order: messages to send and commands (see the
-        #: output convention in the module docstring). The driver drains it after each call.
-        self.outbox: list[Output] = []
+        #: The messages to send, in order, each ready for the socket (the module docstring).
+        self.outbox: list[list[bytes]] = []
+        #: What else the driver must do, in order (:data:`Event`).
+        self.events: list[Event] = []
         #: Where we stand with the broker.
         self.state = State.DISCONNECTED
         #: True once :meth:`stop` was called.
@@ -255,9 +270,11 @@ class WorkerCore:
         self._generation += 1
         self._credit = 1
         outbox = self.outbox
-        outbox += self._registrations()
-        outbox += self._pending
+        width = self.width
+        for message in self._registrations():
+            outbox.append(serialize(message, width=width))
         for message in self._pending:
+            outbox.append(serialize(message, width=width))
             if type(message) is Reply:
                 self._sent.remember(message, now)
         self._pending.clear()
@@ -278,18 +295,17 @@ class WorkerCore:
             self._reregister(now)
 
     def receive(self, frames: Sequence[bytes], now: float) -> None:
-        """A message from the broker.
-
-        :raises RemoteProtocolError: it does not parse (it still proves the broker alive)
-        """
+        """A message from the broker. One that does not parse is counted and reported
+        (:class:`Malformed`); it still proves the broker alive."""
         if self.state not in (State.REGISTERING, State.READY):
             return
         self._last_recv = now
         try:
             msg, width = parse(frames)
-        except RemoteProtocolError:
+        except RemoteProtocolError as exc:
             self._malformed += 1
-            raise
+            self.events.append(Malformed(exc.reason, str(exc)))
+            return
         if self.type_width == 1:
             self.width = width  # Rule 11: answer in kind
         if isinstance(msg, Request):
@@ -318,7 +334,7 @@ class WorkerCore:
                 self.stopping = True
                 self._drop_backlog()
                 refused = msg.metadata[0] if msg.metadata else b""
-                self.outbox.append(Refused(refusal[1], refused))
+                self.events.append(Refused(refusal[1], refused))
                 return
         if isinstance(msg, Reply) and msg.metadata == (DESCRIBE_TAG,):
             return  # the broker's answer to mmi.describe (Rule 14)
@@ -352,7 +368,15 @@ class WorkerCore:
             self._send(message, now)
         self._start_backlog(now)
 
-    def tick(self, now: float) -> None:
+    def drain(self) -> tuple[list[list[bytes]], list[Event]]:
+        """Take what the calls since the last drain asked for: the messages to send and
+        the events, each in order (the core's lists start empty again)."""
+        outbox, events = self.outbox, self.events
+        self.outbox = []
+        self.events = []
+        return outbox, events
+
+    def expire(self, now: float) -> None:
         """Time passed: maybe a heartbeat (Rule 5), maybe the broker is gone (Rule 6)."""
         if self.state not in (State.REGISTERING, State.READY):
             return
@@ -364,7 +388,7 @@ class WorkerCore:
                 self._failures, self.reconnect_min, self.reconnect_max, self._random()
             )
             self._failures += 1
-            self.outbox.append(BrokerLost(delay))
+            self.events.append(BrokerLost(delay))
         elif self.state is State.READY and now >= self._heartbeat_due():
             if self._has_free_slot() and (self._credit == 0 or self._in_progress == 0):
                 self._credit = max(self._credit, 1)
@@ -372,10 +396,11 @@ class WorkerCore:
             else:
                 self._send(Pong(), now)
 
-    def deadline(self) -> float:
-        """When :meth:`tick` next has something to do (``inf`` if never)."""
+    def next_deadline(self) -> float | None:
+        """When :meth:`expire` next has something to do (``None``: nothing until more
+        input)."""
         if self.state not in (State.REGISTERING, State.READY):
-            return math.inf
+            return None
         lost = self._last_recv + self.liveness * self.heartbeat_interval
         if self.state is State.READY:
             return min(lost, self._heartbeat_due())
@@ -389,7 +414,7 @@ class WorkerCore:
     def leave(self) -> None:
         """Leave for good: a RECONNECT for the broker if we are (being) registered."""
         if self.state in (State.REGISTERING, State.READY):
-            self.outbox.append(Reconnect())
+            self.outbox.append(serialize(Reconnect(), width=self.width))
         self.stopping = True
         self.state = State.CLOSED
         self._drop_backlog()
@@ -437,7 +462,7 @@ class WorkerCore:
             return
         if self._in_progress < self.concurrency:
             self._in_progress += 1
-            self.outbox.append(Run(request, self._generation))
+            self.events.append(Run(request, self._generation))
         else:
             expires_in = request_expires_in(request.metadata)
             self._backlog.append((request, math.inf if expires_in is None else now + expires_in))
@@ -455,7 +480,7 @@ class WorkerCore:
             request, deadline = backlog.popleft()
             if now < deadline:
                 self._in_progress += 1
-                self.outbox.append(Run(request, self._generation))
+                self.events.append(Run(request, self._generation))
                 return
             self._expired += 1
             self._credit += 1
@@ -491,7 +516,7 @@ class WorkerCore:
                 self._last_beat = now
             elif type(message) is Reply:
                 self._sent.remember(message, now)
-            self.outbox.append(message)
+            self.outbox.append(serialize(message, width=self.width))
         elif self.state is State.DISCONNECTED and isinstance(message, (Reply, Request)):
             self._pending.append(message)  # Rule 7: sent after the next REGISTER
 

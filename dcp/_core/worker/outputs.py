@@ -1,5 +1,5 @@
-"""What the worker core (:mod:`dcp._core.worker.core`) tells its driver: its state, and the
-commands it puts in its outbox besides messages to send."""
+"""What the worker core (:mod:`dcp._core.worker.core`) tells its driver besides the messages
+to send: its state, and the events it puts in its ``events`` list."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import TypeAlias
 
 import attrs
 
-from dcp.wire.messages import Message, Request
+from dcp.wire.messages import Request
 
-__all__ = ["BrokerLost", "Output", "Refused", "Run", "State", "backoff_delay"]
+__all__ = ["BrokerLost", "Event", "Malformed", "Refused", "Run", "State", "backoff_delay"]
 
 
 def backoff_delay(failures: int, low: float, high: float, rand: float) -> float:
@@ -38,7 +38,7 @@ class State(enum.Enum):
 
 @attrs.frozen
 class Run:
-    """Output: start the handler for :attr:`request`; pass :attr:`generation` back to
+    """Event: start the handler for :attr:`request`; pass :attr:`generation` back to
     :meth:`~dcp._core.worker.core.WorkerCore.finish`."""
 
     request: Request
@@ -49,14 +49,14 @@ class Run:
 
 @attrs.frozen
 class BrokerLost:
-    """Output: the broker is gone; close the socket, wait :attr:`delay` s, reconnect."""
+    """Event: the broker is gone; close the socket, wait :attr:`delay` s, reconnect."""
 
     delay: float
 
 
 @attrs.frozen
 class Refused:
-    """Output: the broker refused our registration (worker core Rule 10); stop serving."""
+    """Event: the broker refused our registration (worker core Rule 10); stop serving."""
 
     #: The broker's explanation.
     message: str
@@ -64,6 +64,17 @@ class Refused:
     service: bytes = attrs.field(default=b"", eq=False)
 
 
-#: What the core asks the I/O layer to do (the items of
-#: :attr:`~dcp._core.worker.core.WorkerCore.outbox`).
-Output: TypeAlias = Message | Run | BrokerLost | Refused
+@attrs.frozen
+class Malformed:
+    """Event: a message from the broker did not parse (counted as ``malformed``); the
+    driver logs it."""
+
+    #: The error's reason code (:attr:`dcp.RemoteProtocolError.reason`).
+    reason: str
+    #: What was wrong, for the log.
+    message: str
+
+
+#: What the core asks the driver to do besides sending (the items of
+#: :attr:`~dcp._core.worker.core.WorkerCore.events`).
+Event: TypeAlias = Run | BrokerLost | Refused | Malformed
