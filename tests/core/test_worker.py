@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcp._core.broker import directory
 from dcp._core.broker.core import BrokerCore
 from dcp._core.worker.core import (
+    DESCRIBE,
     BrokerLost,
     Event,
     Malformed,
@@ -401,6 +403,8 @@ def check_drained(w: WorkerCore) -> tuple[list[list[bytes]], list[Event]]:
 
 @pytest.mark.parametrize("width", [1, 4])
 def test_the_worker_core_follows_the_contract_of_every_core(width: int) -> None:
+    # The cores do not import each other: the name descriptions go to is the broker's.
+    assert DESCRIBE == directory.DESCRIBE
     # One time API, no other: expire(now) and next_deadline().
     assert not hasattr(WorkerCore, "tick") and not hasattr(WorkerCore, "deadline")
     w = WorkerCore(SVC, concurrency=1, type_width=width, random=lambda: 0.0)

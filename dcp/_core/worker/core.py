@@ -130,7 +130,6 @@ import random as _random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
-from dcp._core.broker.directory import DESCRIBE
 from dcp._core.worker.outputs import (
     BrokerLost,
     Event,
@@ -157,6 +156,9 @@ from dcp.wire.messages import (
 )
 from dcp.wire.options import request_expires_in
 
+#: The service a worker's descriptions go to (Rule 14): the broker's (its directory's Rule
+#: D3, :data:`dcp._core.broker.directory.DESCRIBE`; the cores do not import each other).
+DESCRIBE = b"mmi.describe"
 #: The metadata of a worker's ``mmi.describe`` request (Rule 14), to know the answer.
 DESCRIBE_TAG = b"\xffDCP:describe"
 
