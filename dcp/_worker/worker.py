@@ -421,6 +421,7 @@ class Worker:
                 if streams_receive(frames):
                     continue  # a stream's credit or cancel (dcp/_worker/streams.py)
                 core.receive(frames, now)
+                # What _flush does, inline: the hot path (a request in, its Run out).
                 outbox, events = core.drain()
                 for out in outbox:
                     send(out)
