@@ -453,8 +453,7 @@ class Client(ClientOptions):
             raise RuntimeError("use 'async with Client(...)' before sending requests")
         tracker = self._tracker
         rid = tracker.request(service, data, self._now(), metadata=metadata, timing=timing)
-        out, tracker.outbox = tracker.outbox, []
-        (frames,) = out  # the request's first attempt; sent (or waited for) by _send
+        (frames,), _ = tracker.drain()  # the request's first attempt; sent by _send
         self._waiters[rid] = waiter
         self._socket.move_deadline(tracker.deadline_of(rid))
         return rid, frames

@@ -133,8 +133,8 @@ async def receive_loop(client: Client) -> None:
 
 def expire(client: Client, asock: AsyncSocket, now: float) -> None:
     tracker = client._tracker
-    failed = tracker.expire(now)
-    out, tracker.outbox = tracker.outbox, []
+    tracker.expire(now)
+    out, events = tracker.drain()
     watch = client._watch
     if out and watch is not None and watch.unheard():
         # Handshakes Rule H5: a secure broker ignores this connection; make a new one.
@@ -152,10 +152,11 @@ def expire(client: Client, asock: AsyncSocket, now: float) -> None:
         except zmq.Again:
             tracker.resends_dropped += 1
     waiters = client._waiters
-    for rid, exc in failed:
+    for event in events:
+        rid = event.request_id
         waiter = waiters.pop(rid, None)
         if waiter is not None:
-            waiter.deliver(rid, exc)
+            waiter.deliver(rid, event.error)
 
 
 def shutdown(client: Client, failure: BaseException | None) -> None:

@@ -347,8 +347,7 @@ class SyncClient(ClientOptions):
             self._claim()
         tracker = self._tracker
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
-        out, tracker.outbox = tracker.outbox, []
-        (frames,) = out  # the request's first attempt
+        (frames,), _ = tracker.drain()  # the request's first attempt
         try:
             self._send(frames, tracker.deadline_of(rid))
         except BaseException:
@@ -469,8 +468,8 @@ class SyncClient(ClientOptions):
         if deadline is not None:
             now = time.monotonic()
             if deadline <= now:
-                failed = tracker.expire(now)
-                out, tracker.outbox = tracker.outbox, []
+                tracker.expire(now)
+                out, events = tracker.drain()
                 if out and self._watch.unheard():
                     # Handshakes Rule H5: a secure broker ignores this connection.
                     self._watch.heard = self._watch.handshakes
@@ -481,5 +480,5 @@ class SyncClient(ClientOptions):
                         send_frames(self._sock, frames)
                     except zmq.Again:
                         tracker.resends_dropped += 1
-                for rid, exc in failed:
-                    self._done[rid] = exc
+                for event in events:
+                    self._done[event.request_id] = event.error

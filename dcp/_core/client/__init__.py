@@ -1,1 +1,3 @@
-"""The client's sans-IO core."""
+"""The client's sans-IO core: the request tracker (:mod:`~dcp._core.client.tracker`) and its
+events (:mod:`~dcp._core.client.events`), and what building a request takes
+(:mod:`~dcp._core.client.calls`)."""
