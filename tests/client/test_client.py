@@ -39,7 +39,7 @@ async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None
 
 def assert_clean(client: Client) -> None:
     assert client.statistics().pending == 0
-    assert client._waiters == {}
+    assert client._receiver.waiters == {}  # white-box: no waiter left
 
 
 # ---------------------------------------------------------------- basics
@@ -382,7 +382,8 @@ async def test_broken_socket_fails_pending_and_new_requests(
     errors: list[BaseException] = []
     with FakeBroker(silent) as broker:
         async with Client(broker.endpoint) as client:
-            assert client._socket is not None
+            socket = client._receiver.socket  # white-box: make it fail
+            assert socket is not None
 
             def broken_drain(batch: int) -> list[object]:
                 raise failure
@@ -394,7 +395,7 @@ async def test_broken_socket_fails_pending_and_new_requests(
                     errors.append(exc)
 
             # The socket "fails" on its next read; a message makes the receive task read.
-            monkeypatch.setattr(client._socket, "drain", broken_drain)
+            monkeypatch.setattr(socket, "drain", broken_drain)
             with anyio.fail_after(5):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(one)

@@ -24,7 +24,7 @@ from majortomo import Client as MtClient
 
 import dcp
 import dcp.wire.streams as wire
-from dcp._client.streams import StreamWaiter, deliver_part
+from dcp._client.waiters import StreamWaiter, deliver_part
 from dcp._io.context import get_context
 from dcp._worker.streams import WorkerStreams, is_stream_handler
 from dcp.wire import mdp

@@ -33,7 +33,7 @@ from tests.fakes import (
 
 def assert_clean(client: SyncClient) -> None:
     assert client.statistics().pending == 0
-    assert client._done == {}
+    assert client._receiver.done == {}  # white-box: no outcome left
 
 
 def test_request_round_trip_with_metadata() -> None:
@@ -216,10 +216,11 @@ def test_close_is_idempotent_and_later_requests_fail() -> None:
 
 def test_a_forked_child_must_not_use_the_parents_client() -> None:
     with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
-        pid, client._pid = client._pid, -1  # what the client sees after os.fork()
+        receiver = client._receiver  # white-box: fake a fork
+        pid, receiver.pid = receiver.pid, -1  # what the client sees after os.fork()
         with pytest.raises(RuntimeError, match="forked"):
             client.request("echo", b"x")
-        client._pid = pid
+        receiver.pid = pid
 
 
 def test_bad_routing_id() -> None:

@@ -44,7 +44,17 @@ class Window(Generic[P, O]):
         other requests' outcomes too, which the window leaves alone
     """
 
-    __slots__ = ("_exhausted", "_inflight", "_inputs", "_staged", "arrived", "ordered", "size")
+    __slots__ = (
+        "_exhausted",
+        "_inflight",
+        "_inputs",
+        "_room",
+        "_staged",
+        "arrived",
+        "finished",
+        "ordered",
+        "size",
+    )
 
     def __init__(
         self,
@@ -59,12 +69,16 @@ class Window(Generic[P, O]):
         self.ordered = ordered
         #: Outcomes that arrived, by request id (not yet yielded).
         self.arrived: MutableMapping[bytes, O] = {} if arrived is None else arrived
+        #: No input left, and every outcome yielded.
+        self.finished = False
         self._inputs: Iterator[tuple[int, P]] = enumerate(inputs)
         #: The input taken but not yet given out (Rule 1: no room for it yet).
         self._staged: tuple[int, P] | None = None
         self._exhausted = False
         #: Outstanding requests (sent, outcome not yielded): id -> input index, oldest first.
         self._inflight: dict[bytes, int] = {}
+        #: ``size`` less the outstanding requests (a counter: no call on the hot path).
+        self._room = size
 
     def next_input(self) -> tuple[int, P] | None:
         """The next input to send and its index, if there is room for it (Rule 1);
@@ -77,8 +91,9 @@ class Window(Generic[P, O]):
             staged = next(self._inputs, None)
             if staged is None:
                 self._exhausted = True
+                self.finished = not self._inflight
                 return None
-        if len(self._inflight) >= self.size:
+        if self._room <= 0:
             self._staged = staged
             return None
         self._staged = None
@@ -87,6 +102,7 @@ class Window(Generic[P, O]):
     def sent(self, rid: bytes, index: int) -> None:
         """The input number ``index`` went out as request ``rid``."""
         self._inflight[rid] = index
+        self._room -= 1
 
     def next_result(self) -> tuple[int, O] | None:
         """An outcome that may be yielded now, with its input's index (Rule 5), taken out
@@ -98,18 +114,21 @@ class Window(Generic[P, O]):
         if self.ordered:
             for rid in inflight:  # only the oldest outstanding request (no iter/next calls)
                 if rid in arrived:
-                    return inflight.pop(rid), arrived.pop(rid)
+                    break
                 return None
-            return None
-        for rid in arrived:  # the first to arrive (``arrived`` may hold others' too)
-            if rid in inflight:
-                return inflight.pop(rid), arrived.pop(rid)
-        return None
-
-    @property
-    def finished(self) -> bool:
-        """No input left, and every outcome yielded."""
-        return self._exhausted and not self._inflight
+            else:
+                return None
+        else:
+            for rid in arrived:  # the first to arrive (``arrived`` may hold others' too)
+                if rid in inflight:
+                    break
+            else:
+                return None
+        self._room += 1
+        result = inflight.pop(rid), arrived.pop(rid)
+        if not inflight and self._exhausted:
+            self.finished = True
+        return result
 
     def outstanding(self) -> list[bytes]:
         """The requests sent whose outcome was not yielded (to forget when the map ends
