@@ -24,8 +24,10 @@ from majortomo import Client as MtClient
 
 import dcp
 import dcp.wire.streams as wire
+from dcp._client.streams import StreamReader
 from dcp._client.waiters import StreamWaiter, deliver_part
 from dcp._io.context import get_context
+from dcp._models import Outcome
 from dcp._worker.streams import WorkerStreams, is_stream_handler
 from dcp.wire import mdp
 from tests.cli.procs import Proc, start, start_broker
@@ -416,6 +418,45 @@ def test_a_malformed_part_is_dropped() -> None:
     assert deliver_part(frames, waiters) is None
     frames = wire.build(wire.StreamType.PARTIAL, None, (b"rid",), (b"x",))
     assert deliver_part(frames, waiters) == deque([(b"x",)])
+
+
+class _Reader(StreamReader):
+    """The part both clients' streams share, driven by hand."""
+
+    def read(self, done: bool = False) -> tuple[tuple[bytes, ...], int]:
+        return self._next_part(done)
+
+    def end(self, outcome: Outcome) -> tuple[bytes, ...] | None:
+        return self._last(outcome)
+
+    def leave(self) -> bool:
+        return self._leave()
+
+
+def test_the_shared_reader_grants_half_a_window_and_ends_as_the_rules_say() -> None:
+    parts: deque[tuple[bytes, ...]] = deque((b"%d" % i,) for i in range(6))
+    reader = _Reader(parts, 4, None)
+    # Rule C3: once half the window is read, that many parts are granted.
+    assert [reader.read() for _ in range(4)] == [
+        ((b"0",), 0),
+        ((b"1",), 2),
+        ((b"2",), 0),
+        ((b"3",), 2),
+    ]
+    assert reader.read(done=True) == ((b"4",), 0)  # the end arrived: no more credit
+    # Rule C2: the final reply's data is the last part; an empty one ends the stream.
+    assert reader.end(dcp.Response((b"last",))) == (b"last",)
+    assert reader.received == 6
+    assert _Reader(deque(), 1, None).end(dcp.Response(())) is None
+    with pytest.raises(dcp.StreamBroken) as broken:
+        reader.end(dcp.RemoteError("stream_broken", "gone"))
+    assert broken.value.parts == 6
+    with pytest.raises(dcp.RemoteError, match="other"):
+        reader.end(dcp.RemoteError("other", "no"))
+    # Rule C4: left once; a part still buffered is read without granting more.
+    left = _Reader(deque([(b"a",), (b"b",)]), 2, 1.0)
+    assert left.leave() and not left.leave()
+    assert left.read() == ((b"a",), 0)
 
 
 async def test_worker_streams_ignore_what_they_do_not_run() -> None:
