@@ -31,7 +31,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from types import TracebackType
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 import zmq
@@ -59,23 +59,70 @@ def _control(mtype: wire.StreamType, rid: bytes, n: int = 0) -> list[bytes]:
     return wire.build(mtype, None, (rid,), credit=n)
 
 
-class StreamReader:
-    """What a stream reader of either client keeps and decides alike (Rules C2-C4): the
-    parts received and not yet read, the credit owed, the end, and leaving early.
+class _Link(Protocol):
+    """What a stream needs of either client's receiver besides its flavour's own calls."""
 
-    :param parts: where the client puts the stream's parts as they arrive
-    :param window: the stream's window, in parts
+    closed: bool
+
+    def send_nowait(self, frames: list[bytes]) -> None: ...
+
+
+_L = TypeVar("_L", bound=_Link)
+
+
+class StreamReader(Generic[_L]):
+    """What a stream of either client keeps and decides alike (Rules C2-C4): the parts
+    received and not yet read, the credit owed, the end, and leaving early. A flavour adds
+    how it starts and forgets the request (:meth:`_open`, :meth:`_forget`), waits and sends.
+
+    :param receiver: the client's receiver
+    :param window: the stream's window, in parts (its first credit)
     :param stall_timeout: seconds to wait for each next part (``None``: no limit)
     """
 
-    def __init__(self, parts: deque[Part], window: int, stall_timeout: float | None) -> None:
-        self._parts = parts
+    def __init__(
+        self,
+        receiver: _L,
+        service: bytes,
+        data: tuple[bytes, ...],
+        metadata: tuple[bytes, ...],
+        timing: Timing,
+        window: int,
+        stall_timeout: float | None,
+    ) -> None:
+        self._receiver = receiver
         self._grant = max(1, window // 2)
         self._stall = stall_timeout
         self._read = 0
         self._ended = self._closed = False
+        #: Where the client puts the stream's parts as they arrive (Rule C2).
+        self._parts: deque[Part] = deque()
         #: Parts read so far.
         self.received = 0
+        self._open(service, data, (*metadata, wire.stream_option(window)), timing)
+
+    def _open(
+        self, service: bytes, data: tuple[bytes, ...], metadata: tuple[bytes, ...], timing: Timing
+    ) -> None:
+        """Start the stream's request (the blocking flavour), or keep it for later."""
+        raise NotImplementedError
+
+    def _forget(self) -> bytes | None:
+        """Forget the request: its id if the worker must be told to stop (Rule C4)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Rule C4: stop reading; the worker is told to stop unless the stream ended.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = self._ended = True
+        rid = self._forget()
+        if rid is not None and not self._receiver.closed:
+            # A full queue loses the CANCEL: the worker then waits for credit that never
+            # comes, until its work timeout (if any) or the broker forgets this client.
+            with contextlib.suppress(zmq.ZMQError):
+                self._receiver.send_nowait(_control(wire.StreamType.CANCEL, rid))
 
     def _next_part(self, done: bool) -> tuple[Part, int]:
         """Read the oldest part received; with it, how many parts to grant now (Rule C3:
@@ -111,13 +158,6 @@ class StreamReader:
             f"stream stalled: no part for {self._stall:g} s after {self.received} part(s)"
         )
 
-    def _leave(self) -> bool:
-        """Rule C4: stop reading. ``False`` if it was already left."""
-        if self._closed:
-            return False
-        self._closed = self._ended = True
-        return True
-
 
 def _answered(done: bool, outcome: Outcome | None) -> bool:
     """Whether the stream's final answer came from the broker (not a local timeout, not the
@@ -125,28 +165,20 @@ def _answered(done: bool, outcome: Outcome | None) -> bool:
     return done and outcome is not None and not isinstance(outcome, RequestTimeout)
 
 
-class Stream(StreamReader):
+class Stream(StreamReader[Receiver]):
     """A stream being read (from :meth:`dcp.Client.stream`): an async context manager and
     an async iterator of parts, each a tuple of ``bytes`` (the part's data frames)."""
 
-    def __init__(
-        self,
-        receiver: Receiver,
-        service: bytes,
-        data: tuple[bytes, ...],
-        metadata: tuple[bytes, ...],
-        timing: Timing,
-        window: int,
-        stall_timeout: float | None,
+    #: Called once on :meth:`close` with the final outcome, or ``None`` if there was none
+    #: (the stream was left early): a traced stream ends its span (docs/tracing.md).
+    on_close: Callable[[Outcome | None], None] | None = None
+
+    def _open(
+        self, service: bytes, data: tuple[bytes, ...], metadata: tuple[bytes, ...], timing: Timing
     ) -> None:
-        self._waiter = StreamWaiter()
-        super().__init__(self._waiter.parts, window, stall_timeout)
-        self._receiver = receiver
-        self._request = (service, data, (*metadata, wire.stream_option(window)), timing)
-        self._rid: bytes | None = None
-        #: Called once on :meth:`close` with the final outcome, or ``None`` if there was none
-        #: (the stream was left early): a traced stream ends its span (docs/tracing.md).
-        self.on_close: Callable[[Outcome | None], None] | None = None
+        self._waiter = StreamWaiter(self._parts)
+        self._request = (service, data, metadata, timing)
+        self._rid: bytes | None = None  # sent on entry
 
     async def __aenter__(self) -> Stream:
         if self._rid is not None:
@@ -163,32 +195,18 @@ class Stream(StreamReader):
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Rule C4: stop reading; the worker is told to stop unless the stream ended.
-        Idempotent."""
-        if not self._leave():
-            return
+    def _forget(self) -> bytes | None:
         waiter = self._waiter
         if self.on_close is not None:
             self.on_close(waiter.outcome if waiter.done else None)
-        receiver = self._receiver
         rid = self._rid
         if rid is None:
-            return
-        if not _answered(waiter.done, waiter.outcome) and not receiver.closed:
-            # A full queue loses the CANCEL: the worker then waits for credit that never
-            # comes, until its work timeout (if any) or the broker forgets this client.
-            with contextlib.suppress(zmq.ZMQError):
-                receiver.send_nowait(_control(wire.StreamType.CANCEL, rid))
-        receiver.forget([rid])
+            return None
+        self._receiver.forget([rid])
+        return None if _answered(waiter.done, waiter.outcome) else rid
 
     def __aiter__(self) -> Stream:
         return self
@@ -232,57 +250,35 @@ class Stream(StreamReader):
             self._read += n
 
 
-class SyncStream(StreamReader):
+class SyncStream(StreamReader[SyncReceiver]):
     """A stream being read (from :meth:`dcp.SyncClient.stream`): an iterator of parts and a
     context manager; :meth:`close` (or leaving the ``with`` block) cancels it."""
 
-    def __init__(
-        self,
-        receiver: SyncReceiver,
-        service: bytes,
-        data: tuple[bytes, ...],
-        metadata: tuple[bytes, ...],
-        timing: Timing,
-        window: int,
-        stall_timeout: float | None,
+    def _open(
+        self, service: bytes, data: tuple[bytes, ...], metadata: tuple[bytes, ...], timing: Timing
     ) -> None:
-        parts: deque[Part] = deque()
-        super().__init__(parts, window, stall_timeout)
-        self._receiver = receiver
         self._outcome: Outcome | None = None
-        metadata = (*metadata, wire.stream_option(window))
-        self._rid = rid = receiver.start(service, data, metadata, timing)
-        receiver.stream_parts[rid] = parts
+        self._rid = rid = self._receiver.start(service, data, metadata, timing)
+        self._receiver.stream_parts[rid] = self._parts
 
     def __enter__(self) -> SyncStream:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __del__(self) -> None:
         if not self._closed and not self._receiver.closed:
             self.close()
 
-    def close(self) -> None:
-        """Rule C4: stop reading; the worker is told to stop unless the stream ended.
-        Idempotent."""
-        if not self._leave():
-            return
+    def _forget(self) -> bytes | None:
         receiver = self._receiver
         rid = self._rid
         receiver.stream_parts.pop(rid, None)
         outcome = receiver.forget(rid)
         if outcome is None:
             outcome = self._outcome
-        if not _answered(outcome is not None, outcome) and not receiver.closed:
-            with contextlib.suppress(zmq.ZMQError):
-                receiver.send_nowait(_control(wire.StreamType.CANCEL, rid))
+        return None if _answered(outcome is not None, outcome) else rid
 
     def __iter__(self) -> Iterator[Part]:
         return self

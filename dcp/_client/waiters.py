@@ -67,9 +67,10 @@ class StreamWaiter(Waiter):
 
     __slots__ = ("done", "parts")
 
-    def __init__(self) -> None:
+    def __init__(self, parts: deque[Part] | None = None) -> None:
         super().__init__()
-        self.parts: deque[Part] = deque()
+        #: The parts received and not yet read (the stream's own queue, if given).
+        self.parts: deque[Part] = deque() if parts is None else parts
         self.done = False
 
     def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
