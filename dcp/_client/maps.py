@@ -8,8 +8,11 @@ Rules:
 3. However the generator ends (exhausted, failed, closed early, cancelled), the requests it
    still has outstanding are forgotten: the tracker stops resending them, and a late reply
    is counted and dropped.
-4. These loops are the clients' per-request path for maps: each request costs the same
-   calls here as it did as a method (the receiver's ``start``, ``send``, the result).
+4. These loops are the clients' per-request path for maps: besides the receiver's
+   ``start`` and ``send`` and the result, a request costs a few calls of the window
+   (``next_input``, ``sent``, ``next_result``) and makes no object of its own.
+
+Rule 1 (at most ``window`` outstanding) is the window's.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ them. The subscriptions themselves, their credit and their requests:
 
 Rules (client side; the others are in :mod:`dcp._client.pubsub`):
 
-Rule C2 - Gaps. A gap notice adds its count to :attr:`Subscription.lost` when it arrives,
+Rule C2 - Gaps. A gap notice adds its count to :attr:`dcp.Subscription.lost` when it arrives,
   and to the :attr:`PubSubMessage.gap` of the next message taken. A ``disconnect`` notice ends the
   subscription: iteration raises :exc:`SlowConsumer` after the messages already received.
 """
