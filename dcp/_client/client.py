@@ -1,8 +1,10 @@
 """The async client: a thin anyio driver around :class:`~dcp._core.client.tracker.RequestTracker`.
 
-One DEALER socket, owned by one receive task that also drives the tracker's timers. Callers
-send from their own tasks (a synchronous ``send_nowait``) and wait on a per-request waiter
-that the receive task resolves; many requests share the socket.
+One DEALER socket, owned by one receive task that also drives the tracker's timers: both are
+the client's :class:`~dcp._client.receive.Receiver`. Callers send from their own tasks (a
+synchronous ``send_nowait``) and wait on a per-request waiter that the receive task resolves;
+many requests share the socket. The maps, streams and pub/sub are parts given the receiver
+(:mod:`dcp._client.maps`, :mod:`dcp._client.streams`, :mod:`dcp._client.pubsub`).
 """
 
 from __future__ import annotations
@@ -17,20 +19,28 @@ import anyio
 import anyio.lowlevel
 import zmq
 
-import dcp._client.services as _services
-from dcp._client.maps import map_async, map_unordered_async
+from dcp._client.maps import map_async
 from dcp._client.options import ClientOptions
 from dcp._client.pubsub import Subscription
 from dcp._client.pubsub import publish as _publish
 from dcp._client.pubsub import subscribe as _subscribe
-from dcp._client.receive import receive_loop, send_request, shutdown
-from dcp._client.services import ServiceChange, ServiceInfo, ServiceStats, ServiceSummary
+from dcp._client.receive import Receiver, Start
+from dcp._client.services import (
+    ServiceChange,
+    ServiceInfo,
+    ServiceStats,
+    ServiceSummary,
+    ServiceWatch,
+    mmi_answer,
+    mmi_args,
+    service_info,
+    service_stats,
+    summaries,
+)
 from dcp._client.streams import DEFAULT_WINDOW, Stream
 from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
-from dcp._errors import AuthenticationFailed
 from dcp._io.beacon import BEACON_SCHEME, resolve
-from dcp._io.clock import loop_clock
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
@@ -125,36 +135,33 @@ class Client(ClientOptions):
     ) -> None:
         self._context = context
         self._security = security
-        self._socket: AsyncSocket | None = None
-        self._waiters: dict[bytes, Waiter | Sink] = {}
+        #: The socket and everything waiting on it (its receive task runs while entered).
+        self._receiver = Receiver(self._tracker, batch=self._batch)
         self._exit_stack: contextlib.AsyncExitStack | None = None
-        self._closed = False
-        self._broken: BaseException | None = None
-        self._watch: HandshakeWatch | None = None
-        self._subscriptions: dict[bytes, Any] = {}
-        #: The event loop's clock (anyio.current_time without its lookup; set on entry).
-        self._now: Callable[[], float] = anyio.current_time
+
+    @property
+    def closed(self) -> bool:
+        """True once the client was closed or its socket broke."""
+        return self._receiver.closed
 
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Client:
-        if self._socket is not None or self._closed:
+        receiver = self._receiver
+        if receiver.socket is not None or receiver.closed:
             raise RuntimeError("a Client can be entered only once")
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if self._security is None else self._security.server_key
             self.endpoint = await resolve(self.endpoint, key=key)
         sock, mon = connect_dealer(self._context, self.routing_id, self._security, self.endpoint)
-        self._socket = AsyncSocket(sock)
-        self._now = loop_clock()
-        self._watch = watch = HandshakeWatch(
-            self.endpoint, secure=self._security is not None, role="client"
-        )
+        watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="client")
+        receiver.attach(AsyncSocket(sock), watch, self.endpoint)
         async with contextlib.AsyncExitStack() as stack:
-            stack.callback(self._shutdown, None)
+            stack.callback(receiver.shutdown, None)
             tg = await stack.enter_async_context(anyio.create_task_group())
-            tg.start_soon(receive_loop, self)
+            tg.start_soon(receiver.run)
             if mon is not None:
-                tg.start_soon(watch_handshakes, sock, mon, watch, self._shutdown)
+                tg.start_soon(watch_handshakes, sock, mon, watch, receiver.shutdown)
             stack.callback(tg.cancel_scope.cancel)
             self._exit_stack = stack.pop_all()
         return self
@@ -168,7 +175,7 @@ class Client(ClientOptions):
         # The body's exception is not passed to the task group: it would come back wrapped
         # in an ExceptionGroup. The receive task never raises, so nothing else can.
         stack, self._exit_stack = self._exit_stack, None
-        self._shutdown(None)
+        self._receiver.shutdown(None)
         if stack is not None:
             await stack.aclose()
 
@@ -176,7 +183,7 @@ class Client(ClientOptions):
         """Close the socket (linger 0). Pending and later requests raise
         :exc:`anyio.ClosedResourceError`. Idempotent; a checkpoint.
         """
-        self._shutdown(None)
+        self._receiver.shutdown(None)
         await anyio.lowlevel.checkpoint()
 
     # ------------------------------------------------------------------ requests
@@ -220,21 +227,22 @@ class Client(ClientOptions):
         parts = data_parts(data)
         metadata = self._metadata(metadata, work_timeout, no_wait)
         timing = self._tracker.timing(timeout, attempt_timeout, retries)
+        receiver = self._receiver
         if self._tracing is None:
             waiter = Waiter()
-            rid, frames = self._start(service, parts, metadata, timing, waiter)
+            rid, frames = receiver.start(service, parts, metadata, timing, waiter)
         else:
             waiter, rid, frames = self._tracing.request(
-                self._start, service, parts, metadata, timing
+                receiver.start, service, parts, metadata, timing
             )
         try:
-            await self._send(rid, frames)
+            await receiver.send(rid, frames)
             await waiter.event.wait()
         finally:
-            if self._waiters.pop(rid, None) is not None:
+            if receiver.waiters.pop(rid, None) is not None:
                 self._tracker.cancel(rid)
                 waiter.forget()
-        return self._result(waiter.outcome)
+        return receiver.result(waiter.outcome)
 
     async def request_json(
         self,
@@ -279,7 +287,7 @@ class Client(ClientOptions):
 
         :raises RuntimeError: the broker does not answer it (not a dcp broker)
         """
-        return await _services.services(self, timeout=timeout)
+        return summaries(await self._mmi("mmi.services", None, timeout))
 
     async def service_info(
         self,
@@ -289,7 +297,7 @@ class Client(ClientOptions):
     ) -> ServiceInfo | None:
         """One service's version, description, metadata and schemas (``mmi.info``);
         ``None`` if the broker knows no such service."""
-        return await _services.service_info(self, name, timeout=timeout)
+        return service_info(await self._mmi("mmi.info", name, timeout))
 
     async def service_stats(
         self,
@@ -298,13 +306,25 @@ class Client(ClientOptions):
         timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> ServiceStats | None:
         """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
-        return await _services.service_stats(self, name, timeout=timeout)
+        return service_stats(await self._mmi("mmi.stats", name, timeout))
 
-    def watch_services(
-        self, *, interval: float = 1.0, timeout: float | None = None
+    async def watch_services(
+        self,
+        *,
+        interval: float = 1.0,
+        timeout: float | None = None,  # noqa: ASYNC109 (each request's own timeout)
     ) -> AsyncIterator[ServiceChange]:
-        """Services coming up and going down, polled every ``interval`` seconds."""
-        return _services.watch_services(self, interval=interval, timeout=timeout)
+        """Services coming up and going down, polled every ``interval`` seconds: first one
+        ``up`` change per service served now, then each service that comes up (a worker
+        serves it) or goes down (none does). Runs until the caller stops iterating.
+
+        :raises ValueError: ``interval`` is not a positive finite number (on iteration)
+        """
+        watch = ServiceWatch(interval)
+        while True:
+            for change in watch.changes(await self.services(timeout=timeout)):
+                yield change
+            await anyio.sleep(interval)
 
     def map(
         self,
@@ -339,10 +359,19 @@ class Client(ClientOptions):
             ``payloads[i]``, raised on iteration)
         :raises ValueError: ``window`` < 1 or another bad option (at once, not on iteration)
         """
-        service, meta, timing = self._map_options(
+        checked, meta, timing = self._map_options(
             window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
         )
-        return map_async(self, service, payloads, window, meta, timing)
+        return self._map(
+            checked,
+            payloads,
+            window,
+            meta,
+            timing,
+            ordered=True,
+            indexed=False,
+            take=self._receiver.result,
+        )
 
     def map_unordered(
         self,
@@ -359,10 +388,51 @@ class Client(ClientOptions):
     ) -> AsyncGenerator[tuple[int, Response], None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
         is the payload's position in ``payloads``)."""
-        service, meta, timing = self._map_options(
+        checked, meta, timing = self._map_options(
             window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
         )
-        return map_unordered_async(self, service, payloads, window, meta, timing)
+        return self._map(
+            checked,
+            payloads,
+            window,
+            meta,
+            timing,
+            ordered=False,
+            indexed=True,
+            take=self._receiver.result,
+        )
+
+    def map_outcomes(
+        self,
+        service: str | bytes,
+        payloads: Iterable[Payload],
+        *,
+        window: int = 64,
+        metadata: Sequence[Part] = (),
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        retries: int | None = None,
+        work_timeout: float | None = None,
+        no_wait: bool | None = None,
+    ) -> AsyncGenerator[Outcome, None]:
+        """Like :meth:`map`, but yield every request's outcome instead of raising failures:
+        a :class:`~dcp.Response`, or the :exc:`~dcp.RemoteError` or
+        :exc:`~dcp.RequestTimeout` that :meth:`map` would raise. One failure does not stop
+        the others (e.g. to keep per-row errors). The client closing still raises.
+        """
+        checked, meta, timing = self._map_options(
+            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+        )
+        return self._map(
+            checked,
+            payloads,
+            window,
+            meta,
+            timing,
+            ordered=True,
+            indexed=False,
+            take=self._receiver.outcome,
+        )
 
     def stream(
         self,
@@ -394,9 +464,11 @@ class Client(ClientOptions):
         checked, parts, meta, timing = self._stream_options(
             service, data, metadata, timeout, stall_timeout, work_timeout
         )
-        stream = Stream(self, checked, parts, meta, timing, window, stall_timeout)
+        on_close = None
         if self._tracing is not None:
-            self._tracing.trace_stream(stream)
+            meta, on_close = self._tracing.stream(checked, meta)
+        stream = Stream(self._receiver, checked, parts, meta, timing, window, stall_timeout)
+        stream.on_close = on_close
         return stream
 
     # ------------------------------------------------------------------ pub/sub
@@ -409,7 +481,7 @@ class Client(ClientOptions):
         :raises ValueError: a bad subject (nothing is sent)
         :raises RemoteError: with ``ack``, a refusal (``forbidden_subject``, ...)
         """
-        return await _publish(self, subject, data, ack)
+        return await _publish(self, self._receiver, subject, data, ack)
 
     def subscribe(
         self,
@@ -429,55 +501,59 @@ class Client(ClientOptions):
 
         :raises ValueError: a bad pattern or option (nothing is sent)
         """
-        return _subscribe(self, pattern, queue, max_pending, overflow, window, refresh, last_value)
+        return _subscribe(
+            self,
+            self._receiver,
+            pattern,
+            queue,
+            max_pending,
+            overflow,
+            window,
+            refresh,
+            last_value,
+        )
 
     # ------------------------------------------------------------------ internals
 
-    #: Send a request's first attempt, waiting while zmq's queue is full (dcp/_client/receive.py);
-    #: a method of the client for the maps, streams and pub/sub.
-    _send = send_request
-    #: Close the socket and fail every waiter (dcp/_client/receive.py).
-    _shutdown = shutdown
-
-    def _start(
+    def _map(
         self,
         service: bytes,
-        data: Sequence[bytes],
-        metadata: Sequence[bytes],
+        payloads: Iterable[Payload],
+        window: int,
+        metadata: tuple[bytes, ...],
         timing: Timing,
-        waiter: Waiter | Sink,
-    ) -> tuple[bytes, list[bytes]]:
-        if self._closed:
-            raise self._closed_error()
-        if self._socket is None:
-            raise RuntimeError("use 'async with Client(...)' before sending requests")
-        tracker = self._tracker
-        rid = tracker.request(service, data, self._now(), metadata=metadata, timing=timing)
-        out, tracker.outbox = tracker.outbox, []
-        (frames,) = out  # the request's first attempt; sent (or waited for) by _send
-        self._waiters[rid] = waiter
-        self._socket.move_deadline(tracker.deadline_of(rid))
-        return rid, frames
+        *,
+        ordered: bool,
+        indexed: bool,
+        take: Callable[[Outcome | None], object],
+    ) -> AsyncGenerator[Any, None]:
+        """One of the maps, its options checked: its requests are made on iteration."""
+        receiver = self._receiver
+        start: Start
+        if self._tracing is None:
+            sink, start = Sink(), receiver.start
+        else:
+            sink, start = self._tracing.sink(receiver.start)
+        return map_async(
+            receiver,
+            start,
+            sink,
+            service,
+            payloads,
+            window,
+            metadata,
+            timing,
+            ordered=ordered,
+            indexed=indexed,
+            take=take,
+        )
 
-    def _forget(self, rids: Iterable[bytes]) -> None:
-        waiters = self._waiters
-        tracker = self._tracker
-        for rid in rids:
-            if waiters.pop(rid, None) is not None:
-                tracker.cancel(rid)
-
-    def _result(self, outcome: Outcome | None) -> Response:
-        if isinstance(outcome, Response):
-            return outcome
-        if outcome is None:
-            raise self._closed_error()
-        raise outcome
-
-    def _closed_error(self) -> Exception:
-        if isinstance(self._broken, AuthenticationFailed):
-            return AuthenticationFailed(self._broken.endpoint, self._broken.reason)
-        if self._broken is not None:
-            exc = anyio.BrokenResourceError(f"the client's socket failed: {self._broken!r}")
-            exc.__cause__ = self._broken
-            return exc
-        return anyio.ClosedResourceError("the client is closed")
+    async def _mmi(
+        self,
+        question: str,
+        name: str | bytes | None,
+        timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> Any:
+        """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer."""
+        response = await self.request(question, *mmi_args(name), timeout=timeout, retries=0)
+        return mmi_answer(question, response)

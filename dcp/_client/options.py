@@ -48,9 +48,6 @@ __all__ = ["ClientOptions"]
 class ClientOptions:
     """The options of a client (the parameters are :class:`dcp.Client`'s)."""
 
-    #: True once the client was closed (or, for the async client, its socket broke).
-    _closed: bool = False
-
     def __init__(
         self,
         endpoint: str,
@@ -112,11 +109,6 @@ class ClientOptions:
     ) -> None:
         """The client's own state, once every option is checked (Rule 1)."""
         raise NotImplementedError
-
-    @property
-    def closed(self) -> bool:
-        """True once the client was closed or its socket broke."""
-        return self._closed
 
     def statistics(self) -> ClientStatistics:
         """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""

@@ -1,6 +1,7 @@
-"""The async client's socket I/O: sending a request's first attempt while zmq's send queue
-is full, and the receive task (replies, stream parts, pub/sub messages, and the resends and
-timeouts the tracker's deadlines call for).
+"""The async client's socket: :class:`Receiver` starts requests and sends their first attempts
+(waiting while zmq's send queue is full), and its receive task reads everything that arrives
+(replies, stream parts, pub/sub messages) and makes the resends and timeouts the tracker's
+deadlines call for.
 
 Rules:
 
@@ -22,21 +23,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
 
 import anyio
 import anyio.lowlevel
 import zmq
 
-from dcp._client.pubsub import deliver
-from dcp._client.streams import deliver_part
+from dcp._client.subscriptions import SubscriptionState, deliver
+from dcp._client.waiters import Sink, Waiter, deliver_part
+from dcp._core.client.calls import Timing
+from dcp._core.client.tracker import RequestTracker
+from dcp._errors import AuthenticationFailed
+from dcp._io.clock import loop_clock
+from dcp._io.handshake import HandshakeWatch
 from dcp._io.sockets import AsyncSocket
+from dcp._models import Outcome, Response
 from dcp.wire.streams import is_stream
 
-if TYPE_CHECKING:
-    from dcp._client.client import Client
-
-__all__ = ["expire", "receive_loop", "send_request", "shutdown"]
+__all__ = ["Receiver", "Start"]
 
 logger = logging.getLogger("dcp.client")
 
@@ -44,138 +48,251 @@ logger = logging.getLogger("dcp.client")
 _SEND_PAUSE = 0.001
 _SEND_PAUSE_MAX = 0.05
 
+#: :meth:`Receiver.start` (or a traced wrapper of it): service, data, metadata, timing,
+#: waiter -> the request id and its first attempt's frames.
+Start = Callable[
+    [bytes, Sequence[bytes], Sequence[bytes], Timing, Waiter | Sink], tuple[bytes, list[bytes]]
+]
 
-async def send_request(client: Client, rid: bytes, frames: list[bytes]) -> None:
-    """Send a request's first attempt, pausing while zmq's queue is full (until the
-    tracker's next deadline for it: then the attempt counts as lost)."""
-    deadline = client._tracker.deadline_of(rid)
-    pause = _SEND_PAUSE
-    counted = False
-    while True:
-        if client._closed:
-            raise client._closed_error()
-        assert client._socket is not None
+
+class Receiver:
+    """The socket of one :class:`~dcp.Client` and everything waiting on it: the callers'
+    waiters by request id, the subscriptions, and the tracker's deadlines (see the module
+    rules). The client makes it with its tracker, gives it the socket on entry
+    (:meth:`attach`) and runs :meth:`run` as its receive task.
+
+    :param tracker: the client's request tracker
+    :param batch: messages handled per wake-up (Rule 2)
+    """
+
+    def __init__(self, tracker: RequestTracker, *, batch: int) -> None:
+        #: The client's request tracker.
+        self.tracker = tracker
+        self._batch = batch
+        #: The socket, from :meth:`attach` on (``None`` before the client is entered).
+        self.socket: AsyncSocket | None = None
+        #: Where each pending request's outcome goes, by request id.
+        self.waiters: dict[bytes, Waiter | Sink] = {}
+        #: The subscriptions messages are routed to, by subscription id.
+        self.subscriptions: dict[bytes, SubscriptionState] = {}
+        #: True once shut down (closed, or the socket broke).
+        self.closed = False
+        #: What broke the socket (``None``: closed on purpose, or not closed).
+        self.broken: BaseException | None = None
+        self._watch: HandshakeWatch | None = None
+        self._endpoint = ""
+        #: The event loop's clock (anyio.current_time without its lookup; set on attach).
+        self._now: Callable[[], float] = anyio.current_time
+
+    def attach(self, socket: AsyncSocket, watch: HandshakeWatch, endpoint: str) -> None:
+        """Take the client's socket, connected to ``endpoint`` (on entry, in the event loop)."""
+        self.socket = socket
+        self._watch = watch
+        self._endpoint = endpoint
+        self._now = loop_clock()
+
+    # ------------------------------------------------------------------ requests
+
+    def start(
+        self,
+        service: bytes,
+        data: Sequence[bytes],
+        metadata: Sequence[bytes],
+        timing: Timing,
+        waiter: Waiter | Sink,
+    ) -> tuple[bytes, list[bytes]]:
+        """Start a request whose outcome goes to ``waiter``: its id and first attempt's
+        frames, to :meth:`send`.
+
+        :raises RuntimeError: the client was not entered
+        :raises anyio.ClosedResourceError: the client is closed (or the error that broke it)
+        """
+        if self.closed:
+            raise self.closed_error()
+        if self.socket is None:
+            raise RuntimeError("use 'async with Client(...)' before sending requests")
+        tracker = self.tracker
+        rid = tracker.request(service, data, self._now(), metadata=metadata, timing=timing)
+        (frames,), _ = tracker.drain()  # the request's first attempt; sent by send()
+        self.waiters[rid] = waiter
+        self.socket.move_deadline(tracker.deadline_of(rid))
+        return rid, frames
+
+    async def send(self, rid: bytes, frames: list[bytes]) -> None:
+        """Send a request's first attempt, pausing while zmq's queue is full (Rule 1: until
+        the tracker's next deadline for it; then the attempt counts as lost)."""
+        tracker = self.tracker
+        deadline = tracker.deadline_of(rid)
+        pause = _SEND_PAUSE
+        counted = False
+        while True:
+            if self.closed:
+                raise self.closed_error()
+            assert self.socket is not None
+            try:
+                self.socket.send_nowait(frames)
+                return
+            except zmq.Again:
+                pass
+            except zmq.ZMQError as exc:
+                self.shutdown(exc)
+                raise self.closed_error() from exc
+            if not counted:
+                counted = True
+                tracker.send_waits += 1
+            if anyio.current_time() >= deadline or not tracker.is_pending(rid):
+                return  # the attempt counts as lost; the retry rule takes over
+            await anyio.sleep(pause)
+            pause = min(2 * pause, _SEND_PAUSE_MAX)
+
+    def send_nowait(self, frames: list[bytes]) -> None:
+        """Send a message that is not a request (a stream's credit or cancel) at once.
+
+        :raises zmq.Again: the send queue is full (the message is not sent)
+        """
+        assert self.socket is not None
+        self.socket.send_nowait(frames)
+
+    def forget(self, rids: Iterable[bytes]) -> None:
+        """Stop waiting for these requests (Rule 6 of the tracker: a late reply is dropped)."""
+        waiters = self.waiters
+        tracker = self.tracker
+        for rid in rids:
+            if waiters.pop(rid, None) is not None:
+                tracker.cancel(rid)
+
+    def result(self, outcome: Outcome | None) -> Response:
+        """The response, or the failure raised (``None``: the client closed)."""
+        if isinstance(outcome, Response):
+            return outcome
+        if outcome is None:
+            raise self.closed_error()
+        raise outcome
+
+    def outcome(self, outcome: Outcome | None) -> Outcome:
+        """The outcome itself, failures included; raises only if the client closed."""
+        if outcome is None:
+            raise self.closed_error()
+        return outcome
+
+    def closed_error(self) -> Exception:
+        """What a call on the shut-down client raises."""
+        if isinstance(self.broken, AuthenticationFailed):
+            return AuthenticationFailed(self.broken.endpoint, self.broken.reason)
+        if self.broken is not None:
+            exc = anyio.BrokenResourceError(f"the client's socket failed: {self.broken!r}")
+            exc.__cause__ = self.broken
+            return exc
+        return anyio.ClosedResourceError("the client is closed")
+
+    # ------------------------------------------------------------------ the receive task
+
+    async def run(self) -> None:
+        """The receive task (Rules 2 and 3); ends when the socket is closed."""
+        asock = self.socket
+        assert asock is not None
+        tracker = self.tracker
+        waiters = self.waiters
+        batch = self._batch
+        watch = self._watch
+        assert watch is not None
+        failure: BaseException | None = None
         try:
-            client._socket.send_nowait(frames)
-            return
-        except zmq.Again:
+            while True:
+                deadline = tracker.next_deadline()
+                await asock.wait_readable(math.inf if deadline is None else deadline)
+                if asock.closed:
+                    break
+                received = asock.drain(batch)
+                if received:
+                    watch.heard = watch.handshakes  # handshakes Rule H5
+                    if logger.isEnabledFor(logging.DEBUG):  # once per batch
+                        for msg in received:
+                            logger.debug(
+                                "from broker %s: %d frame(s), %d bytes",
+                                self._endpoint,
+                                len(msg.frames),
+                                sum(len(f) for f in msg.frames),
+                            )
+                subscriptions = self.subscriptions
+                for msg in received:
+                    if is_stream(msg.frames):
+                        deliver_part(msg.frames, waiters)  # dcp streams (streams.py)
+                        continue
+                    if subscriptions and deliver(subscriptions, msg.frames):
+                        continue
+                    resolved = tracker.receive(msg.frames)
+                    if resolved is not None:
+                        rid, outcome = resolved
+                        waiter = waiters.pop(rid, None)
+                        if waiter is not None:
+                            waiter.deliver(rid, outcome)
+                now = self._now()
+                deadline = tracker.next_deadline()
+                if deadline is not None and deadline <= now:
+                    self._expire(asock, now)
+                # Let other tasks run between batches, however busy the socket is. (With
+                # no input left, wait_readable parks, which lets them run: no extra pass.)
+                if asock.has_input():
+                    await anyio.lowlevel.checkpoint()
+        except anyio.ClosedResourceError:
             pass
         except zmq.ZMQError as exc:
-            shutdown(client, exc)
-            raise client._closed_error() from exc
-        if not counted:
-            counted = True
-            client._tracker.send_waits += 1
-        if anyio.current_time() >= deadline or not client._tracker.is_pending(rid):
-            return  # the attempt counts as lost; the retry rule takes over
-        await anyio.sleep(pause)
-        pause = min(2 * pause, _SEND_PAUSE_MAX)
-
-
-async def receive_loop(client: Client) -> None:
-    asock = client._socket
-    assert asock is not None
-    tracker = client._tracker
-    waiters = client._waiters
-    batch = client._batch
-    watch = client._watch
-    assert watch is not None
-    failure: BaseException | None = None
-    try:
-        while True:
-            deadline = tracker.next_deadline()
-            await asock.wait_readable(math.inf if deadline is None else deadline)
-            if asock.closed:
-                break
-            received = asock.drain(batch)
-            if received:
-                watch.heard = watch.handshakes  # handshakes Rule H5
-                if logger.isEnabledFor(logging.DEBUG):  # once per batch
-                    for msg in received:
-                        logger.debug(
-                            "from broker %s: %d frame(s), %d bytes",
-                            client.endpoint,
-                            len(msg.frames),
-                            sum(len(f) for f in msg.frames),
-                        )
-            subscriptions = client._subscriptions
-            for msg in received:
-                if is_stream(msg.frames):
-                    deliver_part(msg.frames, waiters)  # dcp streams (_streams.py)
-                    continue
-                if subscriptions and deliver(subscriptions, msg.frames):
-                    continue
-                resolved = tracker.receive(msg.frames)
-                if resolved is not None:
-                    rid, outcome = resolved
-                    waiter = waiters.pop(rid, None)
-                    if waiter is not None:
-                        waiter.deliver(rid, outcome)
-            now = client._now()
-            deadline = tracker.next_deadline()
-            if deadline is not None and deadline <= now:
-                expire(client, asock, now)
-            # Let other tasks run between batches, however busy the socket is. (With
-            # no input left, wait_readable parks, which lets them run: no extra pass.)
-            if asock.has_input():
-                await anyio.lowlevel.checkpoint()
-    except anyio.ClosedResourceError:
-        pass
-    except zmq.ZMQError as exc:
-        if not asock.closed:
+            if not asock.closed:
+                failure = exc
+        except Exception as exc:  # a bug: fail the callers rather than hang them
+            logger.exception("dcp client receive task failed")
             failure = exc
-    except Exception as exc:  # a bug: fail the callers rather than hang them
-        logger.exception("dcp client receive task failed")
-        failure = exc
-    finally:
-        shutdown(client, failure)
+        finally:
+            self.shutdown(failure)
 
+    def _expire(self, asock: AsyncSocket, now: float) -> None:
+        tracker = self.tracker
+        tracker.expire(now)
+        out, events = tracker.drain()
+        watch = self._watch
+        if out and watch is not None and watch.unheard():
+            # Handshakes Rule H5: a secure broker ignores this connection; make a new one.
+            logger.warning(
+                "dcp client: the broker at %s has not answered on this connection since it "
+                "reconnected; connecting again",
+                self._endpoint,
+            )
+            watch.heard = watch.handshakes  # once per connection
+            asock.sock.disconnect(self._endpoint)
+            asock.sock.connect(self._endpoint)
+        for frames in out:
+            try:
+                asock.send_nowait(frames)
+            except zmq.Again:
+                tracker.resends_dropped += 1
+        waiters = self.waiters
+        for event in events:
+            rid = event.request_id
+            waiter = waiters.pop(rid, None)
+            if waiter is not None:
+                waiter.deliver(rid, event.error)
 
-def expire(client: Client, asock: AsyncSocket, now: float) -> None:
-    tracker = client._tracker
-    failed = tracker.expire(now)
-    out, tracker.outbox = tracker.outbox, []
-    watch = client._watch
-    if out and watch is not None and watch.unheard():
-        # Handshakes Rule H5: a secure broker ignores this connection; make a new one.
-        logger.warning(
-            "dcp client: the broker at %s has not answered on this connection since it "
-            "reconnected; connecting again",
-            client.endpoint,
-        )
-        watch.heard = watch.handshakes  # once per connection
-        asock.sock.disconnect(client.endpoint)
-        asock.sock.connect(client.endpoint)
-    for frames in out:
-        try:
-            asock.send_nowait(frames)
-        except zmq.Again:
-            tracker.resends_dropped += 1
-    waiters = client._waiters
-    for rid, exc in failed:
-        waiter = waiters.pop(rid, None)
-        if waiter is not None:
-            waiter.deliver(rid, exc)
-
-
-def shutdown(client: Client, failure: BaseException | None) -> None:
-    """Close the socket and fail every waiter. Idempotent; the first cause sticks."""
-    if not client._closed:
-        client._closed = True
-        client._broken = failure
-    if client._socket is not None:
-        if not client._socket.closed:
-            # Stop the monitor before closing: libzmq's I/O thread sends the socket's
-            # last events (DISCONNECTED) to the monitor's PAIR with a blocking send; if
-            # our end of that PAIR is closed first, the send blocks that thread for good
-            # and every socket of the context falls silent.
-            with contextlib.suppress(zmq.ZMQError):
-                client._socket.sock.disable_monitor()
-        client._socket.close(0)
-    client._tracker.cancel_all()
-    for state in client._subscriptions.values():
-        state.close()
-    waiters = list(client._waiters.items())
-    client._waiters.clear()
-    for rid, waiter in waiters:
-        waiter.deliver(rid, None)
+    def shutdown(self, failure: BaseException | None) -> None:
+        """Close the socket and fail every waiter (Rule 3). Idempotent; the first cause
+        sticks."""
+        if not self.closed:
+            self.closed = True
+            self.broken = failure
+        socket = self.socket
+        if socket is not None:
+            if not socket.closed:
+                # Stop the monitor before closing: libzmq's I/O thread sends the socket's
+                # last events (DISCONNECTED) to the monitor's PAIR with a blocking send; if
+                # our end of that PAIR is closed first, the send blocks that thread for good
+                # and every socket of the context falls silent.
+                with contextlib.suppress(zmq.ZMQError):
+                    socket.sock.disable_monitor()
+            socket.close(0)
+        self.tracker.cancel_all()
+        for state in self.subscriptions.values():
+            state.close()
+        waiters = list(self.waiters.items())
+        self.waiters.clear()
+        for rid, waiter in waiters:
+            waiter.deliver(rid, None)

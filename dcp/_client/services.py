@@ -1,31 +1,31 @@
 """The broker's answers about services as typed objects (:class:`ServiceSummary`,
-:class:`ServiceInfo`, :class:`ServiceStats`), read with ``mmi.services``, ``mmi.info`` and
-``mmi.stats``, and :meth:`dcp.Client.watch_services` (``docs/services.md``).
+:class:`ServiceInfo`, :class:`ServiceStats`), read from the answers to ``mmi.services``,
+``mmi.info`` and ``mmi.stats``, and the changes :meth:`dcp.Client.watch_services` reports
+(``docs/services.md``). No I/O: both clients ask the questions and hand the answers here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
-import anyio
 import attrs
 
 from dcp._json import decode_json
-
-if TYPE_CHECKING:
-    from dcp._client.client import Client
+from dcp._models import Response
 
 __all__ = [
     "ServiceChange",
     "ServiceInfo",
     "ServiceStats",
     "ServiceSummary",
+    "ServiceWatch",
+    "mmi_answer",
+    "mmi_args",
     "service_info",
     "service_stats",
-    "services",
-    "watch_services",
+    "summaries",
 ]
 
 
@@ -88,19 +88,24 @@ class ServiceChange:
     workers: int
 
 
-async def _ask(
-    client: Client,
-    name: str,
-    arg: bytes | None,
-    timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
-) -> Any:
-    args = () if arg is None else (arg,)
-    response = await client.request(name, *args, timeout=timeout, retries=0)
+def mmi_args(name: str | bytes | None) -> tuple[bytes, ...]:
+    """The data of an ``mmi.*`` question about service ``name`` (``None``: about all)."""
+    if name is None:
+        return ()
+    return (name.encode() if isinstance(name, str) else bytes(name),)
+
+
+def mmi_answer(question: str, response: Response) -> Any:
+    """The broker's answer to ``question`` (an ``mmi.*`` service), decoded from JSON;
+    ``None`` if it knows no such service.
+
+    :raises RuntimeError: the broker does not answer it (not a dcp broker)
+    """
     if response.data == (b"404",):
         return None
     if response.data == (b"501",):
-        raise RuntimeError(f"the broker does not answer {name} (not a dcp broker?)")
-    return decode_json(response.bytes, name=f"{name} answer")
+        raise RuntimeError(f"the broker does not answer {question} (not a dcp broker?)")
+    return decode_json(response.bytes, name=f"{question} answer")
 
 
 def _known(cls: type[Any], doc: dict[str, Any]) -> dict[str, Any]:
@@ -108,42 +113,21 @@ def _known(cls: type[Any], doc: dict[str, Any]) -> dict[str, Any]:
     return {f.name: doc[f.name] for f in attrs.fields(cls) if f.name in doc}
 
 
-def _name(name: str | bytes) -> bytes:
-    return name.encode() if isinstance(name, str) else bytes(name)
-
-
-async def services(
-    client: Client,
-    *,
-    timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
-) -> list[ServiceSummary]:
-    """Every service the broker knows (see :meth:`dcp.Client.services`)."""
-    listing = await _ask(client, "mmi.services", None, timeout)
+def summaries(listing: list[dict[str, Any]]) -> list[ServiceSummary]:
+    """Every service in the ``mmi.services`` answer."""
     return [ServiceSummary(**_known(ServiceSummary, entry)) for entry in listing]
 
 
-async def service_info(
-    client: Client,
-    name: str | bytes,
-    *,
-    timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
-) -> ServiceInfo | None:
-    """One service's info, ``None`` if the broker knows no such service."""
-    doc = await _ask(client, "mmi.info", _name(name), timeout)
+def service_info(doc: dict[str, Any] | None) -> ServiceInfo | None:
+    """One service's info from the ``mmi.info`` answer (``None``: no such service)."""
     if doc is None:
         return None
     doc["versions"] = tuple(doc["versions"])
     return ServiceInfo(**_known(ServiceInfo, doc))
 
 
-async def service_stats(
-    client: Client,
-    name: str | bytes,
-    *,
-    timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
-) -> ServiceStats | None:
-    """One service's stats, ``None`` if the broker knows no such service."""
-    doc = await _ask(client, "mmi.stats", _name(name), timeout)
+def service_stats(doc: dict[str, Any] | None) -> ServiceStats | None:
+    """One service's stats from the ``mmi.stats`` answer (``None``: no such service)."""
     if doc is None:
         return None
     for key in ("processing_time", "average_processing_time"):
@@ -151,25 +135,25 @@ async def service_stats(
     return ServiceStats(**_known(ServiceStats, doc))
 
 
-async def watch_services(
-    client: Client,
-    *,
-    interval: float = 1.0,
-    timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
-) -> AsyncIterator[ServiceChange]:
-    """Changes to the services workers serve, by asking ``mmi.services`` every
-    ``interval`` seconds: first one ``up`` change per service served now, then each
-    service that comes up or goes down. Runs until the caller stops iterating."""
-    if not interval > 0 or math.isinf(interval):
-        raise ValueError("interval must be a positive finite number")
-    known: dict[str, int] = {}
-    while True:
-        now = {s.name: s.workers for s in await services(client, timeout=timeout) if s.workers}
-        for name, workers in now.items():
-            if name not in known:
-                yield ServiceChange(name, True, workers)
-        for name in known:
-            if name not in now:
-                yield ServiceChange(name, False, 0)
-        known = now
-        await anyio.sleep(interval)
+class ServiceWatch:
+    """What :meth:`dcp.Client.watch_services` (and the sync client's) has seen: each new
+    ``mmi.services`` listing gives the changes since the one before, first one ``up`` change
+    per service served at the start.
+
+    :param interval: seconds between listings (checked here)
+    :raises ValueError: ``interval`` is not a positive finite number
+    """
+
+    def __init__(self, interval: float) -> None:
+        if not interval > 0 or math.isinf(interval):
+            raise ValueError("interval must be a positive finite number")
+        self._known: dict[str, int] = {}
+
+    def changes(self, listing: list[ServiceSummary]) -> list[ServiceChange]:
+        """The services that came up (now served by a worker), then those that went down."""
+        now = {s.name: s.workers for s in listing if s.workers}
+        known = self._known
+        changes = [ServiceChange(name, True, n) for name, n in now.items() if name not in known]
+        changes += [ServiceChange(name, False, 0) for name in known if name not in now]
+        self._known = now
+        return changes

@@ -19,6 +19,9 @@ Rule C3 - Credit. Once half the window (at least 1) has been read since the last
 Rule C4 - Leaving early. Leaving the stream before its end (``break``, an exception,
   cancellation, ``close()``) sends CANCEL and forgets the request: parts and the final reply
   that still arrive are dropped.
+
+:class:`StreamReader` holds what both flavours keep and decide alike (the parts, the credit,
+the end); :class:`Stream` and :class:`SyncStream` add their way of waiting and sending.
 """
 
 from __future__ import annotations
@@ -27,64 +30,24 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, MutableMapping
-from types import TracebackType
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 import zmq
 
 import dcp.wire.streams as wire
-from dcp._client.waiters import Sink, Waiter
+from dcp._client.receive import Receiver
+from dcp._client.sync_receive import SyncReceiver
+from dcp._client.waiters import Part, StreamWaiter
 from dcp._core.client.calls import Timing
 from dcp._errors import RemoteError, RequestTimeout, StreamBroken
 from dcp._models import Outcome, Response
 
-if TYPE_CHECKING:
-    from dcp._client.client import Client
-    from dcp._client.sync_client import SyncClient
-
-__all__ = ["Stream", "SyncStream", "StreamWaiter", "deliver_part"]
-
-Part = tuple[bytes, ...]
+__all__ = ["DEFAULT_WINDOW", "Stream", "StreamReader", "SyncStream", "stream_timing"]
 
 #: The default window (credit) of a stream, in parts.
 DEFAULT_WINDOW = 32
-
-
-class StreamWaiter(Waiter):
-    """Where the client's receive task puts a stream's parts and its final outcome."""
-
-    __slots__ = ("done", "parts")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts: deque[Part] = deque()
-        self.done = False
-
-    def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
-        self.outcome = outcome
-        self.done = True
-        self.event.set()
-
-    def part(self, data: Part) -> None:
-        self.parts.append(data)
-        self.event.set()
-
-
-def deliver_part(
-    frames: list[bytes], waiters: MutableMapping[bytes, Waiter | Sink]
-) -> deque[Part] | None:
-    """Rule C2: a PARTIAL from the broker for a stream of ``waiters``; returns the queue it
-    went to (``None``: dropped, a part of a stream no longer read, or not a part)."""
-    msg = wire.parse_part(frames)
-    if msg is None:
-        return None
-    waiter = waiters.get(msg.metadata[0])
-    if not isinstance(waiter, StreamWaiter):
-        return None
-    waiter.part(msg.data)
-    return waiter.parts
 
 
 def stream_timing(timing: Timing) -> Timing:
@@ -96,30 +59,30 @@ def _control(mtype: wire.StreamType, rid: bytes, n: int = 0) -> list[bytes]:
     return wire.build(mtype, None, (rid,), credit=n)
 
 
-def _answered(done: bool, outcome: Outcome | None) -> bool:
-    """Whether the stream's final answer came from the broker (not a local timeout, not the
-    client closing): then there is nothing to cancel."""
-    return done and outcome is not None and not isinstance(outcome, RequestTimeout)
+class _Link(Protocol):
+    """What a stream needs of either client's receiver besides its flavour's own calls."""
+
+    closed: bool
+
+    def send_nowait(self, frames: list[bytes]) -> None: ...
 
 
-def _end(outcome: Outcome | None, received: int) -> Part | None:
-    """What the final outcome means for the reader (Rule C2): a last part, or the end
-    (``None``); raises the stream's error."""
-    if isinstance(outcome, Response):
-        return outcome.data if outcome.data else None
-    if isinstance(outcome, RemoteError) and outcome.code == "stream_broken":
-        raise StreamBroken(outcome.message, received)
-    assert outcome is not None
-    raise outcome
+_L = TypeVar("_L", bound=_Link)
 
 
-class Stream:
-    """A stream being read (from :meth:`dcp.Client.stream`): an async context manager and
-    an async iterator of parts, each a tuple of ``bytes`` (the part's data frames)."""
+class StreamReader(Generic[_L]):
+    """What a stream of either client keeps and decides alike (Rules C2-C4): the parts
+    received and not yet read, the credit owed, the end, and leaving early. A flavour adds
+    how it starts and forgets the request (:meth:`_open`, :meth:`_forget`), waits and sends.
+
+    :param receiver: the client's receiver
+    :param window: the stream's window, in parts (its first credit)
+    :param stall_timeout: seconds to wait for each next part (``None``: no limit)
+    """
 
     def __init__(
         self,
-        client: Client,
+        receiver: _L,
         service: bytes,
         data: tuple[bytes, ...],
         metadata: tuple[bytes, ...],
@@ -127,43 +90,26 @@ class Stream:
         window: int,
         stall_timeout: float | None,
     ) -> None:
-        self._client = client
-        self._request = (service, data, (*metadata, wire.stream_option(window)), timing)
-        self._window = window
+        self._receiver = receiver
         self._grant = max(1, window // 2)
         self._stall = stall_timeout
-        self._waiter = StreamWaiter()
-        self._rid: bytes | None = None
         self._read = 0
         self._ended = self._closed = False
+        #: Where the client puts the stream's parts as they arrive (Rule C2).
+        self._parts: deque[Part] = deque()
         #: Parts read so far.
         self.received = 0
-        #: Called once on :meth:`close` with the final outcome, or ``None`` if there was none
-        #: (the stream was left early): a traced stream ends its span (docs/tracing.md).
-        self.on_close: Callable[[Outcome | None], None] | None = None
+        self._open(service, data, (*metadata, wire.stream_option(window)), timing)
 
-    async def __aenter__(self) -> Stream:
-        if self._rid is not None:
-            raise RuntimeError("a Stream can be entered only once")
-        client = self._client
-        service, data, metadata, timing = self._request
-        rid, frames = client._start(service, data, metadata, timing, self._waiter)
-        self._rid = rid
-        try:
-            await client._send(rid, frames)
-        except BaseException:
-            self._ended = True
-            client._forget([rid])
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+    def _open(
+        self, service: bytes, data: tuple[bytes, ...], metadata: tuple[bytes, ...], timing: Timing
     ) -> None:
-        self.close()
+        """Start the stream's request (the blocking flavour), or keep it for later."""
+        raise NotImplementedError
+
+    def _forget(self) -> bytes | None:
+        """Forget the request: its id if the worker must be told to stop (Rule C4)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Rule C4: stop reading; the worker is told to stop unless the stream ended.
@@ -171,19 +117,96 @@ class Stream:
         if self._closed:
             return
         self._closed = self._ended = True
-        if self.on_close is not None:
-            self.on_close(self._waiter.outcome if self._waiter.done else None)
-        client = self._client
-        rid = self._rid
-        if rid is None:
-            return
-        if not _answered(self._waiter.done, self._waiter.outcome) and not client._closed:
-            assert client._socket is not None
+        rid = self._forget()
+        if rid is not None and not self._receiver.closed:
             # A full queue loses the CANCEL: the worker then waits for credit that never
             # comes, until its work timeout (if any) or the broker forgets this client.
             with contextlib.suppress(zmq.ZMQError):
-                client._socket.send_nowait(_control(wire.StreamType.CANCEL, rid))
-        client._forget([rid])
+                self._receiver.send_nowait(_control(wire.StreamType.CANCEL, rid))
+
+    def _next_part(self, done: bool) -> tuple[Part, int]:
+        """Read the oldest part received; with it, how many parts to grant now (Rule C3:
+        0 for none, or once the stream's end arrived or it was left)."""
+        part = self._parts.popleft()
+        self.received += 1
+        self._read += 1
+        if self._read < self._grant or done or self._ended:
+            return part, 0
+        n, self._read = self._read, 0
+        return part, n
+
+    def _last(self, outcome: Outcome) -> Part | None:
+        """Rule C2: the stream's final outcome read; its last part, or ``None`` for the end.
+
+        :raises StreamBroken: the worker went away mid-stream
+        :raises RemoteError: the stream ended with an error reply
+        :raises RequestTimeout: the stream's ``timeout`` passed
+        """
+        self._ended = True
+        if isinstance(outcome, Response):
+            if not outcome.data:
+                return None
+            self.received += 1
+            return outcome.data
+        if isinstance(outcome, RemoteError) and outcome.code == "stream_broken":
+            raise StreamBroken(outcome.message, self.received)
+        raise outcome
+
+    def _stalled(self) -> RequestTimeout:
+        """Rule C1: no part within ``stall_timeout``."""
+        return RequestTimeout(
+            f"stream stalled: no part for {self._stall:g} s after {self.received} part(s)"
+        )
+
+
+def _answered(done: bool, outcome: Outcome | None) -> bool:
+    """Whether the stream's final answer came from the broker (not a local timeout, not the
+    client closing): then there is nothing to cancel (Rule C4)."""
+    return done and outcome is not None and not isinstance(outcome, RequestTimeout)
+
+
+class Stream(StreamReader[Receiver]):
+    """A stream being read (from :meth:`dcp.Client.stream`): an async context manager and
+    an async iterator of parts, each a tuple of ``bytes`` (the part's data frames)."""
+
+    #: Called once on :meth:`close` with the final outcome, or ``None`` if there was none
+    #: (the stream was left early): a traced stream ends its span (docs/tracing.md).
+    on_close: Callable[[Outcome | None], None] | None = None
+
+    def _open(
+        self, service: bytes, data: tuple[bytes, ...], metadata: tuple[bytes, ...], timing: Timing
+    ) -> None:
+        self._waiter = StreamWaiter(self._parts)
+        self._request = (service, data, metadata, timing)
+        self._rid: bytes | None = None  # sent on entry
+
+    async def __aenter__(self) -> Stream:
+        if self._rid is not None:
+            raise RuntimeError("a Stream can be entered only once")
+        receiver = self._receiver
+        service, data, metadata, timing = self._request
+        rid, frames = receiver.start(service, data, metadata, timing, self._waiter)
+        self._rid = rid
+        try:
+            await receiver.send(rid, frames)
+        except BaseException:
+            self._ended = True
+            receiver.forget([rid])
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _forget(self) -> bytes | None:
+        waiter = self._waiter
+        if self.on_close is not None:
+            self.on_close(waiter.outcome if waiter.done else None)
+        rid = self._rid
+        if rid is None:
+            return None
+        self._receiver.forget([rid])
+        return None if _answered(waiter.done, waiter.outcome) else rid
 
     def __aiter__(self) -> Stream:
         return self
@@ -203,108 +226,68 @@ class Stream:
                     await waiter.event.wait()
                 if not waiter.parts and not waiter.done:
                     self.close()
-                    raise RequestTimeout(
-                        f"stream stalled: no part for {self._stall:g} s "
-                        f"after {self.received} part(s)"
-                    )
+                    raise self._stalled()
         if waiter.parts:
-            part = waiter.parts.popleft()
-            self.received += 1
-            self._read += 1
-            if self._read >= self._grant and not waiter.done and not self._ended:
-                self._credit()
+            part, grant = self._next_part(waiter.done)
+            if grant:
+                self._credit(grant)
             return part
         if self._ended:
             raise StopAsyncIteration
-        self._ended = True
         if waiter.outcome is None:
-            raise self._client._closed_error()
-        last = _end(waiter.outcome, self.received)
+            self._ended = True
+            raise self._receiver.closed_error()
+        last = self._last(waiter.outcome)
         if last is None:
             raise StopAsyncIteration
-        self.received += 1
         return last
 
-    def _credit(self) -> None:
-        n, self._read = self._read, 0
-        sock = self._client._socket
-        assert self._rid is not None and sock is not None
+    def _credit(self, n: int) -> None:
+        assert self._rid is not None
         try:
-            sock.send_nowait(_control(wire.StreamType.CREDIT, self._rid, n))
+            self._receiver.send_nowait(_control(wire.StreamType.CREDIT, self._rid, n))
         except zmq.ZMQError:  # full: the credit is kept for the next grant
             self._read += n
 
 
-class SyncStream:
+class SyncStream(StreamReader[SyncReceiver]):
     """A stream being read (from :meth:`dcp.SyncClient.stream`): an iterator of parts and a
     context manager; :meth:`close` (or leaving the ``with`` block) cancels it."""
 
-    def __init__(
-        self,
-        client: SyncClient,
-        service: bytes,
-        data: tuple[bytes, ...],
-        metadata: tuple[bytes, ...],
-        timing: Timing,
-        window: int,
-        stall_timeout: float | None,
+    def _open(
+        self, service: bytes, data: tuple[bytes, ...], metadata: tuple[bytes, ...], timing: Timing
     ) -> None:
-        self._client = client
-        self._grant = max(1, window // 2)
-        self._stall = stall_timeout
-        self._read = 0
-        self._ended = self._closed = self._final = False
         self._outcome: Outcome | None = None
-        #: Parts read so far.
-        self.received = 0
-        metadata = (*metadata, wire.stream_option(window))
-        self._parts: deque[Part] = deque()
-        self._rid = rid = client._start(service, data, metadata, timing)
-        client._stream_parts[rid] = self._parts
+        self._rid = rid = self._receiver.start(service, data, metadata, timing)
+        self._receiver.stream_parts[rid] = self._parts
 
     def __enter__(self) -> SyncStream:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __del__(self) -> None:
-        if not self._closed and not self._client._closed:
+        if not self._closed and not self._receiver.closed:
             self.close()
 
-    def close(self) -> None:
-        """Rule C4: stop reading; the worker is told to stop unless the stream ended.
-        Idempotent."""
-        if self._closed:
-            return
-        self._closed = self._ended = True
-        client = self._client
+    def _forget(self) -> bytes | None:
+        receiver = self._receiver
         rid = self._rid
-        client._stream_parts.pop(rid, None)
-        outcome = client._done.pop(rid, None)
-        if outcome is None:
-            client._tracker.cancel(rid)
+        receiver.stream_parts.pop(rid, None)
+        outcome = receiver.forget(rid)
         if outcome is None:
             outcome = self._outcome
-        if not _answered(outcome is not None, outcome) and not client._closed:
-            with contextlib.suppress(zmq.ZMQError):
-                client._sock.send_multipart(
-                    _control(wire.StreamType.CANCEL, rid), flags=zmq.NOBLOCK
-                )
+        return None if _answered(outcome is not None, outcome) else rid
 
     def __iter__(self) -> Iterator[Part]:
         return self
 
     def __next__(self) -> Part:
-        client = self._client
+        receiver = self._receiver
         rid = self._rid
         parts = self._parts
-        done = client._done
+        done = receiver.done
         stall = math.inf if self._stall is None else time.monotonic() + self._stall
         try:
             while not parts and rid not in done:
@@ -312,27 +295,19 @@ class SyncStream:
                     raise StopIteration
                 now = time.monotonic()
                 if now >= stall:
-                    raise RequestTimeout(
-                        f"stream stalled: no part for {self._stall:g} s "
-                        f"after {self.received} part(s)"
-                    )
-                client._pump(None if stall == math.inf else stall - now)
+                    raise self._stalled()
+                receiver.pump(None if stall == math.inf else stall - now)
         except BaseException:
             self.close()  # a stall, or the caller interrupted (e.g. KeyboardInterrupt)
             raise
         if parts:
-            part = parts.popleft()
-            self.received += 1
-            self._read += 1
-            if self._read >= self._grant and rid not in done:
-                n, self._read = self._read, 0
-                client._send(_control(wire.StreamType.CREDIT, rid, n), time.monotonic() + 1)
+            part, grant = self._next_part(rid in done)
+            if grant:
+                receiver.send(_control(wire.StreamType.CREDIT, rid, grant), time.monotonic() + 1)
             return part
-        self._ended = self._final = True
-        client._stream_parts.pop(rid, None)
+        receiver.stream_parts.pop(rid, None)
         self._outcome = done.pop(rid)
-        last = _end(self._outcome, self.received)
+        last = self._last(self._outcome)
         if last is None:
             raise StopIteration
-        self.received += 1
         return last

@@ -1,36 +1,43 @@
 """The blocking client: plain pyzmq around :class:`~dcp._core.client.tracker.RequestTracker`,
 no event loop. Meant for threads and processes that are not async (e.g. Spark executors), so the
-per-request path is kept short: one tracker entry, one frames list, one result slot.
+per-request path is kept short: one tracker entry, one frames list, one result slot. Its
+socket and what arrives on it are the client's :class:`~dcp._client.sync_receive.SyncReceiver`,
+which the maps, streams and pub/sub are given.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import os
-import threading
 import time
-from collections import deque
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import zmq
 
-from dcp._client.maps import map_sync, map_unordered_sync, outcome_of, response_of
+from dcp._client.maps import map_sync, outcome_of, response_of
 from dcp._client.options import ClientOptions
-from dcp._client.pubsub import SyncSubscription, deliver, publish_sync, subscribe_sync
+from dcp._client.pubsub import SyncSubscription, publish_sync, subscribe_sync
+from dcp._client.services import (
+    ServiceChange,
+    ServiceInfo,
+    ServiceStats,
+    ServiceSummary,
+    ServiceWatch,
+    mmi_answer,
+    mmi_args,
+    service_info,
+    service_stats,
+    summaries,
+)
 from dcp._client.streams import DEFAULT_WINDOW, SyncStream
-from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
-from dcp._errors import AuthenticationFailed
+from dcp._client.sync_receive import SyncReceiver
+from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve_blocking
-from dcp._io.handshake import HandshakeWatch, close_monitor, connect_dealer, read_events
+from dcp._io.handshake import HandshakeWatch, connect_dealer
 from dcp._io.security import CurveClient
-from dcp._io.sockets import recv_frames, send_frames
 from dcp._json import encode_json
 from dcp._models import Outcome, Response
-from dcp.wire.streams import is_stream, parse_part
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -38,12 +45,6 @@ if TYPE_CHECKING:
     from dcp._client.tracing import SyncTracing
 
 __all__ = ["SyncClient"]
-
-
-_POLLIN = zmq.POLLIN
-_POLLOUT = zmq.POLLOUT
-# Longest single wait for room in a full send queue, in seconds (then we re-check the time).
-_SEND_POLL_MAX = 0.1
 
 
 class SyncClient(ClientOptions):
@@ -86,29 +87,14 @@ class SyncClient(ClientOptions):
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if security is None else security.server_key
             self.endpoint = resolve_blocking(self.endpoint, key=key)
-        self._pid = os.getpid()
         sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
-        self._sock = sock
-        self._monitor = mon
-        self._watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
-        #: Set when a handshake failure ended the client (see dcp._io.handshake).
-        self._failure: AuthenticationFailed | None = None
-        self._poller = zmq.Poller()
-        self._poller.register(sock, _POLLIN)
-        if mon is not None:
-            self._poller.register(mon, _POLLIN)
-        #: Outcomes received but not yet taken by the caller that waits for them.
-        self._done: dict[bytes, Outcome] = {}
-        #: Parts of the streams being read (dcp._client.streams), by request id.
-        self._stream_parts: dict[bytes, deque[tuple[bytes, ...]]] = {}
-        self._subscriptions: dict[bytes, Any] = {}
-        self._closed = False
-        # The thread the client belongs to: the first one to send a request.
-        self._owner: int | None = None
-        self._owner_name = ""
-        self._owner_lock = threading.Lock()
+        watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
+        #: The socket and what arrived on it (dcp._client.sync_receive).
+        self._receiver = SyncReceiver(
+            self._tracker, sock, mon, watch, endpoint=self.endpoint, batch=self._batch
+        )
         if self._traced is not None:
-            self._traced.attach(self)
+            self._traced.attach(self._receiver)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -123,17 +109,14 @@ class SyncClient(ClientOptions):
     ) -> None:
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        """True once the client was closed (or a handshake failure closed it)."""
+        return self._receiver.closed
+
     def close(self) -> None:
         """Close the socket (linger 0) and forget pending requests. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._pid == os.getpid():
-            if self._monitor is not None:
-                close_monitor(self._sock, self._monitor)
-            self._sock.close(0)
-        self._tracker.cancel_all()
-        self._done.clear()
+        self._receiver.close()
 
     # ------------------------------------------------------------------ requests
 
@@ -163,13 +146,14 @@ class SyncClient(ClientOptions):
         parts = data_parts(data)
         metadata = self._metadata(metadata, work_timeout, no_wait)
         timing = self._tracker.timing(timeout, attempt_timeout, retries)
-        rid = self._start(service, parts, metadata, timing)
-        done = self._done
+        receiver = self._receiver
+        rid = receiver.start(service, parts, metadata, timing)
+        done = receiver.done
         try:
             while rid not in done:
-                self._pump()
+                receiver.pump()
         except BaseException:
-            self._forget(rid)
+            receiver.forget(rid)
             raise
         return response_of(done.pop(rid))
 
@@ -206,6 +190,41 @@ class SyncClient(ClientOptions):
         )
         return response.json()
 
+    def services(self, *, timeout: float | None = None) -> list[ServiceSummary]:
+        """Every service the broker knows, with workers, queue and version (``mmi.services``,
+        ``docs/services.md``); :meth:`dcp.Client.services`, blocking.
+
+        :raises RuntimeError: the broker does not answer it (not a dcp broker)
+        """
+        return summaries(self._mmi("mmi.services", None, timeout))
+
+    def service_info(
+        self, name: str | bytes, *, timeout: float | None = None
+    ) -> ServiceInfo | None:
+        """One service's version, description, metadata and schemas (``mmi.info``);
+        ``None`` if the broker knows no such service."""
+        return service_info(self._mmi("mmi.info", name, timeout))
+
+    def service_stats(
+        self, name: str | bytes, *, timeout: float | None = None
+    ) -> ServiceStats | None:
+        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
+        return service_stats(self._mmi("mmi.stats", name, timeout))
+
+    def watch_services(
+        self, *, interval: float = 1.0, timeout: float | None = None
+    ) -> Iterator[ServiceChange]:
+        """Services coming up and going down, polled every ``interval`` seconds (sleeping
+        between polls): :meth:`dcp.Client.watch_services`, as a plain iterator. Runs until
+        the caller stops iterating.
+
+        :raises ValueError: ``interval`` is not a positive finite number (on iteration)
+        """
+        watch = ServiceWatch(interval)
+        while True:
+            yield from watch.changes(self.services(timeout=timeout))
+            time.sleep(interval)
+
     def map(
         self,
         service: str | bytes,
@@ -231,7 +250,17 @@ class SyncClient(ClientOptions):
         checked, meta, timing = self._map_options(
             window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
         )
-        return map_sync(self, checked, payloads, window, meta, timing, response_of)
+        return map_sync(
+            self._receiver,
+            checked,
+            payloads,
+            window,
+            meta,
+            timing,
+            ordered=True,
+            indexed=False,
+            take=response_of,
+        )
 
     def map_outcomes(
         self,
@@ -254,7 +283,17 @@ class SyncClient(ClientOptions):
         checked, meta, timing = self._map_options(
             window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
         )
-        return map_sync(self, checked, payloads, window, meta, timing, outcome_of)
+        return map_sync(
+            self._receiver,
+            checked,
+            payloads,
+            window,
+            meta,
+            timing,
+            ordered=True,
+            indexed=False,
+            take=outcome_of,
+        )
 
     def map_unordered(
         self,
@@ -273,7 +312,17 @@ class SyncClient(ClientOptions):
         checked, meta, timing = self._map_options(
             window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
         )
-        return map_unordered_sync(self, checked, payloads, window, meta, timing)
+        return map_sync(
+            self._receiver,
+            checked,
+            payloads,
+            window,
+            meta,
+            timing,
+            ordered=False,
+            indexed=True,
+            take=response_of,
+        )
 
     def stream(
         self,
@@ -299,13 +348,13 @@ class SyncClient(ClientOptions):
         checked, parts, meta, timing = self._stream_options(
             service, data, metadata, timeout, stall_timeout, work_timeout
         )
-        return SyncStream(self, checked, parts, meta, timing, window, stall_timeout)
+        return SyncStream(self._receiver, checked, parts, meta, timing, window, stall_timeout)
 
     # ------------------------------------------------------------------ pub/sub
 
     def publish(self, subject: str | bytes, *data: Part, ack: bool = False) -> int | None:
         """:meth:`dcp.Client.publish`, blocking."""
-        return publish_sync(self, subject, data, ack)
+        return publish_sync(self, self._receiver, subject, data, ack)
 
     def subscribe(
         self,
@@ -321,165 +370,27 @@ class SyncClient(ClientOptions):
         """:meth:`dcp.Client.subscribe`, blocking: ``for msg in sub`` (or ``sub.next(timeout)``).
         Credit and refreshes are sent while the caller takes messages."""
         return subscribe_sync(
-            self, pattern, queue, max_pending, overflow, window, refresh, last_value
+            self,
+            self._receiver,
+            self._start_plain,
+            pattern,
+            queue,
+            max_pending,
+            overflow,
+            window,
+            refresh,
+            last_value,
         )
 
     # ------------------------------------------------------------------ internals
 
-    def _closed_error(self) -> Exception:
-        failure = self._failure
-        if failure is not None:
-            return AuthenticationFailed(failure.endpoint, failure.reason)
-        return anyio.ClosedResourceError("the client is closed")
+    def _start_plain(self, service: bytes, data: Sequence[bytes]) -> bytes:
+        """Start a request with the client's defaults, without waiting for it (its outcome
+        lands in the receiver's ``done``): a subscription's credit."""
+        timing = self._tracker.timing(None, None, None)
+        return self._receiver.start(service, data, self._metadata((), None, None), timing)
 
-    def _start(
-        self,
-        service: bytes,
-        data: Sequence[bytes],
-        metadata: Sequence[bytes],
-        timing: Timing,
-    ) -> bytes:
-        if self._closed:
-            raise self._closed_error()
-        if self._pid != os.getpid():
-            raise RuntimeError("a SyncClient cannot be used in a forked child; create one there")
-        if threading.get_ident() != self._owner:
-            self._claim()
-        tracker = self._tracker
-        rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
-        out, tracker.outbox = tracker.outbox, []
-        (frames,) = out  # the request's first attempt
-        try:
-            self._send(frames, tracker.deadline_of(rid))
-        except BaseException:
-            tracker.cancel(rid)
-            raise
-        return rid
-
-    def _send(self, frames: list[bytes], deadline: float) -> None:
-        sock = self._sock
-        try:
-            send_frames(sock, frames)
-            return
-        except zmq.Again:
-            pass
-        self._tracker.send_waits += 1
-        # A handshake that failed before the first send leaves no connection to queue on
-        # (libzmq does not reconnect after it): watch the monitor while waiting, or the
-        # failure would only be read once the attempt is over.
-        poller = zmq.Poller()
-        poller.register(sock, _POLLOUT)
-        if self._monitor is not None:
-            poller.register(self._monitor, _POLLIN)
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return  # the attempt counts as lost; the retry rule takes over
-            ready = dict(poller.poll(math.ceil(min(remaining, _SEND_POLL_MAX) * 1000)))
-            if self._monitor is not None and self._monitor in ready:
-                self._read_monitor()
-            try:
-                send_frames(sock, frames)
-                return
-            except zmq.Again:
-                pass
-
-    def _claim(self) -> None:
-        """Make this thread the owner if there is none yet, else refuse (one thread per
-        client: its zmq socket and its state are not thread-safe)."""
-        me = threading.current_thread()
-        with self._owner_lock:
-            if self._owner is None:
-                self._owner = me.ident
-                self._owner_name = me.name
-                return
-        raise RuntimeError(
-            f"a SyncClient may be used by one thread only: this one belongs to thread "
-            f"{self._owner_name!r}, the first to send on it, and {me.name!r} tried to use "
-            "it; create one SyncClient per thread"
-        )
-
-    def _forget(self, rid: bytes) -> None:
-        if self._done.pop(rid, None) is None:
-            self._tracker.cancel(rid)
-
-    def _stream_part(self, frames: list[bytes]) -> None:
-        msg = parse_part(frames)
-        if msg is not None:
-            queue = self._stream_parts.get(msg.metadata[0])
-            if queue is not None:
-                queue.append(msg.data)
-
-    def _read_monitor(self) -> None:
-        """Apply the handshake rules to the monitor's waiting events.
-
-        :raises AuthenticationFailed: the handshake with the broker failed (the client is
-            closed)
-        """
-        assert self._monitor is not None
-        for event, value in read_events(self._monitor):
-            failure = self._watch.event(event, value)
-            if failure is not None:
-                self._failure = failure
-                self.close()
-                raise self._closed_error()
-
-    def _pump(self, wait_max: float | None = None) -> None:
-        """Wait for replies or the next deadline (whichever is first, or ``wait_max``
-        seconds if given and sooner) and handle them.
-
-        :raises AuthenticationFailed: the handshake with the broker failed (the client is
-            closed)
-        """
-        if self._closed:
-            raise self._closed_error()
-        if threading.get_ident() != self._owner:
-            self._claim()
-        tracker = self._tracker
-        deadline = tracker.next_deadline()
-        if deadline is None:
-            wait_ms = None
-        else:
-            wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-        if wait_max is not None:
-            most = math.ceil(wait_max * 1000)
-            wait_ms = most if wait_ms is None else min(wait_ms, most)
-        ready = dict(self._poller.poll(wait_ms))
-        if self._monitor is not None and self._monitor in ready:
-            self._read_monitor()
-        if ready:
-            sock = self._sock
-            done = self._done
-            receive = tracker.receive
-            for _ in range(self._batch):
-                try:
-                    frames = recv_frames(sock)
-                except zmq.Again:
-                    break
-                self._watch.heard = self._watch.handshakes  # handshakes Rule H5
-                if self._stream_parts and is_stream(frames):
-                    self._stream_part(frames)  # dcp streams (_streams.py)
-                    continue
-                if self._subscriptions and deliver(self._subscriptions, frames):
-                    continue
-                resolved = receive(frames)
-                if resolved is not None:
-                    done[resolved[0]] = resolved[1]
-        deadline = tracker.next_deadline()
-        if deadline is not None:
-            now = time.monotonic()
-            if deadline <= now:
-                failed = tracker.expire(now)
-                out, tracker.outbox = tracker.outbox, []
-                if out and self._watch.unheard():
-                    # Handshakes Rule H5: a secure broker ignores this connection.
-                    self._watch.heard = self._watch.handshakes
-                    self._sock.disconnect(self.endpoint)
-                    self._sock.connect(self.endpoint)
-                for frames in out:
-                    try:
-                        send_frames(self._sock, frames)
-                    except zmq.Again:
-                        tracker.resends_dropped += 1
-                for rid, exc in failed:
-                    self._done[rid] = exc
+    def _mmi(self, question: str, name: str | bytes | None, timeout: float | None) -> Any:
+        """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer."""
+        response = self.request(question, *mmi_args(name), timeout=timeout, retries=0)
+        return mmi_answer(question, response)

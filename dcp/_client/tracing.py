@@ -6,9 +6,10 @@ for :class:`~dcp.Client` and :class:`~dcp.SyncClient`. Imported only by a client
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from dcp._client.streams import Stream
+from dcp._client.receive import Start
+from dcp._client.sync_receive import SyncReceiver
 from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.calls import Timing
 from dcp._errors import RemoteError
@@ -24,13 +25,9 @@ from dcp._io.tracing import (
 )
 from dcp._models import Outcome, Response
 
-if TYPE_CHECKING:
-    from dcp._client.sync_client import SyncClient
-
 __all__ = [
     "CANCELLED",
     "ClientTracing",
-    "Start",
     "SyncTracing",
     "TracedSink",
     "TracedWaiter",
@@ -47,12 +44,6 @@ class _Cancelled:
 
 #: Pass to :func:`end_span` for a call cancelled before its answer.
 CANCELLED: Final = _Cancelled()
-
-
-#: The client's ``_start``: service, data, metadata, timing, waiter -> id and frames.
-Start = Callable[
-    [bytes, Sequence[bytes], Sequence[bytes], Timing, Waiter | Sink], tuple[bytes, list[bytes]]
-]
 
 
 def end_span(span: Span, outcome: Outcome | _Cancelled | BaseException | None) -> None:
@@ -141,7 +132,7 @@ class ClientTracing:
         return span, (*inject(span), *metadata)
 
     def sink(self, start: Start) -> tuple[TracedSink, Start]:
-        """A sink for one traced ``map``, and the client's ``_start`` wrapped to give each
+        """A sink for one traced ``map``, and the receiver's ``start`` wrapped to give each
         request its span and context."""
         sink = TracedSink()
 
@@ -163,16 +154,17 @@ class ClientTracing:
 
         return sink, traced_start
 
-    def trace_stream(self, stream: Stream) -> None:
-        """Give a stream (not entered yet) its span: one for the whole stream (Rule T3)."""
-        service, data, metadata, timing = stream._request
-        span, metadata = self.start(service, metadata)
-        stream._request = (service, data, metadata, timing)
+    def stream(
+        self, service: bytes, metadata: tuple[bytes, ...]
+    ) -> tuple[tuple[bytes, ...], Callable[[Outcome | None], None]]:
+        """Start the span of a stream (one for the whole stream, Rule T3): the stream's
+        metadata with its trace options first, and the stream's ``on_close`` that ends it."""
+        span, traced = self.start(service, metadata)
 
         def on_close(outcome: Outcome | None) -> None:
             end_span(span, CANCELLED if outcome is None else outcome)
 
-        stream.on_close = on_close
+        return traced, on_close
 
     def request(
         self,
@@ -182,7 +174,7 @@ class ClientTracing:
         metadata: Sequence[bytes],
         timing: Timing,
     ) -> tuple[TracedWaiter, bytes, list[bytes]]:
-        """Start one traced request with the client's ``_start``: its waiter, id and frames."""
+        """Start one traced request with the receiver's ``start``: its waiter, id and frames."""
         span, traced = self.start(service, metadata)
         waiter = TracedWaiter(span)
         try:
@@ -217,12 +209,12 @@ class _TracedDone(dict[bytes, Outcome]):
 class SyncTracing(ClientTracing):
     """Client spans (Rule T3) for a :class:`~dcp.SyncClient` (:meth:`attach` it)."""
 
-    def attach(self, client: SyncClient) -> None:
-        """Trace every request ``client`` starts (its ``_start``) until its outcome is
-        delivered (its ``_done``)."""
+    def attach(self, receiver: SyncReceiver) -> None:
+        """Trace every request the client's ``receiver`` starts (its ``start``) until its
+        outcome is delivered (its ``done``)."""
         done = _TracedDone()
-        client._done = done
-        start = client._start
+        receiver.done = done
+        start = receiver.start
 
         def traced_start(
             service: bytes, data: Sequence[bytes], metadata: Sequence[bytes], timing: Timing
@@ -236,4 +228,4 @@ class SyncTracing(ClientTracing):
             done.spans[rid] = span
             return rid
 
-        client._start = traced_start  # type: ignore[method-assign]
+        receiver.start = traced_start  # type: ignore[method-assign]

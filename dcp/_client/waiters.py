@@ -1,13 +1,22 @@
-"""How the async client's callers wait for outcomes: the receive task delivers each request's
-outcome to the waiter registered for its id (one per ``request()``, one shared per ``map``)."""
+"""How the async client's callers wait for outcomes: the receive task
+(:class:`~dcp._client.receive.Receiver`) delivers each request's outcome to the waiter
+registered for its id (one per ``request()``, one shared per ``map``, one per ``stream``, which
+also takes the stream's parts)."""
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import MutableMapping
+
 import anyio
 
+import dcp.wire.streams as wire
 from dcp._models import Outcome
 
-__all__ = ["Sink", "Waiter"]
+__all__ = ["Part", "Sink", "StreamWaiter", "Waiter", "deliver_part"]
+
+#: One part of a stream: its data frames.
+Part = tuple[bytes, ...]
 
 
 class Waiter:
@@ -29,7 +38,8 @@ class Waiter:
 
 
 class Sink:
-    """Where the receive task puts the outcomes of one ``map`` call's requests."""
+    """Where the receive task puts the outcomes of one ``map`` call's requests (:attr:`done`
+    is the arrivals of the map's :class:`~dcp._core.client.window.Window`)."""
 
     __slots__ = ("done", "event")
 
@@ -49,3 +59,40 @@ class Sink:
         """Wait for the next delivery (call only when the one you need is not in ``done``)."""
         event = self.event = anyio.Event()
         await event.wait()
+
+
+class StreamWaiter(Waiter):
+    """Where the receive task puts a stream's parts and its final outcome
+    (:class:`~dcp.Stream`)."""
+
+    __slots__ = ("done", "parts")
+
+    def __init__(self, parts: deque[Part] | None = None) -> None:
+        super().__init__()
+        #: The parts received and not yet read (the stream's own queue, if given).
+        self.parts: deque[Part] = deque() if parts is None else parts
+        self.done = False
+
+    def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
+        self.outcome = outcome
+        self.done = True
+        self.event.set()
+
+    def part(self, data: Part) -> None:
+        self.parts.append(data)
+        self.event.set()
+
+
+def deliver_part(
+    frames: list[bytes], waiters: MutableMapping[bytes, Waiter | Sink]
+) -> deque[Part] | None:
+    """Streams Rule C2: a PARTIAL from the broker for a stream of ``waiters``; returns the
+    queue it went to (``None``: dropped, a part of a stream no longer read, or not a part)."""
+    msg = wire.parse_part(frames)
+    if msg is None:
+        return None
+    waiter = waiters.get(msg.metadata[0])
+    if not isinstance(waiter, StreamWaiter):
+        return None
+    waiter.part(msg.data)
+    return waiter.parts

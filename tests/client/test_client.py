@@ -39,7 +39,7 @@ async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None
 
 def assert_clean(client: Client) -> None:
     assert client.statistics().pending == 0
-    assert client._waiters == {}
+    assert client._receiver.waiters == {}  # white-box: no waiter left
 
 
 # ---------------------------------------------------------------- basics
@@ -304,6 +304,40 @@ async def test_map_rejects_a_bad_window_at_once() -> None:
             assert [r async for r in client.map("echo", [])] == []
 
 
+def _bad_or_silent(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    if req.data == (b"mute",):
+        return []
+    return _bad_is_an_error(req, attempt)
+
+
+async def test_map_outcomes_yields_failures_in_place_and_goes_on() -> None:
+    """As :meth:`dcp.SyncClient.map_outcomes` (its test in test_sync_client.py)."""
+    payloads = [b"a", b"bad", b"b", b"mute", b"c", b"bad", b"d"]
+    with FakeBroker(_bad_or_silent) as broker:
+        async with Client(broker.endpoint, timeout=0.2, retries=0) as client:
+            with anyio.fail_after(10):
+                got = [o async for o in client.map_outcomes("echo", payloads, window=3)]
+            assert_clean(client)
+            assert [o.data[0] if isinstance(o, Response) else type(o) for o in got] == [
+                b"a", RemoteError, b"b", RequestTimeout, b"c", RemoteError, b"d"
+            ]  # fmt: skip
+            assert isinstance(got[1], RemoteError) and got[1].code == "bad_input"
+            # Closing early forgets the outstanding requests, as map() does: the nine
+            # unanswered ones the window let out are cancelled.
+            payloads = [b"x"] + [b"mute"] * 49
+            it = client.map_outcomes("echo", payloads, window=10, timeout=60)
+            async with aclosing(it):
+                assert await anext(it) == Response((b"x",))
+            assert_clean(client)
+            assert client.statistics().cancelled == 9
+            with pytest.raises(ValueError, match="window"):
+                client.map_outcomes("echo", [], window=0)
+        # The client closing is not an outcome: it is raised.
+        with pytest.raises(anyio.ClosedResourceError):
+            async for _ in client.map_outcomes("echo", [b"x"]):
+                pass  # pragma: no cover
+
+
 # ---------------------------------------------------------------- lifecycle
 
 
@@ -382,7 +416,8 @@ async def test_broken_socket_fails_pending_and_new_requests(
     errors: list[BaseException] = []
     with FakeBroker(silent) as broker:
         async with Client(broker.endpoint) as client:
-            assert client._socket is not None
+            socket = client._receiver.socket  # white-box: make it fail
+            assert socket is not None
 
             def broken_drain(batch: int) -> list[object]:
                 raise failure
@@ -394,7 +429,7 @@ async def test_broken_socket_fails_pending_and_new_requests(
                     errors.append(exc)
 
             # The socket "fails" on its next read; a message makes the receive task read.
-            monkeypatch.setattr(client._socket, "drain", broken_drain)
+            monkeypatch.setattr(socket, "drain", broken_drain)
             with anyio.fail_after(5):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(one)
@@ -472,6 +507,25 @@ async def test_through_the_real_broker() -> None:
                 assert (s.replies, s.retries, s.pending) == (202, 0, 0)
         assert worker.handled == 202
         assert broker.statistics().replies == 202
+
+
+async def test_map_outcomes_through_the_real_broker() -> None:
+    def upper_or_fail(data: Sequence[bytes]) -> Sequence[bytes]:
+        if data == (b"bad",):
+            return error_reply_data("bad_input", "no")
+        return [d.upper() for d in data]
+
+    async with Broker("tcp://127.0.0.1:0") as broker:
+        endpoint = broker.endpoints[0]
+        with RawWorker(endpoint, b"upper", upper_or_fail):
+            async with Client(endpoint, timeout=5.0) as client:
+                with anyio.fail_after(10):
+                    got = [o async for o in client.map_outcomes("upper", [b"a", b"bad", b"c"])]
+                [nobody] = [o async for o in client.map_outcomes("nobody", [b"x"], no_wait=True)]
+                assert_clean(client)
+    assert got[0] == Response((b"A",)) and got[2] == Response((b"C",))
+    assert isinstance(got[1], RemoteError) and got[1].code == "bad_input"
+    assert isinstance(nobody, NoWorkers)
 
 
 async def test_real_broker_queues_until_a_worker_registers() -> None:

@@ -24,8 +24,11 @@ from majortomo import Client as MtClient
 
 import dcp
 import dcp.wire.streams as wire
-from dcp._client.streams import StreamWaiter, deliver_part
+from dcp._client.streams import StreamReader
+from dcp._client.waiters import StreamWaiter, deliver_part
+from dcp._core.client.calls import Timing
 from dcp._io.context import get_context
+from dcp._models import Outcome
 from dcp._worker.streams import WorkerStreams, is_stream_handler
 from dcp.wire import mdp
 from tests.cli.procs import Proc, start, start_broker
@@ -416,6 +419,76 @@ def test_a_malformed_part_is_dropped() -> None:
     assert deliver_part(frames, waiters) is None
     frames = wire.build(wire.StreamType.PARTIAL, None, (b"rid",), (b"x",))
     assert deliver_part(frames, waiters) == deque([(b"x",)])
+
+
+class _Link:
+    """A receiver that keeps what it is asked to send."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.sent: list[list[bytes]] = []
+
+    def send_nowait(self, frames: list[bytes]) -> None:
+        self.sent.append(frames)
+
+
+class _Reader(StreamReader[_Link]):
+    """The part both clients' streams share, driven by hand."""
+
+    def _open(
+        self, service: bytes, data: tuple[bytes, ...], metadata: tuple[bytes, ...], timing: Timing
+    ) -> None:
+        self.metadata = metadata
+
+    def _forget(self) -> bytes | None:
+        return b"rid"
+
+    def feed(self, *parts: tuple[bytes, ...]) -> _Reader:
+        self._parts.extend(parts)
+        return self
+
+    def read(self, done: bool = False) -> tuple[tuple[bytes, ...], int]:
+        return self._next_part(done)
+
+    def end(self, outcome: Outcome) -> tuple[bytes, ...] | None:
+        return self._last(outcome)
+
+
+def _reader(window: int, link: _Link | None = None) -> _Reader:
+    return _Reader(link or _Link(), b"s", (), (b"m",), Timing(1.0, 1.0, 0), window, None)
+
+
+def test_the_shared_reader_grants_half_a_window_and_ends_as_the_rules_say() -> None:
+    reader = _reader(4).feed(*((b"%d" % i,) for i in range(6)))
+    assert reader.metadata == (b"m", wire.stream_option(4))  # Rule C1: the first credit
+    # Rule C3: once half the window is read, that many parts are granted.
+    assert [reader.read() for _ in range(4)] == [
+        ((b"0",), 0), ((b"1",), 2), ((b"2",), 0), ((b"3",), 2)
+    ]  # fmt: skip
+    assert reader.read(done=True) == ((b"4",), 0)  # the end arrived: no more credit
+    # Rule C2: the final reply's data is the last part; an empty one ends the stream.
+    assert reader.end(dcp.Response((b"last",))) == (b"last",)
+    assert reader.received == 6
+    assert _reader(1).end(dcp.Response(())) is None
+    with pytest.raises(dcp.StreamBroken) as broken:
+        reader.end(dcp.RemoteError("stream_broken", "gone"))
+    assert broken.value.parts == 6
+    with pytest.raises(dcp.RemoteError, match="other"):
+        reader.end(dcp.RemoteError("other", "no"))
+
+
+def test_the_shared_reader_cancels_once_when_left() -> None:
+    """Rule C4: CANCEL once, not on a closed client; a part still buffered is read without
+    granting more."""
+    link = _Link()
+    left = _reader(2, link).feed((b"a",), (b"b",))
+    left.close()
+    left.close()
+    assert link.sent == [wire.build(wire.StreamType.CANCEL, None, (b"rid",))]
+    assert left.read() == ((b"a",), 0)
+    link.closed = True
+    _reader(2, link).close()
+    assert len(link.sent) == 1
 
 
 async def test_worker_streams_ignore_what_they_do_not_run() -> None:

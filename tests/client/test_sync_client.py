@@ -1,4 +1,5 @@
-"""The blocking client over real sockets: the fake broker, then the real broker in a thread."""
+"""The blocking client over real sockets: the fake broker, then the real broker in a thread
+(or on the event loop, the client in a thread, on both anyio backends)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 import zmq
 
-from dcp import NoWorkers, RemoteError, RequestTimeout
+from dcp import (
+    Broker,
+    HandlerRequest,
+    NoWorkers,
+    RemoteError,
+    RequestTimeout,
+    Service,
+    ServiceChange,
+    Worker,
+)
 from dcp._client.sync_client import SyncClient
 from dcp._models import Response
 from dcp.wire import Request
@@ -33,7 +44,7 @@ from tests.fakes import (
 
 def assert_clean(client: SyncClient) -> None:
     assert client.statistics().pending == 0
-    assert client._done == {}
+    assert client._receiver.done == {}  # white-box: no outcome left
 
 
 def test_request_round_trip_with_metadata() -> None:
@@ -216,10 +227,11 @@ def test_close_is_idempotent_and_later_requests_fail() -> None:
 
 def test_a_forked_child_must_not_use_the_parents_client() -> None:
     with FakeBroker(echo) as broker, SyncClient(broker.endpoint) as client:
-        pid, client._pid = client._pid, -1  # what the client sees after os.fork()
+        receiver = client._receiver  # white-box: fake a fork
+        pid, receiver.pid = receiver.pid, -1  # what the client sees after os.fork()
         with pytest.raises(RuntimeError, match="forked"):
             client.request("echo", b"x")
-        client._pid = pid
+        receiver.pid = pid
 
 
 def test_bad_routing_id() -> None:
@@ -453,3 +465,66 @@ def test_the_owner_is_the_first_thread_that_sends() -> None:
             client.request("echo", b"y")
         client.close()  # from any thread, once nobody uses it
         assert client.closed
+
+
+# ---------------------------------------------------------------- discovery
+
+
+async def _upper_handler(request: HandlerRequest) -> bytes:
+    return request.data[0].upper()
+
+
+UPPER = Service(
+    _upper_handler,
+    version="1.2.0",
+    description="Upper-cases text",
+    metadata={"team": "text"},
+    request_schema={"type": "string"},
+    response_schema={"type": "string"},
+)
+
+
+@pytest.mark.anyio
+async def test_discovery_through_the_real_broker() -> None:
+    """``services``, ``service_info``, ``service_stats`` and ``watch_services`` (a plain
+    iterator), blocking in a thread while the broker and a worker run on the event loop."""
+    async with Broker("tcp://127.0.0.1:0") as broker, anyio.create_task_group() as tg:
+        endpoint = broker.endpoints[0]
+        leave = anyio.Event()
+
+        async def serve(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            async with Worker(endpoint, services={"upper": UPPER}):
+                task_status.started()
+                await leave.wait()
+
+        await tg.start(serve)
+
+        def discover() -> list[ServiceChange]:
+            with SyncClient(endpoint, timeout=10) as client:
+                assert client.request("upper", b"ab").bytes == b"AB"
+                [summary] = client.services(timeout=5)
+                assert (summary.name, summary.workers, summary.version) == ("upper", 1, "1.2.0")
+                assert summary.description == "Upper-cases text"
+                info = client.service_info("upper")
+                assert info is not None
+                assert (info.version, info.versions, info.workers) == ("1.2.0", ("1.2.0",), 1)
+                assert info.metadata == {"team": "text"}
+                assert info.request_schema == info.response_schema == {"type": "string"}
+                assert client.service_info(b"nope") is None
+                stats = client.service_stats(b"upper", timeout=5)
+                assert stats is not None
+                assert (stats.num_requests, stats.num_errors, stats.queued) == (1, 0, 0)
+                assert stats.average_processing_time >= 0
+                assert client.service_stats("nope") is None
+                changes = client.watch_services(interval=0.05)
+                seen = [next(changes)]  # what is served now
+                anyio.from_thread.run_sync(leave.set)  # the worker leaves
+                seen.append(next(changes))
+                changes.close()  # type: ignore[attr-defined]
+                with pytest.raises(ValueError, match="interval"):
+                    next(client.watch_services(interval=math.inf))
+                assert_clean(client)
+                return seen
+
+        seen = await anyio.to_thread.run_sync(discover)
+    assert seen == [ServiceChange("upper", True, 1), ServiceChange("upper", False, 0)]

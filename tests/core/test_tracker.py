@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
 import pickle
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
+import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import dcp._core.client.tracker as tracker_module
 from dcp import LocalProtocolError, NoWorkers, RemoteError, RequestTimeout
 from dcp._core.client.calls import Timing
+from dcp._core.client.events import TimedOut
 from dcp._core.client.tracker import RequestTracker
 from dcp._models import Response
 from dcp.wire.dcp1 import parse, serialize
@@ -34,8 +42,10 @@ def reply_frames(
 
 
 def take(t: RequestTracker) -> list[list[bytes]]:
-    """Drain the tracker's outbox (the frames its last calls asked to send)."""
-    out, t.outbox = t.outbox, []
+    """Drain the tracker's outbox (the frames its last calls asked to send); there must be
+    no event (only :meth:`RequestTracker.expire` makes them)."""
+    out, events = t.drain()
+    assert not events
     return out
 
 
@@ -58,15 +68,17 @@ def request(
 
 
 class Expired(NamedTuple):
-    """What :meth:`RequestTracker.expire` did: frames it put in the outbox, and its answer."""
+    """What :meth:`RequestTracker.expire` did: frames it put in the outbox, and the requests
+    it ended (its events, as ``(id, error)``)."""
 
     resend: list[list[bytes]]
     failed: list[tuple[bytes, RequestTimeout]]
 
 
 def expire(t: RequestTracker, now: float) -> Expired:
-    failed = t.expire(now)
-    return Expired(take(t), failed)
+    t.expire(now)
+    out, events = t.drain()
+    return Expired(out, [(e.request_id, e.error) for e in events])
 
 
 def make(**options: object) -> RequestTracker:
@@ -102,14 +114,15 @@ def test_outbox_keeps_what_to_send_in_order_until_the_driver_drains_it() -> None
     rid1 = t.request(b"s", [b"1"], 0.0)
     rid2 = t.request(b"s", [b"2"], 0.0, timing=t.timing(retries=0))
     first, second = t.outbox
-    failed = t.expire(1.0)  # rid1 is resent (no backoff), rid2 fails
-    assert [rid for rid, _ in failed] == [rid2]
+    t.expire(1.0)  # rid1 is resent (no backoff), rid2 fails
+    assert [e.request_id for e in t.events] == [rid2]
     assert t.receive(reply_frames(first, b"ok")) == (rid1, Response((b"ok",)))
     assert t.outbox[:2] == [first, second]  # receiving sends nothing
     # The resend: the same request, now with the time left (its last attempt's 1 s).
     assert t.outbox[2] == [*first[:6], expires_in_option(1.0), *first[6:]]
-    out, t.outbox = t.outbox, []
+    out, events = t.drain()
     assert len(out) == 3 and t.outbox == []
+    assert [e.request_id for e in events] == [rid2] and t.events == []
 
 
 def test_ids_are_unique_and_prefixes_differ_per_tracker() -> None:
@@ -579,3 +592,65 @@ def test_no_workers_pickles() -> None:
     exc = NoWorkers(b"echo", "no worker serves 'echo'")
     copy = pickle.loads(pickle.dumps(exc))
     assert (type(copy), copy.service, str(copy)) == (NoWorkers, b"echo", str(exc))
+
+
+# ---------------------------------------------------------------- the core contract
+
+
+def test_the_tracker_follows_the_core_contract() -> None:
+    """:mod:`dcp._core`: frames to ``outbox``, decided outcomes to ``events`` (frozen values),
+    both taken by ``drain()``; ``expire(now)`` answers nothing; ``next_deadline()`` says when
+    it next has something to do; a method's own answer is its return value."""
+    t = make(retries=1, backoff=0.0)
+    assert t.drain() == ([], ()) and t.next_deadline() is None
+    rid = t.request(b"s", [b"x"], 0.0)
+    assert isinstance(rid, bytes)  # request()'s own answer: the id, not in the lists
+    assert t.events == [] and len(t.outbox) == 1
+    assert all(type(f) is bytes for f in t.outbox[0])
+    quick = t.request(b"s", [b"y"], 0.0, timing=t.timing(retries=0))
+    (first, second), events = t.drain()
+    assert not events and t.outbox == [] and t.events == []
+    assert t.next_deadline() == 1.0
+    assert inspect.signature(RequestTracker.expire).return_annotation == "None"
+    t.expire(0.999)  # nothing is due before next_deadline()
+    assert t.drain() == ([], ())
+    t.expire(1.0)  # rid is resent, quick ends: in the lists, not returned
+    out, events = t.drain()
+    assert [f[-1] for f in out] == [b"x"]
+    assert events == [TimedOut(quick, events[0].error)]
+    assert isinstance(events[0].error, RequestTimeout)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        events[0].request_id = b"other"
+    # receive()'s own answer is its return value; it puts nothing in the lists.
+    assert t.receive(reply_frames(first, b"ok")) == (rid, Response((b"ok",)))
+    assert t.receive(reply_frames(second, b"late")) is None
+    assert t.drain() == ([], ()) and t.next_deadline() is None
+    assert (t.statistics().replies, t.statistics().late) == (1, 1)
+
+
+@settings(deadline=None)  # a loaded machine must not fail it
+@given(st.lists(st.binary(max_size=12), max_size=12))
+def test_nothing_from_the_network_raises_out_of_the_tracker(frames: list[bytes]) -> None:
+    t = make()
+    t.request(b"s", [], 0.0)
+    t.drain()
+    for message in (frames, [b"", *frames], [b"", b"DGBX\x01", b"\x03", *frames]):
+        assert t.receive(message) is None
+    assert t.drain() == ([], ())
+    assert sum(t.statistics().malformed.values()) + t.statistics().unknown == 3
+
+
+def test_the_client_core_reads_no_clock_and_does_no_io() -> None:
+    """The contract's "does NOT do": no module of :mod:`dcp._core.client` imports a clock,
+    sockets, threads, an event loop or logging."""
+    banned = {"anyio", "asyncio", "logging", "socket", "threading", "time", "trio", "zmq"}
+    package = Path(tracker_module.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            else:
+                continue
+            assert not {n.split(".")[0] for n in names} & banned, (path.name, names)

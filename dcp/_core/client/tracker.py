@@ -5,11 +5,14 @@ and when to give up. It knows nothing of sockets, anyio or clocks: every call th
 time takes ``now`` (seconds, any monotonic clock), and the driver (:class:`dcp.Client`,
 :class:`dcp.SyncClient`) sends what it is told to and wakes it at :meth:`next_deadline`.
 
-Output convention (the same for every dcp core): input methods take ``now`` and append the
-frames to send to :attr:`RequestTracker.outbox`; the driver drains it after each call or batch
-(``out, tracker.outbox = tracker.outbox, []``). Only what is sent goes there: a method's own
-answer (:meth:`~RequestTracker.request`'s id, :meth:`~RequestTracker.receive`'s outcome,
-:meth:`~RequestTracker.expire`'s failed requests) is its return value.
+It follows the contract of every dcp core (:mod:`dcp._core`): input methods take ``now``;
+the frames to send go to :attr:`RequestTracker.outbox` and the outcomes the tracker decides by
+itself (a request that timed out) to :attr:`RequestTracker.events`, as
+:class:`~dcp._core.client.events.TimedOut` values; the driver takes both with
+:meth:`~RequestTracker.drain` after each call or batch. Time is :meth:`~RequestTracker.expire`
+and :meth:`~RequestTracker.next_deadline`. A method's own answer
+(:meth:`~RequestTracker.request`'s id, :meth:`~RequestTracker.receive`'s outcome) is its return
+value, never in the lists.
 
 Rules:
 
@@ -72,8 +75,10 @@ import os
 import random
 from collections import deque
 from collections.abc import Sequence
+from typing import Final
 
 from dcp._core.client.calls import PendingCall, Timing, check_retries, check_timeout
+from dcp._core.client.events import TimedOut
 from dcp._errors import NoWorkers, RemoteError, RemoteProtocolError, RequestTimeout
 from dcp._models import Outcome, Response
 from dcp._stats import ClientStatistics
@@ -94,6 +99,8 @@ _PROBE_MAX = 1.0
 _PROBE_FRACTION = 0.1
 _MMI_SERVICE = b"mmi.service"
 _NOT_SERVED = (b"404",)
+#: What :meth:`RequestTracker.drain` gives when there is no event (most calls): no new list.
+_NO_EVENTS: Final[Sequence[TimedOut]] = ()
 
 
 class RequestTracker:
@@ -159,9 +166,12 @@ class RequestTracker:
         self.type_width = type_width
         #: Whether to probe ``mmi.service`` before a request fails (Rule 5).
         self.probe = probe
-        #: Frames to send, in order (see the output convention in the module docstring):
-        #: first attempts from :meth:`request`, resends and probes from :meth:`expire`.
+        #: Frames to send, in order (the contract in the module docstring): first attempts
+        #: from :meth:`request`, resends and probes from :meth:`expire`.
         self.outbox: list[list[bytes]] = []
+        #: What else the driver must do, in order: deliver the error of each request that
+        #: :meth:`expire` ended (Rules 3 and 5).
+        self.events: list[TimedOut] = []
         self._rng = rng if rng is not None else random.Random()
         self._prefix = REQUEST_ID_PREFIX + id_prefix
         self._counter = 0
@@ -246,6 +256,17 @@ class RequestTracker:
         self._schedule(rid, p)
         self.outbox.append(p.frames)
         return rid
+
+    def drain(self) -> tuple[list[list[bytes]], Sequence[TimedOut]]:
+        """Take what the calls since the last drain put in :attr:`outbox` and
+        :attr:`events`, in order; both start empty again. The lists are the caller's."""
+        out = self.outbox
+        self.outbox = []
+        events = self.events
+        if not events:
+            return out, _NO_EVENTS
+        self.events = []
+        return out, events
 
     def deadline_of(self, request_id: bytes) -> float:
         """When the request next needs :meth:`expire` (its attempt's or its own end, or its
@@ -332,20 +353,17 @@ class RequestTracker:
         """When :meth:`expire` next has something to do (``None``: nothing pending expires)."""
         return self._heap.next_due()
 
-    def expire(self, now: float) -> list[tuple[bytes, RequestTimeout]]:
+    def expire(self, now: float) -> None:
         """Act on every deadline that is ``<= now``: resend or probe (to :attr:`outbox`),
-        or fail (Rules 3 and 5).
-
-        :returns: the requests that ended, with the error to report
-        """
-        failed: list[tuple[bytes, RequestTimeout]] = []
+        or end the request (a :class:`~dcp._core.client.events.TimedOut` to
+        :attr:`events`; Rules 3 and 5)."""
         heap = self._heap
         pending = self._pending
         while (rid := heap.pop(now)) is not None:
             p = pending[rid]
             if p.end <= now:
                 del pending[rid]
-                failed.append((rid, self._ended(p)))
+                self.events.append(TimedOut(rid, self._ended(p)))
                 self._done(rid, p, answered=False)
                 continue
             if p.retry_at <= now:
@@ -357,7 +375,6 @@ class RequestTracker:
             if p.probe_at <= now:
                 self._send_probe(rid, p, now)
             self._schedule(rid, p)
-        return failed
 
     def backoff_delay(self, attempt: int) -> float:
         """The delay before resending after attempt number ``attempt`` (1-based) timed out."""

@@ -1,0 +1,118 @@
+"""What the clients' subscriptions receive: the messages and gap notices that the receive path
+of either client routes to each subscription (:func:`deliver`), kept until the caller takes
+them. The subscriptions themselves, their credit and their requests:
+:mod:`dcp._client.pubsub`.
+
+Rules (client side; the others are in :mod:`dcp._client.pubsub`):
+
+Rule C2 - Gaps. A gap notice adds its count to :attr:`dcp.Subscription.lost` when it arrives,
+  and to the :attr:`PubSubMessage.gap` of the next message taken. A ``disconnect`` notice ends the
+  subscription: iteration raises :exc:`SlowConsumer` after the messages already received.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import anyio
+import attrs
+
+from dcp._core.broker.pubsub_peers import GAP_PREFIX, MSG_PREFIX
+from dcp._errors import DCPError
+
+__all__ = ["PubSubMessage", "SlowConsumer", "SubscriptionState", "deliver"]
+
+
+class SlowConsumer(DCPError):
+    """The broker ended a subscription under the ``disconnect`` overflow policy.
+
+    :ivar lost: messages lost at the end
+    """
+
+    def __init__(self, lost: int) -> None:
+        super().__init__(f"the broker ended the subscription: {lost} message(s) lost")
+        self.lost = lost
+
+
+@attrs.frozen
+class PubSubMessage:
+    """One message received on a subscription."""
+
+    #: The subject it was published to.
+    subject: str
+    #: Its data parts.
+    data: tuple[bytes, ...]
+    #: Messages lost just before this one (gap notices since the previous message).
+    gap: int = 0
+
+
+class SubscriptionState:
+    """What a subscription has received, shared by the async and blocking flavours."""
+
+    def __init__(self, sid: bytes, sub: list[bytes], window: int) -> None:
+        self.sid = sid
+        self.sub = sub
+        self.window = window
+        self.items: deque[PubSubMessage | tuple[int, bytes]] = deque()
+        self.owed = 0
+        self.lost = 0
+        self.resubscribed = 0
+        self.gap = 0
+        self.ended: int | None = None
+        self.wake: anyio.Event | None = None  # the reader waits for messages
+        self.owing: anyio.Event | None = None  # the refresher waits for a grant to make
+
+    def take(self) -> PubSubMessage | None:
+        """The next message (gaps folded in, Rule C2), ``None`` if none; raises
+        :exc:`SlowConsumer` once the broker ended the subscription and all is taken."""
+        items = self.items
+        while items:
+            item = items.popleft()
+            if isinstance(item, PubSubMessage):
+                self.owed += 1
+                gap, self.gap = self.gap, 0
+                return attrs.evolve(item, gap=gap) if gap else item
+            lost, reason = item
+            self.gap += lost
+            if reason == b"disconnect":
+                self.ended = lost
+        if self.ended is not None:
+            raise SlowConsumer(self.ended)
+        return None
+
+    def close(self) -> None:
+        """The client closed: wake a waiting reader."""
+        if self.wake is not None:
+            self.wake.set()
+        if self.owing is not None:
+            self.owing.set()
+
+
+def deliver(subs: dict[bytes, SubscriptionState], frames: Sequence[bytes]) -> bool:
+    """Route a delivery or gap notice to its subscription; whether ``frames`` was one."""
+    if len(frames) < 8:
+        return False
+    head = frames[5]
+    if head.__class__ is not bytes:
+        return False
+    kind = head[:9]
+    if kind != MSG_PREFIX and kind != GAP_PREFIX:
+        return False
+    state = subs.get(head[9:])
+    if state is None:
+        return True  # a subscription we left: dropped
+    data = frames[7:]
+    if kind == MSG_PREFIX:
+        state.items.append(
+            PubSubMessage(
+                bytes(data[0]).decode("utf-8", "replace"), tuple(bytes(d) for d in data[1:])
+            )
+        )
+    elif len(data) == 2 and data[0].isdigit():
+        lost = int(data[0])
+        state.lost += lost
+        state.items.append((lost, bytes(data[1])))
+    if state.wake is not None:
+        state.wake.set()
+    return True
