@@ -237,21 +237,6 @@ class Worker:
     # The parts the worker is made of, for tests and debugging: internals, whose names and
     # methods change without notice (docs/internals).
 
-    @property
-    def core(self) -> WorkerCore:
-        """Internal: the worker's sans-IO core (its state, credit, type-frame width)."""
-        return self._core
-
-    @property
-    def connection(self) -> Connection:
-        """Internal: the worker's connection to the broker (its socket, its monitor)."""
-        return self._connection
-
-    @property
-    def streams(self) -> WorkerStreams:
-        """Internal: the streams the worker's handlers run (their counters)."""
-        return self._streams
-
     def stop(self, *, grace: float | None = None) -> None:
         """Begin a graceful stop and return at once; :meth:`serve` returns when done.
 

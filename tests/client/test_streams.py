@@ -251,7 +251,7 @@ async def test_a_slow_reader_pauses_the_writer_and_bounds_the_broker() -> None:
                     break
         # The writer was paused: never more than a window (and the part in hand) ahead.
         assert ahead <= window + 1
-        assert worker.streams.credit_waits > 0
+        assert worker._streams.credit_waits > 0
         streams = broker.statistics().streams
         assert 0 < streams.outstanding_max <= window
 
@@ -573,7 +573,7 @@ async def test_a_slow_mdp02_reader_pauses_a_dcp_worker_and_loses_nothing() -> No
     ]
     # Paused: never more ahead than the queues, the broker's hold and one window.
     assert ahead <= 4 + 4 + 65 + 32
-    assert worker.streams.credit_waits > 0
+    assert worker._streams.credit_waits > 0
     stats = broker.statistics()
     assert stats.dropped_replies == 0
     assert "partial_dropped" not in stats.rejections

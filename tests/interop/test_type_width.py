@@ -64,7 +64,7 @@ async def test_client_and_workers_write_only_4_byte_types(answer_width: int) -> 
             assert replies == [tuple(p.upper() for p in parts) for parts in UPPER]
             assert (await client.request("front", b"c")).data == (b"C", b"VIA FRONT")
             await wait_for(lambda: len(dagbox.received(Ping)) >= 2)  # heartbeats too
-            assert (w1.core.width, w2.core.width) == (4, 4)
+            assert (w1._core.width, w2._core.width) == (4, 4)
         await wait_for(lambda: len(dagbox.received(Reconnect)) == 2)  # both left
     assert set(dagbox.widths) == {4}
     workers = {msg.service: ident for ident, msg in dagbox.seen if isinstance(msg, Register)}
@@ -120,7 +120,7 @@ async def test_round_trip_through_the_dcp_broker(client_width: int, worker_width
             assert (await client.request("front", b"b")).data == (b"B", b"VIA FRONT")
             replies = [r.data async for r in client.map("upper", UPPER, window=8)]
             assert replies == [tuple(p.upper() for p in parts) for parts in UPPER]
-            assert w1.core.width == worker_width  # the broker answered in kind
+            assert w1._core.width == worker_width  # the broker answered in kind
         stats = broker.statistics()
     assert stats.forwards == 1
 

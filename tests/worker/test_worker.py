@@ -548,7 +548,7 @@ async def test_cancelling_the_task_group_closes_the_socket_promptly(fake: FakeBr
             ident = await start(tg, fake, worker)
             fake.send(ident, req(1))
             await eventually(lambda: worker.statistics().in_progress == 1)
-            socket = worker.connection.socket
+            socket = worker._connection.socket
             assert socket is not None
             sock = socket.sock
             tg.cancel_scope.cancel()
@@ -746,7 +746,7 @@ async def test_cancelling_the_async_with_body_closes_at_once(fake: FakeBroker) -
                     await anyio.sleep_forever()
     assert scope.cancelled_caught
     assert handler_cancelled.is_set()
-    assert worker.connection.socket is None
+    assert worker._connection.socket is None
     # Not a graceful stop: nothing was sent (no reply, no leave).
     await fake.expect_silence(0.05)
 
