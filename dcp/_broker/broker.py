@@ -30,7 +30,7 @@ from dcp._http import http_options
 from dcp._http import require as require_http
 from dcp._io.beacon import send_beacons
 from dcp._io.context import get_context
-from dcp._io.lifecycle import BaseExceptionGroup, single_error
+from dcp._io.lifecycle import Lifecycle
 from dcp._io.security import CurveServer, configure_server_socket
 from dcp._io.sockets import AsyncSocket, Received
 from dcp._stats import BrokerStatistics
@@ -215,7 +215,7 @@ class Broker:
         #: thread for it (also for the approver's answers, _answered).
         self._calls: collections.deque[Call[Any]] = collections.deque()
         self._waker: Waker | None = None
-        self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._lifecycle = Lifecycle("this broker is already serving")
         #: The bound endpoints (ports resolved) while serving; empty before.
         self.endpoints: list[str] = []
 
@@ -447,14 +447,7 @@ class Broker:
             write_log(core.log_lines)
 
     async def __aenter__(self) -> Broker:
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                tg = await stack.enter_async_context(anyio.create_task_group())
-                await tg.start(self.serve)
-                stack.callback(tg.cancel_scope.cancel)
-                self._exit_stack = stack.pop_all()
-        except BaseExceptionGroup as group:
-            raise single_error(group) from None
+        await self._lifecycle.enter(self.serve)
         return self
 
     async def __aexit__(
@@ -463,13 +456,7 @@ class Broker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        stack, self._exit_stack = self._exit_stack, None
-        if stack is None:
-            return None
-        # The body's exception is not given to the task group: it would come back wrapped in
-        # an ExceptionGroup. It propagates by itself once the broker has stopped.
-        try:
-            await stack.aclose()
-        except BaseExceptionGroup as group:
-            raise single_error(group) from None
+        # Rules E2 and E3 of dcp._io.lifecycle: cancelled, then the body's exception goes on
+        # unwrapped (an error of the broker's own is raised instead, unwrapped too).
+        await self._lifecycle.exit(exc)
         return None
