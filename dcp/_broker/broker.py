@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import logging
 import time
 from types import TracebackType
@@ -17,7 +16,6 @@ import zmq
 from zmq.utils import z85
 
 from dcp._broker.approver import Approver, ApproverRunner
-from dcp._broker.io import Waker
 from dcp._broker.oplog import Frames, log_summaries, read_racy, write_log
 from dcp._broker.reload import reload_broker_security
 from dcp._broker.stats import serve_http, with_zap
@@ -29,7 +27,9 @@ from dcp._core.broker.pubsub import PubSubStatistics
 from dcp._http import http_options
 from dcp._http import require as require_http
 from dcp._io.beacon import send_beacons
+from dcp._io.blocking import Waker
 from dcp._io.context import get_context
+from dcp._io.errors import try_send
 from dcp._io.lifecycle import Lifecycle
 from dcp._io.security import CurveServer, configure_server_socket
 from dcp._io.sockets import AsyncSocket, Received
@@ -103,7 +103,7 @@ class Broker:
         the broker's own)
     :param security: CURVE keys and allow-lists (default: no security)
     :param io_thread: run the socket's I/O loop (and the routing core) in a thread of its
-        own, blocking in a ``recv`` on the socket (:mod:`dcp._broker.io`), instead of in
+        own, blocking in a ``recv`` on the socket (:mod:`dcp._io.blocking`), instead of in
         the event loop: a message costs a ``poll(2)`` wake-up in libzmq there instead of an
         event loop's wait, cancel scope and task switch (``docs/performance-broker.md``).
         The broker is still a task of your task group;
@@ -433,16 +433,10 @@ class Broker:
                     # redelivered: do not hand it anything more.
                     core.undeliverable(frames, "gone")
                     continue
-                try:
-                    asock.send_nowait(frames)
-                except zmq.Again:
+                refused = try_send(asock, frames)  # "full" or "gone" (dcp._io.errors Z1, Z2)
+                if refused is not None:
                     gone.add(peer)
-                    core.undeliverable(frames, "full")
-                except zmq.ZMQError as exc:
-                    if exc.errno != errno.EHOSTUNREACH:
-                        raise
-                    gone.add(peer)
-                    core.undeliverable(frames, "gone")
+                    core.undeliverable(frames, refused)
         if core.log_lines:  # the core's lines, this flush's included (dcp._broker.oplog Rule 0)
             write_log(core.log_lines)
 

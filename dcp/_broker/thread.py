@@ -1,7 +1,7 @@
 """The broker's I/O thread (``io_thread=True``): running it, its loop, and work for the
 core handed to it from other threads (a security reload, the HTTP endpoint's snapshots).
 
-Rules (how the thread waits and reads: :mod:`dcp._broker.io`, Rules I1 to I3):
+Rules (how the thread waits and reads: :mod:`dcp._io.blocking`, Rules I1 to I3):
 
 1. The thread owns the socket while it runs. Cancelling the broker's task wakes it and
    waits for it to stop, so the socket is closed only after; a cancellation that comes
@@ -26,8 +26,8 @@ import anyio
 import anyio.to_thread
 import zmq
 
-from dcp._broker.io import EVENTS, POLLIN, Waker, events_of, read_one
 from dcp._broker.oplog import Frames
+from dcp._io.blocking import EVENTS, POLLIN, Waker, events_of, read_one
 from dcp._io.sockets import AsyncSocket
 from dcp._util import PeerId
 
@@ -91,7 +91,7 @@ async def thread_loop(
     broker: Broker, asock: AsyncSocket, ctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
     """Run the broker's I/O loop in a thread of its own (``io_thread=True``): a blocking
-    ``recv`` on the socket, woken by messages (:mod:`dcp._broker.io`), the core fed
+    ``recv`` on the socket, woken by messages (:mod:`dcp._io.blocking`), the core fed
     from that thread.
 
     One wake-up costs a ``poll(2)`` in libzmq there, against an event loop's wait,
@@ -132,7 +132,7 @@ async def thread_loop(
 
 
 def io_loop(broker: Broker, asock: AsyncSocket, waker: Waker) -> None:
-    """The thread's loop (rules in :mod:`dcp._broker.io`): wait in ``recv`` until the
+    """The thread's loop (rules in :mod:`dcp._io.blocking`): wait in ``recv`` until the
     next timer, read on while messages wait, feed them to the core, flush; the core's
     timers every ``heartbeat_interval / 4``; return when woken after
     :meth:`Waker.stop`."""

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.abc
-import zmq
 
 from dcp._cli._http import broker_http
-from dcp._cli._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal, zmq_problem
+from dcp._cli._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal
 from dcp._cli._services import worker_services
+from dcp._io.errors import endpoint_errors
 
 if TYPE_CHECKING:
     from dcp._io.security import CurveClient, CurveServer
@@ -128,9 +128,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             print("\n".join(endpoints), flush=True)
 
     try:
-        received = run_async(args.backend, until_signal, run)
-    except zmq.ZMQError as exc:
-        raise CLIError(zmq_problem(exc, "bind", args.bind)) from None
+        with endpoint_errors("bind", args.bind, CLIError):  # one line (dcp._io.errors Z3)
+            received = run_async(args.backend, until_signal, run)
     except OSError as exc:  # only the HTTP endpoint binds with plain sockets
         raise CLIError(f"cannot serve HTTP on {args.http}: {exc.strerror or exc}") from None
     logger.info("broker stopped: %s", broker.statistics())
@@ -193,11 +192,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker.stop(grace=args.grace)
 
     try:
-        received = run_async(args.backend, until_signal, run, stop)
+        with endpoint_errors("connect to", [args.connect], CLIError):
+            received = run_async(args.backend, until_signal, run, stop)
     except (RegistrationRefused, AuthenticationFailed) as exc:
         raise CLIError(f"{type(exc).__name__}: {exc}", 3) from None
-    except zmq.ZMQError as exc:
-        raise CLIError(zmq_problem(exc, "connect to", [args.connect])) from None
     logger.info("worker stopped: %s", worker.statistics())
     return exit_code(received)
 

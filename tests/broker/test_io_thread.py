@@ -1,4 +1,4 @@
-"""The broker I/O thread's helpers (dcp._broker.io): its waker, reading one message with a
+"""The broker I/O thread's helpers (dcp._io.blocking): its waker, reading one message with a
 blocking receive, and the thread woken while its socket is busy."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import zmq
 
 from dcp._broker.broker import Broker
-from dcp._broker.io import Waker, read_one
 from dcp._broker.thread import in_core
+from dcp._io.blocking import Waker, read_one
 from dcp._io.sockets import AsyncSocket
 from dcp.wire import Register, Reply, Request
 from tests.helpers import Peers, wait_for
