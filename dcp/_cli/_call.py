@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from dcp._cli._commands import client_security
 from dcp._cli._run import USAGE, CLIError, run_async, until_signal
+from dcp._cli._security import client_security
 from dcp._io.errors import endpoint_errors
 from dcp._models import Response
 

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dcp._cli._commands import client_security
 from dcp._cli._run import USAGE, CLIError, run_async, until_signal
+from dcp._cli._security import client_security
 from dcp._io.errors import endpoint_errors
 
 __all__ = ["add_pubsub_commands"]

@@ -29,6 +29,7 @@ __all__ = [
     "INTERRUPTED",
     "USAGE",
     "CLIError",
+    "exit_code",
     "interrupted",
     "run_async",
     "until_signal",
@@ -109,3 +110,9 @@ def interrupted(exc: BaseException) -> bool:
         _, rest = exc.split(KeyboardInterrupt)
         return rest is None
     return isinstance(exc, KeyboardInterrupt)
+
+
+def exit_code(received: signal.Signals | None) -> int:
+    """A server's exit code after :func:`until_signal`: 130 after SIGINT, else 0 (a SIGTERM
+    stop, or the end of the work)."""
+    return INTERRUPTED if received is signal.SIGINT else 0

@@ -364,7 +364,8 @@ def _need_rich() -> None:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from dcp._cli._commands import client_security, exit_code
+    from dcp._cli._run import exit_code
+    from dcp._cli._security import client_security
     from dcp._client.client import Client
     from dcp._errors import DCPError, RequestTimeout
 
