@@ -21,7 +21,6 @@ from dcp._broker.approver import ApproverRunner
 from dcp._broker.oplog import Frames, write_log
 from dcp._core.broker.core import BrokerCore
 from dcp._io.blocking import Waker
-from dcp._io.errors import try_send
 from dcp._io.sockets import AsyncSocket, Received
 from dcp._util import PeerId
 
@@ -81,7 +80,7 @@ class CoreLink:
     def flush(self) -> None:
         """Send the core's outbox, ask the approver its questions, write its log lines."""
         core = self.core
-        asock = self.asock
+        try_send = self.asock.try_send
         approvals = core.approvals
         if approvals is not None and approvals.asked and self.approver is not None:
             asked, approvals.asked = approvals.asked, []
@@ -99,7 +98,7 @@ class CoreLink:
                     # redelivered: do not hand it anything more.
                     core.undeliverable(frames, "gone")
                     continue
-                refused = try_send(asock, frames)  # "full" or "gone" (dcp._io.errors Z1, Z2)
+                refused = try_send(frames)  # "full" or "gone" (dcp._io.errors Z1, Z2)
                 if refused is not None:
                     gone.add(peer)
                     core.undeliverable(frames, refused)

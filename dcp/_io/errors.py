@@ -1,6 +1,7 @@
-"""What dcp does with zmq's errors: the one place where they are caught (httpcore's
-``_exceptions.py``). No module outside :mod:`dcp._io` catches ``zmq.ZMQError`` or
-``zmq.Again`` itself (``tests/io/test_errors.py`` lists the few that still do).
+"""What dcp does with zmq's errors (httpcore's ``_exceptions.py``). They are caught here
+and in the rest of :mod:`dcp._io` (the socket adapter's hot path), and no module outside
+``dcp/_io`` catches ``zmq.ZMQError`` or ``zmq.Again`` itself (``tests/io/test_errors.py``
+lists the few that still do).
 
 zmq reports every failure as a :exc:`zmq.ZMQError` with an ``errno`` (:exc:`zmq.Again` for
 ``EAGAIN``); what one means depends on the call that raised it. The helpers here are named
@@ -13,8 +14,9 @@ Rule Z1 - A send that finds the peer's queue full (``zmq.Again`` from a non-bloc
   broker's core counts it and treats that peer as unreachable for now; a client or a worker
   waits and tries again). A multipart message is atomic: nothing of it was queued.
 Rule Z2 - A send from a ``ROUTER_MANDATORY`` socket to a peer that has no connection
-  (``EHOSTUNREACH``) is :data:`GONE`. Any other error of a send is raised as it is
-  (:func:`try_send`): it is not the peer's doing.
+  (``EHOSTUNREACH``) is :data:`GONE`. Any other error of a send is raised as it is: it is
+  not the peer's doing. (:func:`refusal`; the socket adapter's
+  :meth:`~dcp._io.sockets.AsyncSocket.try_send` returns them, the broker sends with it.)
 Rule Z3 - A bind or connect that failed is told in one line, ``cannot bind
   tcp://127.0.0.1:5555: Address already in use`` (:func:`endpoint_problem`): the endpoint
   zmq names (pyzmq appends it to the message), else the ones that were tried. What the
@@ -32,20 +34,17 @@ import contextlib
 import errno
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import zmq
-
-if TYPE_CHECKING:
-    from dcp._io.sockets import AsyncSocket
 
 __all__ = [
     "FULL",
     "GONE",
     "endpoint_errors",
     "endpoint_problem",
+    "refusal",
     "socket_errors",
-    "try_send",
 ]
 
 #: Rule Z1: the peer's queue is full (as the broker core counts it: ``worker_unreachable_full``).
@@ -56,25 +55,15 @@ GONE: Final = "gone"
 _EHOSTUNREACH = errno.EHOSTUNREACH
 
 
-def try_send(asock: AsyncSocket, frames: Sequence[bytes]) -> str | None:
-    """Send one multipart message now (:meth:`AsyncSocket.send_nowait`); ``None`` if it was
-    queued, else why the peer refused it: :data:`FULL` or :data:`GONE` (Rules Z1, Z2).
-
-    The broker sends every message through this. The call costs about 0.03 us per message
-    over the same ``try``/``except`` written inline (1.35 against 1.32 us per 7-frame send
-    over inproc, this machine), within the noise of ``python -m benchmarks.ab``.
-
-    :raises zmq.ZMQError: any other error (the socket's own: closed, context terminated)
-    """
-    try:
-        asock.send_nowait(frames)
-    except zmq.Again:
+def refusal(exc: zmq.ZMQError) -> str:
+    """What a send's error says of the peer: :data:`FULL` (Rule Z1) or :data:`GONE` (Rule
+    Z2); any other error is raised again (Rule Z2's last sentence). Called in the
+    ``except`` clause of a send (:meth:`~dcp._io.sockets.AsyncSocket.try_send`)."""
+    if isinstance(exc, zmq.Again):
         return FULL
-    except zmq.ZMQError as exc:
-        if exc.errno != _EHOSTUNREACH:
-            raise
+    if exc.errno == _EHOSTUNREACH:
         return GONE
-    return None
+    raise exc
 
 
 # pyzmq appends " (addr='...')" to the message of a failed bind or connect.

@@ -17,8 +17,8 @@ from dcp._io.errors import (
     GONE,
     endpoint_errors,
     endpoint_problem,
+    refusal,
     socket_errors,
-    try_send,
 )
 from dcp._io.sockets import AsyncSocket
 
@@ -35,7 +35,7 @@ ZMQ_ERRORS = {
 #: Modules outside dcp/_io that still catch zmq's errors themselves, and why.
 ALLOWED: dict[str, str] = {
     # To convert (by the lead, after the client and worker refactors are merged): their
-    # sends and closes map onto try_send (Rules Z1, Z2) and socket_errors (Rule Z4).
+    # sends and closes map onto AsyncSocket.try_send (Rules Z1, Z2) and socket_errors (Rule Z4).
     "dcp._client.pubsub": "to convert",
     "dcp._client.receive": "to convert",
     "dcp._client.streams": "to convert",
@@ -116,7 +116,7 @@ def test_only_dcp_io_catches_zmq_errors() -> None:
     }
     catching = {module: lines for module, lines in found.items() if lines}
     unexpected = {module: lines for module, lines in catching.items() if module not in ALLOWED}
-    assert unexpected == {}, "use dcp._io.errors (try_send, socket_errors, endpoint_errors)"
+    assert unexpected == {}, "use dcp._io (AsyncSocket.try_send, socket_errors, endpoint_errors)"
 
 
 # -- Rules Z1 and Z2: what a refused send means -------------------------------------------
@@ -156,7 +156,7 @@ def test_a_sent_message_is_none(socket: Sockets) -> None:
     dealer.connect("inproc://sent")
     dealer.send(b"hello")  # the router learns the dealer's routing id
     assert router.recv_multipart() == [b"D", b"hello"]
-    assert try_send(AsyncSocket(router), [b"D", b"back"]) is None
+    assert AsyncSocket(router).try_send([b"D", b"back"]) is None
     assert dealer.recv_multipart() == [b"back"]
 
 
@@ -164,7 +164,7 @@ def test_a_peer_that_is_not_there_is_gone(socket: Sockets) -> None:
     router = socket(zmq.ROUTER)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.bind("inproc://gone")
-    assert try_send(AsyncSocket(router), [b"nobody", b"x"]) == GONE == "gone"
+    assert AsyncSocket(router).try_send([b"nobody", b"x"]) == GONE == "gone"
 
 
 def test_a_peer_whose_queue_is_full_is_full(socket: Sockets) -> None:
@@ -180,7 +180,7 @@ def test_a_peer_whose_queue_is_full_is_full(socket: Sockets) -> None:
     router.recv_multipart()
     asock = AsyncSocket(router)
     sent = 0
-    while (refused := try_send(asock, [b"D", b"%d" % sent])) is None:
+    while (refused := asock.try_send([b"D", b"%d" % sent])) is None:
         sent += 1
         assert sent < 10_000, "the high-water mark never stopped the sends"
     assert refused == FULL == "full"
@@ -193,8 +193,17 @@ def test_any_other_error_of_a_send_is_raised(socket: Sockets) -> None:
     asock = AsyncSocket(router)
     router.close(0)
     with pytest.raises(zmq.ZMQError) as info:
-        try_send(asock, [b"D", b"x"])
+        asock.try_send([b"D", b"x"])
     assert info.value.errno == errno.ENOTSOCK
+
+
+def test_refusal_names_what_a_send_error_means() -> None:
+    assert refusal(zmq.Again()) == FULL
+    assert refusal(zmq.ZMQError(errno.EHOSTUNREACH)) == GONE
+    error = zmq.ZMQError(errno.ENOTSOCK)
+    with pytest.raises(zmq.ZMQError) as info:
+        refusal(error)
+    assert info.value is error
 
 
 # -- Rule Z3: a failed bind or connect in one line -----------------------------------------
