@@ -1,10 +1,17 @@
-"""The broker: a thin anyio driver around :class:`~dcp._core.broker.core.BrokerCore`."""
+"""The broker: a thin anyio driver around :class:`~dcp._core.broker.core.BrokerCore`.
+
+:class:`Broker` holds the configuration and composes its parts, each given its
+collaborators: :class:`~dcp._broker.thread.CoreCalls` (work for the core from the event
+loop), :class:`~dcp._broker.reload.SecurityReload` (the security settings in force, the ZAP
+handler, the reload), :class:`~dcp._broker.stats.Reports` (statistics, HTTP snapshots), and
+for each serve a :class:`~dcp._broker.link.CoreLink` (the core and the socket) run by an
+:class:`~dcp._broker.thread.IOThread` or by the link's own event-loop tasks. ``async with
+broker`` runs :meth:`Broker.serve` through :class:`dcp._io.lifecycle.Lifecycle`.
+"""
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import errno
 import logging
 import time
 from types import TracebackType
@@ -12,17 +19,15 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 import zmq
 from zmq.utils import z85
 
 from dcp._broker.approver import Approver, ApproverRunner
-from dcp._broker.io import Waker
-from dcp._broker.oplog import Frames, log_summaries, read_racy, write_log
-from dcp._broker.reload import reload_broker_security
-from dcp._broker.stats import serve_http, with_zap
-from dcp._broker.thread import Call, thread_loop
-from dcp._broker.zap import ZapHandler
+from dcp._broker.link import CoreLink
+from dcp._broker.oplog import log_summaries
+from dcp._broker.reload import SecurityReload
+from dcp._broker.stats import Reports
+from dcp._broker.thread import CoreCalls, IOThread
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
 from dcp._core.broker.pubsub import PubSubStatistics
@@ -30,11 +35,10 @@ from dcp._http import http_options
 from dcp._http import require as require_http
 from dcp._io.beacon import send_beacons
 from dcp._io.context import get_context
-from dcp._io.lifecycle import BaseExceptionGroup, single_error
+from dcp._io.lifecycle import Lifecycle
 from dcp._io.security import CurveServer, configure_server_socket
-from dcp._io.sockets import AsyncSocket, Received
+from dcp._io.sockets import AsyncSocket
 from dcp._stats import BrokerStatistics
-from dcp._util import PeerId
 
 __all__ = ["Broker"]
 
@@ -103,7 +107,7 @@ class Broker:
         the broker's own)
     :param security: CURVE keys and allow-lists (default: no security)
     :param io_thread: run the socket's I/O loop (and the routing core) in a thread of its
-        own, blocking in a ``recv`` on the socket (:mod:`dcp._broker.io`), instead of in
+        own, blocking in a ``recv`` on the socket (:mod:`dcp._io.blocking`), instead of in
         the event loop: a message costs a ``poll(2)`` wake-up in libzmq there instead of an
         event loop's wait, cancel scope and task switch (``docs/performance-broker.md``).
         The broker is still a task of your task group;
@@ -172,8 +176,6 @@ class Broker:
         self._context = context
         self._send_hwm = send_hwm
         self._receive_hwm = receive_hwm
-        self._security = security
-        self._zap: ZapHandler | None = None
         guard = None
         if security is not None:
             # The sealing key comes from the broker's secret key (Guard derives its own key
@@ -197,6 +199,11 @@ class Broker:
             **core_options,
         )
         self._approve = approve
+        #: Work for the core from the event loop, run where the core runs.
+        self._calls = CoreCalls(threaded=io_thread)
+        #: The security settings in force, the ZAP handler, the reload.
+        self._security = SecurityReload(security, self._core, self._calls)
+        self._reports = Reports(self._core, self._calls, self._security)
         if beacon is not None and not any(e.startswith("tcp://") for e in endpoints):
             raise ValueError("a beacon announces a tcp:// endpoint: bind one")
         self._beacon = beacon
@@ -209,26 +216,21 @@ class Broker:
         #: The HTTP endpoint's bound address (``HOST:PORT``) while serving; ``None`` before,
         #: after, or without ``http``.
         self.http_address: str | None = None
-        self._approver: ApproverRunner | None = None
-        self._socket: AsyncSocket | None = None
-        #: Work for the I/O thread's core (dcp._broker.thread.in_core), and how to wake the
-        #: thread for it (also for the approver's answers, _answered).
-        self._calls: collections.deque[Call[Any]] = collections.deque()
-        self._waker: Waker | None = None
-        self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._serving = False
+        self._lifecycle = Lifecycle("this broker is already serving")
         #: The bound endpoints (ports resolved) while serving; empty before.
         self.endpoints: list[str] = []
 
     def pubsub_statistics(self) -> PubSubStatistics:
         """Pub/sub counters and gauges (published, routed, delivered, lost, ...)."""
-        return read_racy(self._core.pubsub.statistics)
+        return self._reports.pubsub_statistics()
 
     def statistics(self) -> BrokerStatistics:
         """Counters (requests, replies, forwards, redeliveries, rejections by reason) and
         gauges (workers, per-service queue depth). With CURVE, ``rejections`` also counts
         handshakes the ZAP handler denied (``zap_denied``) and malformed ZAP requests
         (``zap_malformed``)."""
-        return with_zap(self._zap, read_racy(self._core.statistics))
+        return self._reports.statistics()
 
     async def reload_security(self, security: CurveServer) -> int:
         """Replace the allow-lists while the broker runs (``dcp broker`` does on SIGHUP).
@@ -248,7 +250,7 @@ class Broker:
         :raises ValueError: the broker has no security, or ``security`` has another key pair
             (restart the broker to change its keys: every peer must learn the new one)
         """
-        return await reload_broker_security(self, security)
+        return await self._security.reload(security, lambda: self.endpoints)
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED
@@ -260,9 +262,9 @@ class Broker:
         :raises OSError: the HTTP address could not be bound
         :raises RuntimeError: the broker is already serving
         """
-        if self._socket is not None:
+        if self._serving:
             raise RuntimeError("this broker is already serving")
-        security = self._security
+        security = self._security.security
         # Cleanups run last in, first out: the socket, then the ZAP handler, then the context.
         with contextlib.ExitStack() as cleanup:
             ctx = self._context
@@ -272,21 +274,18 @@ class Broker:
                 cleanup.callback(ctx.term)
             elif ctx is None:
                 ctx = get_context()
-            zap = None
-            if security is not None:
-                # Bound before the broker's socket and closed after it: no handshake goes
-                # unchecked (and with ZAP_ENFORCE_DOMAIN, libzmq refuses one that finds no
-                # handler).
-                zap = ZapHandler(ctx, security.may_connect)
-                zap.bind()
+            # Bound before the broker's socket and closed after it: no handshake goes
+            # unchecked (and with ZAP_ENFORCE_DOMAIN, libzmq refuses one that finds no
+            # handler).
+            zap = self._security.open_zap(ctx)
+            if zap is not None:
                 cleanup.callback(zap.close)
-            self._zap = zap
             sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
             # +1: the ROUTER adds the routing-id frame, which the limit does not count.
             asock = AsyncSocket(
                 sock,
                 max_frames=self._max_frames + 1,
-                # Routing ids are at most 255 bytes; the exact check is in _receive_loop.
+                # Routing ids are at most 255 bytes; the exact check is in CoreLink.handle.
                 max_bytes=self._max_message_size + 255 if self._max_message_size >= 0 else 0,
                 # Large data parts are forwarded as zmq's own buffers, never copied in Python.
                 zero_copy_threshold=_ZERO_COPY_THRESHOLD,
@@ -295,6 +294,7 @@ class Broker:
             )
             cleanup.callback(asock.close, 0)
             try:
+                self._serving = True
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
@@ -315,7 +315,14 @@ class Broker:
                 for endpoint in self._bind:
                     sock.bind(endpoint)
                     bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
-                self._socket = asock
+                approver = None if self._approve is None else ApproverRunner(self._approve)
+                link = CoreLink(
+                    self._core,
+                    asock,
+                    max_message_size=self._max_message_size,
+                    approver=approver,
+                )
+                self._calls.link = link
                 self.endpoints = bound
                 self._core.started = time.monotonic() if self._io_thread else anyio.current_time()
                 logger.info(
@@ -327,134 +334,47 @@ class Broker:
                     if self._beacon is not None:
                         await tg.start(self._send_beacons, bound)
                     if self._http is not None:
-                        await tg.start(serve_http, self, bound)
+                        await tg.start(
+                            self._reports.serve_http, self._http, bound, self._http_bound
+                        )
                     if self._log_summary is not None:
                         tg.start_soon(log_summaries, self._core.overview, self._log_summary)
-                    if self._approve is not None:
-                        self._approver = ApproverRunner(self._approve)
-                        tg.start_soon(self._approver.run, self._answered)
+                    if approver is not None:
+                        tg.start_soon(approver.run, link.answered)
                     if self._io_thread:
                         task_status.started(bound)
-                        await thread_loop(self, asock, ctx)
+                        await IOThread(
+                            link,
+                            self._calls,
+                            ctx,
+                            batch=self._batch,
+                            period=self.heartbeat_interval / 4,
+                        ).run()
                     else:
-                        tg.start_soon(self._expire_loop)
+                        tg.start_soon(link.expire_loop, self.heartbeat_interval / 4)
                         task_status.started(bound)
-                        await self._receive_loop(asock)
+                        await link.receive_loop(self._batch)
             finally:
-                self._socket = None
+                self._calls.link = None
+                self._serving = False
                 self.endpoints = []
+
+    def _http_bound(self, address: str | None) -> None:
+        self.http_address = address
 
     async def _send_beacons(
         self, bound: list[str], *, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
         assert self._beacon is not None
         port = next(int(e.rpartition(":")[2]) for e in bound if e.startswith("tcp://"))
-        key = None if self._security is None else self._security.public_key
+        security = self._security.security
+        key = None if security is None else security.public_key
         await send_beacons(
             self._beacon, port, address=self._beacon_address, key=key, task_status=task_status
         )
 
-    async def _receive_loop(self, asock: AsyncSocket) -> None:
-        batch = self._batch
-        while True:
-            await asock.wait_readable()
-            self._handle(asock.drain(batch), anyio.current_time())
-            self._flush(asock)
-            # Let other tasks run between batches, however busy the socket is. (With no
-            # input left, wait_readable parks, which lets them run: no extra pass then.)
-            if asock.has_input():
-                await anyio.lowlevel.checkpoint()
-
-    def _handle(self, received: list[Received], now: float) -> None:
-        """Feed drained messages to the core (cut ones as such)."""
-        core = self._core
-        receive = core.receive
-        max_bytes = self._max_message_size if self._max_message_size >= 0 else 1 << 62
-        debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (dcp._broker.oplog Rule 1)
-        for msg in received:
-            if debug:
-                logger.debug("from %s: %s", PeerId(msg.frames[0]), Frames(msg.frames))
-            frames = msg.frames
-            if msg.nbytes - len(frames[0]) > max_bytes:
-                core.reject_too_large(
-                    frames, msg.nbytes - len(frames[0]), max_bytes, now, msg.user_id
-                )
-            elif msg.dropped_frames:
-                core.reject_too_many_frames(frames, msg.dropped_frames, now, msg.user_id)
-            elif len(frames) < 2:  # pragma: no cover - a ROUTER always adds the id
-                continue
-            else:
-                receive(frames, now, msg.user_id)
-
-    async def _expire_loop(self) -> None:
-        core = self._core
-        period = self.heartbeat_interval / 4
-        while True:
-            await anyio.sleep(period)
-            core.expire(anyio.current_time())
-            if core.stalled:  # without the I/O thread, held messages wait for this tick
-                core.retry_held()
-            if (core.outbox or core.log_lines) and self._socket is not None:
-                self._flush(self._socket)
-
-    def _answered(self) -> None:
-        """The approver answered: feed the core (from its own thread)."""
-        waker = self._waker
-        if waker is not None:
-            waker.wake()
-        elif self._socket is not None:
-            self._decide(self._socket, anyio.current_time())
-
-    def _decide(self, asock: AsyncSocket, now: float) -> None:
-        approver = self._approver
-        if approver is not None:
-            answers = approver.answers
-            while answers:
-                token, answer = answers.popleft()
-                self._core.decide(token, answer, now)
-            self._flush(asock)
-
-    def _flush(self, asock: AsyncSocket) -> None:
-        core = self._core
-        approvals = core.approvals
-        if approvals is not None and approvals.asked and self._approver is not None:
-            asked, approvals.asked = approvals.asked, []
-            self._approver.ask(asked, threaded=self._waker is not None)
-        gone: set[bytes] = set()
-        debug = logger.isEnabledFor(logging.DEBUG)  # once per flush (dcp._broker.oplog Rule 1)
-        while core.outbox:
-            out, core.outbox = core.outbox, []
-            for frames in out:
-                peer = frames[0]
-                if debug:
-                    logger.debug("to %s: %s", PeerId(peer), Frames(frames))
-                if gone and peer in gone:
-                    # Its worker was removed earlier in this flush and what it held was
-                    # redelivered: do not hand it anything more.
-                    core.undeliverable(frames, "gone")
-                    continue
-                try:
-                    asock.send_nowait(frames)
-                except zmq.Again:
-                    gone.add(peer)
-                    core.undeliverable(frames, "full")
-                except zmq.ZMQError as exc:
-                    if exc.errno != errno.EHOSTUNREACH:
-                        raise
-                    gone.add(peer)
-                    core.undeliverable(frames, "gone")
-        if core.log_lines:  # the core's lines, this flush's included (dcp._broker.oplog Rule 0)
-            write_log(core.log_lines)
-
     async def __aenter__(self) -> Broker:
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                tg = await stack.enter_async_context(anyio.create_task_group())
-                await tg.start(self.serve)
-                stack.callback(tg.cancel_scope.cancel)
-                self._exit_stack = stack.pop_all()
-        except BaseExceptionGroup as group:
-            raise single_error(group) from None
+        await self._lifecycle.enter(self.serve)
         return self
 
     async def __aexit__(
@@ -463,13 +383,7 @@ class Broker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        stack, self._exit_stack = self._exit_stack, None
-        if stack is None:
-            return None
-        # The body's exception is not given to the task group: it would come back wrapped in
-        # an ExceptionGroup. It propagates by itself once the broker has stopped.
-        try:
-            await stack.aclose()
-        except BaseExceptionGroup as group:
-            raise single_error(group) from None
+        # Rules E2 and E3 of dcp._io.lifecycle: cancelled, then the body's exception goes on
+        # unwrapped (an error of the broker's own is raised instead, unwrapped too).
+        await self._lifecycle.exit(exc)
         return None

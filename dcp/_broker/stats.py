@@ -5,48 +5,73 @@ Rules:
 
 1. With the I/O thread, the core changes while another thread reads it: a reading that
    raced a change is taken again (:func:`dcp._broker.oplog.read_racy`).
-2. An HTTP snapshot is taken where the core runs (:func:`dcp._broker.thread.in_core`), so
-   it is consistent; the ZAP handler's counts are added to it afterwards.
+2. An HTTP snapshot is taken where the core runs (:meth:`dcp._broker.thread.CoreCalls.run`),
+   so it is consistent; the ZAP handler's counts are added to it afterwards.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 import anyio.abc
 import attrs
 
-from dcp._broker.thread import in_core
+from dcp._broker.oplog import read_racy
+from dcp._broker.reload import SecurityReload
+from dcp._broker.thread import CoreCalls
 from dcp._broker.zap import ZapHandler
+from dcp._core.broker.core import BrokerCore
+from dcp._core.broker.pubsub import PubSubStatistics
+from dcp._http.address import HttpOptions
 from dcp._stats import BrokerSnapshot, BrokerStatistics, snapshot
 
-if TYPE_CHECKING:
-    from dcp._broker.broker import Broker
-
-__all__ = ["serve_http", "take_snapshot", "with_zap"]
+__all__ = ["Reports", "with_zap"]
 
 
-async def serve_http(
-    broker: Broker, bound: list[str], *, task_status: anyio.abc.TaskStatus[str]
-) -> None:
-    from dcp._http.run import run_http
+class Reports:
+    """A broker's statistics and snapshots (Rules 1 and 2).
 
-    assert broker._http is not None
+    :param core: the broker's core
+    :param calls: where the core runs
+    :param security: the broker's security (its ZAP handler counts refused handshakes)
+    """
 
-    def report(address: str | None) -> None:
-        broker.http_address = address
+    def __init__(self, core: BrokerCore, calls: CoreCalls, security: SecurityReload) -> None:
+        self._core = core
+        self._calls = calls
+        self._security = security
 
-    await run_http(
-        broker._http, partial(take_snapshot, broker), bound, report, task_status=task_status
-    )
+    def statistics(self) -> BrokerStatistics:
+        """The core's counters and gauges, with the ZAP handler's refusals (Rule 1)."""
+        return with_zap(self._security.zap, read_racy(self._core.statistics))
 
+    def pubsub_statistics(self) -> PubSubStatistics:
+        """The core's pub/sub counters and gauges (Rule 1)."""
+        return read_racy(self._core.pubsub.statistics)
 
-async def take_snapshot(broker: Broker, peers: bool) -> BrokerSnapshot:
-    """What the HTTP endpoint shows, taken where the core runs (``peers``: list them)."""
-    core = broker._core
-    taken = await in_core(broker, partial(snapshot, core, peers=peers))
-    return attrs.evolve(taken, statistics=with_zap(broker._zap, taken.statistics))
+    async def snapshot(self, peers: bool) -> BrokerSnapshot:
+        """What the HTTP endpoint shows, taken where the core runs (``peers``: list them;
+        Rule 2)."""
+        taken = await self._calls.run(partial(snapshot, self._core, peers=peers))
+        return attrs.evolve(taken, statistics=with_zap(self._security.zap, taken.statistics))
+
+    async def serve_http(
+        self,
+        options: HttpOptions,
+        bound: list[str],
+        report: Callable[[str | None], None],
+        *,
+        task_status: anyio.abc.TaskStatus[str],
+    ) -> None:
+        """Serve the HTTP endpoint (:func:`dcp._http.run.run_http`) until cancelled.
+
+        :param bound: the broker's bound zmq endpoints
+        :param report: told the endpoint's address once bound, ``None`` once stopped
+        """
+        from dcp._http.run import run_http
+
+        await run_http(options, self.snapshot, bound, report, task_status=task_status)
 
 
 def with_zap(zap: ZapHandler | None, stats: BrokerStatistics) -> BrokerStatistics:

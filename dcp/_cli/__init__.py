@@ -2,8 +2,9 @@
 ``dcp keys``.
 
 Layout: :mod:`._parser` (arguments, checked as they are parsed), :mod:`._commands` and
-:mod:`._call` (one ``cmd_*`` function per command), :mod:`._run` (one-line user errors,
-signals, exit codes; its rules are at its top).
+:mod:`._call` (one ``cmd_*`` function per command), :mod:`._security` (the CURVE options
+read into settings), :mod:`._run` (one-line user errors, signals, exit codes; its rules are
+at its top).
 """
 
 from __future__ import annotations

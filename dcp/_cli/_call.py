@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import anyio
-import zmq
 
-from dcp._cli._commands import client_security
-from dcp._cli._run import USAGE, CLIError, run_async, until_signal, zmq_problem
+from dcp._cli._run import USAGE, CLIError, run_async, until_signal
+from dcp._cli._security import client_security
+from dcp._io.errors import endpoint_errors
 from dcp._models import Response
 
 if TYPE_CHECKING:
@@ -211,9 +211,8 @@ def cmd_call(args: argparse.Namespace) -> int:
             replies.append(reply)
 
     try:
-        received = run_async(args.backend, until_signal, run)
-    except zmq.ZMQError as exc:
-        raise CLIError(zmq_problem(exc, "connect to", [args.connect])) from None
+        with endpoint_errors("connect to", [args.connect], CLIError):  # dcp._io.errors Z3
+            received = run_async(args.backend, until_signal, run)
     except (TypeError, ValueError) as exc:  # the client's own checks of the request
         raise CLIError(str(exc), USAGE) from None
     if received is not None:

@@ -8,69 +8,26 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import anyio
 import anyio.abc
-import zmq
 
 from dcp._cli._http import broker_http
-from dcp._cli._run import INTERRUPTED, USAGE, CLIError, run_async, until_signal, zmq_problem
+from dcp._cli._run import USAGE, CLIError, exit_code, run_async, until_signal
+from dcp._cli._security import client_security, server_security
 from dcp._cli._services import worker_services
+from dcp._io.errors import endpoint_errors
 
-if TYPE_CHECKING:
-    from dcp._io.security import CurveClient, CurveServer
-
-__all__ = ["client_security", "cmd_broker", "cmd_demo", "cmd_keys", "cmd_worker", "exit_code"]
+__all__ = ["cmd_broker", "cmd_demo", "cmd_keys", "cmd_worker"]
 
 logger = logging.getLogger("dcp.cli")
-
-
-def exit_code(received: signal.Signals | None) -> int:
-    """A server's exit code after ``until_signal``: 130 after SIGINT, else 0 (a SIGTERM
-    stop, or the end of the work)."""
-    return INTERRUPTED if received is signal.SIGINT else 0
-
-
-def _server_security(args: argparse.Namespace) -> CurveServer | None:
-    """The broker's CURVE settings from ``--keys``, ``--allow-client``, ``--allow-worker``."""
-    from dcp._io.security import CurveServer
-
-    if args.keys is None:
-        if args.allow_client or args.allow_worker or args.allow_any_client:
-            raise CLIError("--allow-client/--allow-worker need --keys", USAGE)
-        return None
-    workers: dict[str | bytes, list[str]] = {}
-    for spec in args.allow_worker:
-        service, sep, path = spec.partition("=")
-        if not sep or not path:
-            raise CLIError(f"--allow-worker takes SERVICE=PATH, not {spec!r}", USAGE)
-        workers.setdefault(service, []).append(path)
-    clients = None if args.allow_any_client else args.allow_client
-    try:
-        return CurveServer.from_files(args.keys, clients=clients, workers=workers)
-    except (OSError, ValueError) as exc:
-        raise CLIError(str(exc)) from None
-
-
-def client_security(args: argparse.Namespace) -> CurveClient | None:
-    """A client's or worker's CURVE settings from ``--keys`` and ``--server-key``."""
-    from dcp._io.security import CurveClient
-
-    if args.keys is None and args.server_key is None:
-        return None
-    if args.keys is None or args.server_key is None:
-        raise CLIError("--keys and --server-key go together", USAGE)
-    try:
-        return CurveClient.from_files(args.keys, server=args.server_key)
-    except (OSError, ValueError) as exc:
-        raise CLIError(str(exc)) from None
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
     from dcp._broker.broker import Broker
 
-    security = _server_security(args)
+    security = server_security(args)
     http = broker_http(args)
     try:
         broker = Broker(
@@ -108,7 +65,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             task_status.started()
             async for _ in signals:
                 try:
-                    new = _server_security(args)
+                    new = server_security(args)
                 except CLIError as exc:
                     logger.error("SIGHUP: kept the allow-lists in force: %s", exc)
                     continue
@@ -128,9 +85,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             print("\n".join(endpoints), flush=True)
 
     try:
-        received = run_async(args.backend, until_signal, run)
-    except zmq.ZMQError as exc:
-        raise CLIError(zmq_problem(exc, "bind", args.bind)) from None
+        with endpoint_errors("bind", args.bind, CLIError):  # one line (dcp._io.errors Z3)
+            received = run_async(args.backend, until_signal, run)
     except OSError as exc:  # only the HTTP endpoint binds with plain sockets
         raise CLIError(f"cannot serve HTTP on {args.http}: {exc.strerror or exc}") from None
     logger.info("broker stopped: %s", broker.statistics())
@@ -193,11 +149,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker.stop(grace=args.grace)
 
     try:
-        received = run_async(args.backend, until_signal, run, stop)
+        with endpoint_errors("connect to", [args.connect], CLIError):
+            received = run_async(args.backend, until_signal, run, stop)
     except (RegistrationRefused, AuthenticationFailed) as exc:
         raise CLIError(f"{type(exc).__name__}: {exc}", 3) from None
-    except zmq.ZMQError as exc:
-        raise CLIError(zmq_problem(exc, "connect to", [args.connect])) from None
     logger.info("worker stopped: %s", worker.statistics())
     return exit_code(received)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from dcp._cli._http import add_broker_http
@@ -31,6 +31,9 @@ stopped by SIGTERM exits with 0 once it has stopped."""
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line: ``dcp call: <problem> (see ...)``."""
+
+    #: The subcommands' parsers by name (set on the ``dcp`` parser by :func:`build_parser`).
+    commands: Mapping[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
@@ -188,7 +191,7 @@ def _common() -> _Intermixed:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The ``dcp`` parser; each subcommand sets ``func`` to its ``cmd_*`` function."""
     from dcp._cli._call import cmd_call
     from dcp._cli._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
@@ -217,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Intermixed
     )
+    parser.commands = sub.choices
     common = _common()
 
     def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:

@@ -7,10 +7,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
-from dcp._cli._commands import client_security
-from dcp._cli._run import USAGE, CLIError, run_async, until_signal, zmq_problem
+from dcp._cli._run import USAGE, CLIError, run_async, until_signal
+from dcp._cli._security import client_security
+from dcp._io.errors import endpoint_errors
 
 __all__ = ["add_pubsub_commands"]
 
@@ -77,9 +76,8 @@ def _run(args: argparse.Namespace, body: Callable[[Any], Any]) -> int:
                 raise CLIError(f"{type(exc).__name__}: {exc}") from None
 
     try:
-        received = run_async(args.backend, until_signal, run)
-    except zmq.ZMQError as exc:
-        raise CLIError(zmq_problem(exc, "connect to", [args.connect])) from None
+        with endpoint_errors("connect to", [args.connect], CLIError):  # dcp._io.errors Z3
+            received = run_async(args.backend, until_signal, run)
     except (TypeError, ValueError) as exc:
         raise CLIError(str(exc), USAGE) from None
     return 0 if received is None else 128 + received

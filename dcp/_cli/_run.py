@@ -1,5 +1,6 @@
-"""What every ``dcp`` command shares at run time: user errors as one line, signals, and the
-translation of zmq's and anyio's errors at the edge of the command line.
+"""What every ``dcp`` command shares at run time: user errors as one line, signals, exit
+codes, and exception groups unwrapped at the edge of the command line (what zmq's errors
+become is :mod:`dcp._io.errors`'s: a failed bind or connect is one line there, Rule Z3).
 
 Rules:
 
@@ -16,13 +17,11 @@ Rules:
 from __future__ import annotations
 
 import logging
-import re
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
-import zmq
 
 from dcp._io.lifecycle import BaseExceptionGroup, single_error
 
@@ -30,10 +29,10 @@ __all__ = [
     "INTERRUPTED",
     "USAGE",
     "CLIError",
+    "exit_code",
     "interrupted",
     "run_async",
     "until_signal",
-    "zmq_problem",
 ]
 
 logger = logging.getLogger("dcp.cli")
@@ -113,15 +112,7 @@ def interrupted(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt)
 
 
-# pyzmq appends " (addr='...')" to the message of a failed bind or connect.
-_ADDR = re.compile(r"(?P<reason>.*) \(addr='(?P<addr>.*)'\)")
-
-
-def zmq_problem(exc: zmq.ZMQError, verb: str, endpoints: list[str]) -> str:
-    """One line for a failed bind or connect: ``cannot bind tcp://...: Address already in
-    use``. ``endpoints`` name the attempt when zmq did not."""
-    text = str(exc)
-    match = _ADDR.fullmatch(text)
-    if match is not None:
-        return f"cannot {verb} {match['addr']}: {match['reason']}"
-    return f"cannot {verb} {', '.join(endpoints)}: {text}"
+def exit_code(received: signal.Signals | None) -> int:
+    """A server's exit code after :func:`until_signal`: 130 after SIGINT, else 0 (a SIGTERM
+    stop, or the end of the work)."""
+    return INTERRUPTED if received is signal.SIGINT else 0

@@ -105,7 +105,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def cmd_services(args: argparse.Namespace) -> int:
-    from dcp._cli._commands import client_security
+    from dcp._cli._security import client_security
     from dcp._client.client import Client
     from dcp._errors import DCPError
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from dcp._client.client import Client
 
-__all__ = ["SORT_KEYS", "Row", "Snapshot", "add_top_command", "cmd_top", "rows"]
+__all__ = ["SORT_KEYS", "Row", "Snapshot", "add_top_command", "cmd_top", "make_console", "rows"]
 
 _INSTALL = "pip install 'dagbox-dcp[top]'"
 
@@ -347,7 +347,9 @@ def render(
 # -- the command ----------------------------------------------------------------------------
 
 
-def _console() -> Console:
+def make_console() -> Console:
+    """Where ``dcp top`` draws: the terminal, or plain text 160 columns wide if stdout is
+    not one."""
     from rich.console import Console
 
     if sys.stdout.isatty():
@@ -364,13 +366,14 @@ def _need_rich() -> None:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from dcp._cli._commands import client_security, exit_code
+    from dcp._cli._run import exit_code
+    from dcp._cli._security import client_security
     from dcp._client.client import Client
     from dcp._errors import DCPError, RequestTimeout
 
     _need_rich()
     security = client_security(args)
-    console = _console()
+    console = make_console()
 
     async def run() -> None:
         import anyio

@@ -30,7 +30,6 @@ Rule H5 - Unheard reconnections (CURVE only). A secure broker does not let a new
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from dcp._errors import AuthenticationFailed
 from dcp._io.context import get_context
+from dcp._io.errors import socket_errors
 from dcp._io.security import CurveClient, configure_client_socket
 from dcp._io.sockets import AsyncSocket
 
@@ -181,7 +181,7 @@ def monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
 def close_monitor(sock: zmq.Socket[bytes], mon: zmq.Socket[bytes]) -> None:
     """Stop ``sock``'s monitor (if ``sock`` is still open) and close ``mon``."""
     if not sock.closed:
-        with contextlib.suppress(zmq.ZMQError):
+        with socket_errors():  # Rule Z4 of dcp._io.errors
             sock.disable_monitor()
     mon.close(0)
 
@@ -220,6 +220,6 @@ async def watch_handshakes(
         pass
     finally:
         if not sock.closed:
-            with contextlib.suppress(zmq.ZMQError):
+            with socket_errors():  # Rule Z4 of dcp._io.errors
                 sock.disable_monitor()
         amon.close(0)

@@ -26,6 +26,8 @@ from typing import cast
 import anyio
 import zmq
 
+from dcp._io.errors import refusal
+
 __all__ = ["AsyncSocket", "Received", "recv_frames", "send_frames"]
 
 # Plain ints: pyzmq's enum flags cost a conversion on every call.
@@ -232,6 +234,26 @@ class AsyncSocket:
             # Our send, failed or not, may have consumed the edge the owner is parked on.
             if self._wait_scope is not None and int(self.sock.getsockopt(_EVENTS)) & _POLLIN:
                 self._wait_scope.cancel()
+
+    def try_send(self, frames: Sequence[bytes]) -> str | None:
+        """Send one multipart message now, as :meth:`send_nowait`; ``None`` if it was
+        queued, else why the peer refused it: ``"full"`` or ``"gone"``
+        (:func:`dcp._io.errors.refusal`, Rules Z1 and Z2).
+
+        The broker sends every message with it: the same calls as :meth:`send_nowait` while
+        nothing is refused (the ``except`` clause costs nothing until taken).
+
+        :raises zmq.ZMQError: any other error (the socket's own: closed, context terminated)
+        """
+        try:
+            send_frames(self.sock, frames)
+        except zmq.ZMQError as exc:
+            return refusal(exc)
+        finally:
+            # Our send, failed or not, may have consumed the edge the owner is parked on.
+            if self._wait_scope is not None and int(self.sock.getsockopt(_EVENTS)) & _POLLIN:
+                self._wait_scope.cancel()
+        return None
 
     def close(self, linger: int | None = 0) -> None:
         """Wake the owner with ``ClosedResourceError`` and close the socket. Idempotent."""

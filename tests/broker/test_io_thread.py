@@ -1,5 +1,6 @@
-"""The broker I/O thread's helpers (dcp._broker.io): its waker, reading one message with a
-blocking receive, and the thread woken while its socket is busy."""
+"""The broker's I/O thread and the work for its core from the event loop
+(dcp._broker.thread): calls run where the core runs, woken while the socket is busy, at once
+without the thread, and after the thread stopped if it did not take them."""
 
 from __future__ import annotations
 
@@ -9,129 +10,115 @@ import anyio
 import pytest
 import zmq
 
-from dcp._broker.broker import Broker
-from dcp._broker.io import Waker, read_one
-from dcp._broker.thread import in_core
+from dcp._broker.link import CoreLink
+from dcp._broker.thread import CoreCalls, IOThread
+from dcp._core.broker.core import BrokerCore
+from dcp._io.blocking import Waker
 from dcp._io.sockets import AsyncSocket
-from dcp.wire import Register, Reply, Request
+from dcp.wire import Ping, Reconnect, Register, Reply, Request
 from tests.helpers import Peers, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+class Router:
+    """The broker's ROUTER socket, bound to a free TCP port, in a context of its own."""
+
+    def __init__(self) -> None:
+        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.bind("tcp://127.0.0.1:0")
+        #: (The waker binds the socket to an inproc endpoint too.)
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.asock = AsyncSocket(sock)
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
-    """A ROUTER (the broker's side) and a DEALER connected to it over inproc."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.ROUTING_ID, b"D")
-    router.bind("inproc://broker-io")
-    dealer.connect("inproc://broker-io")
-    yield router, dealer
-    ctx.destroy(linger=0)
+def router() -> Iterator[Router]:
+    router = Router()
+    yield router
+    router.asock.close(0)
+    router.context.destroy(linger=0)
 
 
-def test_waker_wakes_a_blocked_receive(
-    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
-) -> None:
-    router, _ = pair
-    waker = Waker(router.context, router)
-    try:
-        assert waker.ident[:1] != b"\0"
-        router.setsockopt(zmq.RCVTIMEO, 10)
-        assert read_one(AsyncSocket(router)) is None  # nothing came within RCVTIMEO
-        waker.wake()
-        waker.stop()
-        assert waker.stopped
-        router.setsockopt(zmq.RCVTIMEO, 5000)
-        for _ in range(2):
-            msg = read_one(AsyncSocket(router))
-            assert msg is not None and msg.frames == [waker.ident, b""]
-    finally:
-        waker.close()
-    waker.close()  # idempotent
-    waker.wake()  # after close: nothing happens, no error
-
-
-def test_waker_full_queue_does_not_block(
-    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
-) -> None:
-    router, _ = pair
-    waker = Waker(router.context, router)
-    try:
-        for _ in range(5000):  # far past the send high-water mark (1000)
-            waker.wake()
-    finally:
-        waker.close()
-
-
-def test_read_one_reads_whole_messages_in_order(
-    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
-) -> None:
-    router, dealer = pair
-    router.setsockopt(zmq.RCVTIMEO, 5000)
-    for i in range(3):
-        dealer.send_multipart([b"", b"part", b"%d" % i])
-    asock = AsyncSocket(router)
-    for i in range(3):
-        msg = read_one(asock)
-        assert msg is not None and msg.frames == [b"D", b"", b"part", b"%d" % i]
-        assert msg.nbytes == 1 + 4 + 1 and msg.dropped_frames == 0 and msg.user_id is None
-
-
-def test_read_one_limits_and_zero_copy(
-    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
-) -> None:
-    router, dealer = pair
-    router.setsockopt(zmq.RCVTIMEO, 5000)
-    big = b"x" * 100
-    dealer.send_multipart([b"", b"a", b"b", b"c", b"d"])  # cut at 3 frames
-    dealer.send_multipart([b"", big, big])  # cut at 150 bytes
-    dealer.send_multipart([b"", big])  # kept as a zmq.Frame (zero copy)
-    asock = AsyncSocket(router, max_frames=3, max_bytes=150, zero_copy_threshold=64)
-    cut, large, whole = (read_one(asock) for _ in range(3))
-    assert cut is not None and cut.frames == [b"D", b"", b"a"] and cut.dropped_frames == 3
-    assert large is not None and len(large.frames) == 3 and large.dropped_frames == 1
-    assert large.nbytes == 201
-    assert whole is not None
-    kept: object = whole.frames[2]
-    assert isinstance(kept, zmq.Frame) and kept.bytes == big
-
-
-def test_read_one_user_ids_without_handshake_metadata(
-    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
-) -> None:
-    router, dealer = pair
-    router.setsockopt(zmq.RCVTIMEO, 5000)
-    dealer.send(b"hello")
-    msg = read_one(AsyncSocket(router, user_ids=True))
-    assert msg is not None and msg.frames == [b"D", b"hello"]
-    assert msg.user_id is None  # inproc: no ZAP user id
-
-
-@pytest.mark.anyio
-async def test_io_thread_takes_calls_while_its_socket_is_busy() -> None:
+async def test_io_thread_takes_calls_while_its_socket_is_busy(router: Router) -> None:
     """Wake-ups are fair-queued with the peers' messages, so work for the I/O thread (here
     a call into the core, as reload_security makes) is done while a client keeps the socket
-    busy, and the broker still stops promptly."""
-    broker = Broker("tcp://127.0.0.1:0")
+    busy, and the thread still stops promptly."""
+    core = BrokerCore()
+    link = CoreLink(core, router.asock, max_message_size=-1)
+    calls = CoreCalls(threaded=True)
+    calls.link = link
+    thread = IOThread(link, calls, router.context, batch=256, period=0.25)
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
-            [endpoint] = await tg.start(broker.serve)
-            with Peers(endpoint) as peers:
+            tg.start_soon(thread.run)
+            await wait_for(lambda: link.waker is not None)
+            with Peers(router.endpoint) as peers:
                 worker, client = peers(b"W"), peers(b"C")
                 worker.send(Register(b"echo"))
                 await worker.expect(Register(b"echo"))
                 # Many requests queued at once (no worker answers): a busy socket.
                 for i in range(900):  # under the send high-water mark
                     client.send(Request(b"echo", None, (b"m%d" % i,), (b"d",)))
-                calls = 0
+                calls_made = 0
                 for _ in range(5):
-                    assert await in_core(broker, lambda now: 7) == 7
-                    calls += 1
-                assert calls == 5
+                    assert await calls.run(lambda now: 7) == 7
+                    calls_made += 1
+                assert calls_made == 5
                 await worker.expect(Request(b"echo", b"C", (b"m0",), (b"d",)))
                 worker.send(Reply(b"C", (b"m0",), (b"ok",)))
                 await client.expect(Reply(b"C", (b"m0",), (b"ok",)))
-                await wait_for(lambda: broker.statistics().requests == 900)
+                await wait_for(lambda: core.statistics().requests == 900)
             tg.cancel_scope.cancel()
-    assert broker.endpoints == []
+    assert link.waker is None  # the thread has stopped
+
+
+async def test_without_the_thread_a_call_runs_at_once_and_is_sent(router: Router) -> None:
+    """``io_thread=False``: a call runs in the event loop, on its clock, and what it put in
+    the outbox is sent at once; with no serve (no link), it runs and nothing is sent."""
+    core = BrokerCore()
+    calls = CoreCalls(threaded=False)
+    assert await calls.run(lambda now: now) <= anyio.current_time()  # not serving
+    calls.link = CoreLink(core, router.asock, max_message_size=-1)
+    with Peers(router.endpoint) as peers:
+        stranger = peers(b"X")
+        stranger.send(Ping())
+        await wait_for(lambda: router.asock.has_input())
+        received = router.asock.drain(1)
+
+        def feed(now: float) -> str:
+            core.receive(received[0].frames, now, None)
+            return "fed"
+
+        assert await calls.run(feed) == "fed"
+        # Nothing else sends on this socket: the call's flush sent the answer.
+        await stranger.expect(Reconnect())
+
+
+async def test_calls_the_thread_did_not_take_run_after_it(router: Router) -> None:
+    """A call queued for a thread that never takes it (it has stopped) runs when the
+    thread's leftovers are run, and its caller gets its result."""
+    core = BrokerCore()
+    link = CoreLink(core, router.asock, max_message_size=-1)
+    calls = CoreCalls(threaded=True)
+    calls.link = link
+    waker = Waker(router.context, router.asock.sock)  # no thread reads its wake-ups
+    link.waker = waker
+    results: list[int] = []
+
+    async def call() -> None:
+        results.append(await calls.run(lambda now: 42))
+
+    try:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await anyio.sleep(0.05)
+                assert results == []  # waiting for the thread
+                calls.run_pending(None)
+    finally:
+        waker.close()
+    assert results == [42]

@@ -203,14 +203,12 @@ def _record_levels(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     def build_recording() -> argparse.ArgumentParser:
         parser = build()
-        for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
-            assert isinstance(action, argparse._SubParsersAction)
-            assert set(action.choices) == set(COMMANDS), "add the new command to COMMANDS"
-            for sub in action.choices.values():
-                sub.set_defaults(func=record)
+        assert set(parser.commands) == set(COMMANDS), "add the new command to COMMANDS"
+        for sub in parser.commands.values():
+            sub.set_defaults(func=record)
         return parser
 
-    monkeypatch.setattr(dcp._cli, "build_parser", build_recording)
+    monkeypatch.setattr("dcp._cli.build_parser", build_recording)
     return levels
 
 

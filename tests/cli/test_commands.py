@@ -318,15 +318,13 @@ def test_version_and_help_show_defaults() -> None:
 
 
 def test_global_options_after_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dcp._cli._call
-
     seen: list[argparse.Namespace] = []
 
     def cmd_call(args: argparse.Namespace) -> int:
         seen.append(args)
         return 0
 
-    monkeypatch.setattr(dcp._cli._call, "cmd_call", cmd_call)
+    monkeypatch.setattr("dcp._cli._call.cmd_call", cmd_call)
     call = ["call", "--connect", "tcp://127.0.0.1:1", "echo"]
     assert main(["-v", *call, "--backend", "asyncio", "-v"]) == 0
     assert main([*call, "-v"]) == 0
@@ -336,8 +334,6 @@ def test_global_options_after_the_command(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_broker_limit_flags_reach_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every limit of docs/reliability.md has a flag, passed on to ``Broker``."""
-    import dcp._broker.broker
-
     options: dict[str, object] = {}
 
     class Recorder:
@@ -345,7 +341,7 @@ def test_broker_limit_flags_reach_the_broker(monkeypatch: pytest.MonkeyPatch) ->
             options.update(kwargs)
             raise ValueError("recorded")
 
-    monkeypatch.setattr(dcp._broker.broker, "Broker", Recorder)
+    monkeypatch.setattr("dcp._broker.broker.Broker", Recorder)
     flags = [
         "--max-message-size", "-1", "--max-frames", "7", "--max-service-name", "8",
         "--max-services", "9", "--max-services-per-worker", "10", "--max-queue", "11",

@@ -10,7 +10,8 @@ import pytest
 import zmq
 
 from dcp._cli import main
-from dcp._cli._run import interrupted, zmq_problem
+from dcp._cli._run import interrupted
+from dcp._io.errors import endpoint_problem
 from dcp._io.lifecycle import BaseExceptionGroup
 from tests.cli.procs import HANDLER, Proc, run
 
@@ -225,10 +226,10 @@ def test_run_time_helpers() -> None:
     # pyzmq names the endpoint of a failed bind; when it does not, the command's are used.
     error = zmq.ZMQError(zmq.EADDRINUSE, "Address already in use (addr='tcp://h:1')")
     assert (
-        zmq_problem(error, "bind", ["tcp://x:2"])
+        endpoint_problem(error, "bind", ["tcp://x:2"])
         == "cannot bind tcp://h:1: Address already in use"
     )
     error = zmq.ZMQError(zmq.EINVAL, "Invalid argument")
-    assert zmq_problem(error, "connect to", ["tcp://x:2"]) == (
+    assert endpoint_problem(error, "connect to", ["tcp://x:2"]) == (
         "cannot connect to tcp://x:2: Invalid argument"
     )

@@ -130,8 +130,8 @@ def test_security_argument_errors(
 
 
 def test_any_client_and_wildcard_flags(tmp_path: Path) -> None:
-    from dcp._cli._commands import _server_security
     from dcp._cli._parser import build_parser
+    from dcp._cli._security import server_security
 
     main(["keys", "broker", "--dir", str(tmp_path)])
     args = build_parser().parse_args(
@@ -141,7 +141,7 @@ def test_any_client_and_wildcard_flags(tmp_path: Path) -> None:
             "--allow-any-client", "--allow-worker", "*=*",
         ]
     )  # fmt: skip
-    security = _server_security(args)
+    security = server_security(args)
     assert security is not None and security.clients is None
     assert security.workers == {b"*": frozenset([b"*"])}
 

@@ -321,7 +321,7 @@ def test_live_view_in_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
     screen = io.StringIO()
     monkeypatch.setattr(
-        top, "_console", lambda: Console(file=screen, force_terminal=True, width=100)
+        top, "make_console", lambda: Console(file=screen, force_terminal=True, width=100)
     )
     script = [Snapshot(float(i), (_stats("a", i),), _broker(i, float(i))) for i in range(3)]
 
@@ -344,6 +344,6 @@ def test_console_follows_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
             return True
 
     monkeypatch.setattr(sys, "stdout", Terminal())
-    assert top._console().width != 160
+    assert top.make_console().width != 160
     monkeypatch.setattr(sys, "stdout", io.StringIO())
-    assert top._console().width == 160
+    assert top.make_console().width == 160

@@ -253,7 +253,7 @@ async def test_another_key_cannot_take_over_a_connected_clients_routing_id() -> 
 
         tg.start_soon(ask)
         await started.wait()
-        zap = broker._zap
+        zap = broker._security.zap
         assert zap is not None
         allowed = zap.allowed
         with Peers(endpoint) as peers:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
@@ -124,6 +125,12 @@ def start_session(work_dir: Path) -> SparkSession:
     return spark
 
 
+def _gateway() -> Any:
+    """pyspark's py4j gateway to the JVM it started for this process (``None`` before; pyspark
+    has no public handle on it)."""
+    return SparkContext._gateway  # noqa: SLF001, RUF100 - see above
+
+
 def connect_session(spark: SparkSession) -> SparkSession:
     """A Spark Connect client session of the server in ``spark``'s JVM.
 
@@ -132,7 +139,9 @@ def connect_session(spark: SparkSession) -> SparkSession:
     """
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    service = getattr(spark._jvm, "org.apache.spark.sql.connect.service.SparkConnectService$")
+    gateway = _gateway()
+    assert gateway is not None, "the classic session of this process"
+    service = getattr(gateway.jvm, "org.apache.spark.sql.connect.service.SparkConnectService$")
     port = int(getattr(service, "MODULE$").localPort())
     url = f"sc://localhost:{port}/;token={TOKEN}"
     session: SparkSession = ConnectSession.builder.remote(url).getOrCreate()  # type: ignore[assignment]
@@ -142,7 +151,7 @@ def connect_session(spark: SparkSession) -> SparkSession:
 def python_workers() -> dict[int, int]:
     """Spark's Python processes (the daemon and its forked workers, all below the JVM) and
     their resident memory (kB)."""
-    gateway = SparkContext._gateway
+    gateway = _gateway()
     assert gateway is not None, "the classic session of this process"
     found: dict[int, int] = {}
     pending = [int(gateway.proc.pid)]
@@ -181,13 +190,14 @@ def reset_peaks(pids: list[int]) -> None:
 def stop_session(spark: SparkSession) -> None:
     """Stop the session, then the JVM (by its process, which pyspark started for us)."""
     spark.stop()
-    gateway = SparkContext._gateway
+    gateway = _gateway()
     if gateway is None:
         return
     proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
     gateway.shutdown()
-    SparkContext._gateway = None
-    SparkContext._jvm = None
+    # A later session launches a JVM of its own (pyspark launches one while these are None).
+    SparkContext._gateway = None  # noqa: SLF001, RUF100 - see _gateway
+    SparkContext._jvm = None  # noqa: SLF001, RUF100 - see _gateway
     if proc is None:
         return
     if proc.stdin is not None:

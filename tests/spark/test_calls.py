@@ -46,7 +46,8 @@ def rec(svc: Services) -> Services:
 
 def open_sockets() -> int:
     """Sockets of the process's zmq context not yet closed."""
-    return sum(1 for s in get_context()._sockets if not s.closed)
+    made = list(get_context()._sockets)  # noqa: SLF001, RUF100 - pyzmq lists them only there
+    return sum(1 for s in made if not s.closed)
 
 
 def chunks(values: Sequence[bytes | None], size: int, kind: pa.DataType) -> list[pa.Array]:

@@ -1,5 +1,6 @@
-"""How the broker's I/O thread waits and reads: as few system calls per message as libzmq
-allows.
+"""A zmq socket served by a thread of its own (the broker's I/O thread,
+:mod:`dcp._broker.thread`): how it waits and reads, with as few system calls per message as
+libzmq allows, and how other threads wake it.
 
 Rules (measured with ``strace -f`` on the broker under the common load,
 ``python -m benchmarks.trace_broker``, and ``python -m benchmarks.ab``;
