@@ -42,6 +42,7 @@ from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
+from dcp._io.lifecycle import Lifecycle
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._json import encode_json
@@ -137,7 +138,8 @@ class Client(ClientOptions):
         self._security = security
         #: The socket and everything waiting on it (its receive task runs while entered).
         self._receiver = Receiver(self._tracker, batch=self._batch)
-        self._exit_stack: contextlib.AsyncExitStack | None = None
+        #: ``async with client``: the receive task in a task group of its own.
+        self._lifecycle = Lifecycle("a Client can be entered only once")
 
     @property
     def closed(self) -> bool:
@@ -150,20 +152,7 @@ class Client(ClientOptions):
         receiver = self._receiver
         if receiver.socket is not None or receiver.closed:
             raise RuntimeError("a Client can be entered only once")
-        if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
-            key = None if self._security is None else self._security.server_key
-            self.endpoint = await resolve(self.endpoint, key=key)
-        sock, mon = connect_dealer(self._context, self.routing_id, self._security, self.endpoint)
-        watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="client")
-        receiver.attach(AsyncSocket(sock), watch, self.endpoint)
-        async with contextlib.AsyncExitStack() as stack:
-            stack.callback(receiver.shutdown, None)
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            tg.start_soon(receiver.run)
-            if mon is not None:
-                tg.start_soon(watch_handshakes, sock, mon, watch, receiver.shutdown)
-            stack.callback(tg.cancel_scope.cancel)
-            self._exit_stack = stack.pop_all()
+        await self._lifecycle.enter(self._serve, stop=self._close)
         return self
 
     async def __aexit__(
@@ -172,12 +161,35 @@ class Client(ClientOptions):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # The body's exception is not passed to the task group: it would come back wrapped
-        # in an ExceptionGroup. The receive task never raises, so nothing else can.
-        stack, self._exit_stack = self._exit_stack, None
+        await self._lifecycle.exit(exc)
+
+    async def _serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect (to the broker a beacon names, if the endpoint is one), then run the
+        receive task and the handshake watch until cancelled; ready once connecting began
+        (zmq connects in the background). The socket is closed when it returns."""
+        receiver = self._receiver
+        try:
+            if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon
+                key = None if self._security is None else self._security.server_key
+                self.endpoint = await resolve(self.endpoint, key=key)
+            sock, mon = connect_dealer(
+                self._context, self.routing_id, self._security, self.endpoint
+            )
+            watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="client")
+            receiver.attach(AsyncSocket(sock), watch, self.endpoint)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receiver.run)
+                if mon is not None:
+                    tg.start_soon(watch_handshakes, sock, mon, watch, receiver.shutdown)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            receiver.shutdown(None)
+
+    def _close(self) -> None:
         self._receiver.shutdown(None)
-        if stack is not None:
-            await stack.aclose()
 
     async def aclose(self) -> None:
         """Close the socket (linger 0). Pending and later requests raise

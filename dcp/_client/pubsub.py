@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Protocol
 
 import anyio
-import zmq
 
 from dcp._client.receive import Receiver
 from dcp._client.subscriptions import PubSubMessage as PubSubMessage
@@ -213,14 +212,12 @@ async def publish(
     while True:
         if client.closed:
             raise anyio.ClosedResourceError("the client is closed")
-        try:
-            socket = receiver.socket
-            assert socket is not None
-            socket.send_nowait(frames)
+        socket = receiver.socket
+        assert socket is not None
+        if socket.try_send(frames) is None:
             return None
-        except zmq.Again:
-            await anyio.sleep(pause)
-            pause = min(2 * pause, _SEND_PAUSE_MAX)
+        await anyio.sleep(pause)  # the queue is full (dcp._io.errors Rule Z1)
+        pause = min(2 * pause, _SEND_PAUSE_MAX)
 
 
 @contextlib.asynccontextmanager

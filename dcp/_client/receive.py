@@ -20,14 +20,12 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 
 import anyio
 import anyio.lowlevel
-import zmq
 
 from dcp._client.subscriptions import SubscriptionState, deliver
 from dcp._client.waiters import Sink, Waiter, deliver_part
@@ -35,6 +33,7 @@ from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._errors import AuthenticationFailed
 from dcp._io.clock import loop_clock
+from dcp._io.errors import socket_errors
 from dcp._io.handshake import HandshakeWatch
 from dcp._io.sockets import AsyncSocket
 from dcp._models import Outcome, Response
@@ -130,13 +129,11 @@ class Receiver:
                 raise self.closed_error()
             assert self.socket is not None
             try:
-                self.socket.send_nowait(frames)
-                return
-            except zmq.Again:
-                pass
-            except zmq.ZMQError as exc:
-                self.shutdown(exc)
-                raise self.closed_error() from exc
+                if self.socket.try_send(frames) is None:
+                    return
+            except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
+                self.shutdown(exc.__cause__ or exc)
+                raise self.closed_error() from exc.__cause__
             if not counted:
                 counted = True
                 tracker.send_waits += 1
@@ -197,49 +194,55 @@ class Receiver:
         watch = self._watch
         assert watch is not None
         failure: BaseException | None = None
-        try:
-            while True:
-                deadline = tracker.next_deadline()
-                await asock.wait_readable(math.inf if deadline is None else deadline)
-                if asock.closed:
-                    break
-                received = asock.drain(batch)
-                if received:
-                    watch.heard = watch.handshakes  # handshakes Rule H5
-                    if logger.isEnabledFor(logging.DEBUG):  # once per batch
-                        for msg in received:
-                            logger.debug(
-                                "from broker %s: %d frame(s), %d bytes",
-                                self._endpoint,
-                                len(msg.frames),
-                                sum(len(f) for f in msg.frames),
-                            )
-                subscriptions = self.subscriptions
-                for msg in received:
-                    if is_stream(msg.frames):
-                        deliver_part(msg.frames, waiters)  # dcp streams (streams.py)
-                        continue
-                    if subscriptions and deliver(subscriptions, msg.frames):
-                        continue
-                    resolved = tracker.receive(msg.frames)
-                    if resolved is not None:
-                        rid, outcome = resolved
-                        waiter = waiters.pop(rid, None)
-                        if waiter is not None:
-                            waiter.deliver(rid, outcome)
-                now = self._now()
-                deadline = tracker.next_deadline()
-                if deadline is not None and deadline <= now:
-                    self._expire(asock, now)
-                # Let other tasks run between batches, however busy the socket is. (With
-                # no input left, wait_readable parks, which lets them run: no extra pass.)
-                if asock.has_input():
-                    await anyio.lowlevel.checkpoint()
-        except anyio.ClosedResourceError:
-            pass
-        except zmq.ZMQError as exc:
+
+        def broken(exc: BaseException) -> None:  # the socket failed (dcp._io.errors Z2, Z4)
+            nonlocal failure
             if not asock.closed:
                 failure = exc
+
+        try:
+            with socket_errors(broken):
+                while True:
+                    deadline = tracker.next_deadline()
+                    await asock.wait_readable(math.inf if deadline is None else deadline)
+                    if asock.closed:
+                        break
+                    received = asock.drain(batch)
+                    if received:
+                        watch.heard = watch.handshakes  # handshakes Rule H5
+                        if logger.isEnabledFor(logging.DEBUG):  # once per batch
+                            for msg in received:
+                                logger.debug(
+                                    "from broker %s: %d frame(s), %d bytes",
+                                    self._endpoint,
+                                    len(msg.frames),
+                                    sum(len(f) for f in msg.frames),
+                                )
+                    subscriptions = self.subscriptions
+                    for msg in received:
+                        if is_stream(msg.frames):
+                            deliver_part(msg.frames, waiters)  # dcp streams (streams.py)
+                            continue
+                        if subscriptions and deliver(subscriptions, msg.frames):
+                            continue
+                        resolved = tracker.receive(msg.frames)
+                        if resolved is not None:
+                            rid, outcome = resolved
+                            waiter = waiters.pop(rid, None)
+                            if waiter is not None:
+                                waiter.deliver(rid, outcome)
+                    now = self._now()
+                    deadline = tracker.next_deadline()
+                    if deadline is not None and deadline <= now:
+                        self._expire(asock, now)
+                    # Let other tasks run between batches, however busy the socket is. (With
+                    # no input left, wait_readable parks, which lets them run: no extra pass.)
+                    if asock.has_input():
+                        await anyio.lowlevel.checkpoint()
+        except anyio.ClosedResourceError:
+            pass
+        except anyio.BrokenResourceError as exc:
+            broken(exc.__cause__ or exc)
         except Exception as exc:  # a bug: fail the callers rather than hang them
             logger.exception("dcp client receive task failed")
             failure = exc
@@ -262,9 +265,7 @@ class Receiver:
             asock.sock.disconnect(self._endpoint)
             asock.sock.connect(self._endpoint)
         for frames in out:
-            try:
-                asock.send_nowait(frames)
-            except zmq.Again:
+            if asock.try_send(frames) is not None:  # full (dcp._io.errors Rule Z1)
                 tracker.resends_dropped += 1
         waiters = self.waiters
         for event in events:
@@ -286,7 +287,7 @@ class Receiver:
                 # last events (DISCONNECTED) to the monitor's PAIR with a blocking send; if
                 # our end of that PAIR is closed first, the send blocks that thread for good
                 # and every socket of the context falls silent.
-                with contextlib.suppress(zmq.ZMQError):
+                with socket_errors():
                     socket.sock.disable_monitor()
             socket.close(0)
         self.tracker.cancel_all()

@@ -26,7 +26,6 @@ the end); :class:`Stream` and :class:`SyncStream` add their way of waiting and s
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections import deque
@@ -34,7 +33,6 @@ from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 import anyio
-import zmq
 
 import dcp.wire.streams as wire
 from dcp._client.receive import Receiver
@@ -42,6 +40,7 @@ from dcp._client.sync_receive import SyncReceiver
 from dcp._client.waiters import Part, StreamWaiter
 from dcp._core.client.calls import Timing
 from dcp._errors import RemoteError, RequestTimeout, StreamBroken
+from dcp._io.errors import socket_errors
 from dcp._models import Outcome, Response
 
 __all__ = ["DEFAULT_WINDOW", "Stream", "StreamReader", "SyncStream", "stream_timing"]
@@ -121,7 +120,7 @@ class StreamReader(Generic[_L]):
         if rid is not None and not self._receiver.closed:
             # A full queue loses the CANCEL: the worker then waits for credit that never
             # comes, until its work timeout (if any) or the broker forgets this client.
-            with contextlib.suppress(zmq.ZMQError):
+            with socket_errors():
                 self._receiver.send_nowait(_control(wire.StreamType.CANCEL, rid))
 
     def _next_part(self, done: bool) -> tuple[Part, int]:
@@ -244,10 +243,14 @@ class Stream(StreamReader[Receiver]):
 
     def _credit(self, n: int) -> None:
         assert self._rid is not None
-        try:
+        with socket_errors(self._keep_credit(n)):  # full: kept for the next grant
             self._receiver.send_nowait(_control(wire.StreamType.CREDIT, self._rid, n))
-        except zmq.ZMQError:  # full: the credit is kept for the next grant
+
+    def _keep_credit(self, n: int) -> Callable[[BaseException], None]:
+        def keep(exc: BaseException) -> None:
             self._read += n
+
+        return keep
 
 
 class SyncStream(StreamReader[SyncReceiver]):

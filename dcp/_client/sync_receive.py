@@ -33,7 +33,7 @@ from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._errors import AuthenticationFailed
 from dcp._io.handshake import HandshakeWatch, close_monitor, read_events
-from dcp._io.sockets import recv_frames, send_frames
+from dcp._io.sockets import try_recv, try_send
 from dcp._models import Outcome
 from dcp.wire.streams import is_stream, parse_part
 
@@ -152,12 +152,9 @@ class SyncReceiver:
     def send(self, frames: list[bytes], deadline: float) -> None:
         """Send ``frames``, waiting for room in a full queue until ``deadline`` (Rule 1)."""
         sock = self.sock
-        try:
-            send_frames(sock, frames)
+        if try_send(sock, frames) is None:
             return
-        except zmq.Again:
-            pass
-        self.tracker.send_waits += 1
+        self.tracker.send_waits += 1  # the queue is full (dcp._io.errors Rule Z1)
         # A handshake that failed before the first send leaves no connection to queue on
         # (libzmq does not reconnect after it): watch the monitor while waiting, or the
         # failure would only be read once the attempt is over.
@@ -172,11 +169,8 @@ class SyncReceiver:
             ready = dict(poller.poll(math.ceil(min(remaining, _SEND_POLL_MAX) * 1000)))
             if self.monitor is not None and self.monitor in ready:
                 self._read_monitor()
-            try:
-                send_frames(sock, frames)
+            if try_send(sock, frames) is None:
                 return
-            except zmq.Again:
-                pass
 
     def send_nowait(self, frames: list[bytes]) -> None:
         """Send a message that is not a request (a stream's cancel) at once.
@@ -260,9 +254,8 @@ class SyncReceiver:
             receive = tracker.receive
             watch = self._watch
             for _ in range(self._batch):
-                try:
-                    frames = recv_frames(sock)
-                except zmq.Again:
+                frames = try_recv(sock)
+                if frames is None:
                     break
                 watch.heard = watch.handshakes  # handshakes Rule H5
                 if self.stream_parts and is_stream(frames):
@@ -289,9 +282,7 @@ class SyncReceiver:
             self.sock.disconnect(self._endpoint)
             self.sock.connect(self._endpoint)
         for frames in out:
-            try:
-                send_frames(self.sock, frames)
-            except zmq.Again:
+            if try_send(self.sock, frames) is not None:  # full (dcp._io.errors Rule Z1)
                 tracker.resends_dropped += 1
         done = self.done
         for event in events:

@@ -14,8 +14,9 @@ Rule Z1 - A send that finds the peer's queue full (``zmq.Again`` from a non-bloc
   broker's core counts it and treats that peer as unreachable for now; a client or a worker
   waits and tries again). A multipart message is atomic: nothing of it was queued.
 Rule Z2 - A send from a ``ROUTER_MANDATORY`` socket to a peer that has no connection
-  (``EHOSTUNREACH``) is :data:`GONE`. Any other error of a send is raised as it is: it is
-  not the peer's doing. (:func:`refusal`; the socket adapter's
+  (``EHOSTUNREACH``) is :data:`GONE`. Any other error of a send is the socket's own (closed,
+  its context terminated), not the peer's doing: it is raised as
+  :exc:`anyio.BrokenResourceError`, the zmq error its cause. (:func:`refusal`; the socket adapter's
   :meth:`~dcp._io.sockets.AsyncSocket.try_send` returns them, the broker sends with it.)
 Rule Z3 - A bind or connect that failed is told in one line, ``cannot bind
   tcp://127.0.0.1:5555: Address already in use`` (:func:`endpoint_problem`): the endpoint
@@ -36,6 +37,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
+import anyio
 import zmq
 
 __all__ = [
@@ -57,13 +59,13 @@ _EHOSTUNREACH = errno.EHOSTUNREACH
 
 def refusal(exc: zmq.ZMQError) -> str:
     """What a send's error says of the peer: :data:`FULL` (Rule Z1) or :data:`GONE` (Rule
-    Z2); any other error is raised again (Rule Z2's last sentence). Called in the
+    Z2); any other error is raised as :exc:`anyio.BrokenResourceError` (Rule Z2). Called in the
     ``except`` clause of a send (:meth:`~dcp._io.sockets.AsyncSocket.try_send`)."""
     if isinstance(exc, zmq.Again):
         return FULL
     if exc.errno == _EHOSTUNREACH:
         return GONE
-    raise exc
+    raise anyio.BrokenResourceError(f"the socket failed: {exc}") from exc
 
 
 # pyzmq appends " (addr='...')" to the message of a failed bind or connect.

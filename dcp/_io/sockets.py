@@ -28,7 +28,7 @@ import zmq
 
 from dcp._io.errors import refusal
 
-__all__ = ["AsyncSocket", "Received", "recv_frames", "send_frames"]
+__all__ = ["AsyncSocket", "Received", "recv_frames", "send_frames", "try_recv", "try_send"]
 
 # Plain ints: pyzmq's enum flags cost a conversion on every call.
 _POLLIN = int(zmq.POLLIN)
@@ -56,6 +56,30 @@ def send_frames(sock: zmq.Socket[bytes], frames: Sequence[bytes]) -> None:
     for i in range(last):
         _send(sock, frames[i], _SNDMORE_NOBLOCK)
     _send(sock, frames[last], _NOBLOCK)
+
+
+def try_send(sock: zmq.Socket[bytes], frames: Sequence[bytes]) -> str | None:
+    """Send one multipart message without blocking, as :func:`send_frames`; ``None`` if it
+    was queued, else why the peer refused it: ``"full"`` or ``"gone"`` (Rules Z1 and Z2 of
+    :mod:`dcp._io.errors`). For sockets no event loop waits on (the blocking client).
+
+    :raises anyio.BrokenResourceError: any other error (the socket's own: closed, context
+        terminated; the zmq error is its cause)
+    """
+    try:
+        send_frames(sock, frames)
+    except zmq.ZMQError as exc:
+        return refusal(exc)
+    return None
+
+
+def try_recv(sock: zmq.Socket[bytes]) -> list[bytes] | None:
+    """Receive one whole multipart message without blocking, as :func:`recv_frames`;
+    ``None`` if none is waiting."""
+    try:
+        return recv_frames(sock)
+    except zmq.Again:
+        return None
 
 
 def recv_frames(sock: zmq.Socket[bytes]) -> list[bytes]:
@@ -243,7 +267,8 @@ class AsyncSocket:
         The broker sends every message with it: the same calls as :meth:`send_nowait` while
         nothing is refused (the ``except`` clause costs nothing until taken).
 
-        :raises zmq.ZMQError: any other error (the socket's own: closed, context terminated)
+        :raises anyio.BrokenResourceError: any other error (the socket's own: closed,
+            context terminated; the zmq error is its cause)
         """
         try:
             send_frames(self.sock, frames)

@@ -33,6 +33,7 @@ import zmq
 from dcp._core.client.calls import make_routing_id
 from dcp._core.worker.core import WorkerCore
 from dcp._errors import AuthenticationFailed
+from dcp._io.errors import socket_errors
 from dcp._io.handshake import HandshakeWatch, connect_dealer, read_events
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
@@ -107,14 +108,12 @@ class Connection:
 
     async def _watch_monitor(self, scope: anyio.CancelScope, amon: AsyncSocket) -> None:
         """Apply the socket's connection events as they come (see :meth:`poll`)."""
-        with scope:
-            try:
-                while True:
-                    await amon.wait_readable()
-                    if self.poll():
-                        self._wake()
-            except (anyio.ClosedResourceError, zmq.ZMQError):  # pragma: no cover - close()
-                pass
+        # close() ends it: the scope is cancelled, the monitor closed under it.
+        with scope, socket_errors(), contextlib.suppress(anyio.ClosedResourceError):
+            while True:
+                await amon.wait_readable()
+                if self.poll():
+                    self._wake()
 
     def poll(self) -> bool:
         """Apply the connection events waiting on the monitor, without blocking; whether
@@ -156,7 +155,7 @@ class Connection:
         amon, self._amonitor = self._amonitor, None
         asock, self.socket = self.socket, None
         if mon is not None and asock is not None and not asock.sock.closed:
-            with contextlib.suppress(zmq.ZMQError):
+            with socket_errors():
                 asock.sock.disable_monitor()
         if amon is not None:
             amon.close(0)  # tells the event loop first (its fd may be waited on)
@@ -171,12 +170,15 @@ class Connection:
         if asock is None:  # pragma: no cover - the core only sends while connected
             return
         try:
-            asock.send_nowait(frames)
+            refused = asock.try_send(frames)
+        except anyio.BrokenResourceError as exc:  # the socket's own (dcp._io.errors Rule Z2)
+            refused = str(exc.__cause__ or exc)
+        if refused is None:
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("to broker %s: %s", self.endpoint, _type_name(frames))
-        except zmq.ZMQError as exc:
-            self.send_failures += 1
-            logger.warning("could not send %s to broker: %s", _type_name(frames), exc)
+            return
+        self.send_failures += 1
+        logger.warning("could not send %s to broker: %s", _type_name(frames), refused)
 
     async def send_part(self, frames: list[bytes]) -> None:
         """Send a stream's part, waiting while zmq's queue is full (dropped if there is no
@@ -184,15 +186,15 @@ class Connection:
         pause = 0.001
         while (asock := self.socket) is not None:
             try:
-                asock.send_nowait(frames)
-                return
-            except zmq.Again:
-                await anyio.sleep(pause)
-                pause = min(2 * pause, 0.05)
-            except zmq.ZMQError as exc:
+                refused = asock.try_send(frames)
+            except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
                 self.send_failures += 1
-                logger.warning("could not send a stream part to broker: %s", exc)
+                logger.warning("could not send a stream part to broker: %s", exc.__cause__)
                 return
+            if refused is None:
+                return
+            await anyio.sleep(pause)  # the queue is full (dcp._io.errors Rule Z1)
+            pause = min(2 * pause, 0.05)
 
 
 def _type_name(frames: list[bytes]) -> str:

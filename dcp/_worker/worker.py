@@ -33,7 +33,7 @@ from dcp._core.worker.core import BrokerLost, Event, Malformed, Refused, Run, St
 from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
-from dcp._io.lifecycle import BaseExceptionGroup, single_error
+from dcp._io.lifecycle import Lifecycle
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._models import Handler
@@ -218,7 +218,8 @@ class Worker:
         self._task_status: anyio.abc.TaskStatus[None] | None = None
         self._serving = False
         self._done: anyio.Event | None = None
-        self._cm_tg: anyio.abc.TaskGroup | None = None
+        #: ``async with worker``: :meth:`serve` in a task group of its own, stopped gracefully.
+        self._lifecycle = Lifecycle("a Worker can serve only once")
         #: The event loop's clock (anyio.current_time without its lookup; set in serve).
         self._now: Callable[[], float] = anyio.current_time
 
@@ -260,18 +261,7 @@ class Worker:
             await self._done.wait()
 
     async def __aenter__(self) -> Worker:
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        try:
-            await tg.start(self.serve)
-        except BaseException as exc:
-            tg.cancel_scope.cancel()
-            try:
-                await tg.__aexit__(type(exc), exc, exc.__traceback__)
-            except BaseExceptionGroup as group:
-                raise single_error(group) from None
-            raise
-        self._cm_tg = tg
+        await self._lifecycle.enter(self.serve, stop=self.stop, cancel=False)
         return self
 
     async def __aexit__(
@@ -279,19 +269,8 @@ class Worker:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        tg, self._cm_tg = self._cm_tg, None
-        if tg is None:
-            return None
-        self.stop()
-        try:
-            if isinstance(exc, anyio.get_cancelled_exc_class()):
-                return await tg.__aexit__(exc_type, exc, tb)
-            # Anything else from the body propagates unwrapped once the stop has completed.
-            await tg.__aexit__(None, None, None)
-        except BaseExceptionGroup as group:
-            raise single_error(group) from None
-        return None
+    ) -> None:
+        await self._lifecycle.exit(exc)
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
