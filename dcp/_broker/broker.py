@@ -391,10 +391,9 @@ class Broker:
         period = self.heartbeat_interval / 4
         while True:
             await anyio.sleep(period)
+            # Without the I/O thread, whatever is due (held messages too) waits for this tick.
             core.expire(anyio.current_time())
-            if core.stalled:  # without the I/O thread, held messages wait for this tick
-                core.retry_held()
-            if (core.outbox or core.log_lines) and self._socket is not None:
+            if (core.outbox or core.events) and self._socket is not None:
                 self._flush(self._socket)
 
     def _answered(self) -> None:
@@ -416,14 +415,14 @@ class Broker:
 
     def _flush(self, asock: AsyncSocket) -> None:
         core = self._core
-        approvals = core.approvals
-        if approvals is not None and approvals.asked and self._approver is not None:
-            asked, approvals.asked = approvals.asked, []
-            self._approver.ask(asked, threaded=self._waker is not None)
         gone: set[bytes] = set()
         debug = logger.isEnabledFor(logging.DEBUG)  # once per flush (dcp._broker.oplog Rule 1)
-        while core.outbox:
-            out, core.outbox = core.outbox, []
+        out, events = core.drain()
+        while out or events:
+            if events:  # the core's log lines and approval questions (dcp._broker.oplog Rule 0)
+                asked = write_log(events)
+                if asked and self._approver is not None:
+                    self._approver.ask(asked, threaded=self._waker is not None)
             for frames in out:
                 peer = frames[0]
                 if debug:
@@ -443,8 +442,7 @@ class Broker:
                         raise
                     gone.add(peer)
                     core.undeliverable(frames, "gone")
-        if core.log_lines:  # the core's lines, this flush's included (dcp._broker.oplog Rule 0)
-            write_log(core.log_lines)
+            out, events = core.drain()
 
     async def __aenter__(self) -> Broker:
         try:

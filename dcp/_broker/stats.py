@@ -19,7 +19,7 @@ import attrs
 
 from dcp._broker.thread import in_core
 from dcp._broker.zap import ZapHandler
-from dcp._stats import BrokerSnapshot, BrokerStatistics, snapshot
+from dcp._stats import BrokerSnapshot, BrokerStatistics
 
 if TYPE_CHECKING:
     from dcp._broker.broker import Broker
@@ -45,7 +45,7 @@ async def serve_http(
 async def take_snapshot(broker: Broker, peers: bool) -> BrokerSnapshot:
     """What the HTTP endpoint shows, taken where the core runs (``peers``: list them)."""
     core = broker._core
-    taken = await in_core(broker, partial(snapshot, core, peers=peers))
+    taken = await in_core(broker, partial(core.snapshot, peers=peers))
     return attrs.evolve(taken, statistics=with_zap(broker._zap, taken.statistics))
 
 

@@ -473,7 +473,7 @@ class Wired:
         for _ in range(10_000):
             if not self.broker.outbox:
                 return
-            batch, self.broker.outbox = self.broker.outbox, []
+            batch, _ = self.broker.drain()
             for frames in batch:
                 if frames[0] == b"W":
                     self.worker.receive(frames[1:], self.now)
@@ -590,7 +590,7 @@ class Crossed:
                 self.to_broker.append([b"W", *serialize(out)])
 
     def collect(self) -> None:
-        batch, self.broker.outbox = self.broker.outbox, []
+        batch, _ = self.broker.drain()
         for frames in batch:
             if frames[0] == b"W":
                 self.to_worker.append(frames[1:])
@@ -665,7 +665,7 @@ def test_answers_from_before_a_re_registration_earn_no_credit() -> None:
                 assert isinstance(out, Message)
                 broker.receive([b"W", *serialize(out)], 0.0)
         while broker.outbox:
-            batch, broker.outbox = broker.outbox, []
+            batch, _ = broker.drain()
             for frames in batch:
                 if frames[0] == b"W":
                     worker.receive(frames[1:], 0.0)

@@ -156,6 +156,10 @@ class Guard:
                 self._unsealed[sealed] = address
         return sealed
 
+    def cached(self) -> tuple[int, int]:
+        """Sealed addresses remembered, and unsealed ones (the cache keeps both ways)."""
+        return len(self._sealed), len(self._unsealed)
+
     def unseal(self, sealed: bytes) -> bytes | None:
         """The address sealed in ``sealed``, or ``None`` if it was not made by :meth:`seal`."""
         address = self._unsealed.get(sealed)
