@@ -1,5 +1,7 @@
-"""Counters and statistics snapshots: the cores increment the counters, ``statistics()`` (and
-later metrics and info services) read them, from this one place."""
+"""Counters and the values of statistics snapshots, in this one place: the cores increment the
+counters and build the snapshots (``statistics()``, ``BrokerCore.snapshot``), which the
+drivers, metrics and info services read. Values only: this module is below the cores and
+imports none of them."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ __all__ = [
 ]
 
 #: Upper bounds (seconds) of the buckets that count each service's answers by processing
-#: time (dispatch to answer); a last bucket holds the longer ones. Counted in the routing
-#: core with one ``bisect`` per answer (``/metrics``: ``dcp_service_request_duration_seconds``).
+#: time (dispatch to answer); a last bucket holds the longer ones. Counted by the broker
+#: core's routing with one ``bisect`` per answer (``/metrics``:
+#: ``dcp_service_request_duration_seconds``).
 DURATION_BUCKETS: tuple[float, ...] = (
     0.0005,
     0.001,

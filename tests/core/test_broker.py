@@ -15,8 +15,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from dcp._broker.oplog import write_log
+from dcp._core.broker.approval import Approval, ApprovalRequest
 from dcp._core.broker.core import BrokerCore
-from dcp._core.broker.outputs import LogLine
+from dcp._core.broker.outputs import MAX_LOG_LINES, LogLine
 from dcp._core.broker.unreachable import Unreachable
 from dcp._stats import QueueStatistics
 from dcp.wire import (
@@ -1031,3 +1032,82 @@ def test_registering_again_at_the_services_limit_is_echoed() -> None:
     feed(core, W1, Register(b"a"))
     assert take(core) == [out(W1, Register(b"a"))] * 2
     assert core.statistics().rejections == {}
+
+
+# ------------------------------------------------- the contract of the cores (dcp._core)
+
+
+def test_the_core_follows_the_contract_of_the_sans_io_cores() -> None:
+    """``drain()`` takes both lists, in order, and leaves them empty (never replaced);
+    ``expire`` with no input does nothing; ``next_deadline`` is ``None`` when idle and
+    says when ``expire`` next has something to do."""
+    core = BrokerCore(approve=True)
+    outbox, events = core.outbox, core.events
+    assert core.next_deadline() is None  # idle: nothing until more input
+    for now in (0.0, 100.0, 50.0):
+        core.expire(now)
+    assert core.drain() == ([], [])
+    assert core.next_deadline() is None
+    assert core.statistics() == BrokerCore().statistics()
+    feed(core, W1, Register(ECHO), now=100.0)  # waits for the approver: a question
+    core.receive([C1, b"", PROTOCOL, b"\x07"], 100.0)  # refused: a log line
+    sent, taken = core.drain()
+    assert sent == []
+    assert [type(e) for e in taken] == [ApprovalRequest, LogLine]
+    assert core.outbox is outbox and core.events is events
+    assert outbox == [] and events == []
+    assert core.drain() == ([], [])
+    question = taken[0]
+    assert isinstance(question, ApprovalRequest) and question.routing_id == W1
+    core.decide(question.token, Approval(True), now=100.5)
+    sent, taken = core.drain()
+    assert sent == [out(W1, Register(ECHO))]
+    assert all(isinstance(e, LogLine) and e.level == logging.INFO for e in taken)
+    assert core.next_deadline() == 103.5  # the worker's liveness (3 x 1 s after it was heard)
+    core.expire(103.4)
+    assert core.drain() == ([], [])
+    core.expire(103.5)
+    sent, taken = core.drain()
+    assert sent == [] and core.statistics().workers == 0  # expired
+    assert [type(e) for e in taken] == [LogLine]  # "worker ... expired: ..."
+    assert core.next_deadline() is None
+
+
+def test_next_deadline_covers_replies_kept_for_later() -> None:
+    """Rules U2 and U4 in the time API: a reply kept for an unreachable client is sent
+    again every tick (``heartbeat_interval / 4``), one kept for a peer that may register
+    is refused when its grace is over."""
+    core = BrokerCore(heartbeat_interval=1.0, liveness=3)
+    reply = [C1, *serialize(Reply(C1, (b"m",), (b"d",)))]
+    core.undeliverable(reply, "gone")
+    assert core.next_deadline() == 0.25
+    core.expire(0.1)
+    assert take(core) == []  # not yet
+    core.expire(0.25)
+    assert take(core) == [reply]
+    assert core.next_deadline() is None  # sent: nothing kept until it is refused again
+    core.undeliverable(reply, "gone")
+    assert core.next_deadline() == 0.5
+    core.expire(0.5)
+    assert take(core) == [reply]
+    # A reply from a peer that is not (yet) a worker: kept for the grace (3 s).
+    feed(core, W1, answer(1, C2), now=1.0)
+    assert core.next_deadline() == 4.0
+    core.expire(4.0)
+    assert core.statistics().rejections == {"reply_from_non_worker": 1}
+    assert core.next_deadline() is None
+
+
+def test_log_lines_left_unread_are_bounded() -> None:
+    """Past ``MAX_LOG_LINES`` unread, the oldest line goes; other events stay."""
+    core = BrokerCore(approve=True)
+    core.receive([C1, b"", PROTOCOL, b"\x07"], 0.0)  # one line
+    feed(core, W1, Register(ECHO))  # one question
+    for n in range(MAX_LOG_LINES):
+        core.receive([C2, b"", PROTOCOL, b"\x07"], 60.0 * (n + 1))  # one line a minute
+    _, events = core.drain()
+    lines = [e for e in events if isinstance(e, LogLine)]
+    assert len(lines) == MAX_LOG_LINES
+    assert [str(line.args[0]) for line in lines] == [C2.hex()] * MAX_LOG_LINES  # C1's went
+    assert [type(e) for e in events].count(ApprovalRequest) == 1
+    assert core.statistics().rejections == {"unknown_message_type": MAX_LOG_LINES + 1}

@@ -409,7 +409,6 @@ def test_held_parts_pause_the_worker_until_a_retry_goes_out_whole() -> None:
     core = BrokerCore()
     feed(core, b"W", V02W.worker_ready(SVC))
     feed(core, b"M", V02C.client_request(SVC, [b"q"]))
-    core.expire(0.0)  # the broker's first heartbeat to the MDP worker (Rule M4)
     take(core)
     core.undeliverable([b"M", *V02C.client_answer(SVC, [b"x"], final=False)], "full")
     for i in range(MAX_HELD):  # one held already: the last one is dropped

@@ -66,18 +66,18 @@ log lines it is given), persistence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dcp._core.broker.admission import Limits
-from dcp._core.broker.approval import Approval, Approvals
+from dcp._core.broker.approval import Approval, ApprovalRequest, Approvals
 from dcp._core.broker.dbp import DbpPeers
 from dcp._core.broker.dcp1 import DcpPeers
 from dcp._core.broker.directory import Directory, Mmi, broker_entry, text
 from dcp._core.broker.guard import Guard
 from dcp._core.broker.majordomo import MdpPeers
 from dcp._core.broker.mc0 import Mc0Peers
-from dcp._core.broker.outputs import Event, Outputs
+from dcp._core.broker.outputs import LogLine, Outputs
 from dcp._core.broker.peers import Sessions
 from dcp._core.broker.pubsub import PubSub
 from dcp._core.broker.pubsub_peers import PubSubOptions, PubSubPeers
@@ -107,8 +107,9 @@ _REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageT
 
 
 class Handler(Protocol):
-    """What the core asks of a dialect handler (:mod:`.dcp1`, :mod:`.majordomo`,
-    :mod:`.dbp`, :mod:`.mc0`)."""
+    """What the core asks of a dialect handler (:mod:`dcp._core.broker.dcp1`,
+    :mod:`dcp._core.broker.majordomo`, :mod:`dcp._core.broker.dbp`,
+    :mod:`dcp._core.broker.mc0`)."""
 
     def receive(
         self,
@@ -164,6 +165,9 @@ class BrokerCore:
         :mod:`dcp._core.broker.mc0`)
     :param approve: registrations wait for an approver (:mod:`dcp._core.broker.approval`):
         the driver answers the questions in the events with :meth:`decide`
+    :param dbp_clock: epoch seconds, for the time frame DBP puts in every command (the
+        driver's ``time.time``; ``None``: the core's own ``now``, for a driver that has no
+        wall clock to give)
     """
 
     def __init__(
@@ -188,6 +192,7 @@ class BrokerCore:
         guard: Guard | None = None,
         pubsub: PubSubOptions | None = None,
         approve: bool = False,
+        dbp_clock: Callable[[], float] | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -274,6 +279,7 @@ class BrokerCore:
             streams=streams,
             mmi=mmi,
             redelivery=redelivery,
+            heartbeat_interval=heartbeat_interval,
         )
         self._mc0 = Mc0Peers(out, pubsub_peers)
         dbp = DbpPeers(
@@ -283,6 +289,7 @@ class BrokerCore:
             directory=directory,
             mmi=mmi,
             redelivery=redelivery,
+            clock=(lambda: out.now) if dbp_clock is None else dbp_clock,
         )
         self._handlers: dict[Family, Handler] = {
             Family.DCP: self._dcp,
@@ -294,7 +301,6 @@ class BrokerCore:
         # Rule U2: kept replies are sent again every tick (the driver's timer period).
         self._resend_every = heartbeat_interval / 4
         self._next_resend = 0.0
-        self._next_beat = 0.0
         #: When the driver started serving (its clock; ``None``: not yet), for the uptime.
         self.started: float | None = None
 
@@ -307,12 +313,12 @@ class BrokerCore:
         return self._out.outbox
 
     @property
-    def events(self) -> list[Event]:
+    def events(self) -> list[LogLine | ApprovalRequest]:
         """What else the driver must do, in order: log lines and approval questions
         (taken with :meth:`drain`; never replaced)."""
         return self._out.events
 
-    def drain(self) -> tuple[list[list[bytes]], list[Event]]:
+    def drain(self) -> tuple[list[list[bytes]], list[LogLine | ApprovalRequest]]:
         """The messages to send and the events, in order, taken (both lists left empty)."""
         return self._out.drain()
 
@@ -469,9 +475,7 @@ class BrokerCore:
                     continue
             self.counters.expired += 1
             redelivery.remove_worker(session, now, "expired")
-        if sessions.beating and now >= self._next_beat:
-            self._mdp.beat()
-            self._next_beat = now + self.heartbeat_interval
+        self._mdp.beat(now)
         self.pubsub.expire(now)
         self._mc0.expire(now)
         self.streams.retry(now)
@@ -482,6 +486,7 @@ class BrokerCore:
         when = self.sessions.next_expiry()
         for due in (
             self.redelivery.next_deadline(),
+            self._mdp.next_beat(),
             self.pubsub.next_expiry(),
             self._mc0.next_deadline(),
             self.early.next_due(),
@@ -489,8 +494,6 @@ class BrokerCore:
         ):
             if due is not None and (when is None or due < when):
                 when = due
-        if self.sessions.beating and (when is None or self._next_beat < when):
-            when = self._next_beat
         if self.unreachable.kept and (when is None or self._next_resend < when):
             when = self._next_resend
         return when

@@ -24,10 +24,10 @@ What this module does NOT do: the draft's UDP heartbeats (the beacon is dcp's ow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dcp._core.broker import directory
-from dcp._core.broker.dialects import DBP
+from dcp._core.broker.dialects import DbpDialect
 from dcp._core.broker.directory import Directory, Mmi
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.peers import Sessions
@@ -50,6 +50,8 @@ class DbpPeers:
     :param directory: a service's info (Rules B2, B3)
     :param mmi: the service listing (Rule B1)
     :param redelivery: a service that disconnects
+    :param clock: epoch seconds, for the time frame in every DBP command
+        (:class:`~.dialects.DbpDialect`)
     """
 
     def __init__(
@@ -61,7 +63,10 @@ class DbpPeers:
         directory: Directory,
         mmi: Mmi,
         redelivery: Redelivery,
+        clock: Callable[[], float],
     ) -> None:
+        #: How the broker writes to DBP peers.
+        self.dialect = DbpDialect(clock)
         self._out = outputs
         self._outbox = outputs.outbox
         self._sessions = sessions
@@ -86,22 +91,23 @@ class DbpPeers:
             self._out.reject(peer, exc.reason, str(exc))
             return
         outbox = self._outbox
+        dialect = self.dialect
         if isinstance(event, dbp.InfoRequest):
-            outbox.append(DBP.reply(peer, b"", (), (self._info(event.name, now),)))
+            outbox.append(dialect.reply(peer, b"", (), (self._info(event.name, now),)))
             return
         if isinstance(event, dbp.Ack):
             return
         if isinstance(event, dbp.Registration):
             self._register(peer, worker, event, now, principal)
             return
-        if worker is None or worker.dialect is not DBP:
+        if worker is None or worker.dialect is not dialect:
             if worker is not None:
                 self._out.reject(
                     peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name
                 )
                 return
             self._out.counters.reconnects_sent += 1
-            outbox.append(DBP.expel(peer))
+            outbox.append(dialect.expel(peer))
             return
         self._sessions.heard(worker, now)
         routing = self._routing
@@ -126,7 +132,7 @@ class DbpPeers:
                 return
             for service in worker.services:
                 self._directory.describe(peer, service.name, info, registered=True)
-            outbox.append([peer, b"", dbp.ACK, b"%.3f" % DBP.clock()])
+            outbox.append([peer, b"", dbp.ACK, b"%.3f" % dialect.clock()])
         elif isinstance(event, dbp.Heartbeat):
             if worker.held:
                 worker.beats_busy = True
@@ -142,7 +148,8 @@ class DbpPeers:
         principal: str | None,
     ) -> None:
         """Rule B2."""
-        if worker is not None and worker.dialect is not DBP:
+        dialect = self.dialect
+        if worker is not None and worker.dialect is not dialect:
             self._out.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
             return
         name = event.name
@@ -150,10 +157,10 @@ class DbpPeers:
             info = directory.parse_info(encode_json(event.document))
         except ValueError as exc:
             self._out.reject(peer, "bad_service_info", str(exc))
-            self._outbox.append(DBP.refused(peer, name, "bad_service_info", str(exc)))
+            self._outbox.append(dialect.refused(peer, name, "bad_service_info", str(exc)))
             return
         self._directory.describe(peer, name, info, registered=False)
-        self._routing.register(peer, worker, name, DBP, now, principal)
+        self._routing.register(peer, worker, name, dialect, now, principal)
 
     def _info(self, name: bytes, now: float) -> bytes:
         """Rule B1: the JSON answering an info request."""

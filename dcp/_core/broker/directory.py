@@ -311,7 +311,7 @@ def answer(
     than ``mmi.describe``, which needs the sender: :meth:`Directory.describe`).
 
     :param served: whether some worker serves a service
-    :param services: the routing core's services, by name (discovery needs them)
+    :param services: the routing part's services, by name (discovery needs them)
     """
     if name == b"mmi.service":
         return (b"200",) if data and served(bytes(data[-1])) else (b"404",)

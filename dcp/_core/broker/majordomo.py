@@ -14,7 +14,8 @@ Rule M3 - Partials. A PARTIAL is a part of a stream (:mod:`.streams`): it goes t
   (MDP/0.2 and majortomo clients) or it asked for a stream (a dcp client); otherwise it is
   dropped and counted (``partial_dropped``): other clients get the FINAL only.
 Rule M4 - Heartbeats. The broker sends HEARTBEAT to every MDP worker each
-  ``heartbeat_interval``; an MDP worker's own heartbeats keep it alive (peers Rule L1).
+  ``heartbeat_interval`` (the first a tick, ``heartbeat_interval / 4``, after the first such
+  worker registered); an MDP worker's own heartbeats keep it alive (peers Rule L1).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class MdpPeers:
     :param streams: partial replies (Rules M3, T3)
     :param mmi: requests to ``mmi.*`` names
     :param redelivery: a worker that leaves or is expelled
+    :param heartbeat_interval: seconds between the broker's heartbeats (Rule M4)
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class MdpPeers:
         streams: Streams,
         mmi: Mmi,
         redelivery: Redelivery,
+        heartbeat_interval: float,
     ) -> None:
         self._out = outputs
         self._outbox = outputs.outbox
@@ -64,6 +67,8 @@ class MdpPeers:
         self._streams = streams
         self._mmi = mmi
         self._redelivery = redelivery
+        self._interval = heartbeat_interval
+        self._next_beat = 0.0
 
     def receive(
         self,
@@ -158,8 +163,20 @@ class MdpPeers:
         self._outbox.append(worker.dialect.expel(worker.ident))
         self._redelivery.remove_worker(worker, now)
 
-    def beat(self) -> None:
-        """Rule M4: heartbeat every worker the broker beats itself."""
+    def next_beat(self) -> float | None:
+        """Rule M4: when the next heartbeats are due (``None``: no worker to beat)."""
+        sessions = self._sessions
+        if not sessions.beating:
+            return None
+        first = sessions.beating_since + self._interval / 4
+        return first if first > self._next_beat else self._next_beat
+
+    def beat(self, now: float) -> None:
+        """Rule M4: heartbeat every worker the broker beats itself, if due at ``now``."""
+        due = self.next_beat()
+        if due is None or now < due:
+            return
         outbox = self._outbox
         for session in self._sessions.beating.values():
             outbox.append(session.dialect.beat(session.ident))
+        self._next_beat = now + self._interval

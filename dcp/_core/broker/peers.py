@@ -50,8 +50,10 @@ class Sessions:
         #: Non-worker peers that speak something other than 1-byte DCP, and their dialect,
         #: least recently heard first (read it; :meth:`remember` writes it).
         self.dialects: OrderedDict[bytes, Dialect] = OrderedDict()
-        #: Workers the broker heartbeats itself (MDP), by routing id.
+        #: Workers the broker heartbeats itself (MDP, DBP), by routing id, and when the first
+        #: of them registered (majordomo Rule M4 counts the first heartbeat from it).
         self.beating: dict[bytes, Session] = {}
+        self.beating_since = 0.0
         #: Rule L4: peers that get no work until the given time.
         self.quarantine: dict[bytes, float] = {}
 
@@ -66,6 +68,8 @@ class Sessions:
         order[ident] = None
         session.order = order
         if dialect.beats:
+            if not self.beating:
+                self.beating_since = now
             self.beating[ident] = session
         session.heard = now
         session.expiry = now + timeout

@@ -1,5 +1,6 @@
-"""Service queues: the requests they hold, the caller's deadline of a queued request, and a
-retry that replaces its queued copy. Sans-IO (the routing core, :mod:`.routing`, drives it).
+"""Service queues: the options a request carries, the caller's deadline of a queued request,
+and a retry that replaces its queued copy. Sans-IO (the routing part, :mod:`.routing`, drives
+it; a queue itself is its :class:`~.records.Service`'s).
 
 Rule Q1 - Options. A request's dcp options (metadata parts starting with ``\\xffDCP:``, see
   :mod:`dcp.wire.messages`; a dcp request id, ``\\xffDCP:id=...``, is not one) are read once, in
@@ -86,8 +87,8 @@ class QueueDeadlines:
     Q4). Only requests that carry expires-in are ever in either.
 
     :param counters: the broker's counters (``expired_in_queue``, ``replaced``)
-    :param loads: the routing core's per-client loads (an expired request leaves its load)
-    :param services: the routing core's services (one nobody serves is forgotten once its
+    :param loads: the routing part's per-client loads (an expired request leaves its load)
+    :param services: the routing part's services (one nobody serves is forgotten once its
         queue is empty)
     """
 

@@ -45,7 +45,8 @@ class Redelivery:
     :param directory: a removed worker's descriptions go with it (directory Rule D4)
     :param outputs: where messages, counts and log lines go
     :param limits: ``max_redeliveries``
-    :param guard: the security rules (``None``: off), for :meth:`revoke`
+    :param guard: the security rules (``None``: off), for
+        :meth:`~dcp._core.broker.redelivery.Redelivery.revoke`
     :param quarantine: seconds a worker removed for a work timeout gets no work (Rule 7)
     """
 
