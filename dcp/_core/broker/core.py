@@ -483,17 +483,26 @@ class BrokerCore:
     def next_deadline(self) -> float | None:
         """When :meth:`expire` next has something to do, unless messages arrive first
         (``None``: nothing until more input)."""
+        # The driver asks after every batch: one comparison per part, no list built.
         when = self.sessions.next_expiry()
-        for due in (
-            self.redelivery.next_deadline(),
-            self._mdp.next_beat(),
-            self.pubsub.next_expiry(),
-            self._mc0.next_deadline(),
-            self.early.next_due(),
-            self.streams.next_retry(),
-        ):
-            if due is not None and (when is None or due < when):
-                when = due
+        due = self.redelivery.next_deadline()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self._mdp.next_beat()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self.pubsub.next_expiry()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self._mc0.next_deadline()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self.early.next_due()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self.streams.next_retry()
+        if due is not None and (when is None or due < when):
+            when = due
         if self.unreachable.kept and (when is None or self._next_resend < when):
             when = self._next_resend
         return when

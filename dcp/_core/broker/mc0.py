@@ -195,7 +195,8 @@ class Mc0Peers:
 
     def next_deadline(self) -> float | None:
         """When the next NOOP is due (``None``: no peer set a TTL)."""
-        return self._ttl.next_due()
+        ttl = self._ttl
+        return ttl.next_due() if ttl.live else None
 
     def undeliverable(self, frames: list[bytes]) -> bool:
         """An mc0 message the driver could not send (Rules C3, C4); whether ``frames`` was

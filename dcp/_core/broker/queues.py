@@ -185,7 +185,8 @@ class QueueDeadlines:
 
     def next_due(self) -> float | None:
         """The earliest expiry of a queued request (``None``: none)."""
-        return self._heap.next_due()
+        heap = self._heap
+        return heap.next_due() if heap.live else None
 
     @staticmethod
     def sweep(service: Service) -> None:

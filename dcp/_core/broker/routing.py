@@ -509,7 +509,8 @@ class Routing:
     def next_deadline(self) -> float | None:
         """The earliest work-timeout deadline or expiry of a queued request (``None``:
         none)."""
-        when = self.work_deadlines.next_due()
+        deadlines = self.work_deadlines
+        when = deadlines.next_due() if deadlines.live else None
         expiry = self.queues.next_due()
         if expiry is not None and (when is None or expiry < when):
             when = expiry
