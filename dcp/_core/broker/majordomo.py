@@ -16,6 +16,10 @@ Rule M3 - Partials. A PARTIAL is a part of a stream (:mod:`.streams`): it goes t
 Rule M4 - Heartbeats. The broker sends HEARTBEAT to every MDP worker each
   ``heartbeat_interval`` (the first a tick, ``heartbeat_interval / 4``, after the first such
   worker registered); an MDP worker's own heartbeats keep it alive (peers Rule L1).
+
+What this module does NOT do: credit or cancel towards MDP workers (MDP has neither, streams
+Rule T4), or carry metadata (MDP has none: a DCP client's stays in the broker and comes back
+in the reply).
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ Rule PS3 - Permissions (CURVE only: a message with a principal). A publish needs
   own (:func:`covers`), each listing the sender's key or ``*``; with no list, anyone may.
 Rule PS4 - A request naming a client address other than its sender is refused
   (``forbidden_address``): pub/sub answers go to the sender.
+
+What this module does NOT do: route, buffer or expire (:mod:`.pubsub` does), or speak mc0
+(:mod:`.mc0`, which shares this part's subscriptions and checks).
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, s
   and removed, and what it held is redelivered. The same peer may register again at once but
   gets no work for ``liveness x heartbeat_interval`` (quarantine, peers Rule L4), so a worker
   that hangs on every request cannot take the redelivered request straight back.
+
+What this module does NOT do: decide that a worker is gone (its liveness is the sessions'
+and the core's ``expire``, peers Rules L2-L3; a worker the driver cannot reach, the driver's
+report), or keep the queues and held requests (:mod:`.routing` does).
 """
 
 from __future__ import annotations
