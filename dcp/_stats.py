@@ -1,15 +1,13 @@
-"""Counters and statistics snapshots: the cores increment the counters, ``statistics()`` (and
-later metrics and info services) read them, from this one place."""
+"""Counters and the values of statistics snapshots, in this one place: the cores increment the
+counters and build the snapshots (``statistics()``, ``BrokerCore.snapshot``), which the
+drivers, metrics and info services read. Values only: this module is below the cores and
+imports none of them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import attrs
-
-if TYPE_CHECKING:
-    from dcp._core.broker.core import BrokerCore
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -22,12 +20,12 @@ __all__ = [
     "QueueStatistics",
     "WorkerFigures",
     "WorkerStatistics",
-    "snapshot",
 ]
 
 #: Upper bounds (seconds) of the buckets that count each service's answers by processing
-#: time (dispatch to answer); a last bucket holds the longer ones. Counted in the routing
-#: core with one ``bisect`` per answer (``/metrics``: ``dcp_service_request_duration_seconds``).
+#: time (dispatch to answer); a last bucket holds the longer ones. Counted by the broker
+#: core's routing with one ``bisect`` per answer (``/metrics``:
+#: ``dcp_service_request_duration_seconds``).
 DURATION_BUCKETS: tuple[float, ...] = (
     0.0005,
     0.001,
@@ -322,7 +320,7 @@ class ClientFigures:
 @attrs.frozen
 class BrokerSnapshot:
     """Everything the HTTP endpoint shows (``docs/operations.md``), taken in one go where the
-    broker's core runs (:func:`snapshot`)."""
+    broker's core runs (``BrokerCore.snapshot``)."""
 
     #: The counters and gauges of ``Broker.statistics()``.
     statistics: BrokerStatistics
@@ -332,68 +330,3 @@ class BrokerSnapshot:
     clients: tuple[ClientFigures, ...]
     #: Peers by kind (``worker``; ``client``: with requests in flight) and dialect.
     peers: dict[tuple[str, str], int]
-
-
-def snapshot(core: BrokerCore, now: float, *, peers: bool = False) -> BrokerSnapshot:
-    """Read ``core`` (where it runs: nothing may change it meanwhile). Costs one pass over the
-    services, workers and active clients; nothing on the per-message path.
-
-    :param peers: also list every worker and client (``/status``; ``/metrics`` only counts)
-    """
-    from dcp._core.broker.directory import text
-
-    services = []
-    directory = core.directory
-    for name, s in core._services.items():
-        idle = len(s.idle)
-        queue = s.queue
-        info = directory.info(name) or {}
-        services.append(
-            ServiceFigures(
-                name=text(name),
-                workers=s.workers,
-                idle=idle,
-                busy=s.workers - idle,
-                queued=s.queued(),
-                oldest_queued_age=max(0.0, now - queue[0].since) if queue else 0.0,
-                requests=s.requests,
-                replies=s.answered,
-                errors=s.errors,
-                redeliveries=s.redeliveries,
-                processing_time=s.busy_time,
-                durations=tuple(s.durations),
-                version=info.get("version", ""),
-                description=info.get("description", ""),
-            )
-        )
-    sessions = core.sessions
-    counts: dict[tuple[str, str], int] = {}
-    workers = []
-    for ident, w in sessions.workers.items():
-        key = ("worker", w.dialect.name)
-        counts[key] = counts.get(key, 0) + 1
-        if peers:
-            workers.append(
-                WorkerFigures(
-                    id=ident.hex(),
-                    dialect=w.dialect.name,
-                    services=tuple(text(s.name) for s in w.services),
-                    held=len(w.held),
-                    credit=w.credit,
-                    silent=max(0.0, now - w.heard),
-                )
-            )
-    clients = []
-    for ident, load in core._loads.items():
-        dialect = sessions.dialect_of(ident).name
-        key = ("client", dialect)
-        counts[key] = counts.get(key, 0) + 1
-        if peers:
-            clients.append(ClientFigures(ident.hex(), dialect, load.inflight, load.queued))
-    return BrokerSnapshot(
-        statistics=core.statistics(),
-        services=tuple(services),
-        workers=tuple(workers),
-        clients=tuple(clients),
-        peers=counts,
-    )

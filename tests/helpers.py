@@ -1,11 +1,17 @@
-"""Shared test helpers: raw DEALER peers, and the sans-IO cores wired together in memory.
+"""Shared test helpers: the sans-IO cores in memory, and raw DEALER peers for broker tests.
+
+The broker core (sans-IO, :class:`~dcp._core.broker.core.BrokerCore`): messages go in as the
+ROUTER sees them (routing id first, :func:`out`, :func:`feed`), what it wants sent comes back
+with :func:`take`, its events (log lines, approval questions) with :func:`take_events`.
+:func:`req`, :func:`given` and :func:`answer` name request number *n* as a client sends it,
+as a worker gets it and as the worker answers it.
 
 A :class:`RawPeer` is a plain pyzmq DEALER with a chosen routing id: exact frames in, exact
 frames out, no dcp logic. It never blocks the event loop: receiving polls with ``NOBLOCK``
 and sleeps briefly between tries, bounded by a deadline. :class:`Peers` creates them and
 closes them all (linger 0) on exit.
 
-:func:`take` drains a :class:`~dcp._core.worker.core.WorkerCore`; :class:`Wired` and
+:func:`take_worker` drains a :class:`~dcp._core.worker.core.WorkerCore`; :class:`Wired` and
 :class:`Crossed` connect one to a :class:`~dcp._core.broker.core.BrokerCore` in memory (h11's
 ``ConnectionPair``): synchronous, with an explicit ``now``.
 """
@@ -21,13 +27,123 @@ import anyio
 import zmq
 
 from dcp._core.broker.core import BrokerCore
-from dcp._core.worker.core import Event, Run, WorkerCore
+from dcp._core.broker.outputs import Event
+from dcp._core.worker.core import Event as WorkerEvent
+from dcp._core.worker.core import Run, WorkerCore
 from dcp._io.context import get_context
 from dcp._io.security import CurveClient, configure_client_socket
 from dcp._worker.results import result_message
-from dcp.wire import Message, Reply, Request, parse, serialize
+from dcp.wire import Message, Register, Reply, Request, parse, serialize
+from dcp.wire.messages import parse_error_reply
 
-__all__ = ["POLL", "SVC", "Crossed", "Peers", "RawPeer", "Wired", "take", "wait_for"]
+__all__ = [
+    "C1",
+    "C2",
+    "SVC",
+    "ECHO",
+    "POLL",
+    "W1",
+    "W2",
+    "W3",
+    "Crossed",
+    "Peers",
+    "RawPeer",
+    "Wired",
+    "answer",
+    "error_of",
+    "feed",
+    "given",
+    "out",
+    "req",
+    "take",
+    "take_events",
+    "take_worker",
+    "wait_for",
+    "workers",
+]
+
+E = TypeVar("E")
+
+# ---------------------------------------------------------------- the broker core
+
+W1, W2, W3 = b"W1", b"W2", b"W3"
+C1, C2 = b"C1", b"C2"
+ECHO = b"echo"
+
+
+def out(peer: bytes, msg: Message, width: int = 1) -> list[bytes]:
+    """A message as the ROUTER sends (or receives) it."""
+    return [peer, *serialize(msg, width=width)]
+
+
+def feed(
+    core: BrokerCore,
+    peer: bytes,
+    msg: Message | Sequence[bytes],
+    width: int = 1,
+    *,
+    now: float = 0.0,
+) -> None:
+    """``msg`` from ``peer`` at ``now``: a DCP message (serialized in ``width``), or the
+    frames after the routing id."""
+    if isinstance(msg, Message):
+        core.receive(out(peer, msg, width), now)
+    else:
+        core.receive([peer, *msg], now)
+
+
+def take(core: BrokerCore) -> list[list[bytes]]:
+    """The messages the core wants sent, taken (its events are left for
+    :func:`take_events`)."""
+    sent = list(core.outbox)
+    core.outbox.clear()
+    return sent
+
+
+def take_events(core: BrokerCore, kind: type[E]) -> list[E]:
+    """The core's events of ``kind``, taken (the others are left)."""
+    events = core.events
+    taken: list[E] = [e for e in events if isinstance(e, kind)]
+    kept: list[Event] = [e for e in events if not isinstance(e, kind)]
+    events[:] = kept
+    return taken
+
+
+def req(n: int, service: bytes = ECHO, client: bytes | None = None) -> Request:
+    """Request number ``n``: its metadata and data name it."""
+    return Request(service, client, (b"m%d" % n,), (b"d%d" % n,))
+
+
+def given(
+    worker: bytes, n: int, client: bytes, service: bytes = ECHO, width: int = 1
+) -> list[bytes]:
+    """Request ``n`` from ``client`` as dispatched to ``worker``."""
+    return out(worker, req(n, service, client), width)
+
+
+def answer(n: int, client: bytes) -> Reply:
+    """The reply to request ``n`` of ``client``."""
+    return Reply(client, (b"m%d" % n,), (b"r%d" % n,))
+
+
+def error_of(frames: list[bytes]) -> tuple[bytes, str, tuple[bytes, ...]]:
+    """(recipient, error code, metadata) of an error reply as sent by the ROUTER."""
+    msg, _ = parse(frames[1:])
+    assert isinstance(msg, Reply)
+    assert msg.client == frames[0]
+    parsed = parse_error_reply(msg.data)
+    assert parsed is not None, frames
+    return frames[0], parsed[0], msg.metadata
+
+
+def workers(core: BrokerCore, *idents: bytes, service: bytes = ECHO) -> None:
+    """Register each worker for ``service`` and discard the echoes."""
+    for ident in idents:
+        feed(core, ident, Register(service))
+    take(core)
+
+
+# ---------------------------------------------------------------- raw peers
 
 #: Seconds between receive attempts.
 POLL = 0.001
@@ -140,7 +256,7 @@ class Peers:
 SVC = b"echo"
 
 
-def take(core: WorkerCore) -> list[Message | Event]:
+def take_worker(core: WorkerCore) -> list[Message | WorkerEvent]:
     """Drain ``core`` (:meth:`~dcp._core.worker.core.WorkerCore.drain`): the messages it
     would send, parsed back from their frames, in order, then its events, in order. (The two
     lists are apart: the order between a message and an event is not the core's to say.)"""
@@ -149,8 +265,7 @@ def take(core: WorkerCore) -> list[Message | Event]:
 
 
 def _broker_sent(broker: BrokerCore) -> list[list[bytes]]:
-    batch, broker.outbox = broker.outbox, []
-    return batch
+    return broker.drain()[0]
 
 
 class Wired:

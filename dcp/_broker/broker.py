@@ -196,6 +196,7 @@ class Broker:
             work_timeout=work_timeout,
             guard=guard,
             approve=approve is not None,
+            dbp_clock=time.time,
             **core_options,
         )
         self._approve = approve

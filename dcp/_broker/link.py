@@ -78,17 +78,18 @@ class CoreLink:
                 receive(frames, now, msg.user_id)
 
     def flush(self) -> None:
-        """Send the core's outbox, ask the approver its questions, write its log lines."""
+        """Drain the core: send its messages, write its log lines, ask the approver its
+        questions; again while what was done gave it more to say."""
         core = self.core
         try_send = self.asock.try_send
-        approvals = core.approvals
-        if approvals is not None and approvals.asked and self.approver is not None:
-            asked, approvals.asked = approvals.asked, []
-            self.approver.ask(asked, threaded=self.waker is not None)
         gone: set[bytes] = set()
         debug = logger.isEnabledFor(logging.DEBUG)  # once per flush (dcp._broker.oplog Rule 1)
-        while core.outbox:
-            out, core.outbox = core.outbox, []
+        out, events = core.drain()
+        while out or events:
+            if events:  # the core's log lines and approval questions (dcp._broker.oplog Rule 0)
+                asked = write_log(events)
+                if asked and self.approver is not None:
+                    self.approver.ask(asked, threaded=self.waker is not None)
             for frames in out:
                 peer = frames[0]
                 if debug:
@@ -102,8 +103,7 @@ class CoreLink:
                 if refused is not None:
                     gone.add(peer)
                     core.undeliverable(frames, refused)
-        if core.log_lines:  # the core's lines, this flush's included (dcp._broker.oplog Rule 0)
-            write_log(core.log_lines)
+            out, events = core.drain()
 
     def decide(self, now: float) -> None:
         """Give the core the approver's answers, then flush."""
@@ -142,8 +142,7 @@ class CoreLink:
         core = self.core
         while True:
             await anyio.sleep(period)
+            # Without the I/O thread, whatever is due (held messages too) waits for this tick.
             core.expire(anyio.current_time())
-            if core.stalled:  # without the I/O thread, held messages wait for this tick
-                core.retry_held()
-            if (core.outbox or core.log_lines) and not self.asock.closed:
+            if (core.outbox or core.events) and not self.asock.closed:
                 self.flush()

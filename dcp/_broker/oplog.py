@@ -4,8 +4,8 @@ per-message DEBUG descriptions (``docs/operations.md``).
 
 Rules:
 
-0. The broker core does no I/O, logging included: it leaves its lines in ``log_lines``
-   and the driver writes them (:func:`write_log`) whenever it flushes the core's outbox.
+0. The broker core does no I/O, logging included: it leaves its lines among its events
+   and the driver writes them (:func:`write_log`) whenever it drains the core.
 1. Nothing here is formatted unless a record is emitted: the per-message path checks
    ``logger.isEnabledFor(logging.DEBUG)`` once per batch, and :class:`Frames` formats
    itself only when a handler asks for the message.
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import anyio
+
+from dcp._core.broker.approval import ApprovalRequest
+from dcp._core.broker.outputs import Event, LogLine
 
 __all__ = ["Frames", "log_summaries", "read_racy", "summary_line", "write_log"]
 
@@ -42,12 +44,16 @@ def read_racy(read: Callable[[], T]) -> T:
     return read()  # pragma: no cover
 
 
-def write_log(lines: deque[tuple[int, str, tuple[object, ...]]]) -> None:
-    """Log (and take out) the lines the broker core left for the operators' log
-    (``Routing.log_lines``: the core does no I/O)."""
-    while lines:
-        level, msg, args = lines.popleft()
-        logger.log(level, msg, *args)
+def write_log(events: Iterable[Event]) -> list[ApprovalRequest]:
+    """Log the lines among the broker core's ``events`` (the core does no I/O); the other
+    events (approval questions), in order."""
+    others = []
+    for event in events:
+        if isinstance(event, LogLine):
+            logger.log(event.level, event.msg, *event.args)
+        else:
+            others.append(event)
+    return others
 
 
 class Frames:

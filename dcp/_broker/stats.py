@@ -24,7 +24,7 @@ from dcp._broker.zap import ZapHandler
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.pubsub import PubSubStatistics
 from dcp._http.address import HttpOptions
-from dcp._stats import BrokerSnapshot, BrokerStatistics, snapshot
+from dcp._stats import BrokerSnapshot, BrokerStatistics
 
 __all__ = ["Reports", "with_zap"]
 
@@ -53,7 +53,7 @@ class Reports:
     async def snapshot(self, peers: bool) -> BrokerSnapshot:
         """What the HTTP endpoint shows, taken where the core runs (``peers``: list them;
         Rule 2)."""
-        taken = await self._calls.run(partial(snapshot, self._core, peers=peers))
+        taken = await self._calls.run(partial(self._core.snapshot, peers=peers))
         return attrs.evolve(taken, statistics=with_zap(self._security.zap, taken.statistics))
 
     async def serve_http(

@@ -8,7 +8,8 @@ Rules (how the thread waits and reads: :mod:`dcp._io.blocking`, Rules I1 to I3):
    waits for it to stop, so the socket is closed only after; a cancellation that comes
    before the thread ran at all keeps it from starting later.
 2. The core's timers run every ``heartbeat_interval / 4`` in the thread (its ``recv``
-   waits no longer, Rule I1), every 2 ms while messages are held for full sockets.
+   waits no longer, Rule I1), and sooner when the core's ``next_deadline`` says so (while
+   messages are held for full sockets: every 2 ms, streams Rule T3).
 3. Work for the core from another thread (:meth:`CoreCalls.run`) runs in the I/O thread,
    woken for it (Rule I2), which then sends what the work put in the outbox; the caller
    waits for it in a worker thread of anyio's. Without the I/O thread it runs at once, in
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -36,9 +38,6 @@ from dcp._util import PeerId
 __all__ = ["Call", "CoreCalls", "IOThread"]
 
 _T = TypeVar("_T")
-
-#: How soon (ms) the I/O thread retries messages held for full sockets (streams Rule T3).
-_RETRY_MS = 2
 
 logger = logging.getLogger("dcp.broker")
 
@@ -191,16 +190,18 @@ class IOThread:
         timeout = wait_ms
         sock.setsockopt(zmq.RCVTIMEO, timeout)
         next_tick = clock() + period
+        due: float | None = None
         while True:
             now = clock()
-            if now >= next_tick:
+            if now >= next_tick or (due is not None and now >= due):
                 core.expire(now)
                 flush()
-                next_tick = now + period
-            if core.stalled:  # messages held for full sockets (_core/streams.py Rule T3)
-                core.retry_held()
-                flush()
-                wanted = _RETRY_MS
+                if now >= next_tick:
+                    next_tick = now + period
+            # Rule 2: sooner than the next tick if the core says so (held messages).
+            due = core.next_deadline()
+            if due is not None and due < next_tick:
+                wanted = max(1, math.ceil((due - now) * 1000))
             else:
                 wanted = wait_ms
             if wanted != timeout:

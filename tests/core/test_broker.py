@@ -1,7 +1,8 @@
 """The broker's sans-IO routing core, one rule at a time, with explicit ``now`` (no sockets).
 
-Messages go in as the ROUTER sees them (routing id first); what the core wants to send is read
-back from ``core.outbox`` and compared frame by frame with :func:`dcp.wire.serialize` output.
+Messages go in as the ROUTER sees them (routing id first); what the core wants to send is taken
+from its outbox (:func:`tests.helpers.take`) and compared frame by frame with
+:func:`dcp.wire.serialize` output.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from dcp._broker.oplog import write_log
+from dcp._core.broker.approval import Approval, ApprovalRequest
 from dcp._core.broker.core import BrokerCore
+from dcp._core.broker.outputs import MAX_LOG_LINES, LogLine
 from dcp._core.broker.unreachable import Unreachable
 from dcp._stats import QueueStatistics
 from dcp.wire import (
@@ -29,61 +32,26 @@ from dcp.wire import (
     parse,
     serialize,
 )
-from dcp.wire.messages import ERROR_MARKER, parse_error_reply
+from dcp.wire.messages import ERROR_MARKER
 from dcp.wire.options import work_timeout_option
+from tests.helpers import (
+    C1,
+    C2,
+    ECHO,
+    W1,
+    W2,
+    W3,
+    answer,
+    error_of,
+    feed,
+    given,
+    out,
+    req,
+    take,
+    take_events,
+    workers,
+)
 from tests.wire.vectors import vectors_or_skip
-
-W1, W2, W3 = b"W1", b"W2", b"W3"
-C1, C2 = b"C1", b"C2"
-ECHO = b"echo"
-
-
-def out(peer: bytes, msg: Message, width: int = 1) -> list[bytes]:
-    """A message as the ROUTER sends (or receives) it."""
-    return [peer, *serialize(msg, width=width)]
-
-
-def feed(core: BrokerCore, peer: bytes, msg: Message, width: int = 1, now: float = 0.0) -> None:
-    core.receive(out(peer, msg, width), now)
-
-
-def take(core: BrokerCore) -> list[list[bytes]]:
-    sent, core.outbox = core.outbox, []
-    return sent
-
-
-def req(n: int, service: bytes = ECHO, client: bytes | None = None) -> Request:
-    """Request number ``n``: its metadata and data name it."""
-    return Request(service, client, (b"m%d" % n,), (b"d%d" % n,))
-
-
-def given(
-    worker: bytes, n: int, client: bytes, service: bytes = ECHO, width: int = 1
-) -> list[bytes]:
-    """Request ``n`` from ``client`` as dispatched to ``worker``."""
-    return out(worker, req(n, service, client), width)
-
-
-def answer(n: int, client: bytes) -> Reply:
-    return Reply(client, (b"m%d" % n,), (b"r%d" % n,))
-
-
-def error_of(frames: list[bytes]) -> tuple[bytes, str, tuple[bytes, ...]]:
-    """(recipient, error code, metadata) of an error reply as sent by the ROUTER."""
-    msg, _ = parse(frames[1:])
-    assert isinstance(msg, Reply)
-    assert msg.client == frames[0]
-    parsed = parse_error_reply(msg.data)
-    assert parsed is not None, frames
-    return frames[0], parsed[0], msg.metadata
-
-
-def workers(core: BrokerCore, *idents: bytes, service: bytes = ECHO) -> None:
-    """Register each worker for ``service`` and discard the echoes."""
-    for ident in idents:
-        feed(core, ident, Register(service))
-    take(core)
-
 
 # ----------------------------------------------------------------- Rule 1, Rule 4
 
@@ -119,11 +87,11 @@ def test_pong_from_worker_is_a_keepalive_only() -> None:
     feed(core, C1, req(1))
     feed(core, C1, req(2))
     take(core)
-    assert core.next_expiry() == 3.0
+    assert core.next_deadline() == 3.0
     feed(core, W1, Pong(), now=2.0)
     assert take(core) == [out(W1, Pong())]
     assert core.statistics().services[ECHO].queued == 1
-    assert core.next_expiry() == 5.0
+    assert core.next_deadline() == 5.0
     core.expire(4.9)
     assert core.statistics().workers == 1
 
@@ -472,7 +440,7 @@ def test_silent_worker_expires_and_its_request_goes_to_another() -> None:
     feed(core, W1, Pong())  # W1 beats while busy: silence means it hung (Rule L3)
     feed(core, W2, Ping(), now=2.5)
     take(core)
-    assert core.next_expiry() == 3.0
+    assert core.next_deadline() == 3.0
     core.expire(2.999)
     assert take(core) == []
     core.expire(3.0)
@@ -480,11 +448,11 @@ def test_silent_worker_expires_and_its_request_goes_to_another() -> None:
     stats = core.statistics()
     assert (stats.workers, stats.expired_workers, stats.redeliveries) == (1, 1, 1)
     assert (stats.dispatched, stats.requests) == (2, 1)
-    assert core.next_expiry() == 5.5
+    assert core.next_deadline() == 5.5
     core.expire(5.5)
     assert take(core) == [out(W2, Pong())]  # W2 never beat while busy: probed (Rule L3)
     core.expire(2.5 + 60.0)  # silent for the whole busy timeout
-    assert core.next_expiry() is None
+    assert core.next_deadline() is None
     assert core.statistics().services == {ECHO: QueueStatistics(0, 0, 1)}
 
 
@@ -536,7 +504,7 @@ def test_a_busy_worker_that_never_beats_is_probed_not_expired() -> None:
     feed(core, C1, req(1))
     assert take(core) == [given(W1, 1, C1)]
     for t in (3.0, 6.0, 9.0):
-        assert core.next_expiry() == t
+        assert core.next_deadline() == t
         core.expire(t)
         assert take(core) == [out(W1, Pong())]
     assert core.statistics().workers == 1
@@ -628,15 +596,13 @@ def test_unreachable_client_counts_a_dropped_reply(width: int) -> None:
     assert (stats.dropped_replies, stats.undeliverable) == (1, 1)
     # Sent again on each tick (U2) until the grace is over, then dropped.
     core.expire(1.0)
-    assert core.outbox == [reply]
-    core.outbox = []
+    assert take(core) == [reply]
     core.undeliverable(reply, "gone")  # refused again: keeps its first deadline
     core.expire(2.0)
-    assert core.outbox == [reply]
-    core.outbox = []
+    assert take(core) == [reply]
     core.undeliverable(reply, "gone")
     core.expire(3.0)
-    assert core.outbox == []
+    assert take(core) == []
     stats = core.statistics()
     assert (stats.dropped_replies, stats.undeliverable) == (2, 1)
     assert stats.rejections == {}
@@ -830,7 +796,7 @@ def test_malformed_message_is_counted_and_dropped(
     assert after.rejections == {reason: 1}
     assert after.workers == 1
     # Bad input refreshes nobody's liveness and changes no routing state.
-    assert core.next_expiry() == 3.0
+    assert core.next_deadline() == 3.0
     assert after.services == before.services
     # The worker still works.
     feed(core, W1, answer(1, C1))
@@ -862,13 +828,13 @@ def test_refusals_are_logged_once_per_reason_per_minute(caplog: pytest.LogCaptur
             core.receive([C1, b"", P, b"\x07"], 0.0)
             core.receive([C1, b"", P], 0.0)
             core.receive([C2, b"", P], 30.0)
-        write_log(core.log_lines)  # what the driver does (the core does no I/O)
+        write_log(take_events(core, LogLine))  # what the driver does (the core does no I/O)
     assert len(caplog.records) == 2  # one per reason, whatever the peer
     assert core.statistics().rejections == {"unknown_message_type": 5, "too_few_frames": 10}
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dcp.broker"):
         core.receive([C2, b"", P], 60.0)  # a minute after the first: logged, with the count
-        write_log(core.log_lines)
+        write_log(take_events(core, LogLine))
     (record,) = caplog.records
     assert record.getMessage() == (
         f"rejected message from peer {C2.hex()}: too_few_frames (2 frame(s); the DCP header "
@@ -988,7 +954,7 @@ def test_any_traffic_keeps_the_routing_invariants(steps: list[tuple[object, ...]
             peer, msg, width = step
             assert isinstance(peer, bytes) and isinstance(msg, Message)
             assert isinstance(width, int)
-            feed(core, peer, msg, width, now)
+            feed(core, peer, msg, width, now=now)
         else:
             peer, frames = step
             assert isinstance(peer, bytes) and isinstance(frames, list)
@@ -1003,13 +969,14 @@ def test_any_traffic_keeps_the_routing_invariants(steps: list[tuple[object, ...]
             assert service.idle <= service.workers
         assert stats.dispatched <= stats.requests + stats.redeliveries
         held = [p for w in core.sessions.workers.values() for p in w.held]
-        queued = [p for svc in core._services.values() for p in svc.queue]
-        for client, load in core._loads.items():
+        queued = [p for svc in core.routing.services.values() for p in svc.queue]
+        for client, load in core.routing.loads.items():
             assert load.inflight == sum(p.client == client for p in held + queued) > 0
             assert load.queued == sum(p.client == client for p in queued)
-        assert all(p.client in core._loads for p in held + queued)
+        assert all(p.client in core.routing.loads for p in held + queued)
         assert all(p.holder is not None for p in held)
-        assert core._deadlines.live == len(held)  # every request has a work timeout here
+        # Every request has a work timeout here.
+        assert core.routing.work_deadlines.live == len(held)
 
 
 # ------------------------------------------------- which request an answer finishes
@@ -1065,3 +1032,82 @@ def test_registering_again_at_the_services_limit_is_echoed() -> None:
     feed(core, W1, Register(b"a"))
     assert take(core) == [out(W1, Register(b"a"))] * 2
     assert core.statistics().rejections == {}
+
+
+# ------------------------------------------------- the contract of the cores (dcp._core)
+
+
+def test_the_core_follows_the_contract_of_the_sans_io_cores() -> None:
+    """``drain()`` takes both lists, in order, and leaves them empty (never replaced);
+    ``expire`` with no input does nothing; ``next_deadline`` is ``None`` when idle and
+    says when ``expire`` next has something to do."""
+    core = BrokerCore(approve=True)
+    outbox, events = core.outbox, core.events
+    assert core.next_deadline() is None  # idle: nothing until more input
+    for now in (0.0, 100.0, 50.0):
+        core.expire(now)
+    assert core.drain() == ([], [])
+    assert core.next_deadline() is None
+    assert core.statistics() == BrokerCore().statistics()
+    feed(core, W1, Register(ECHO), now=100.0)  # waits for the approver: a question
+    core.receive([C1, b"", PROTOCOL, b"\x07"], 100.0)  # refused: a log line
+    sent, taken = core.drain()
+    assert sent == []
+    assert [type(e) for e in taken] == [ApprovalRequest, LogLine]
+    assert core.outbox is outbox and core.events is events
+    assert outbox == [] and events == []
+    assert core.drain() == ([], [])
+    question = taken[0]
+    assert isinstance(question, ApprovalRequest) and question.routing_id == W1
+    core.decide(question.token, Approval(True), now=100.5)
+    sent, taken = core.drain()
+    assert sent == [out(W1, Register(ECHO))]
+    assert all(isinstance(e, LogLine) and e.level == logging.INFO for e in taken)
+    assert core.next_deadline() == 103.5  # the worker's liveness (3 x 1 s after it was heard)
+    core.expire(103.4)
+    assert core.drain() == ([], [])
+    core.expire(103.5)
+    sent, taken = core.drain()
+    assert sent == [] and core.statistics().workers == 0  # expired
+    assert [type(e) for e in taken] == [LogLine]  # "worker ... expired: ..."
+    assert core.next_deadline() is None
+
+
+def test_next_deadline_covers_replies_kept_for_later() -> None:
+    """Rules U2 and U4 in the time API: a reply kept for an unreachable client is sent
+    again every tick (``heartbeat_interval / 4``), one kept for a peer that may register
+    is refused when its grace is over."""
+    core = BrokerCore(heartbeat_interval=1.0, liveness=3)
+    reply = [C1, *serialize(Reply(C1, (b"m",), (b"d",)))]
+    core.undeliverable(reply, "gone")
+    assert core.next_deadline() == 0.25
+    core.expire(0.1)
+    assert take(core) == []  # not yet
+    core.expire(0.25)
+    assert take(core) == [reply]
+    assert core.next_deadline() is None  # sent: nothing kept until it is refused again
+    core.undeliverable(reply, "gone")
+    assert core.next_deadline() == 0.5
+    core.expire(0.5)
+    assert take(core) == [reply]
+    # A reply from a peer that is not (yet) a worker: kept for the grace (3 s).
+    feed(core, W1, answer(1, C2), now=1.0)
+    assert core.next_deadline() == 4.0
+    core.expire(4.0)
+    assert core.statistics().rejections == {"reply_from_non_worker": 1}
+    assert core.next_deadline() is None
+
+
+def test_log_lines_left_unread_are_bounded() -> None:
+    """Past ``MAX_LOG_LINES`` unread, the oldest line goes; other events stay."""
+    core = BrokerCore(approve=True)
+    core.receive([C1, b"", PROTOCOL, b"\x07"], 0.0)  # one line
+    feed(core, W1, Register(ECHO))  # one question
+    for n in range(MAX_LOG_LINES):
+        core.receive([C2, b"", PROTOCOL, b"\x07"], 60.0 * (n + 1))  # one line a minute
+    _, events = core.drain()
+    lines = [e for e in events if isinstance(e, LogLine)]
+    assert len(lines) == MAX_LOG_LINES
+    assert [str(line.args[0]) for line in lines] == [C2.hex()] * MAX_LOG_LINES  # C1's went
+    assert [type(e) for e in events].count(ApprovalRequest) == 1
+    assert core.statistics().rejections == {"unknown_message_type": MAX_LOG_LINES + 1}

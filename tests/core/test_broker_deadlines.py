@@ -20,7 +20,7 @@ from dcp.wire.options import (
     expires_in_option,
     work_timeout_option,
 )
-from tests.core.test_broker import C1, C2, ECHO, W1, error_of, feed, out, take, workers
+from tests.helpers import C1, C2, ECHO, W1, error_of, feed, out, take, workers
 
 OTHER = b"other"
 
@@ -64,7 +64,7 @@ def test_a_queued_request_past_its_expiry_is_dropped_without_a_reply() -> None:
     core = BrokerCore(heartbeat_interval=100.0)
     feed(core, C1, expiring(1, 2.0), now=10.0)
     assert take(core) == []
-    assert core.next_expiry() == 12.0
+    assert core.next_deadline() == 12.0
     core.expire(11.999)
     assert queued(core) == 1
     core.expire(12.0)
@@ -73,7 +73,7 @@ def test_a_queued_request_past_its_expiry_is_dropped_without_a_reply() -> None:
     assert (stats.expired_in_queue, stats.requests, stats.clients) == (1, 1, 0)
     assert stats.rejections == {}
     assert stats.services == {}  # nobody serves it and nothing waits: forgotten
-    assert core.next_expiry() is None
+    assert core.next_deadline() is None
     # A worker that registers later gets nothing.
     feed(core, W1, Register(ECHO), now=13.0)
     assert take(core) == [out(W1, Register(ECHO))]
@@ -85,7 +85,7 @@ def test_a_queued_request_is_dispatched_until_its_expiry() -> None:
     feed(core, W1, Register(ECHO), now=1.9)
     assert take(core) == [out(W1, Register(ECHO)), out(W1, expiring(1, 2.0, client=C1))]
     core.expire(100.0)  # held: its expiry no longer matters (work timeouts govern it)
-    assert core.next_expiry() == 301.9  # only W1's liveness is left
+    assert core.next_deadline() == 301.9  # only W1's liveness is left
     feed(core, W1, Reply(C1, expiring(1, 2.0).metadata, (b"r",)), now=50.0)
     assert take(core) == [out(C1, Reply(C1, expiring(1, 2.0).metadata, (b"r",)))]
     assert core.statistics().expired_in_queue == 0
@@ -130,7 +130,7 @@ def test_many_expired_requests_are_swept_out_of_a_queue() -> None:
     core.expire(1.0)
     assert queued(core) == 2
     assert core.statistics().expired_in_queue == 5000
-    assert len(core._services[ECHO].queue) < 2000  # tombstones swept, not kept
+    assert len(core.routing.services[ECHO].queue) < 2000  # tombstones swept, not kept
     feed(core, W1, Register(ECHO))
     feed(core, W1, Ping())
     sent = [parse(frames[1:])[0] for frames in take(core) if frames[3] == b"\x04"]
@@ -180,7 +180,7 @@ def test_a_retry_replaces_its_queued_copy() -> None:
     stats = core.statistics()
     assert (stats.requests, stats.replaced, stats.clients) == (1, 2, 1)
     assert queued(core) == 1
-    assert core.next_expiry() == 6.0  # the latest attempt's deadline
+    assert core.next_deadline() == 6.0  # the latest attempt's deadline
     core.expire(5.9)
     assert queued(core) == 1
     # A worker that registers later runs the job once, with the latest attempt's metadata.

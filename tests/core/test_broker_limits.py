@@ -11,7 +11,7 @@ from dcp._core.broker.core import BrokerCore
 from dcp._stats import QueueStatistics
 from dcp.wire import PROTOCOL, Ping, Pong, Reconnect, Register, Reply, Request, serialize
 from dcp.wire.options import parse_work_timeout, work_timeout_option
-from tests.core.test_broker import (
+from tests.helpers import (
     C1,
     C2,
     ECHO,
@@ -86,7 +86,7 @@ def test_a_worker_past_the_work_timeout_is_dropped_and_the_request_redelivered()
     feed(core, C1, timed(1, 5.0), now=0.0)
     [sent] = take(core)
     assert sent[:1] == [W1]
-    assert core.next_expiry() == 5.0
+    assert core.next_deadline() == 5.0
     workers(core, W2)
     core.expire(4.999)
     assert take(core) == []
@@ -144,7 +144,7 @@ def test_the_brokers_default_work_timeout_applies_to_requests_without_one() -> N
     assert take(core) == [out(W1, Reconnect())]
     # Both went back to the queue; nothing is left to time out.
     assert core.statistics().services[ECHO].queued == 2
-    assert core.next_expiry() == 302.0  # only W1's quarantine (liveness 300 s) is left
+    assert core.next_deadline() == 302.0  # only W1's quarantine (liveness 300 s) is left
 
 
 def test_work_timeouts_count_towards_the_redelivery_limit() -> None:
@@ -167,8 +167,8 @@ def test_answered_deadlines_do_not_pile_up() -> None:
         feed(core, C1, timed(n, 3600.0), now=0.0)
         feed(core, W1, Reply(C1, timed(n, 3600.0).metadata, (b"r",)), now=0.0)
         take(core)
-    assert len(core._deadlines) <= 1024 + 2
-    assert core.next_expiry() == 300.0  # the worker's liveness: the deadlines are all stale
+    assert len(core.routing.work_deadlines) <= 1024 + 2
+    assert core.next_deadline() == 300.0  # the worker's liveness: the deadlines are all stale
     core.expire(3600.0)
     assert core.statistics().work_timeouts == 0
 
@@ -296,7 +296,7 @@ def test_a_worker_dropped_for_a_work_timeout_gets_no_work_for_a_while() -> None:
     feed(core, W1, Ping(), now=0.7)
     assert take(core) == [out(W1, Pong())]
     assert core.statistics().services[ECHO] == QueueStatistics(workers=1, idle=0, queued=1)
-    assert core.next_expiry() == 3.5
+    assert core.next_deadline() == 3.5
     feed(core, W2, Register(ECHO), now=1.0)  # another worker takes the request
     assert take(core) == [out(W2, Register(ECHO)), out(W2, timed(1, 0.5, C1))]
     feed(core, W2, Reply(C1, timed(1, 0.5).metadata, (b"r1",)), now=1.1)
@@ -315,4 +315,4 @@ def test_cut_requests_from_4_byte_peers_keep_the_width_memory_bounded() -> None:
     for peer in (b"P1", b"P2", b"P3"):
         core.reject_too_many_frames([peer, *serialize(req(1), width=4)], 5, 0.0)
     assert [frames[3] for frames in take(core)] == [b"\x05\x00\x00\x00"] * 3
-    assert list(core.sessions._dialects) == [b"P2", b"P3"]
+    assert list(core.sessions.dialects) == [b"P2", b"P3"]

@@ -12,6 +12,7 @@ from dcp._core.broker.guard import Guard
 from dcp.wire import mdp
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import Register, Reply, Request, parse_error_reply
+from tests.helpers import feed, take
 
 ECHO = b"echo"
 V01C = mdp.peer(mdp.Form.V01, envelope=True, worker=False)
@@ -20,15 +21,6 @@ V02C = mdp.peer(mdp.Form.V02, envelope=False, worker=False)
 V02W = mdp.peer(mdp.Form.V02, envelope=False, worker=True)
 MTC = mdp.peer(mdp.Form.MAJORTOMO, envelope=True, worker=False)
 MTW = mdp.peer(mdp.Form.V02, envelope=True, worker=True)  # majortomo's Worker
-
-
-def feed(core: BrokerCore, peer: bytes, frames: list[bytes], now: float = 0.0) -> None:
-    core.receive([peer, *frames], now)
-
-
-def take(core: BrokerCore) -> list[list[bytes]]:
-    sent, core.outbox = core.outbox, []
-    return sent
 
 
 def mdp_worker(core: BrokerCore, ident: bytes, form: mdp.MdpPeer, service: bytes = ECHO) -> None:
@@ -182,10 +174,13 @@ def test_a_worker_keeps_its_dialect() -> None:
 def test_the_broker_heartbeats_mdp_workers_and_expires_silent_idle_ones() -> None:
     core = BrokerCore(heartbeat_interval=1.0, mdp_timeout=10.0)
     mdp_worker(core, b"W", V02W)
-    assert core.next_expiry() == 0.0  # the first heartbeat is due
-    core.expire(0.0)
+    # The first heartbeat is due a tick (heartbeat_interval / 4) after the worker registered.
+    assert core.next_deadline() == 0.25
+    core.expire(0.2)
+    assert take(core) == []
+    core.expire(0.25)
     assert take(core) == [[b"W", *V02W.worker_heartbeat()]]
-    assert core.next_expiry() == 1.0
+    assert core.next_deadline() == 1.25
     core.expire(0.5)
     assert take(core) == []
     feed(core, b"W", V02W.worker_heartbeat(), now=5.0)  # its own heartbeats keep it alive

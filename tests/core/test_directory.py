@@ -11,12 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp._core.broker import directory
-from dcp._core.broker.approval import Approval, Approvals, to_approval
+from dcp._core.broker.approval import Approval, ApprovalRequest, Approvals, to_approval
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.dialects import DCP1
 from dcp._core.worker.core import DESCRIBE_TAG, Refused, State, WorkerCore
 from dcp.wire import (
-    Message,
     Ping,
     Pong,
     Reconnect,
@@ -28,24 +27,14 @@ from dcp.wire import (
     serialize,
 )
 from dcp.wire.messages import error_reply_data, parse_error_reply
-from tests.helpers import take as take_worker
+from tests.helpers import C1, W1, W2, feed, take, take_events, take_worker
 
-W1, W2, C1 = b"W1", b"W2", b"C1"
 INFO = {"version": "1.0.0", "description": "d", "metadata": {"k": "v"}}
-
-
-def feed(core: BrokerCore, peer: bytes, msg: Message, now: float = 0.0) -> None:
-    core.receive([peer, *serialize(msg)], now)
-
-
-def take(core: BrokerCore) -> list[list[bytes]]:
-    sent, core.outbox = core.outbox, []
-    return sent
 
 
 def ask(core: BrokerCore, name: bytes, *data: bytes, now: float = 0.0) -> tuple[bytes, ...]:
     """What the broker answers client C1's request for ``name``."""
-    feed(core, C1, Request(name, None, (b"id",), data), now)
+    feed(core, C1, Request(name, None, (b"id",), data), now=now)
     (frames,) = take(core)
     msg, _ = parse(frames[1:])
     assert isinstance(msg, Reply) and msg.metadata == (b"id",)
@@ -167,22 +156,21 @@ def test_approval_rules() -> None:
     feed(core, W1, Register(b"a"))
     assert take(core) == []  # Rule A1: waits, unconfirmed
     assert core.approvals is not None
-    (question,) = core.approvals.asked
+    (question,) = take_events(core, ApprovalRequest)  # the driver's question
     assert question.service == b"a" and question.info == INFO and question.routing_id == W1
     feed(core, W1, Register(b"a"))  # a repeat asks nothing more
-    assert len(core.approvals.asked) == 1 and len(core.approvals) == 1
-    core.approvals.asked.clear()
+    assert take_events(core, ApprovalRequest) == [] and len(core.approvals) == 1
     core.decide(question.token, Approval(True), now=1.0)
     assert take(core) == [[W1, *serialize(Register(b"a"))]]
     core.decide(question.token, Approval(False, "late"), now=1.0)  # Rule A3: not pending
     assert take(core) == []
     feed(core, W1, Register(b"a"))  # provides it already: not asked again
     assert take(core) == [[W1, *serialize(Register(b"a"))]]
-    assert core.approvals.asked == []
+    assert take_events(core, ApprovalRequest) == []
 
     # Denied: told why, in the worker's dialect.
     feed(core, W2, Register(b"b"))
-    (question,) = core.approvals.asked
+    (question,) = take_events(core, ApprovalRequest)
     core.decide(question.token, Approval.deny("no b here"), now=2.0)
     (frames,) = take(core)
     msg, _ = parse(frames[1:])
@@ -191,10 +179,9 @@ def test_approval_rules() -> None:
     assert core.counters.rejections["registration_refused"] == 1
 
     # An MDP worker denied gets DISCONNECT.
-    core.approvals.asked.clear()
     ready = mdp.peer(mdp.Form.V02, worker=True, envelope=False)
     core.receive([b"M1", mdp.W02, b"\x01", b"m"], 3.0)
-    (question,) = core.approvals.asked
+    (question,) = take_events(core, ApprovalRequest)
     core.decide(question.token, Approval(False), now=3.0)
     assert take(core) == [[b"M1", *ready.worker_disconnect()]]
 
@@ -222,9 +209,11 @@ def test_to_approval() -> None:
     for bad in ("yes", None, (1, "x"), (True,)):
         with pytest.raises(TypeError, match="approver must return"):
             to_approval(bad)
-    approvals = Approvals()
+    asked: list[ApprovalRequest] = []
+    approvals = Approvals(asked.append)
     assert approvals.take(99) is None
     assert approvals.ask(W1, b"a", DCP1, None, None)
+    assert [q.service for q in asked] == [b"a"]
 
 
 # ------------------------------------------------------------------- worker core Rule 14

@@ -19,6 +19,7 @@ from dcp._core.broker.subjects import (
     check_subject,
     matches,
 )
+from tests.helpers import take
 
 tokens = st.sampled_from([b"a", b"b", b"c"])
 subjects = st.lists(tokens, min_size=1, max_size=4).map(b".".join)
@@ -172,8 +173,7 @@ def dcp_req(
     key: str | None = None,
 ) -> list[list[bytes]]:
     core.receive([peer, b"", P, b"\x04", b"\xffDCP:" + name, b"", *meta, b"", *data], 0.0, key)
-    out, core.outbox = core.outbox, []
-    return out
+    return take(core)
 
 
 def test_broker_refusals() -> None:
@@ -220,8 +220,7 @@ def test_mc0_commands() -> None:
 
     def mc0(peer: bytes, *frames: bytes, now: float = 0.0) -> list[list[bytes]]:
         core.receive([peer, *frames], now)
-        out, core.outbox = core.outbox, []
-        return out
+        return take(core)
 
     assert mc0(b"m", b"CONNECT", b"VERSION", b"0.3", b"TTL", b"1000", b"ID", b"1") == [
         [b"m", b"OK", b"ID", b"1"]
@@ -242,10 +241,9 @@ def test_mc0_commands() -> None:
     assert mc0(b"m", b"NOOP", b"ID")[0][1] == b"ERROR"
     assert mc0(b"m", b"NOOP", b"ID", b"4") == [[b"m", b"OK", b"ID", b"4"]]
     # TTL: a NOOP after a second of silence, then again every second.
-    assert core.next_expiry() == 1.0
+    assert core.next_deadline() == 1.0
     core.expire(1.0)
-    assert core.outbox == [[b"m", b"NOOP"]]
-    core.outbox = []
+    assert take(core) == [[b"m", b"NOOP"]]
     core.undeliverable([b"m", b"NOOP"], "gone")
     assert core.pubsub.subscriptions_of(b"m") == 0
     mc0(b"m", b"SUB", b"", b"t1")

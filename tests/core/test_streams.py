@@ -11,12 +11,13 @@ from hypothesis import strategies as st
 import dcp.wire.streams as wire
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
-from dcp._core.broker.streams import MAX_HELD
+from dcp._core.broker.streams import MAX_HELD, RETRY_DELAY
 from dcp._errors import RemoteProtocolError
 from dcp.wire import mdp
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import Ping, Register, Reply, Request, parse_error_reply
 from dcp.wire.streams import StreamType
+from tests.helpers import feed, take
 
 SVC = b"rows"
 RID = b"\xffDCP:id=" + b"r" * 16
@@ -25,17 +26,18 @@ V02W = mdp.peer(mdp.Form.V02, envelope=False, worker=True)
 V01C = mdp.peer(mdp.Form.V01, envelope=True, worker=False)
 
 
-def feed(core: BrokerCore, peer: bytes, frames: list[bytes], now: float = 0.0) -> None:
-    core.receive([peer, *frames], now)
-
-
-def take(core: BrokerCore) -> list[list[bytes]]:
-    sent, core.outbox = core.outbox, []
-    return sent
-
-
 def stalled(core: BrokerCore) -> bool:
-    return core.stalled
+    """Whether messages are held for full sockets (or were just sent again): the core then
+    wants :meth:`~BrokerCore.expire` called again within ``RETRY_DELAY`` (Rule T3)."""
+    return core.streams.next_retry() is not None
+
+
+def retry(core: BrokerCore) -> None:
+    """What the driver does while messages are held: call ``expire`` when the core's next
+    deadline comes (Rule T3: it sends them again)."""
+    due = core.next_deadline()
+    assert due is not None
+    core.expire(due)
 
 
 def meta(window: int | None = 2) -> tuple[bytes, ...]:
@@ -203,7 +205,7 @@ def test_early_cancels_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     core = BrokerCore()
     for i in range(5):
         feed(core, b"C", wire.build(StreamType.CANCEL, None, (b"id%d" % i,)))
-    assert list(core._early_cancels) == [(b"C", b"id3"), (b"C", b"id4")]
+    assert list(core.streams.early_cancels) == [(b"C", b"id3"), (b"C", b"id4")]
 
 
 def test_a_plain_dcp_client_gets_no_parts() -> None:
@@ -256,7 +258,7 @@ def test_no_redelivery_after_a_part() -> None:
 
 def test_a_stream_without_parts_is_redelivered_as_any_request() -> None:
     core = started()
-    feed(core, b"W2", serialize(Register(SVC)), 99.0)
+    feed(core, b"W2", serialize(Register(SVC)), now=99.0)
     take(core)
     core.expire(100.0)  # W is long silent; W2 was heard just now
     sent = take(core)
@@ -296,19 +298,20 @@ def test_mdp02_readers_get_parts_and_the_broker_grants_credit() -> None:
     # gets no more credit (it pauses).
     core.undeliverable(sent[17], "full")
     assert stalled(core)
+    assert core.next_deadline() == RETRY_DELAY  # the driver need not poll a flag
     for i in range(17, 32):
         feed(core, b"W", wire.build(StreamType.PARTIAL, b"M", (option,), (b"%d" % i,)))
     feed(core, b"W", serialize(Reply(b"M", (option,), ())))  # the end, held too
     assert take(core) == []
     # The retry sends them in order; once it went out whole, the streams get credit.
-    core.retry_held()
+    retry(core)
     resent = take(core)
     assert resent[0] == sent[17]
     assert resent[1:16] == [
         [b"M", *V02C.client_answer(SVC, [b"%d" % i], final=False)] for i in range(17, 32)
     ]
     assert resent[16] == [b"M", *V02C.client_answer(SVC, [], final=True)]
-    core.retry_held()
+    retry(core)
     assert take(core) == []  # that stream has ended: nothing to top up
     assert not stalled(core)
     stats = core.statistics()
@@ -391,12 +394,12 @@ def test_held_parts_pause_the_worker_until_a_retry_goes_out_whole() -> None:
     core.undeliverable(first[5], "full")
     for frames in first[6:]:
         core.undeliverable(frames, "gone")  # the rest of that flush, in order
-    core.retry_held()
+    retry(core)
     assert take(core) == first[5:]
     for i in range(10, 20):
         worker_part(i)  # while the retry's fate is unknown: sent, but no credit yet
     assert len(take(core)) == 10
-    core.retry_held()  # the retry went out whole: credit again (20 used, 12 left -> 32)
+    retry(core)  # the retry went out whole: credit again (20 used, 12 left -> 32)
     assert take(core) == [[b"W", *wire.build(StreamType.CREDIT, b"M", option, credit=20)]]
     # A client that is gone: its streams are cancelled.
     core.undeliverable([b"M", *V02C.client_answer(SVC, [b"x"], final=False)], "gone")
@@ -412,7 +415,7 @@ def test_held_parts_pause_the_worker_until_a_retry_goes_out_whole() -> None:
         feed(core, b"W", V02W.worker_answer(b"M", [b"%d" % i], final=False))
     assert take(core) == []
     assert core.statistics().rejections["partial_dropped"] == 1
-    core.retry_held()
+    retry(core)
     assert len(take(core)) == MAX_HELD
     core.undeliverable([b"M", *V02C.client_answer(SVC, [b"x"], final=False)], "full")
     for _ in range(MAX_HELD + 1):  # the driver's rest of a flush, past the bound

@@ -38,7 +38,8 @@ from dcp.wire.messages import (
     parse_error_reply,
 )
 from dcp.wire.options import expires_in_option
-from tests.helpers import SVC, Crossed, Wired, take
+from tests.helpers import SVC, Crossed, Wired
+from tests.helpers import take_worker as take
 
 CLIENT = b"\x01client"
 
@@ -631,7 +632,7 @@ def test_answers_from_before_a_re_registration_earn_no_credit() -> None:
                 assert isinstance(out, Message)
                 broker.receive([b"W", *serialize(out)], 0.0)
         while broker.outbox:
-            batch, broker.outbox = broker.outbox, []
+            batch, _ = broker.drain()
             for frames in batch:
                 if frames[0] == b"W":
                     worker.receive(frames[1:], 0.0)

@@ -137,7 +137,6 @@ def test_snapshot_counts_redeliveries_and_durations() -> None:
     """The core's per-service redeliveries and duration buckets, through ``snapshot`` (a
     worker that leaves holding a request; answers of known processing times)."""
     from dcp._core.broker.core import BrokerCore
-    from dcp._stats import snapshot
     from dcp.wire.dcp1 import serialize
     from dcp.wire.messages import Reconnect, Register, Reply, Request
 
@@ -150,7 +149,7 @@ def test_snapshot_counts_redeliveries_and_durations() -> None:
     core.receive([b"c1", *serialize(Request(b"svc", data=(b"b",)))], 4.0)
     core.receive([b"w2", *serialize(Reply(client=b"c1", data=(b"ok",)))], 104.0)
     core.receive([b"c2", *serialize(Request(b"none", data=(b"c",)))], 104.5)  # queued
-    snap = snapshot(core, 105.0, peers=True)
+    snap = core.snapshot(105.0, peers=True)
     svc, none = sorted(snap.services, key=lambda s: s.name)[::-1]
     assert (none.name, none.queued, none.oldest_queued_age) == ("none", 1, 0.5)
     assert (svc.name, svc.requests, svc.replies, svc.redeliveries) == ("svc", 2, 2, 1)

@@ -544,7 +544,7 @@ def test_broker_core_matches_a_forward_with_other_trace_options(mine: bytes) -> 
     """Routing Rule 2 (sans-IO): a forward whose dcp options (not the id) differ from the
     held request's releases it; one whose caller's metadata differs releases nothing."""
     from dcp._core.broker.core import BrokerCore
-    from tests.core.test_broker import C1, W1, W2, feed, out, take, workers
+    from tests.helpers import C1, W1, W2, feed, out, take, workers
 
     core = BrokerCore()
     workers(core, W1, service=b"a")

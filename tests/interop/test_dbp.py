@@ -157,7 +157,7 @@ def test_dbp_core_edges() -> None:
 
     def send(*frames: bytes) -> list[list[bytes]]:
         core.receive([P, b"", *frames], 0.0)
-        out, core.outbox = core.outbox, []
+        out, _ = core.drain()
         return out
 
     assert send(dbp.ACK, T) == []  # ignored, registered or not
@@ -171,12 +171,12 @@ def test_dbp_core_edges() -> None:
     assert send(dbp.UPDATE, T, b'{"version": "nope"}') == []
     assert core.counters.rejections["bad_service_info"] == 1
     core.receive([b"C", *dcp.wire.serialize(dcp.wire.Request(b"s", None, (b"m",), (b"x",)))], 0.0)
-    core.outbox = []
+    core.drain()
     assert send(dbp.HEARTBEAT, T) == []
     assert core.sessions.workers[P].beats_busy
     # A DCP worker that speaks DBP: a dialect mismatch, for a registration too.
     core.receive([b"D", *dcp.wire.serialize(dcp.wire.Register(b"d"))], 0.0)
-    core.outbox = []
+    core.drain()
     for frames in ([b"D", b"", dbp.HEARTBEAT, T], [b"D", *reg("d")]):
         core.receive(frames, 0.0)
         assert core.outbox == []
@@ -186,7 +186,7 @@ def test_dbp_core_edges() -> None:
 def test_dbp_reply_with_a_forged_address_in_secure_mode() -> None:
     core = BrokerCore(guard=Guard(lambda key, name: True, os.urandom(32)))
     core.receive([b"P", *reg("s")], 0.0, "KEY")
-    core.outbox = []
+    core.drain()
     core.receive([b"P", b"", dbp.REPLY, T, b"forged", b"", b"x"], 0.0, "KEY")
     assert core.outbox == []
     assert core.counters.rejections["bad_client_address"] == 1

@@ -1,15 +1,15 @@
 """Approval of registrations (``Broker(approve=...)``). Sans-IO: the core never calls the
-user's function (it may be ``async``, or slow); it asks the driver, which runs it and feeds
-the answer back (:func:`decide`).
+user's function (it may be ``async``, or slow); it asks the driver (an event), which runs it
+and feeds the answer back (``BrokerCore.decide``, :meth:`~.routing.Routing.decide`).
 
 Rule A1 - With an approver, a registration that passes the other checks (name length,
   reserved names, the CURVE allow-list, per-worker limits) is not confirmed at once: the
-  core puts an :class:`ApprovalRequest` in :attr:`Approvals.asked` (the service, the info
-  the worker gave beforehand with ``mmi.describe``, its routing id, its CURVE key) and the
-  worker waits, unregistered. A registration for a service the worker already provides is
+  core puts an :class:`ApprovalRequest` in its events (the service, the info the worker gave
+  beforehand with ``mmi.describe``, its routing id, its CURVE key) and the worker waits,
+  unregistered. A registration for a service the worker already provides is
   not asked again; a repeat while one is pending is ignored.
-Rule A2 - The answer (:func:`decide`) is an :class:`Approval`. Approved: the registration
-  goes on as if just received (confirmed, the worker gets work). Denied: counted
+Rule A2 - The answer (``BrokerCore.decide``) is an :class:`Approval`. Approved: the
+  registration goes on as if just received (confirmed, the worker gets work). Denied: counted
   (``registration_refused``), logged, and refused in the worker's dialect with the reason
   (DCP: the ``registration_refused`` reply; MDP: DISCONNECT).
 Rule A3 - At most ``max_pending`` registrations wait at once; one more is refused at once
@@ -24,19 +24,15 @@ its liveness reconnects and registers again, which asks again), or remember answ
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from dcp._util import PeerId
-
 if TYPE_CHECKING:
     from dcp._core.broker.dialects import Dialect
-    from dcp._core.broker.routing import Routing
 
-__all__ = ["Approval", "ApprovalRequest", "Approvals", "decide", "to_approval"]
+__all__ = ["Approval", "ApprovalRequest", "Approvals", "to_approval"]
 
 
 @attrs.frozen
@@ -91,12 +87,15 @@ def to_approval(result: object) -> Approval:
 
 
 class Approvals:
-    """Registrations waiting for the approver (Rules A1, A3)."""
+    """Registrations waiting for the approver (Rules A1, A3).
 
-    def __init__(self, max_pending: int = 1024) -> None:
+    :param tell: hands a question to the driver (appends it to the broker core's events)
+    :param max_pending: questions waiting at once (Rule A3)
+    """
+
+    def __init__(self, tell: Callable[[ApprovalRequest], None], max_pending: int = 1024) -> None:
         self.max_pending = max_pending
-        #: Questions for the driver (it empties the list).
-        self.asked: list[ApprovalRequest] = []
+        self._tell = tell
         self._pending: dict[int, tuple[ApprovalRequest, Dialect, str | None]] = {}
         self._keys: set[tuple[bytes, bytes]] = set()
         self._next = 0
@@ -122,7 +121,7 @@ class Approvals:
         request = ApprovalRequest(self._next, name, info, peer, principal)
         self._pending[request.token] = (request, dialect, principal)
         self._keys.add((peer, name))
-        self.asked.append(request)
+        self._tell(request)
         return True
 
     def take(self, token: int) -> tuple[ApprovalRequest, Dialect, str | None] | None:
@@ -131,22 +130,3 @@ class Approvals:
         if entry is not None:
             self._keys.discard((entry[0].routing_id, entry[0].service))
         return entry
-
-
-def decide(core: Routing, token: int, answer: Approval, now: float) -> None:
-    """Rule A2: the approver answered question ``token``."""
-    approvals = core.approvals
-    assert approvals is not None
-    entry = approvals.take(token)
-    if entry is None:
-        return
-    request, dialect, principal = entry
-    core._now = now
-    peer, name = request.routing_id, request.service
-    if answer.approved:
-        core.note(logging.INFO, "approved worker %s for %r", PeerId(peer), name[:64])
-        worker = core.sessions.workers.get(peer)
-        core.register(peer, worker, name, dialect, now, principal, approved=True)
-        return
-    reason = answer.reason or "denied by the broker's approver"
-    core._refuse_registration(peer, dialect, name, "registration_refused", reason)

@@ -1,44 +1,37 @@
 """The broker core: a pure state machine (sans-IO) serving every wire dialect on one socket.
 
 It takes whole messages as the broker's ROUTER sees them (routing id first) together with the
-current time, and appends the messages to send to :attr:`BrokerCore.outbox`. It knows nothing
-of sockets, anyio or clocks; :class:`dcp.Broker` is the thin driver that feeds it.
+current time, and leaves the messages to send and the driver's other work in two lists,
+taken with :meth:`BrokerCore.drain` (the contract of :mod:`dcp._core`: ``outbox`` of
+frames, ``events`` of :class:`~.outputs.LogLine` and
+:class:`~.approval.ApprovalRequest`; time is :meth:`BrokerCore.expire` /
+:meth:`BrokerCore.next_deadline`). It knows nothing of sockets, anyio or clocks;
+:class:`dcp.Broker` is the thin driver that feeds it.
 
-Layout: each message is sniffed (:mod:`dcp.wire.sniff`) and parsed by its dialect's codec
-(:mod:`dcp.wire`); this module handles DCP v1 peers, :mod:`dcp._core.broker.majordomo` the
-Majordomo ones; both drive the protocol-blind routing core (:mod:`dcp._core.broker.routing`: Rules
-1, 2, 5, 7), which keeps per-peer sessions (:mod:`dcp._core.broker.peers`: liveness Rules L1-L4),
-admits requests (:mod:`dcp._core.broker.admission`), reads their options and keeps its queues
-(:mod:`dcp._core.broker.queues`: no-wait, the caller's deadline, retries that replace their queued
-copy, Rules Q1-Q4), answers ``mmi.*`` (:mod:`dcp._core.broker.directory`) and writes to each peer
-in its dialect (:mod:`dcp._core.broker.dialects`).
+Layout: :class:`BrokerCore` holds its parts, each given its collaborators, none reading
+another's state:
 
-Output convention (the same for every dcp core: this one,
-:class:`~dcp._core.worker.core.WorkerCore` and :class:`~dcp._core.client.tracker.RequestTracker`):
-input methods take ``now`` and append what to send to ``outbox`` (here ROUTER frames, routing id
-first), returning only their own answer, if any; the driver drains it after each call or batch
-(``out, core.outbox = core.outbox, []``).
+- one handler per dialect behind one interface (:class:`Handler`), chosen by the sniffed
+  family (:mod:`dcp.wire.sniff`): DCP v1 (:mod:`.dcp1`: Rules 3, 4), Majordomo
+  (:mod:`.majordomo`: Rules M1-M4), DBP (:mod:`.dbp`: Rules B1-B3), mc0 (:mod:`.mc0`: Rules
+  C1-C4); each parses with its codec (:mod:`dcp.wire`);
+- the protocol-blind routing (:mod:`.routing`: Rules 1, 2; it admits requests,
+  :mod:`.admission`, reads their options and keeps its queues' deadlines, :mod:`.queues`:
+  Rules Q1-Q4), over per-peer sessions (:mod:`.peers`: liveness Rules L1-L4) and the records
+  they share (:mod:`.records`);
+- redelivery and work timeouts (:mod:`.redelivery`: Rules 5, 7), streams (:mod:`.streams`:
+  Rules T1-T7), pub/sub (:mod:`.pubsub_peers`, :mod:`.pubsub`), the directory and ``mmi.*``
+  (:mod:`.directory`), approvals (:mod:`.approval`), the guard (:mod:`.guard`), replies that
+  cannot be handled yet (:mod:`.unreachable`), and the outputs they all write to
+  (:mod:`.outputs`); each peer is written to in its dialect (:mod:`.dialects`).
 
-DCP rules (this module):
-
-Rule 3 - Addresses. A request without a client address gets the sender's address inserted.
-  One that carries an address keeps it (a worker forwarding work), but only a registered
-  worker may name an address other than its own, unless ``allow_foreign_address``.
-  A reply is routed to its client address in the client's dialect (for a DCP client, the
-  type-frame width, 1 or 4 bytes, it used). A reply for a peer that is not connected is
-  kept and sent again for ``liveness x heartbeat_interval`` (:mod:`dcp._core.broker.unreachable`),
-  then counted and dropped.
-Rule 4 - Heartbeats. Every ping from a worker is answered with a pong and asks for work (Rule
-  1); a pong from a worker is a keep-alive that asks for no work and is answered with a pong
-  (dcp extension). A ping or pong from a peer that is not a registered worker is answered
-  with reconnect (0x06). A worker that sends reconnect leaves at once (dcp extension).
 Rule 6 - Bounds and bad input. A message in no known dialect (``unknown_protocol``), a
   malformed one, or one that breaks a limit, is counted by reason, logged once per peer, and
   dropped; when its sender can be told (a request, even one cut short at a size or frame
   limit, if its metadata survived), it gets a dcp error reply instead. A registered worker
   that sends another dialect's message is refused (``dialect_mismatch``). Nothing raises out
   of :meth:`BrokerCore.receive`. (Messages the driver cut at a limit, or could not send:
-  :mod:`dcp._core.broker.driver_reports`.)
+  below.)
 Rule S - Security (only with a :class:`~dcp._core.broker.guard.Guard`, i.e. CURVE on; its rules
   S1-S4 are in :mod:`dcp._core.broker.guard`). Each message comes with its sender's key
   (*principal*); one the guard does not admit is counted and dropped. A registration the guard does
@@ -48,37 +41,94 @@ Rule S - Security (only with a :class:`~dcp._core.broker.guard.Guard`, i.e. CURV
   workers are sealed; a worker's answer or forward must carry a sealed one (else
   ``bad_client_address``).
 
+What the broker's driver reports to the core besides messages:
+
+1. (Rule 6) A message cut at a limit is counted by reason and logged; if it is a DCP
+   request whose metadata survived the cut, its caller gets a dcp error reply instead (an
+   MDP one is dropped: its body is what was cut). A worker forwarding a request it holds
+   is answered on behalf of the request's client, and gets its credit back.
+2. A worker the driver cannot reach is treated as gone: what it holds is redelivered
+   (routing Rule 5). A reply to a gone DCP client is kept to be sent again (Rule U1 of
+   :mod:`.unreachable`); other replies are dropped and counted (``dropped_replies``), the
+   rest (echoes, pongs, reconnects) counted as ``undeliverable``. Messages held for a full
+   socket (streams Rule T3) and pub/sub ones are the streams' and pub/sub's to handle.
+
+Time: :meth:`BrokerCore.expire` does what is due (work timeouts, expiries of queued
+requests, replies kept for unreachable clients, sent again every ``heartbeat_interval / 4``,
+liveness, heartbeats to the workers the broker beats, pub/sub expiries and mc0 TTLs, and
+messages held for full sockets, retried every 2 ms); :meth:`BrokerCore.next_deadline` says
+when that is.
+
 What the core does NOT do: socket options, message-size limits (zmq's MAXMSGSIZE in the
-driver), timers (the driver calls :meth:`BrokerCore.expire`), persistence.
+driver), timers (the driver calls :meth:`BrokerCore.expire`), logging (the driver writes the
+log lines it is given), persistence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from dcp._core.broker import directory, driver_reports
 from dcp._core.broker.admission import Limits
-from dcp._core.broker.approval import Approval, Approvals, decide
+from dcp._core.broker.approval import Approval, ApprovalRequest, Approvals
 from dcp._core.broker.dbp import DbpPeers
-from dcp._core.broker.dialects import DCP1, DCP4, DcpDialect, Dialect
+from dcp._core.broker.dcp1 import DcpPeers
+from dcp._core.broker.directory import Directory, Mmi, broker_entry, text
 from dcp._core.broker.guard import Guard
-from dcp._core.broker.majordomo import Majordomo
+from dcp._core.broker.majordomo import MdpPeers
 from dcp._core.broker.mc0 import Mc0Peers
-from dcp._core.broker.peers import Session, Sessions
-from dcp._core.broker.pubsub_peers import PUBSUB_PREFIX, PubSubOptions
+from dcp._core.broker.outputs import LogLine, Outputs
+from dcp._core.broker.peers import Sessions
+from dcp._core.broker.pubsub import PubSub
+from dcp._core.broker.pubsub_peers import PubSubOptions, PubSubPeers
+from dcp._core.broker.records import Session
+from dcp._core.broker.redelivery import Redelivery
+from dcp._core.broker.routing import Routing
+from dcp._core.broker.streams import Streams
 from dcp._core.broker.unreachable import EarlyReplies, Unreachable
-from dcp._errors import RemoteProtocolError
-from dcp._stats import BrokerStatistics, QueueStatistics
-from dcp.wire.dcp1 import PROTOCOL, parse
-from dcp.wire.messages import ERROR_MARKER, MessageType, Register, Reply, Request
+from dcp._errors import MessageTooLarge, TooManyFrames
+from dcp._stats import (
+    BrokerCounters,
+    BrokerSnapshot,
+    BrokerStatistics,
+    ClientFigures,
+    QueueStatistics,
+    ServiceFigures,
+    WorkerFigures,
+)
+from dcp.wire import mdp
+from dcp.wire.dcp1 import PROTOCOL, TYPE_FRAMES
+from dcp.wire.messages import MessageType
 from dcp.wire.sniff import Family, sniff
-from dcp.wire.streams import TYPE_FRAMES as STREAM_TYPE_FRAMES
 
-__all__ = ["BrokerCore"]
+__all__ = ["BrokerCore", "Handler"]
+
+_REPLY_TYPE_FRAMES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 
 
-class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
+class Handler(Protocol):
+    """What the core asks of a dialect handler (:mod:`dcp._core.broker.dcp1`,
+    :mod:`dcp._core.broker.majordomo`, :mod:`dcp._core.broker.dbp`,
+    :mod:`dcp._core.broker.mc0`)."""
+
+    def receive(
+        self,
+        peer: bytes,
+        body: Sequence[bytes],
+        worker: Session | None,
+        now: float,
+        principal: str | None,
+    ) -> None:
+        """Handle one message in the handler's dialect.
+
+        :param peer: the sender's routing id
+        :param body: the message after the routing id
+        :param worker: the sender's session, if it is a registered worker
+        :param principal: the sender's key (Rule S; ``None``: no security)
+        """
+
+
+class BrokerCore:
     """The broker's state machine (see the module docstring for its rules and layout).
 
     :param heartbeat_interval: seconds between worker heartbeats (agreed with the workers)
@@ -114,7 +164,10 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
     :param pubsub: pub/sub settings (:mod:`dcp._core.broker.pubsub_peers`,
         :mod:`dcp._core.broker.mc0`)
     :param approve: registrations wait for an approver (:mod:`dcp._core.broker.approval`):
-        the driver answers the questions in ``approvals.asked`` with :meth:`decide`
+        the driver answers the questions in the events with :meth:`decide`
+    :param dbp_clock: epoch seconds, for the time frame DBP puts in every command (the
+        driver's ``time.time``; ``None``: the core's own ``now``, for a driver that has no
+        wall clock to give)
     """
 
     def __init__(
@@ -139,6 +192,7 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         guard: Guard | None = None,
         pubsub: PubSubOptions | None = None,
         approve: bool = False,
+        dbp_clock: Callable[[], float] | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -147,38 +201,126 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         if not 0 < busy_timeout < float("inf") or not 0 < mdp_timeout < float("inf"):
             raise ValueError("busy_timeout and mdp_timeout must be positive finite numbers")
         timeout = heartbeat_interval * liveness
-        super().__init__(
-            limits=Limits(
-                max_queue=max_queue,
-                max_services=max_services,
-                max_service_name=max_service_name,
-                max_redeliveries=max_redeliveries,
-                max_held=max_held,
-                max_services_per_worker=max_services_per_worker,
-                max_client_queued=max_client_queued,
-                max_client_inflight=max_client_inflight,
-            ),
-            sessions=Sessions(
-                timeout=timeout, mdp_timeout=mdp_timeout, max_remembered=max_width_peers
-            ),
-            work_timeout=work_timeout,
-            quarantine=timeout,
-            guard=guard,
-            approvals=Approvals() if approve else None,
+        limits = Limits(
+            max_queue=max_queue,
+            max_services=max_services,
+            max_service_name=max_service_name,
+            max_redeliveries=max_redeliveries,
+            max_held=max_held,
+            max_services_per_worker=max_services_per_worker,
+            max_client_queued=max_client_queued,
+            max_client_inflight=max_client_inflight,
         )
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
-        self.allow_foreign_address = allow_foreign_address
         self.busy_timeout = busy_timeout
-        #: Replies whose client is not connected yet, sent again for a while (Rules U1-U3).
+        #: The broker's counters.
+        self.counters = BrokerCounters()
+        self._out = out = Outputs(self.counters)
+        #: The registered workers and other peers' dialects.
+        self.sessions = sessions = Sessions(
+            timeout=timeout, mdp_timeout=mdp_timeout, max_remembered=max_width_peers
+        )
+        #: The security rules (``None``: off).
+        self.guard = guard
+        #: Registrations waiting for the approver (``None``: no approver).
+        self.approvals = Approvals(out.events.append) if approve else None
+        #: What workers said about their services.
+        self.directory = directory = Directory()
+        #: dcp streams: partial replies, credit and cancels.
+        self.streams = streams = Streams(out)
+        #: Queues, credit, held requests and registrations.
+        self.routing = routing = Routing(
+            limits=limits,
+            sessions=sessions,
+            outputs=out,
+            streams=streams,
+            directory=directory,
+            guard=guard,
+            approvals=self.approvals,
+            work_timeout=work_timeout,
+        )
+        #: Workers removed, and what they held.
+        self.redelivery = redelivery = Redelivery(
+            routing=routing,
+            sessions=sessions,
+            streams=streams,
+            directory=directory,
+            outputs=out,
+            limits=limits,
+            guard=guard,
+            quarantine=timeout,
+        )
+        pubsub_peers = PubSubPeers(out, pubsub)
+        #: The subscriptions (pub/sub for DCP and mc0 peers).
+        self.pubsub: PubSub = pubsub_peers.pubsub
+        self._pubsub_peers = pubsub_peers
+        mmi = Mmi(out, directory, sessions, routing.services, self.overview)
         grace = liveness * heartbeat_interval if reply_grace is None else reply_grace
+        #: Replies whose client is not connected yet, sent again for a while (Rules U1-U3).
         self.unreachable = Unreachable(grace)
         #: Replies from peers that may be about to register (Rules U4-U5).
         self.early = EarlyReplies(grace)
-        self._next_beat = 0.0
+        self._dcp = DcpPeers(
+            outputs=out,
+            sessions=sessions,
+            routing=routing,
+            streams=streams,
+            pubsub=pubsub_peers,
+            mmi=mmi,
+            redelivery=redelivery,
+            early=self.early,
+            allow_foreign_address=allow_foreign_address,
+        )
+        self._mdp = MdpPeers(
+            outputs=out,
+            sessions=sessions,
+            routing=routing,
+            streams=streams,
+            mmi=mmi,
+            redelivery=redelivery,
+            heartbeat_interval=heartbeat_interval,
+        )
+        self._mc0 = Mc0Peers(out, pubsub_peers)
+        dbp = DbpPeers(
+            outputs=out,
+            sessions=sessions,
+            routing=routing,
+            directory=directory,
+            mmi=mmi,
+            redelivery=redelivery,
+            clock=(lambda: out.now) if dbp_clock is None else dbp_clock,
+        )
+        self._handlers: dict[Family, Handler] = {
+            Family.DCP: self._dcp,
+            Family.MDP: self._mdp,
+            Family.MC0: self._mc0,
+            Family.DBP: dbp,
+        }
+        self._workers = sessions.workers
+        # Rule U2: kept replies are sent again every tick (the driver's timer period).
+        self._resend_every = heartbeat_interval / 4
+        self._next_resend = 0.0
         #: When the driver started serving (its clock; ``None``: not yet), for the uptime.
         self.started: float | None = None
-        self.init_pubsub(pubsub)
+
+    # ---------------------------------------------------------------- output
+
+    @property
+    def outbox(self) -> list[list[bytes]]:
+        """The messages to send, ROUTER-side (routing id first), in order (taken with
+        :meth:`drain`; never replaced)."""
+        return self._out.outbox
+
+    @property
+    def events(self) -> list[LogLine | ApprovalRequest]:
+        """What else the driver must do, in order: log lines and approval questions
+        (taken with :meth:`drain`; never replaced)."""
+        return self._out.events
+
+    def drain(self) -> tuple[list[list[bytes]], list[LogLine | ApprovalRequest]]:
+        """The messages to send and the events, in order, taken (both lists left empty)."""
+        return self._out.drain()
 
     # ------------------------------------------------------------------ input
 
@@ -187,169 +329,22 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
 
         :param principal: the sender's key, which the guard checks (Rule S)
         """
-        self._now = now
+        self._out.now = now
         peer = frames[0]
         if self.guard is not None and not self._admitted(peer, principal):
             return
         body = frames[1:]
-        worker = self.sessions.workers.get(peer)
+        worker = self._workers.get(peer)
         # Most traffic is DCP v1: test for it before sniffing (the hot path).
         if len(body) > 2 and body[1] == PROTOCOL and not body[0]:
-            family: Family | None = Family.DCP
-        else:
-            family = sniff(body)
-        if family is Family.DCP:
-            self._on_dcp(peer, body, worker, now, principal)
-        elif family is Family.MDP:
-            self._on_mdp(peer, body, worker, now, principal)
-        elif family is Family.MC0:
-            self.on_mc0(peer, body, now, principal)
-        elif family is Family.DBP:
-            self._on_dbp(peer, body, worker, now, principal)
-        else:
-            self.reject(peer, "unknown_protocol", "no DCP, MDP or mc0 header")
-
-    def _on_dcp(
-        self,
-        peer: bytes,
-        body: Sequence[bytes],
-        worker: Session | None,
-        now: float,
-        principal: str | None,
-    ) -> None:
-        if len(body) > 2 and body[2] in STREAM_TYPE_FRAMES and body[1] == PROTOCOL:
-            self.on_stream(peer, body, worker, now)  # dcp streams (_core/streams.py)
+            self._dcp.receive(peer, body, worker, now, principal)
             return
-        try:
-            msg, width = parse(body)
-        except RemoteProtocolError as exc:
-            self.reject(peer, exc.reason, str(exc))
+        family = sniff(body)
+        handler = None if family is None else self._handlers.get(family)
+        if handler is None:
+            self._out.reject(peer, "unknown_protocol", "no DCP, MDP or mc0 header")
             return
-        dialect = DCP1 if width == 1 else DCP4
-        if worker is not None:
-            if worker.dialect.__class__ is not DcpDialect:
-                self.reject(peer, "dialect_mismatch", "DCP from a %s worker", worker.dialect.name)
-                return
-            # Answer in the type width it last used; peers Rule L1 (Sessions.heard, inlined).
-            worker.dialect = dialect
-            worker.heard = now
-            worker.expiry = now + worker.timeout
-            worker.order.move_to_end(peer)
-        else:
-            self.sessions.remember(peer, dialect)
-        mtype = msg.type
-        if mtype is MessageType.REQUEST:
-            assert isinstance(msg, Request)
-            if msg.service[:5] == PUBSUB_PREFIX:
-                self.on_pubsub(peer, msg, dialect, now, principal)
-            else:
-                self._on_request(peer, worker, msg, dialect)
-        elif mtype is MessageType.REPLY:
-            assert isinstance(msg, Reply)
-            self._on_reply(peer, worker, msg)
-        elif mtype is MessageType.PING or mtype is MessageType.PONG:
-            if worker is None:
-                self.outbox.append(dialect.expel(peer))
-                self.counters.reconnects_sent += 1
-            else:
-                self.outbox.append(dialect.beat(peer))
-                if mtype is MessageType.PING:
-                    if worker.held:
-                        worker.beats_busy = True
-                    self.credit(worker, released=False)
-                else:
-                    # A worker's pong is a dcp keep-alive: dcp workers beat while busy.
-                    worker.beats_busy = True
-        elif mtype is MessageType.REGISTER:
-            assert isinstance(msg, Register)
-            session = self.register(peer, worker, msg.service, dialect, now, principal)
-            if session is not None and len(self.early):
-                # Rule U4: its answers that came ahead of this registration.
-                for early in self.early.registered(peer):
-                    assert isinstance(early, Reply)
-                    self._on_reply(peer, session, early)
-        elif worker is None:  # RECONNECT
-            self.reject(peer, "unexpected_reconnect", "reconnect from a non-worker")
-        else:
-            self.remove_worker(worker)
-
-    def _on_request(
-        self, peer: bytes, worker: Session | None, msg: Request, dialect: Dialect
-    ) -> None:
-        client = msg.client
-        released = False
-        origin = dialect
-        if client is None:
-            client = peer
-        elif worker is not None:
-            forwarded = self._forwarded(peer, worker, client, msg.metadata)
-            if forwarded is None:
-                return
-            client, origin, released = forwarded
-        elif client != peer:
-            if not self.allow_foreign_address:
-                self.refuse(
-                    peer,
-                    dialect,
-                    msg.service,
-                    msg.metadata,
-                    "forbidden_address",
-                    "only registered workers may send a request for another client's address",
-                )
-                return
-            origin = self.sessions.dialect_of(client)
-        name = msg.service
-        if name[:4] == b"mmi.":
-            self.answer_directly(client, origin, name, msg.metadata, msg.data)
-        else:
-            forward = msg.client is not None and worker is not None
-            refused = self.submit(client, origin, name, msg.metadata, msg.data, forward=forward)
-            if refused is not None:
-                # The error reply goes to the request's client: for a forward, the original.
-                self.refuse(client, origin, name, msg.metadata, *refused)
-        if worker is not None:
-            self.credit(worker, released=released)
-
-    def _forwarded(
-        self, peer: bytes, worker: Session, client: bytes, metadata: tuple[bytes, ...]
-    ) -> tuple[bytes, Dialect, bool] | None:
-        """A worker's forward names ``client``: the client's real address, its dialect, and
-        whether the forward finished a request the worker held (matched exactly; a worker
-        naming an address without holding its request releases nothing); ``None`` if the
-        address is not one the broker gave (Rule S)."""
-        answered = self.answered(peer, worker, client, metadata)
-        if answered is None:
-            return None
-        client, finished = answered
-        if finished is not None:
-            return client, finished.origin, True
-        return client, self.sessions.dialect_of(client), False
-
-    def _on_reply(self, peer: bytes, worker: Session | None, msg: Reply) -> None:
-        if worker is None:
-            # Rule U4 (dcp._core.broker.unreachable): it may register in a moment.
-            if not self.early.keep(peer, msg, self._now):
-                self.reject(peer, "reply_from_non_worker", "only registered workers may reply")
-            return
-        client = msg.client
-        if client is None:
-            self.reject(peer, "reply_without_client", "reply has no client address")
-            self.credit(worker, released=False)
-            return
-        answered = self.answered(peer, worker, client, msg.metadata)
-        if answered is None:
-            return
-        client, pending = answered
-        self.counters.replies += 1
-        if pending is not None:
-            origin, name = pending.origin, pending.service.name
-            data = msg.data
-            if data and data[0] == ERROR_MARKER:
-                pending.service.errors += 1  # directory Rule D5
-        else:
-            origin, name = self.sessions.dialect_of(client), b""
-        self.answer(client, origin.reply(client, name, msg.metadata, msg.data))
-        self.credit(worker, released=pending is not None)
+        handler.receive(peer, body, worker, now, principal)
 
     def _admitted(self, peer: bytes, principal: str | None) -> bool:
         """Rule S: whether the guard admits a message from ``peer`` under ``principal``
@@ -357,36 +352,112 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
         assert self.guard is not None
         refused = self.guard.admit(peer, principal)
         if refused is not None:
-            self.reject(peer, refused, "key %s", principal)
+            self._out.reject(peer, refused, "key %s", principal)
             return False
         return True
 
     def decide(self, token: int, answer: Approval, now: float) -> None:
         """The approver answered registration question ``token`` (approval Rule A2)."""
-        decide(self, token, answer, now)
+        self._out.now = now
+        self.routing.decide(token, answer, now)
 
-    # ------------------- what the driver reports (_core/driver_reports.py; Rules 6 and U1)
+    def revoke(self, now: float) -> int:
+        """Security Rule S5, after the guard's allow-lists were replaced: remove every
+        worker whose key may no longer serve one of its services (:mod:`.redelivery`).
+        Returns how many workers were removed."""
+        self._out.now = now
+        return self.redelivery.revoke(now)
 
-    reject_too_many_frames = driver_reports.reject_too_many_frames
-    reject_too_large = driver_reports.reject_too_large
-    undeliverable = driver_reports.undeliverable
+    # ---------------------------------------------------- what the driver reports
 
-    # --------------------------------------------------------------- time
+    def reject_too_many_frames(
+        self, frames: list[bytes], dropped: int, now: float, principal: str | None = None
+    ) -> None:
+        """The driver cut a message at its frame limit, keeping ``frames`` (routing id
+        first): count and log it, and answer it with an error reply if it is a request
+        whose metadata was kept (rule 1 above)."""
+        kept = len(frames) - 1
+        exc = TooManyFrames(f"{kept + dropped} frames; the limit is {kept}")
+        self._cut(frames, exc.reason, str(exc), now, principal)
+
+    def reject_too_large(
+        self,
+        frames: list[bytes],
+        nbytes: int,
+        limit: int,
+        now: float,
+        principal: str | None = None,
+    ) -> None:
+        """The driver found a message over its size limit and kept only ``frames`` of it:
+        as :meth:`reject_too_many_frames`."""
+        exc = MessageTooLarge(f"{nbytes} bytes; the limit is {limit}")
+        self._cut(frames, exc.reason, str(exc), now, principal)
+
+    def _cut(
+        self, frames: list[bytes], reason: str, detail: str, now: float, principal: str | None
+    ) -> None:
+        self._out.now = now
+        peer = frames[0]
+        if self.guard is not None and not self._admitted(peer, principal):
+            return
+        self._dcp.cut(peer, frames[1:], self._workers.get(peer), reason, detail, now)
+
+    def undeliverable(self, frames: list[bytes], why: str) -> None:
+        """The driver could not send ``frames`` (``why``: its peer is ``gone``, or its
+        queue is ``full``; rule 2 above).
+
+        A worker we cannot reach is treated as gone: what it holds is redelivered. Any other
+        message is dropped and counted: replies in ``dropped_replies``, the rest (echoes,
+        pongs, reconnects) in ``undeliverable``.
+        """
+        if self.streams.undelivered(frames, why):
+            return  # held for a full socket (streams Rule T3)
+        if self._pubsub_peers.undeliverable(frames) or self._mc0.undeliverable(frames):
+            return
+        out = self._out
+        worker = self._workers.get(frames[0])
+        if worker is not None:
+            self.counters.count(f"worker_unreachable_{why}")
+            self.redelivery.remove_worker(worker, out.now, f"unreachable ({why})")
+        elif _is_reply(frames):
+            # Rule U1 for DCP replies only: a DCP client keeps its address when it
+            # reconnects; a Majordomo client without an id of its own gets a new one.
+            if (
+                why == "gone"
+                and _is_dcp_reply(frames)
+                and self.unreachable.refused(frames, out.now)
+            ):
+                if self._next_resend <= out.now:
+                    self._next_resend = out.now + self._resend_every
+            else:
+                self.counters.dropped_replies += 1
+        else:
+            self.counters.undeliverable += 1
+
+    # ------------------------------------------------------------------ time
 
     def expire(self, now: float) -> None:
-        """Time passes: work timeouts (Rule 7), expiries of queued requests (queues Rule
-        Q3), liveness (peers Rules L2-L3: expire, or probe a busy worker), and the broker's
-        heartbeats to MDP workers (Rule M4)."""
-        self._now = now
-        self.time_out_work(now)
-        self._queues.expire(now)
-        if self.unreachable.kept:  # Rule U2 (dcp._core.broker.unreachable)
-            again, expired = self.unreachable.due(now)
-            self.outbox += again
+        """Do what is due at ``now``: work timeouts (Rule 7), expiries of queued requests
+        (queues Rule Q3), replies kept for unreachable clients (Rule U2) and from peers not
+        registered (Rule U4), liveness (peers Rules L2-L3: expire, or probe a busy worker),
+        the broker's heartbeats to MDP and DBP workers (Rule M4), pub/sub expiries (pubsub
+        Rule P5) and mc0 TTLs (Rule C3), and messages held for full sockets (streams Rule
+        T3)."""
+        out = self._out
+        out.now = now
+        redelivery = self.redelivery
+        redelivery.time_out_work(now)
+        self.routing.queues.expire(now)
+        unreachable = self.unreachable
+        if unreachable.kept and now >= self._next_resend:  # Rule U2
+            again, expired = unreachable.due(now)
+            out.outbox += again
             self.counters.dropped_replies += expired
-        if len(self.early):  # Rule U4
-            for peer in self.early.expire(now):
-                self.reject(peer, "reply_from_non_worker", "only registered workers may reply")
+            self._next_resend = now + self._resend_every
+        early = self.early
+        if len(early):  # Rule U4
+            for peer in early.expire(now):
+                out.reject(peer, "reply_from_non_worker", "only registered workers may reply")
         sessions = self.sessions
         for session in sessions.due(now):
             if session.ident not in sessions.workers:
@@ -399,28 +470,41 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
                         limit = pending.work_timeout
                 if now - session.heard < limit:
                     # Rule L3: a send to a dead connection fails, which removes it.
-                    self.outbox.append(session.dialect.beat(session.ident))
+                    out.outbox.append(session.dialect.beat(session.ident))
                     sessions.probed(session, now)
                     continue
             self.counters.expired += 1
-            self.remove_worker(session, "expired")
-        if sessions.beating and now >= self._next_beat:
-            self._beat(now)
-            self._next_beat = now + self.heartbeat_interval
-        self.expire_pubsub(now)
+            redelivery.remove_worker(session, now, "expired")
+        self._mdp.beat(now)
+        self.pubsub.expire(now)
+        self._mc0.expire(now)
+        self.streams.retry(now)
 
-    def next_expiry(self) -> float | None:
+    def next_deadline(self) -> float | None:
         """When :meth:`expire` next has something to do, unless messages arrive first
-        (``None``: nothing to expire)."""
+        (``None``: nothing until more input)."""
+        # The driver asks after every batch: one comparison per part, no list built.
         when = self.sessions.next_expiry()
-        work = self.next_work_deadline()
-        if work is not None and (when is None or work < when):
-            when = work
-        if self.sessions.beating and (when is None or self._next_beat < when):
-            when = self._next_beat
-        pubsub = self.next_pubsub_expiry()
-        if pubsub is not None and (when is None or pubsub < when):
-            when = pubsub
+        due = self.redelivery.next_deadline()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self._mdp.next_beat()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self.pubsub.next_expiry()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self._mc0.next_deadline()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self.early.next_due()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self.streams.next_retry()
+        if due is not None and (when is None or due < when):
+            when = due
+        if self.unreachable.kept and (when is None or self._next_resend < when):
+            when = self._next_resend
         return when
 
     # --------------------------------------------------------- statistics
@@ -428,12 +512,14 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
     def overview(self) -> dict[str, Any]:
         """Broker-wide figures for ``mmi.broker`` (:func:`~.directory.broker_entry`);
         the uptime counts from :attr:`started`, which the driver sets when it has bound."""
-        errors = sum(s.errors for s in self._services.values())
-        listed = sum(s.requests for s in self._services.values())
+        services = self.routing.services
+        errors = sum(s.errors for s in services.values())
+        listed = sum(s.requests for s in services.values())
         busy = sum(1 for w in self.sessions.workers.values() if w.held)
-        started = self._now if self.started is None else self.started
-        uptime = max(0.0, self._now - started)
-        return directory.broker_entry(self.statistics(), uptime, errors, busy, listed)
+        now = self._out.now
+        started = now if self.started is None else self.started
+        uptime = max(0.0, now - started)
+        return broker_entry(self.statistics(), uptime, errors, busy, listed)
 
     def statistics(self) -> BrokerStatistics:
         """A snapshot of the counters and per-service gauges."""
@@ -452,13 +538,88 @@ class BrokerCore(Mc0Peers, Majordomo, DbpPeers):
             work_timeouts=c.work_timeouts,
             rejections=dict(c.rejections),
             workers=len(self.sessions.workers),
-            clients=len(self._loads),
+            clients=len(self.routing.loads),
             services={
                 name: QueueStatistics(s.workers, len(s.idle), s.queued())
-                for name, s in self._services.items()
+                for name, s in self.routing.services.items()
             },
             partials=c.partials,
             expired_in_queue=c.expired_in_queue,
             replaced=c.replaced,
-            streams=self.stream_statistics(),
+            streams=self.streams.statistics(),
         )
+
+    def snapshot(self, now: float, *, peers: bool = False) -> BrokerSnapshot:
+        """Everything the HTTP endpoint shows, read where the core runs (nothing may change
+        it meanwhile). Costs one pass over the services, workers and active clients; nothing
+        on the per-message path.
+
+        :param peers: also list every worker and client (``/status``; ``/metrics`` only
+            counts)
+        """
+        services = []
+        directory = self.directory
+        for name, s in self.routing.services.items():
+            idle = len(s.idle)
+            queue = s.queue
+            info = directory.info(name) or {}
+            services.append(
+                ServiceFigures(
+                    name=text(name),
+                    workers=s.workers,
+                    idle=idle,
+                    busy=s.workers - idle,
+                    queued=s.queued(),
+                    oldest_queued_age=max(0.0, now - queue[0].since) if queue else 0.0,
+                    requests=s.requests,
+                    replies=s.answered,
+                    errors=s.errors,
+                    redeliveries=s.redeliveries,
+                    processing_time=s.busy_time,
+                    durations=tuple(s.durations),
+                    version=info.get("version", ""),
+                    description=info.get("description", ""),
+                )
+            )
+        sessions = self.sessions
+        counts: dict[tuple[str, str], int] = {}
+        workers = []
+        for ident, w in sessions.workers.items():
+            key = ("worker", w.dialect.name)
+            counts[key] = counts.get(key, 0) + 1
+            if peers:
+                workers.append(
+                    WorkerFigures(
+                        id=ident.hex(),
+                        dialect=w.dialect.name,
+                        services=tuple(text(s.name) for s in w.services),
+                        held=len(w.held),
+                        credit=w.credit,
+                        silent=max(0.0, now - w.heard),
+                    )
+                )
+        clients = []
+        for ident, load in self.routing.loads.items():
+            dialect = sessions.dialect_of(ident).name
+            key = ("client", dialect)
+            counts[key] = counts.get(key, 0) + 1
+            if peers:
+                clients.append(ClientFigures(ident.hex(), dialect, load.inflight, load.queued))
+        return BrokerSnapshot(
+            statistics=self.statistics(),
+            services=tuple(services),
+            workers=tuple(workers),
+            clients=tuple(clients),
+            peers=counts,
+        )
+
+
+def _is_dcp_reply(frames: list[bytes]) -> bool:
+    return len(frames) > 3 and frames[3] in _REPLY_TYPE_FRAMES and frames[2][:4] == b"DGBX"
+
+
+def _is_reply(frames: list[bytes]) -> bool:
+    """Whether a message to a client is a reply (DCP REPLY, or an MDP client answer)."""
+    if _is_dcp_reply(frames):
+        return True
+    return any(f in mdp.CLIENT_HEADERS for f in frames[1:3])

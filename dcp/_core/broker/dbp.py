@@ -1,5 +1,5 @@
 """DBP peers (the Distributive Broker Protocol draft, :mod:`dcp.wire.dbp`) on the routing
-core. Sans-IO.
+part. Sans-IO: one of the broker core's dialect handlers (:class:`~.core.Handler`).
 
 Rule B1 - Info. ``u_U name`` is answered ``o_O json``: the service's info and live figures
   (``mmi.info`` and ``mmi.stats`` merged), or for an empty name the list ``mmi.services``
@@ -24,11 +24,15 @@ What this module does NOT do: the draft's UDP heartbeats (the beacon is dcp's ow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dcp._core.broker import directory
-from dcp._core.broker.dialects import DBP
-from dcp._core.broker.peers import Session
+from dcp._core.broker.dialects import DbpDialect
+from dcp._core.broker.directory import Directory, Mmi
+from dcp._core.broker.outputs import Outputs
+from dcp._core.broker.peers import Sessions
+from dcp._core.broker.records import Session
+from dcp._core.broker.redelivery import Redelivery
 from dcp._core.broker.routing import Routing
 from dcp._errors import RemoteProtocolError
 from dcp._json import encode_json
@@ -37,10 +41,41 @@ from dcp.wire import dbp
 __all__ = ["DbpPeers"]
 
 
-class DbpPeers(Routing):
-    """Routing plus DBP services and info requests (the module's rules)."""
+class DbpPeers:
+    """The DBP dialect handler: services and info requests (the module's rules).
 
-    def _on_dbp(
+    :param outputs: where messages, counts and refusals go
+    :param sessions: the registered workers, and other peers' dialects
+    :param routing: queues, credit, held requests, registrations
+    :param directory: a service's info (Rules B2, B3)
+    :param mmi: the service listing (Rule B1)
+    :param redelivery: a service that disconnects
+    :param clock: epoch seconds, for the time frame in every DBP command
+        (:class:`~.dialects.DbpDialect`)
+    """
+
+    def __init__(
+        self,
+        *,
+        outputs: Outputs,
+        sessions: Sessions,
+        routing: Routing,
+        directory: Directory,
+        mmi: Mmi,
+        redelivery: Redelivery,
+        clock: Callable[[], float],
+    ) -> None:
+        #: How the broker writes to DBP peers.
+        self.dialect = DbpDialect(clock)
+        self._out = outputs
+        self._outbox = outputs.outbox
+        self._sessions = sessions
+        self._routing = routing
+        self._directory = directory
+        self._mmi = mmi
+        self._redelivery = redelivery
+
+    def receive(
         self,
         peer: bytes,
         body: Sequence[bytes],
@@ -48,56 +83,63 @@ class DbpPeers(Routing):
         now: float,
         principal: str | None,
     ) -> None:
+        """One DBP command (``body``: after the routing id) from ``peer`` (``worker``: its
+        session, if it is a registered worker)."""
         try:
             event = dbp.parse(body)
         except RemoteProtocolError as exc:
-            self.reject(peer, exc.reason, str(exc))
+            self._out.reject(peer, exc.reason, str(exc))
             return
+        outbox = self._outbox
+        dialect = self.dialect
         if isinstance(event, dbp.InfoRequest):
-            self.outbox.append(DBP.reply(peer, b"", (), (self._dbp_info(event.name),)))
+            outbox.append(dialect.reply(peer, b"", (), (self._info(event.name, now),)))
             return
         if isinstance(event, dbp.Ack):
             return
         if isinstance(event, dbp.Registration):
-            self._dbp_register(peer, worker, event, now, principal)
+            self._register(peer, worker, event, now, principal)
             return
-        if worker is None or worker.dialect is not DBP:
+        if worker is None or worker.dialect is not dialect:
             if worker is not None:
-                self.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
+                self._out.reject(
+                    peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name
+                )
                 return
-            self.counters.reconnects_sent += 1
-            self.outbox.append(DBP.expel(peer))
+            self._out.counters.reconnects_sent += 1
+            outbox.append(dialect.expel(peer))
             return
-        self.sessions.heard(worker, now)
+        self._sessions.heard(worker, now)
+        routing = self._routing
         if isinstance(event, dbp.ServiceReply):
-            answered = self.answered(peer, worker, event.client, None)
+            answered = routing.answered(peer, worker, event.client, None, now)
             if answered is None:
                 return
             client, pending = answered
-            self.counters.replies += 1
+            self._out.counters.replies += 1
             if pending is not None:
                 origin = pending.origin
                 name, metadata = pending.service.name, pending.metadata
             else:
-                origin, name, metadata = self.sessions.dialect_of(client), b"", ()
-            self.outbox.append(origin.reply(client, name, metadata, event.body))
-            self.credit(worker, released=pending is not None)
+                origin, name, metadata = self._sessions.dialect_of(client), b"", ()
+            outbox.append(origin.reply(client, name, metadata, event.body))
+            routing.credit(worker, now, released=pending is not None)
         elif isinstance(event, dbp.Update):
             try:
                 info = directory.parse_info(encode_json(event.document))
             except ValueError as exc:
-                self.reject(peer, "bad_service_info", str(exc))
+                self._out.reject(peer, "bad_service_info", str(exc))
                 return
             for service in worker.services:
-                self.directory.describe(peer, service.name, info, registered=True)
-            self.outbox.append([peer, b"", dbp.ACK, b"%.3f" % DBP.clock()])
+                self._directory.describe(peer, service.name, info, registered=True)
+            outbox.append([peer, b"", dbp.ACK, b"%.3f" % dialect.clock()])
         elif isinstance(event, dbp.Heartbeat):
             if worker.held:
                 worker.beats_busy = True
         else:  # Disconnect
-            self.remove_worker(worker)
+            self._redelivery.remove_worker(worker, now)
 
-    def _dbp_register(
+    def _register(
         self,
         peer: bytes,
         worker: Session | None,
@@ -106,30 +148,28 @@ class DbpPeers(Routing):
         principal: str | None,
     ) -> None:
         """Rule B2."""
-        if worker is not None and worker.dialect is not DBP:
-            self.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
+        dialect = self.dialect
+        if worker is not None and worker.dialect is not dialect:
+            self._out.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
             return
         name = event.name
         try:
             info = directory.parse_info(encode_json(event.document))
         except ValueError as exc:
-            self.reject(peer, "bad_service_info", str(exc))
-            self.outbox.append(DBP.refused(peer, name, "bad_service_info", str(exc)))
+            self._out.reject(peer, "bad_service_info", str(exc))
+            self._outbox.append(dialect.refused(peer, name, "bad_service_info", str(exc)))
             return
-        self.directory.describe(peer, name, info, registered=False)
-        self.register(peer, worker, name, DBP, now, principal)
+        self._directory.describe(peer, name, info, registered=False)
+        self._routing.register(peer, worker, name, dialect, now, principal)
 
-    def _dbp_info(self, name: bytes) -> bytes:
+    def _info(self, name: bytes, now: float) -> bytes:
         """Rule B1: the JSON answering an info request."""
-        services, now = self._services, self._now
         if not name:
-            return directory.answer(
-                b"mmi.services", (), self.serves, services, self.directory, now
-            )[0]
-        service = services.get(name)
+            return self._mmi.listing(b"mmi.services", (), now)[0]
+        service = self._routing.services.get(name)
         if service is None:
             return encode_json({"name": directory.text(name), "status": "inactive"})
-        info = self.directory.info_entry(service, now)
+        info = self._directory.info_entry(service, now)
         stats = directory.stats_entry(service, now)
         merged = {**stats, **info, "status": "active" if service.workers else "inactive"}
         merged["type"] = "io.dcp.v1.dbp_info"

@@ -1,14 +1,14 @@
 """How the broker writes to a peer in the dialect it speaks. Pure.
 
-The routing core decides *what* to send (give this request to that worker, answer that
-client, probe or expel a worker); the peer's :class:`Dialect` turns it into frames (routing id
-first), using the codecs in :mod:`dcp.wire`. One instance per wire form, shared by every peer
-that speaks it, so remembering a peer's dialect costs one reference.
+The routing part (:mod:`.routing`) and the dialect handlers decide *what* to send (give this
+request to that worker, answer that client, probe or expel a worker); the peer's
+:class:`Dialect` turns it into frames (routing id first), using the codecs in :mod:`dcp.wire`.
+One instance per wire form, shared by every peer that speaks it, so remembering a peer's
+dialect costs one reference (DBP: one per broker core, which gives it its clock).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from dcp.wire import dbp, mdp
@@ -16,7 +16,6 @@ from dcp.wire.dcp1 import PROTOCOL, TYPE_FRAMES
 from dcp.wire.messages import MessageType, error_reply_data
 
 __all__ = [
-    "DBP",
     "DCP1",
     "DCP4",
     "DbpDialect",
@@ -197,15 +196,19 @@ class MdpDialect(Dialect):
 
 
 class DbpDialect(Dialect):
-    """DBP services (:mod:`dcp.wire.dbp`): approved/denied, ``REQ``, heartbeats. The time
-    frame DBP puts in every command is read from :attr:`clock` (epoch seconds; a formatting
-    detail, not a rule: the core's own time is the ``now`` it is given)."""
+    """DBP services (:mod:`dcp.wire.dbp`): approved/denied, ``REQ``, heartbeats. One per
+    broker core (:mod:`.dbp`).
+
+    :param clock: the time frame DBP puts in every command (epoch seconds, which the driver
+        supplies; a formatting detail, not a rule: the core's own time is the ``now`` it is
+        given, and it reads no clock)
+    """
 
     __slots__ = ("clock",)
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
         super().__init__("DBP", partials=False, beats=True)
-        self.clock: Callable[[], float] = time.time
+        self.clock = clock
 
     def request(
         self,
@@ -242,7 +245,6 @@ class DbpDialect(Dialect):
         return [ident, *dbp.disconnect(self.clock())]
 
 
-DBP = DbpDialect()
 DCP1 = DcpDialect(1)
 DCP4 = DcpDialect(4)
 _DCP = {1: DCP1, 4: DCP4}

@@ -1,6 +1,6 @@
 """Services the broker answers itself (ZeroMQ RFC 8, MMI, and dcp's discovery), for every
-dialect, and what workers say about the services they provide. Pure: no clocks (``now`` is
-the routing core's time of the call), no sockets.
+dialect (:class:`Mmi`), and what workers say about the services they provide
+(:class:`Directory`). Pure: no clocks (``now`` is the time of the call), no sockets.
 
 Rule D1 - A request for a name starting with ``mmi.`` is answered by the broker, never
   queued. ``mmi.service``: ``200`` if a worker serves the service named by the request's last
@@ -42,11 +42,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dcp._core.broker.dialects import Dialect
+from dcp._core.broker.outputs import Outputs
+from dcp._core.broker.peers import Sessions
+from dcp._core.broker.records import Service
 from dcp._json import encode_json
 
 if TYPE_CHECKING:
-    from dcp._core.broker.queues import Service
-    from dcp._core.broker.routing import Routing
     from dcp._stats import BrokerStatistics
 
 __all__ = [
@@ -56,9 +58,9 @@ __all__ = [
     "MAX_WAITING",
     "PREFIX",
     "Directory",
+    "Mmi",
     "answer",
     "broker_entry",
-    "describe",
     "is_reserved",
     "parse_info",
     "service_entry",
@@ -309,7 +311,7 @@ def answer(
     than ``mmi.describe``, which needs the sender: :meth:`Directory.describe`).
 
     :param served: whether some worker serves a service
-    :param services: the routing core's services, by name (discovery needs them)
+    :param services: the routing part's services, by name (discovery needs them)
     """
     if name == b"mmi.service":
         return (b"200",) if data and served(bytes(data[-1])) else (b"404",)
@@ -330,20 +332,75 @@ def answer(
     return (b"501",)
 
 
-def describe(core: Routing, peer: bytes, data: Sequence[bytes]) -> bytes:
-    """Rule D3: ``peer`` describes a service (data ``[service, info]``): ``200`` or ``400``."""
-    try:
-        if len(data) != 2:
-            raise ValueError(f"{len(data)} data parts; expected 2 (service, info)")
-        name = bytes(data[0])
-        info = parse_info(bytes(data[1]))
-    except ValueError as exc:
-        core.reject(peer, "bad_service_info", str(exc))
-        return b"400"
-    worker = core.sessions.workers.get(peer)
-    registered = worker is not None and any(s.name == name for s in worker.services)
-    core.directory.describe(peer, name, info, registered)
-    return b"200"
+class Mmi:
+    """The ``mmi.*`` services, answered by the broker itself (Rules D1, D3).
+
+    :param outputs: where answers and refusals go
+    :param directory: what workers said about their services
+    :param sessions: the registered workers (a description of a service its sender
+        provides already applies at once)
+    :param services: the routing part's services, by name (read, never changed)
+    :param overview: the broker-wide figures ``mmi.broker`` answers (:func:`broker_entry`)
+    """
+
+    def __init__(
+        self,
+        outputs: Outputs,
+        directory: Directory,
+        sessions: Sessions,
+        services: dict[bytes, Service],
+        overview: Callable[[], dict[str, Any]],
+    ) -> None:
+        self._out = outputs
+        self._directory = directory
+        self._sessions = sessions
+        self._services = services
+        self._overview = overview
+
+    def answer(
+        self,
+        client: bytes,
+        origin: Dialect,
+        name: bytes,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        now: float,
+    ) -> None:
+        """Rules D1, D3: answer ``client``'s request for ``name`` (an ``mmi.*`` name) in
+        ``origin``, its dialect."""
+        if name == DESCRIBE:
+            answered: tuple[bytes, ...] = (self.describe(client, data),)
+        elif name == BROKER:
+            answered = (encode_json(self._overview()),)
+        else:
+            answered = self.listing(name, data, now)
+        self._out.outbox.append(origin.reply(client, name, metadata, answered))
+
+    def listing(self, name: bytes, data: Sequence[bytes], now: float) -> tuple[bytes, ...]:
+        """Rule D1: the reply data for ``name`` (any ``mmi.*`` name but ``mmi.describe`` and
+        ``mmi.broker``), from the services known now."""
+        return answer(name, data, self.serves, self._services, self._directory, now)
+
+    def serves(self, name: bytes) -> bool:
+        """Whether some registered worker provides ``name``."""
+        service = self._services.get(name)
+        return service is not None and service.workers > 0
+
+    def describe(self, peer: bytes, data: Sequence[bytes]) -> bytes:
+        """Rule D3: ``peer`` describes a service (data ``[service, info]``): ``200`` or
+        ``400``."""
+        try:
+            if len(data) != 2:
+                raise ValueError(f"{len(data)} data parts; expected 2 (service, info)")
+            name = bytes(data[0])
+            info = parse_info(bytes(data[1]))
+        except ValueError as exc:
+            self._out.reject(peer, "bad_service_info", str(exc))
+            return b"400"
+        worker = self._sessions.workers.get(peer)
+        registered = worker is not None and any(s.name == name for s in worker.services)
+        self._directory.describe(peer, name, info, registered)
+        return b"200"
 
 
 def _stats(service: Service, now: float) -> dict[str, Any]:

@@ -23,9 +23,9 @@ Rule S5 - Revocation. The allow-lists can be replaced while the broker runs
   (``revoked``) until the broker has dropped its connection (it drops every accepted tcp
   and ipc connection when a reload revokes a key: :mod:`dcp._broker.connections`), and the broker
   removes every worker whose key may no longer register one of its services, telling it
-  as a refused registration and redelivering what it held (the routing core's
-  ``revoke``). New handshakes follow the new lists at once (the ZAP handler asks the same
-  policy).
+  as a refused registration and redelivering what it held
+  (:meth:`~.redelivery.Redelivery.revoke`). New handshakes follow the new lists at once (the
+  ZAP handler asks the same policy).
 Rule S4 - Client addresses are sealed. The client address in a request given to a worker is
   ``seal(address)``, an authenticated encryption of the address under a key only this
   broker knows, and the address in a worker's reply or forward must be a sealed one, which
@@ -155,6 +155,10 @@ class Guard:
                 self._sealed[address] = sealed
                 self._unsealed[sealed] = address
         return sealed
+
+    def cached(self) -> tuple[int, int]:
+        """Sealed addresses remembered, and unsealed ones (the cache keeps both ways)."""
+        return len(self._sealed), len(self._unsealed)
 
     def unseal(self, sealed: bytes) -> bytes | None:
         """The address sealed in ``sealed``, or ``None`` if it was not made by :meth:`seal`."""

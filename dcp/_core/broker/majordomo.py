@@ -1,4 +1,5 @@
-"""Majordomo peers (MDP/0.1, MDP/0.2, majortomo) on the routing core. Sans-IO.
+"""Majordomo peers (MDP/0.1, MDP/0.2, majortomo) on the routing part. Sans-IO: one of the
+broker core's dialect handlers (:class:`~.core.Handler`).
 
 Rule M1 - Clients. An MDP request is a request with no metadata; the client is answered in
   the form it used (:mod:`dcp.wire.mdp`). A refusal (queue full, client limit, ...) is a
@@ -13,7 +14,12 @@ Rule M3 - Partials. A PARTIAL is a part of a stream (:mod:`.streams`): it goes t
   (MDP/0.2 and majortomo clients) or it asked for a stream (a dcp client); otherwise it is
   dropped and counted (``partial_dropped``): other clients get the FINAL only.
 Rule M4 - Heartbeats. The broker sends HEARTBEAT to every MDP worker each
-  ``heartbeat_interval``; an MDP worker's own heartbeats keep it alive (peers Rule L1).
+  ``heartbeat_interval`` (the first a tick, ``heartbeat_interval / 4``, after the first such
+  worker registered); an MDP worker's own heartbeats keep it alive (peers Rule L1).
+
+What this module does NOT do: credit or cancel towards MDP workers (MDP has neither, streams
+Rule T4), or carry metadata (MDP has none: a DCP client's stays in the broker and comes back
+in the reply).
 """
 
 from __future__ import annotations
@@ -21,18 +27,54 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dcp._core.broker.dialects import MdpDialect, mdp_dialect
-from dcp._core.broker.peers import Session
-from dcp._core.broker.streams import Streams
+from dcp._core.broker.directory import Mmi
+from dcp._core.broker.outputs import Outputs
+from dcp._core.broker.peers import Sessions
+from dcp._core.broker.records import Session
+from dcp._core.broker.redelivery import Redelivery
+from dcp._core.broker.routing import Routing
+from dcp._core.broker.streams import Streams, mdp_metadata
 from dcp._errors import RemoteProtocolError, UnknownMessageType
 from dcp.wire import mdp
 
-__all__ = ["Majordomo"]
+__all__ = ["MdpPeers"]
 
 
-class Majordomo(Streams):
-    """Routing plus the Majordomo dialects (the module's rules)."""
+class MdpPeers:
+    """The Majordomo dialect handler (the module's rules).
 
-    def _on_mdp(
+    :param outputs: where messages, counts and refusals go
+    :param sessions: the registered workers, and other peers' dialects
+    :param routing: queues, credit, held requests, registrations
+    :param streams: partial replies (Rules M3, T3)
+    :param mmi: requests to ``mmi.*`` names
+    :param redelivery: a worker that leaves or is expelled
+    :param heartbeat_interval: seconds between the broker's heartbeats (Rule M4)
+    """
+
+    def __init__(
+        self,
+        *,
+        outputs: Outputs,
+        sessions: Sessions,
+        routing: Routing,
+        streams: Streams,
+        mmi: Mmi,
+        redelivery: Redelivery,
+        heartbeat_interval: float,
+    ) -> None:
+        self._out = outputs
+        self._outbox = outputs.outbox
+        self._counters = outputs.counters
+        self._sessions = sessions
+        self._routing = routing
+        self._streams = streams
+        self._mmi = mmi
+        self._redelivery = redelivery
+        self._interval = heartbeat_interval
+        self._next_beat = 0.0
+
+    def receive(
         self,
         peer: bytes,
         body: Sequence[bytes],
@@ -40,88 +82,105 @@ class Majordomo(Streams):
         now: float,
         principal: str | None,
     ) -> None:
+        """One Majordomo message (``body``: after the routing id) from ``peer``
+        (``worker``: its session, if it is a registered worker)."""
         try:
             event, form = mdp.parse(body)
         except RemoteProtocolError as exc:
-            self.reject(peer, exc.reason, str(exc))
+            self._out.reject(peer, exc.reason, str(exc))
             if (
                 worker is not None
                 and isinstance(worker.dialect, MdpDialect)
                 and isinstance(exc, UnknownMessageType)
             ):
-                self._expel(worker)  # Rule M2: a command MDP does not know
+                self._expel(worker, now)  # Rule M2: a command MDP does not know
             return
         dialect = mdp_dialect(form)
         if isinstance(event, mdp.ClientRequest):
             if worker is not None:
-                self.reject(peer, "dialect_mismatch", "a registered worker sent a client request")
+                self._out.reject(
+                    peer, "dialect_mismatch", "a registered worker sent a client request"
+                )
                 return
-            self.sessions.remember(peer, dialect)
+            self._sessions.remember(peer, dialect)
             name = event.service
             if name[:4] == b"mmi.":
-                self.answer_directly(peer, dialect, name, (), event.body)
+                self._mmi.answer(peer, dialect, name, (), event.body, now)
                 return
-            metadata = self.mdp_metadata(dialect)  # streams Rule T3
-            refused = self.submit(peer, dialect, name, metadata, event.body, forward=False)
+            metadata = mdp_metadata(dialect)  # streams Rule T3
+            refused = self._routing.submit(
+                peer, dialect, name, metadata, event.body, now, forward=False
+            )
             if refused is not None:
-                self.refuse(peer, dialect, name, (), *refused)
+                self._out.refuse(peer, dialect, name, (), *refused)
             return
         if worker is None:
             if isinstance(event, mdp.WorkerReady):
-                self.register(peer, None, event.service, dialect, now, principal)
+                self._routing.register(peer, None, event.service, dialect, now, principal)
             elif not isinstance(event, mdp.WorkerDisconnect):
-                self.counters.reconnects_sent += 1
-                self.outbox.append(dialect.expel(peer))
+                self._counters.reconnects_sent += 1
+                self._outbox.append(dialect.expel(peer))
             return
         if not isinstance(worker.dialect, MdpDialect):
-            self.reject(
+            self._out.reject(
                 peer, "dialect_mismatch", "an MDP command from a %s worker", worker.dialect.name
             )
             return
         worker.dialect = dialect
-        self.sessions.heard(worker, now)
+        self._sessions.heard(worker, now)
         if isinstance(event, mdp.WorkerAnswer):
-            self._on_answer(peer, worker, event)
+            self._on_answer(peer, worker, event, now)
         elif isinstance(event, mdp.WorkerHeartbeat):
             if worker.held:
                 worker.beats_busy = True
         elif isinstance(event, mdp.WorkerDisconnect):
-            self.remove_worker(worker)
+            self._redelivery.remove_worker(worker, now)
         else:  # a second READY
-            self.reject(peer, "unexpected_ready", "READY from a registered MDP worker")
-            self._expel(worker)
+            self._out.reject(peer, "unexpected_ready", "READY from a registered MDP worker")
+            self._expel(worker, now)
 
-    def _on_answer(self, peer: bytes, worker: Session, event: mdp.WorkerAnswer) -> None:
+    def _on_answer(
+        self, peer: bytes, worker: Session, event: mdp.WorkerAnswer, now: float
+    ) -> None:
+        routing = self._routing
         if not event.final:
-            client = event.client
-            if self.guard is not None:
-                unsealed = self.unseal(peer, client)
-                if unsealed is None:
-                    return
-                client = unsealed
-            self.mdp_partial(worker, client, event.body)  # streams Rules T1, T4
+            client = routing.unsealed(peer, event.client)
+            if client is not None:
+                self._streams.mdp_partial(worker, client, event.body)  # streams Rules T1, T4
             return
-        answered = self.answered(peer, worker, event.client, None)
+        answered = routing.answered(peer, worker, event.client, None, now)
         if answered is None:
             return
         client, pending = answered
-        self.counters.replies += 1
+        self._counters.replies += 1
         if pending is not None:
-            self.answer(  # after what is held for the client (streams Rule T3)
+            self._streams.answer(  # after what is held for the client (streams Rule T3)
                 client,
                 pending.origin.reply(client, pending.service.name, pending.metadata, event.body),
             )
         else:
-            origin = self.sessions.dialect_of(client)
-            self.answer(client, origin.reply(client, b"", (), event.body))
-        self.credit(worker, released=pending is not None)
+            origin = self._sessions.dialect_of(client)
+            self._streams.answer(client, origin.reply(client, b"", (), event.body))
+        routing.credit(worker, now, released=pending is not None)
 
-    def _expel(self, worker: Session) -> None:
-        self.outbox.append(worker.dialect.expel(worker.ident))
-        self.remove_worker(worker)
+    def _expel(self, worker: Session, now: float) -> None:
+        self._outbox.append(worker.dialect.expel(worker.ident))
+        self._redelivery.remove_worker(worker, now)
 
-    def _beat(self, now: float) -> None:
-        """Rule M4: heartbeat every MDP worker."""
-        outbox = self.outbox
-        for session in self.sessions.beating.values():
+    def next_beat(self) -> float | None:
+        """Rule M4: when the next heartbeats are due (``None``: no worker to beat)."""
+        sessions = self._sessions
+        if not sessions.beating:
+            return None
+        first = sessions.beating_since + self._interval / 4
+        return first if first > self._next_beat else self._next_beat
+
+    def beat(self, now: float) -> None:
+        """Rule M4: heartbeat every worker the broker beats itself, if due at ``now``."""
+        due = self.next_beat()
+        if due is None or now < due:
+            return
+        outbox = self._outbox
+        for session in self._sessions.beating.values():
             outbox.append(session.dialect.beat(session.ident))
+        self._next_beat = now + self._interval

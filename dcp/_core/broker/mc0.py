@@ -1,4 +1,5 @@
-"""mc0 peers (:mod:`dcp.wire.mc0`) on the broker's pub/sub. Sans-IO.
+"""mc0 peers (:mod:`dcp.wire.mc0`) on the broker's pub/sub. Sans-IO: one of the broker
+core's dialect handlers (:class:`~.core.Handler`).
 
 Rule C1 - Topics are subjects. An mc0 topic is an exact subject (no wildcards): ``SUB``
   subscribes to each topic named, ``UNSUB`` ends those subscriptions, ``PUT`` publishes its
@@ -27,8 +28,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.pubsub import Writer
-from dcp._core.broker.pubsub_peers import PubSubOptions, PubSubPeers
+from dcp._core.broker.pubsub_peers import PubSubPeers
+from dcp._core.broker.records import Session
 from dcp._errors import RemoteProtocolError
 from dcp._util import DeadlineHeap
 from dcp.wire import mc0
@@ -68,136 +71,145 @@ def _live(peer: _Peer, token: int) -> bool:
     return peer.token == token
 
 
-class Mc0Peers(PubSubPeers):
-    """Pub/sub plus mc0 peers (the module's rules)."""
+class Mc0Peers:
+    """The mc0 dialect handler (the module's rules).
 
-    _mc0_peers: OrderedDict[bytes, _Peer]
-    _mc0_ttl: DeadlineHeap[_Peer]
+    :param outputs: where answers, deliveries, counts and refusals go
+    :param pubsub: the broker's pub/sub part (its subscriptions, settings and checks)
+    """
 
-    def init_pubsub(self, options: PubSubOptions | None) -> None:
-        super().init_pubsub(options)
-        self._mc0_peers = OrderedDict()
-        self._mc0_ttl = DeadlineHeap(_live)
+    def __init__(self, outputs: Outputs, pubsub: PubSubPeers) -> None:
+        self._out = outputs
+        self._outbox = outputs.outbox
+        self._peers_part = pubsub
+        self._pubsub = pubsub.pubsub
+        self._max_peers = pubsub.options.max_mc0_peers
+        self._peers: OrderedDict[bytes, _Peer] = OrderedDict()
+        self._ttl: DeadlineHeap[_Peer] = DeadlineHeap(_live)
 
-    def on_mc0(
-        self, peer: bytes, body: Sequence[bytes], now: float, principal: str | None
+    def receive(
+        self,
+        peer: bytes,
+        body: Sequence[bytes],
+        worker: Session | None,
+        now: float,
+        principal: str | None,
     ) -> None:
         """One mc0 command from ``peer`` (Rules C1-C3)."""
         try:
             cmd = mc0.parse(body)
         except RemoteProtocolError as exc:
-            self._mc0_fail(peer, None, exc.reason, str(exc))
+            self._fail(peer, None, exc.reason, str(exc))
             return
-        state = self._mc0_heard(peer, now)
+        state = self._heard(peer, now)
         ident = cmd.id
         verb = cmd.verb
         key = principal.encode() if principal is not None else None
+        part = self._peers_part
         if verb == b"PUT":
             topic = cmd.headers.get(b"TOPIC")
             if topic is None:
-                self._mc0_fail(peer, ident, "bad_mc0_message", "PUT without TOPIC")
+                self._fail(peer, ident, "bad_mc0_message", "PUT without TOPIC")
                 return
-            checked = self.check_publish(topic, key)
+            checked = part.check_publish(topic, key)
             if isinstance(checked, tuple):
-                self._mc0_fail(peer, ident, *checked)
+                self._fail(peer, ident, *checked)
                 return
-            self.pubsub.publish(checked, topic, cmd.positional)
-            self.drain_pubsub()
+            self._pubsub.publish(checked, topic, cmd.positional)
+            part.flush()
         elif verb == b"SUB":
             for topic in cmd.positional:
                 topic = bytes(topic)
-                tokens = self.check_subscribe(topic, key)
+                tokens = part.check_subscribe(topic, key)
                 if isinstance(tokens, tuple) or b"*" in tokens or b">" in tokens:
                     code, why = (
                         tokens
                         if isinstance(tokens, tuple)
                         else ("bad_subject", "mc0 topics are exact")
                     )
-                    self._mc0_fail(peer, ident, code, f"{why} ({topic[:64]!r})")
+                    self._fail(peer, ident, code, f"{why} ({topic[:64]!r})")
                     return
-                refused = self.pubsub.subscribe(peer, _SID_PREFIX + topic, tokens, _WRITER, now)
+                refused = self._pubsub.subscribe(peer, _SID_PREFIX + topic, tokens, _WRITER, now)
                 if refused is not None:
-                    self._mc0_fail(peer, ident, refused, "subscription refused")
+                    self._fail(peer, ident, refused, "subscription refused")
                     return
         elif verb == b"UNSUB":
             for topic in cmd.positional:
-                self.pubsub.unsubscribe(peer, _SID_PREFIX + bytes(topic))
+                self._pubsub.unsubscribe(peer, _SID_PREFIX + bytes(topic))
         elif verb == b"CONNECT":
             ttl = cmd.headers.get(b"TTL")
             if ttl is not None:
                 if not ttl.isdigit() or not _MIN_TTL_MS <= int(ttl[:12]) <= _MAX_TTL_MS:
-                    self._mc0_fail(peer, ident, "bad_ttl", f"TTL {ttl[:16]!r}")
+                    self._fail(peer, ident, "bad_ttl", f"TTL {ttl[:16]!r}")
                     return
                 state.ttl = int(ttl) / 1000
-                self._mc0_schedule(state, now)
+                self._schedule(state, now)
             state.version = cmd.headers.get(b"VERSION", b"")
         elif verb == b"DISCONNECT":
-            self._mc0_forget(peer)
+            self._forget(peer)
         # NOOP: being heard is all it does.
         if ident is not None:
-            self.outbox.append([peer, *mc0.ok(ident)])
+            self._outbox.append([peer, *mc0.ok(ident)])
 
-    def _mc0_fail(self, peer: bytes, ident: bytes | None, code: str, detail: str) -> None:
-        self.reject(peer, code, detail)
-        self.outbox.append([peer, *mc0.error(ident, f"{code}: {detail}")])
+    def _fail(self, peer: bytes, ident: bytes | None, code: str, detail: str) -> None:
+        self._out.reject(peer, code, detail)
+        self._outbox.append([peer, *mc0.error(ident, f"{code}: {detail}")])
 
-    def _mc0_heard(self, peer: bytes, now: float) -> _Peer:
-        peers = self._mc0_peers
+    def _heard(self, peer: bytes, now: float) -> _Peer:
+        peers = self._peers
         state = peers.get(peer)
         if state is None:
             state = peers[peer] = _Peer(peer)
-            if len(peers) > self.pubsub_options.max_mc0_peers:
+            if len(peers) > self._max_peers:
                 oldest = next(iter(peers))
-                self.counters.count("mc0_peer_evicted")
-                self._mc0_forget(oldest)
+                self._out.counters.count("mc0_peer_evicted")
+                self._forget(oldest)
         else:
             peers.move_to_end(peer)
             if state.ttl is not None:
-                self._mc0_schedule(state, now)
+                self._schedule(state, now)
         return state
 
-    def _mc0_schedule(self, state: _Peer, now: float) -> None:
+    def _schedule(self, state: _Peer, now: float) -> None:
         assert state.ttl is not None
         state.token += 1
         if state.token == 1:
-            self._mc0_ttl.live += 1
-        self._mc0_ttl.push(now + state.ttl, state.token, state)
+            self._ttl.live += 1
+        self._ttl.push(now + state.ttl, state.token, state)
 
-    def _mc0_forget(self, peer: bytes) -> None:
-        state = self._mc0_peers.pop(peer, None)
+    def _forget(self, peer: bytes) -> None:
+        state = self._peers.pop(peer, None)
         if state is not None and state.ttl is not None:
             state.token = -1
-            self._mc0_ttl.live -= 1
-        self.pubsub.drop_peer(peer)
+            self._ttl.live -= 1
+        self._pubsub.drop_peer(peer)
 
-    def expire_pubsub(self, now: float) -> None:
-        """Subscriptions not refreshed (pubsub Rule P5) and mc0 TTLs (Rule C3)."""
-        self.pubsub.expire(now)
-        heap = self._mc0_ttl
+    def expire(self, now: float) -> None:
+        """Rule C3: a NOOP to every peer silent for its TTL."""
+        heap = self._ttl
         while (state := heap.pop(now)) is not None:
-            self.outbox.append([state.ident, *mc0.noop()])
+            self._outbox.append([state.ident, *mc0.noop()])
             assert state.ttl is not None
             state.token += 1
             heap.push(now + state.ttl, state.token, state)
 
-    def next_pubsub_expiry(self) -> float | None:
-        when = self.pubsub.next_expiry()
-        due = self._mc0_ttl.next_due()
-        if due is not None and (when is None or due < when):
-            when = due
-        return when
+    def next_deadline(self) -> float | None:
+        """When the next NOOP is due (``None``: no peer set a TTL)."""
+        ttl = self._ttl
+        return ttl.next_due() if ttl.live else None
 
-    def pubsub_undeliverable(self, frames: list[bytes], why: str) -> bool:
-        if super().pubsub_undeliverable(frames, why):
-            return True
-        if len(frames) < 2 or frames[0] not in self._mc0_peers:
+    def undeliverable(self, frames: list[bytes]) -> bool:
+        """An mc0 message the driver could not send (Rules C3, C4); whether ``frames`` was
+        one."""
+        if len(frames) < 2 or frames[0] not in self._peers:
             return False
         verb = frames[1]
         if verb.__class__ is not bytes or verb not in _FROM_BROKER:
             return False
+        pubsub = self._pubsub
         if verb == b"MESSAGE":
-            self.pubsub.lost += 1
-            self.pubsub.delivered -= 1
+            pubsub.lost += 1
+            pubsub.delivered -= 1
         elif verb == b"NOOP":
-            self._mc0_forget(frames[0])  # gone, or hopelessly behind
+            self._forget(frames[0])  # gone, or hopelessly behind
         return True

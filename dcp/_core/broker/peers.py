@@ -1,10 +1,11 @@
 """Per-peer sessions: what the broker knows of each peer apart from shared routing state.
 
-A registered worker has a :class:`Session`: its dialect, services, credit, the requests it
-holds, and its liveness. Other peers (clients) have no session; the broker only remembers,
-for a bounded number of them, a dialect other than plain 1-byte DCP, to answer in kind.
+A registered worker has a :class:`~.records.Session`: its dialect, services, credit, the
+requests it holds, and its liveness. Other peers (clients) have no session; the broker only
+remembers, for a bounded number of them, a dialect other than plain 1-byte DCP, to answer in
+kind.
 
-Liveness rules (the routing core acts on what :meth:`Sessions.due` returns):
+Liveness rules (the broker core acts on what :meth:`Sessions.due` returns):
 
 Rule L1 - Every message from a worker is a sign of life: its *expiry* moves to ``now +
   timeout``. The timeout is the broker's ``liveness x heartbeat_interval`` for DCP workers,
@@ -23,50 +24,11 @@ Rule L4 - Quarantine: a peer removed for a work timeout gets no work until a giv
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 from dcp._core.broker.dialects import DCP1, Dialect
+from dcp._core.broker.records import Session
 
-if TYPE_CHECKING:
-    from dcp._core.broker.routing import Pending, Service
-
-__all__ = ["Session", "Sessions"]
-
-
-class Session:
-    """A registered worker."""
-
-    __slots__ = (
-        "beats_busy",
-        "credit",
-        "dialect",
-        "expiry",
-        "heard",
-        "held",
-        "ident",
-        "order",
-        "services",
-        "timeout",
-    )
-
-    def __init__(self, ident: bytes, dialect: Dialect, timeout: float) -> None:
-        self.ident = ident
-        #: How to write to it (for DCP, the type-frame width it last used).
-        self.dialect = dialect
-        self.services: list[Service] = []
-        #: Requests it may still be given (routing Rule 1).
-        self.credit = 0
-        #: Requests given to it and not yet answered, oldest first.
-        self.held: list[Pending] = []
-        #: Silence allowed before Rule L2 applies.
-        self.timeout = timeout
-        #: When it was last heard from, and when it expires if not heard from again.
-        self.heard = 0.0
-        self.expiry = 0.0
-        #: Whether it has been heard beating while it held requests (Rule L3).
-        self.beats_busy = False
-        #: The liveness order it is in (its timeout's).
-        self.order: OrderedDict[bytes, None] = OrderedDict()
+__all__ = ["Sessions"]
 
 
 class Sessions:
@@ -85,10 +47,13 @@ class Sessions:
         self.workers: dict[bytes, Session] = {}
         # One order per timeout, least recently heard first: its head expires first.
         self._orders: dict[float, OrderedDict[bytes, None]] = {}
-        # Non-worker peers that speak something other than 1-byte DCP.
-        self._dialects: OrderedDict[bytes, Dialect] = OrderedDict()
-        #: Workers the broker heartbeats itself (MDP), by routing id.
+        #: Non-worker peers that speak something other than 1-byte DCP, and their dialect,
+        #: least recently heard first (read it; :meth:`remember` writes it).
+        self.dialects: OrderedDict[bytes, Dialect] = OrderedDict()
+        #: Workers the broker heartbeats itself (MDP, DBP), by routing id, and when the first
+        #: of them registered (majordomo Rule M4 counts the first heartbeat from it).
         self.beating: dict[bytes, Session] = {}
+        self.beating_since = 0.0
         #: Rule L4: peers that get no work until the given time.
         self.quarantine: dict[bytes, float] = {}
 
@@ -103,10 +68,12 @@ class Sessions:
         order[ident] = None
         session.order = order
         if dialect.beats:
+            if not self.beating:
+                self.beating_since = now
             self.beating[ident] = session
         session.heard = now
         session.expiry = now + timeout
-        self._dialects.pop(ident, None)
+        self.dialects.pop(ident, None)
         return session
 
     def remove(self, session: Session) -> None:
@@ -154,7 +121,7 @@ class Sessions:
     def remember(self, peer: bytes, dialect: Dialect) -> None:
         """Remember the dialect a non-worker peer last spoke (1-byte DCP is the default and
         is not stored)."""
-        dialects = self._dialects
+        dialects = self.dialects
         if dialect is DCP1:
             if peer in dialects:
                 del dialects[peer]
@@ -170,4 +137,4 @@ class Sessions:
         session = self.workers.get(peer)
         if session is not None:
             return session.dialect
-        return self._dialects.get(peer, DCP1)
+        return self.dialects.get(peer, DCP1)

@@ -1,4 +1,4 @@
-"""Pub/sub for DCP peers (a dcp wire extension) on the routing core. Sans-IO.
+"""Pub/sub for DCP peers (a dcp wire extension): the broker's pub/sub part. Sans-IO.
 
 The extension (``docs/protocol.md``, "Pub/sub"): requests (0x04) to reserved service names
 that start with ``\\xffDCP:`` (no UTF-8 service name starts with byte 0xFF), answered with
@@ -21,6 +21,9 @@ Rule PS3 - Permissions (CURVE only: a message with a principal). A publish needs
   own (:func:`covers`), each listing the sender's key or ``*``; with no list, anyone may.
 Rule PS4 - A request naming a client address other than its sender is refused
   (``forbidden_address``): pub/sub answers go to the sender.
+
+What this module does NOT do: route, buffer or expire (:mod:`.pubsub` does), or speak mc0
+(:mod:`.mc0`, which shares this part's subscriptions and checks).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from dcp._core.broker.dialects import DcpDialect
+from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.pubsub import Overflow, PubSub, Writer
-from dcp._core.broker.routing import Routing
 from dcp._core.broker.subjects import SubjectError, check_pattern, check_subject, matches
 from dcp.wire.messages import Request
 from dcp.wire.options import OPTION_PREFIX
@@ -157,15 +160,19 @@ def _count(value: bytes | None, default: int, low: int, high: int) -> int | None
     return n if low <= n <= high else None
 
 
-class PubSubPeers(Routing):
-    """Routing plus pub/sub for DCP peers (the module's rules); :mod:`dcp._core.broker.mc0` adds
-    mc0."""
+class PubSubPeers:
+    """Pub/sub for DCP peers (the module's rules): it owns the broker's :class:`PubSub`
+    state, which :mod:`dcp._core.broker.mc0` shares for mc0 peers.
 
-    pubsub: PubSub
-    pubsub_options: PubSubOptions
+    :param outputs: where answers, deliveries, counts and refusals go
+    :param options: the pub/sub settings (``None``: the defaults)
+    """
 
-    def init_pubsub(self, options: PubSubOptions | None) -> None:
-        self.pubsub_options = options = options or PubSubOptions()
+    def __init__(self, outputs: Outputs, options: PubSubOptions | None) -> None:
+        self._out = outputs
+        self._outbox = outputs.outbox
+        self.options = options = options or PubSubOptions()
+        #: The subscriptions, buffers and counters.
         self.pubsub = PubSub(
             max_subscriptions=options.max_subscriptions,
             max_subscriptions_per_peer=options.max_subscriptions_per_peer,
@@ -173,20 +180,21 @@ class PubSubPeers(Routing):
             last_values=options.last_values,
         )
 
-    def drain_pubsub(self) -> None:
+    def flush(self) -> None:
+        """Move what the pub/sub state has to send to the outbox."""
         ps = self.pubsub
         if ps.outbox:
-            self.outbox.extend(ps.outbox)
+            self._outbox.extend(ps.outbox)
             ps.outbox.clear()
 
-    def on_pubsub(
+    def receive(
         self, peer: bytes, msg: Request, dialect: DcpDialect, now: float, principal: str | None
     ) -> None:
         """A DCP request to a reserved pub/sub name (Rules PS1, PS3, PS4)."""
         name = msg.service
         metadata = msg.metadata
         if msg.client is not None and msg.client != peer:
-            self.refuse(
+            self._out.refuse(
                 peer,
                 dialect,
                 name,
@@ -202,27 +210,31 @@ class PubSubPeers(Routing):
         elif name == CREDIT:
             grant = _count(bytes(data[1]) if len(data) == 2 else None, -1, 0, _MAX_WINDOW)
             if grant is None or grant < 0:
-                self.refuse(
+                self._out.refuse(
                     peer, dialect, name, metadata, "bad_subscription", "credit needs sid, count"
                 )
                 return
             if self.pubsub.refresh(peer, bytes(data[0]), grant, now):
-                self.outbox.append(dialect.reply(peer, name, metadata, _OK))
-                self.drain_pubsub()
+                self._outbox.append(dialect.reply(peer, name, metadata, _OK))
+                self.flush()
             else:
-                self.outbox.append(
+                self._outbox.append(
                     dialect.error(peer, name, metadata, "unknown_subscription", "subscribe again")
                 )
         elif name == SUB:
             self._subscribe_dcp(peer, dialect, metadata, data, key, now)
         elif name == UNSUB:
             if len(data) != 1:
-                self.refuse(peer, dialect, name, metadata, "bad_subscription", "unsub needs a sid")
+                self._out.refuse(
+                    peer, dialect, name, metadata, "bad_subscription", "unsub needs a sid"
+                )
                 return
             self.pubsub.unsubscribe(peer, bytes(data[0]))
-            self.outbox.append(dialect.reply(peer, name, metadata, _OK))
+            self._outbox.append(dialect.reply(peer, name, metadata, _OK))
         else:
-            self.refuse(peer, dialect, name, metadata, "unknown_pubsub_command", repr(name[:32]))
+            self._out.refuse(
+                peer, dialect, name, metadata, "unknown_pubsub_command", repr(name[:32])
+            )
 
     def _publish_dcp(
         self,
@@ -235,14 +247,14 @@ class PubSubPeers(Routing):
         error = self.check_publish(data[0] if data else b"", key)
         if isinstance(error, tuple):
             if metadata:
-                self.refuse(peer, dialect, PUB, metadata, *error)
+                self._out.refuse(peer, dialect, PUB, metadata, *error)
             else:
-                self.reject(peer, *error)
+                self._out.reject(peer, *error)
             return
         routed = self.pubsub.publish(error, bytes(data[0]), data[1:])
         if metadata:
-            self.outbox.append(dialect.reply(peer, PUB, metadata, (b"%d" % routed,)))
-        self.drain_pubsub()
+            self._outbox.append(dialect.reply(peer, PUB, metadata, (b"%d" % routed,)))
+        self.flush()
 
     def check_publish(self, subject: bytes, key: bytes | None) -> list[bytes] | tuple[str, str]:
         """The subject's tokens, or ``(code, message)`` why it may not be published."""
@@ -251,7 +263,7 @@ class PubSubPeers(Routing):
             tokens = check_subject(subject)
         except SubjectError as exc:
             return "bad_subject", str(exc)
-        if key is not None and not self.pubsub_options.may_publish(key, subject):
+        if key is not None and not self.options.may_publish(key, subject):
             return "forbidden_subject", f"may not publish to {subject!r}"
         return tokens
 
@@ -261,7 +273,7 @@ class PubSubPeers(Routing):
             tokens = check_pattern(pattern)
         except SubjectError as exc:
             return "bad_subject", str(exc)
-        if key is not None and not self.pubsub_options.may_subscribe(key, pattern):
+        if key is not None and not self.options.may_subscribe(key, pattern):
             return "forbidden_subject", f"may not subscribe to {pattern!r}"
         return tokens
 
@@ -275,14 +287,14 @@ class PubSubPeers(Routing):
         now: float,
     ) -> None:
         if len(data) < 3 or not data[0]:
-            self.refuse(
+            self._out.refuse(
                 peer, dialect, SUB, metadata, "bad_subscription", "sub needs sid, pattern, queue"
             )
             return
         sid, pattern, queue = bytes(data[0]), bytes(data[1]), bytes(data[2])
         checked = self.check_subscribe(pattern, key)
         if isinstance(checked, tuple):
-            self.refuse(peer, dialect, SUB, metadata, *checked)
+            self._out.refuse(peer, dialect, SUB, metadata, *checked)
             return
         opts = _options(data[3:])
         max_pending = _count(opts.get(b"max-pending"), 1000, 1, self.pubsub.max_pending)
@@ -293,7 +305,7 @@ class PubSubPeers(Routing):
         except ValueError:
             overflow = None
         if max_pending is None or window is None or timeout is None or overflow is None:
-            self.refuse(
+            self._out.refuse(
                 peer, dialect, SUB, metadata, "bad_subscription", f"bad options {sorted(opts)}"
             )
             return
@@ -314,12 +326,12 @@ class PubSubPeers(Routing):
             last_value=b"last-value" in opts,
         )
         if refused is not None:
-            self.refuse(peer, dialect, SUB, metadata, refused, "subscription refused")
+            self._out.refuse(peer, dialect, SUB, metadata, refused, "subscription refused")
             return
-        self.outbox.append(dialect.reply(peer, SUB, metadata, _OK))
-        self.drain_pubsub()
+        self._outbox.append(dialect.reply(peer, SUB, metadata, _OK))
+        self.flush()
 
-    def pubsub_undeliverable(self, frames: list[bytes], why: str) -> bool:
+    def undeliverable(self, frames: list[bytes]) -> bool:
         """A pub/sub message the driver could not send (zmq's queue to the subscriber is
         full, or it is gone): a lost message, told in the subscription's next gap notice, its
         credit given back (pubsub Rule P4). Whether ``frames`` was one."""

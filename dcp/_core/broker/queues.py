@@ -1,5 +1,6 @@
-"""Service queues: the requests they hold, the caller's deadline of a queued request, and a
-retry that replaces its queued copy. Sans-IO (the routing core, :mod:`.routing`, drives it).
+"""Service queues: the options a request carries, the caller's deadline of a queued request,
+and a retry that replaces its queued copy. Sans-IO (the routing part, :mod:`.routing`, drives
+it; a queue itself is its :class:`~.records.Service`'s).
 
 Rule Q1 - Options. A request's dcp options (metadata parts starting with ``\\xffDCP:``, see
   :mod:`dcp.wire.messages`; a dcp request id, ``\\xffDCP:id=...``, is not one) are read once, in
@@ -27,13 +28,13 @@ Rule Q4 - Replacement. A request carrying expires-in whose service, client addre
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias
 
 from dcp._core.broker.admission import Load
 from dcp._core.broker.dialects import Dialect
-from dcp._stats import DURATION_BUCKETS, BrokerCounters
+from dcp._core.broker.records import Expiry, Key, Pending, Service
+from dcp._stats import BrokerCounters
 from dcp._util import DeadlineHeap
 from dcp.wire.options import (
     NO_WAIT_OPTION,
@@ -42,13 +43,7 @@ from dcp.wire.options import (
     request_expires_in,
 )
 
-if TYPE_CHECKING:
-    from dcp._core.broker.peers import Session
-
-__all__ = ["Expiry", "Options", "Pending", "QueueDeadlines", "Service", "read_options"]
-
-#: What a retry is matched by (Rule Q4): service, client address, metadata minus expires-in.
-Key: TypeAlias = "tuple[bytes, bytes, tuple[bytes, ...]]"
+__all__ = ["Options", "QueueDeadlines", "read_options"]
 
 #: Tombstones a queue may hold before they are swept out, beyond as many as its live requests.
 _SWEEP_SLACK = 1024
@@ -82,128 +77,6 @@ def read_options(metadata: tuple[bytes, ...]) -> Options | None:
     return options
 
 
-class Expiry:
-    """When a request's caller gives up, and its bookkeeping (Rules Q3 and Q4)."""
-
-    __slots__ = ("dead", "key", "queued", "token", "when")
-
-    def __init__(self, when: float, key: Key) -> None:
-        self.when = when
-        self.key = key
-        #: In a queue now (its latest heap entry stands).
-        self.queued = False
-        #: Dropped from its queue (a tombstone until it reaches the front or is swept).
-        self.dead = False
-        #: Bumped at each push: older heap entries are stale.
-        self.token = 0
-
-
-class Pending:
-    """A request in a queue or held by a worker."""
-
-    __slots__ = (
-        "client",
-        "data",
-        "expiry",
-        "holder",
-        "load",
-        "metadata",
-        "origin",
-        "redeliveries",
-        "seq",
-        "service",
-        "shown",
-        "since",
-        "token",
-        "work_timeout",
-    )
-
-    def __init__(
-        self,
-        seq: int,
-        service: Service,
-        client: bytes,
-        shown: bytes,
-        origin: Dialect,
-        metadata: tuple[bytes, ...],
-        data: Sequence[bytes],
-        load: Load,
-        work_timeout: float | None,
-        expiry: Expiry | None = None,
-    ) -> None:
-        #: Arrival order, to serve a multi-service worker the oldest request first.
-        self.seq = seq
-        self.service = service
-        #: The client's address, and the address workers see (sealed in secure mode).
-        self.client = client
-        self.shown = shown
-        #: The client's dialect, to answer it in kind.
-        self.origin = origin
-        self.metadata = metadata
-        self.data = data
-        self.redeliveries = 0
-        self.load = load
-        self.work_timeout = work_timeout
-        #: Its caller's deadline, if it carries expires-in (Rule Q3).
-        self.expiry = expiry
-        #: The worker holding it, if any.
-        self.holder: Session | None = None
-        #: Counts dispatches: a work-timeout entry is live only while its token matches.
-        self.token = 0
-        #: When it was queued or last dispatched (directory Rule D5: queue age, timing).
-        self.since = 0.0
-
-
-class Service:
-    """A service: its queue (Rule Q3: the front is never a tombstone) and its workers."""
-
-    __slots__ = (
-        "answered",
-        "busy_time",
-        "dead",
-        "durations",
-        "errors",
-        "idle",
-        "name",
-        "queue",
-        "redeliveries",
-        "requests",
-        "workers",
-    )
-
-    def __init__(self, name: bytes) -> None:
-        self.name = name
-        self.queue: deque[Pending] = deque()
-        #: Tombstones in :attr:`queue` (Rule Q3).
-        self.dead = 0
-        #: Ready workers, least recently used first.
-        self.idle: OrderedDict[bytes, Session] = OrderedDict()
-        self.workers = 0
-        #: Directory Rule D5: requests accepted, error replies, answers and their total
-        #: processing time (s, dispatch to answer).
-        self.requests = self.errors = self.answered = 0
-        self.busy_time = 0.0
-        #: Requests put back in the queue because their worker went away (routing Rule 5).
-        self.redeliveries = 0
-        #: Answers by processing time: ``durations[i]`` counts those of at most
-        #: ``DURATION_BUCKETS[i]`` seconds and more than the bucket before (the last: longer).
-        self.durations = [0] * (len(DURATION_BUCKETS) + 1)
-
-    def queued(self) -> int:
-        """Live requests in the queue."""
-        return len(self.queue) - self.dead
-
-    def sweep(self) -> None:
-        """Drop tombstones from the front; rebuild the queue when they outnumber the rest."""
-        queue = self.queue
-        while queue and (expiry := queue[0].expiry) is not None and expiry.dead:
-            queue.popleft()
-            self.dead -= 1
-        if self.dead > len(queue) // 2 + _SWEEP_SLACK:
-            self.queue = deque(p for p in queue if p.expiry is None or not p.expiry.dead)
-            self.dead = 0
-
-
 def _queued_live(pending: Pending, token: int) -> bool:
     expiry = pending.expiry
     return expiry is not None and expiry.queued and expiry.token == token
@@ -214,8 +87,8 @@ class QueueDeadlines:
     Q4). Only requests that carry expires-in are ever in either.
 
     :param counters: the broker's counters (``expired_in_queue``, ``replaced``)
-    :param loads: the routing core's per-client loads (an expired request leaves its load)
-    :param services: the routing core's services (one nobody serves is forgotten once its
+    :param loads: the routing part's per-client loads (an expired request leaves its load)
+    :param services: the routing part's services (one nobody serves is forgotten once its
         queue is empty)
     """
 
@@ -278,7 +151,7 @@ class QueueDeadlines:
         queued count): keep the front live, and say whether it is still wanted (if not, it
         had expired and was dropped). Only needed if ``service.dead`` or ``pending.expiry``."""
         if service.dead:
-            service.sweep()
+            self.sweep(service)
         if pending.expiry is not None:
             expired = pending.expiry.when <= now
             self._dequeued(pending, expired)
@@ -295,7 +168,7 @@ class QueueDeadlines:
             self.drop(pending)
             service = pending.service
             service.dead += 1
-            service.sweep()
+            self.sweep(service)
             services = self._services
             if not service.queue and not service.workers and services.get(service.name) is service:
                 # Nobody provides it and nothing waits for it: forget it (bounds memory).
@@ -312,7 +185,20 @@ class QueueDeadlines:
 
     def next_due(self) -> float | None:
         """The earliest expiry of a queued request (``None``: none)."""
-        return self._heap.next_due()
+        heap = self._heap
+        return heap.next_due() if heap.live else None
+
+    @staticmethod
+    def sweep(service: Service) -> None:
+        """Rule Q3: drop tombstones from the front of ``service``'s queue; rebuild the queue
+        when they outnumber the rest."""
+        queue = service.queue
+        while queue and (expiry := queue[0].expiry) is not None and expiry.dead:
+            queue.popleft()
+            service.dead -= 1
+        if service.dead > len(queue) // 2 + _SWEEP_SLACK:
+            service.queue = deque(p for p in queue if p.expiry is None or not p.expiry.dead)
+            service.dead = 0
 
     def _dequeued(self, pending: Pending, dead: bool) -> None:
         expiry = pending.expiry

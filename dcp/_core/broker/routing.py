@@ -1,12 +1,14 @@
 """Protocol-blind routing: per-service queues, least-recently-used idle workers, credit, held
-requests, redelivery and work timeouts. Sans-IO. What a queue holds, a queued request's
-deadline and a retry's replacement are :mod:`.queues` (Rules Q1-Q4).
+requests and registrations. Sans-IO. A queued request's options and deadline and a retry's
+replacement are :mod:`.queues` (Rules Q1-Q4); what a worker that goes away gives back, and
+work timeouts, :mod:`.redelivery` (Rules 5 and 7).
 
 This module does not know which wire protocol a peer speaks. It sees worker sessions
 (:mod:`.peers`), service names, client addresses, a request's *metadata* (opaque parts the
 client's dialect supplies and gets back in the answer; empty for MDP clients), its data parts,
 and the client's dialect; it writes through each peer's :class:`~.dialects.Dialect`, which
-turns a decision into frames. The dialect handlers in :mod:`dcp._core.broker.core` call it.
+turns a decision into frames. The dialect handlers (:mod:`.dcp1`, :mod:`.majordomo`,
+:mod:`.dbp`) call it; it tells the streams (:mod:`.streams`) when a request is finished.
 
 Rule 1 - Credit. A worker has *credit*: how many more requests it may be given. Registering,
   or asking for work (a DCP ping, or a request sent without finishing a held one) set it to at
@@ -25,37 +27,53 @@ Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit
   nothing (guessing could release a request the worker is still running, which would then
   not be redelivered if it died).
 Rules 5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
-:mod:`.redelivery`.
+:mod:`.redelivery`. Registration (its refusals, approval, security Rule S3): here.
 """
 
 from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
-from dcp._core.broker import admission, directory, redelivery
+from dcp._core.broker import admission
 from dcp._core.broker.admission import Limits, Load
-from dcp._core.broker.approval import Approvals
+from dcp._core.broker.approval import Approval, Approvals
 from dcp._core.broker.dialects import Dialect
+from dcp._core.broker.directory import Directory, Name, is_reserved
 from dcp._core.broker.guard import Guard
-from dcp._core.broker.peers import Session, Sessions
-from dcp._core.broker.queues import Expiry, Pending, QueueDeadlines, Service, read_options
-from dcp._json import encode_json
-from dcp._stats import DURATION_BUCKETS, BrokerCounters
-from dcp._util import DeadlineHeap, LogEvery, PeerId
+from dcp._core.broker.outputs import Outputs
+from dcp._core.broker.peers import Sessions
+from dcp._core.broker.queues import QueueDeadlines, read_options
+from dcp._core.broker.records import Expiry, Pending, Service, Session
+from dcp._core.broker.streams import Streams
+from dcp._stats import DURATION_BUCKETS
+from dcp._util import DeadlineHeap, PeerId
 from dcp.wire.options import without_options
 
-__all__ = ["Pending", "Routing", "Service"]
+__all__ = ["Routing", "work_deadline_live"]
+
+
+def work_deadline_live(pending: Pending, token: int) -> bool:
+    """Whether a work-timeout deadline still stands: the request is held, by the same hold."""
+    return pending.holder is not None and token == pending.token
 
 
 class Routing:
-    """Queues, credit, held requests, redelivery and work timeouts (the module's rules).
+    """Queues, credit, held requests and registrations (the module's rules). It only sees
+    sessions, names, addresses, metadata and data.
 
-    The broker core (:class:`~dcp._core.broker.core.BrokerCore`) is a subclass that adds the
-    dialects; this class only sees sessions, names, addresses, metadata and data.
+    :param limits: the bounds it enforces (:mod:`.admission`)
+    :param sessions: the registered workers
+    :param outputs: where messages, counts, refusals and log lines go
+    :param streams: told when a request is finished (streams Rule T7)
+    :param directory: what workers said about their services (a registration makes a
+        waiting description the service's info)
+    :param guard: the security rules (``None``: off): client addresses are sealed, and
+        registrations need permission
+    :param approvals: registrations waiting for the approver (``None``: no approver)
+    :param work_timeout: seconds a worker may hold a request that carries no work timeout
+        (``None``: no limit; Rule 7)
     """
 
     def __init__(
@@ -63,37 +81,32 @@ class Routing:
         *,
         limits: Limits,
         sessions: Sessions,
-        work_timeout: float | None,
-        quarantine: float,
+        outputs: Outputs,
+        streams: Streams,
+        directory: Directory,
         guard: Guard | None,
-        approvals: Approvals | None = None,
+        approvals: Approvals | None,
+        work_timeout: float | None,
     ) -> None:
         self.limits = limits
-        #: Registrations waiting for the approver (:mod:`.approval`; ``None``: no approver).
-        self.approvals = approvals
-        #: What workers said about their services (:mod:`.directory`).
-        self.directory = directory.Directory()
-        self.sessions = sessions
         self.work_timeout = work_timeout
-        self.guard = guard
-        self._quarantine_for = quarantine
-        #: Messages to send, ROUTER-side (routing id first). The driver empties it.
-        self.outbox: list[list[bytes]] = []
-        self.counters = BrokerCounters()
-        self._services: dict[bytes, Service] = {}
-        self._loads: dict[bytes, Load] = {}
-        # Work-timeout deadlines of held requests (Rule 7).
-        self._deadlines: DeadlineHeap[Pending] = DeadlineHeap(redelivery.deadline_live)
-        # Expiries of queued requests, and retries' matches (queues Rules Q3 and Q4).
-        self._queues = QueueDeadlines(self.counters, self._loads, self._services)
-        #: Lines for the operators' log, ``(level, message, args)``: the driver logs them on
-        #: the ``dcp.broker`` logger and empties this (the core does no I/O; ``args`` format
-        #: themselves only if a record is emitted). Past 4,096 unread, the oldest go.
-        self.log_lines: deque[tuple[int, str, tuple[object, ...]]] = deque(maxlen=4096)
-        #: Refusals are logged once per reason per minute (of the core's clock).
-        self._log_every = LogEvery()
-        # The time of the call being handled, for work-timeout deadlines.
-        self._now = 0.0
+        self._sessions = sessions
+        self._out = outputs
+        self._outbox = outputs.outbox
+        self._counters = outputs.counters
+        self._streams = streams
+        self._directory = directory
+        self._guard = guard
+        self._approvals = approvals
+        #: Services by name (one is forgotten once nobody provides it and nothing waits).
+        self.services: dict[bytes, Service] = {}
+        #: What each client has accepted and unanswered (admission Rule A3), by address;
+        #: only clients with something in flight are here.
+        self.loads: dict[bytes, Load] = {}
+        #: Work-timeout deadlines of held requests (Rule 7).
+        self.work_deadlines: DeadlineHeap[Pending] = DeadlineHeap(work_deadline_live)
+        #: Expiries of queued requests, and retries' matches (queues Rules Q3 and Q4).
+        self.queues = QueueDeadlines(self._counters, self.loads, self.services)
 
     # -------------------------------------------------------------- requests
 
@@ -104,6 +117,7 @@ class Routing:
         name: bytes,
         metadata: tuple[bytes, ...],
         data: Sequence[bytes],
+        now: float,
         *,
         forward: bool,
     ) -> tuple[str, str] | None:
@@ -111,7 +125,7 @@ class Routing:
         :mod:`.queues`); on refusal, return ``(code, message)`` (the caller tells the
         client)."""
         limits = self.limits
-        service = self._services.get(name)
+        service = self.services.get(name)
         work_timeout = expiry = None
         options = read_options(metadata)
         if options is not None:
@@ -120,35 +134,43 @@ class Routing:
                 return "no_workers", f"no worker serves {name[:64]!r}"
             work_timeout = options.work_timeout
             if options.expires_in is not None:
-                key = self._queues.key(name, client, metadata)
-                when = self._now + options.expires_in
-                if self._queues.replace(key, origin, metadata, data, when):
+                queues = self.queues
+                key = queues.key(name, client, metadata)
+                when = now + options.expires_in
+                if queues.replace(key, origin, metadata, data, when):
                     return None
                 expiry = Expiry(when, key)
         if service is None:
-            refused = admission.new_service_refusal(limits, len(self._services), name)
+            refused = admission.new_service_refusal(limits, len(self.services), name)
             if refused is not None:
                 return refused
-            service = self._services[name] = Service(name)
+            service = self.services[name] = Service(name)
         idle = service.idle
-        load = self._loads.get(client)
+        load = self.loads.get(client)
         if load is None:
             load = Load()
-        refused = admission.refusal(
-            limits, len(service.queue) - service.dead, bool(idle), load, name
-        )
-        if refused is not None:
-            return refused
+        if load.inflight >= limits.max_client_inflight or (
+            not idle
+            and (
+                len(service.queue) - service.dead >= limits.max_queue
+                or load.queued >= limits.max_client_queued
+            )
+        ):
+            refused = admission.refusal(
+                limits, len(service.queue) - service.dead, bool(idle), load, name
+            )
+            if refused is not None:
+                return refused
         if not load.inflight:
-            self._loads[client] = load
+            self.loads[client] = load
         if work_timeout is None:
             work_timeout = self.work_timeout
-        counters = self.counters
+        counters = self._counters
         counters.requests += 1
         if forward:
             counters.forwards += 1
         load.inflight += 1
-        shown = client if self.guard is None else self.guard.seal(client)
+        shown = client if self._guard is None else self._guard.seal(client)
         pending = Pending(
             counters.requests,
             service,
@@ -160,20 +182,20 @@ class Routing:
             load,
             work_timeout,
             expiry,
+            now,
         )
-        pending.since = self._now
         service.requests += 1
         if idle:
-            self._dispatch(next(iter(idle.values())), pending)
+            self.dispatch(next(iter(idle.values())), pending, now)
         else:
             service.queue.append(pending)
             load.queued += 1
             if expiry is not None:
-                self._queues.queued(pending)
+                self.queues.queued(pending)
         return None
 
     def release(
-        self, worker: Session, client: bytes, metadata: tuple[bytes, ...] | None
+        self, worker: Session, client: bytes, metadata: tuple[bytes, ...] | None, now: float
     ) -> Pending | None:
         """Rule 2: ``worker`` answered the request it held for ``client`` with ``metadata``
         (``None``: the dialect carries none; the oldest such request matches). Returns it,
@@ -181,49 +203,87 @@ class Routing:
         held = worker.held
         for i, pending in enumerate(held):
             if pending.client == client and (metadata is None or pending.metadata == metadata):
-                return self._released(held, i)
+                return self._released(held, i, now)
         if metadata is not None:
             # A forward may differ in dcp options other than the id (a traced worker
             # passes its own trace context on): compare without them.
             key = without_options(metadata)
             for i, pending in enumerate(held):
                 if pending.client == client and without_options(pending.metadata) == key:
-                    return self._released(held, i)
-        self.counters.unmatched += 1
+                    return self._released(held, i, now)
+        self._counters.unmatched += 1
         return None
 
-    def _released(self, held: list[Pending], i: int) -> Pending:
+    def _released(self, held: list[Pending], i: int, now: float) -> Pending:
         pending = held.pop(i)
         service = pending.service
         service.answered += 1
-        took = self._now - pending.since
+        took = now - pending.since
         service.busy_time += took
         service.durations[bisect_left(DURATION_BUCKETS, took)] += 1
-        self._finish(pending)
+        self.finish(pending)
         return pending
 
-    def find_held(self, worker: Session, client: bytes) -> Pending | None:
-        """The oldest request ``worker`` holds for ``client`` (for partial answers)."""
-        for pending in worker.held:
-            if pending.client == client:
-                return pending
-        return None
+    def answered(
+        self,
+        peer: bytes,
+        worker: Session,
+        client: bytes,
+        metadata: tuple[bytes, ...] | None,
+        now: float,
+    ) -> tuple[bytes, Pending | None] | None:
+        """A worker's answer (or forward) names ``client``: the client's real address
+        (unsealed in secure mode) and the held request it finishes (``None``: none, counted
+        as unmatched); or ``None`` if the address is not one the broker gave (security Rule
+        S4: counted, logged, and the worker's credit kept)."""
+        if self._guard is not None:
+            unsealed = self.unseal(peer, client)
+            if unsealed is None:
+                self.credit(worker, now, released=False)
+                return None
+            client = unsealed
+        return client, self.release(worker, client, metadata, now)
+
+    def unsealed(self, peer: bytes, client: bytes) -> bytes | None:
+        """The client address a worker's message names, as is without a guard; else as
+        :meth:`unseal`."""
+        if self._guard is None:
+            return client
+        return self.unseal(peer, client)
+
+    def unseal(self, peer: bytes, sealed: bytes) -> bytes | None:
+        """Security Rule S4: the client address sealed in a worker's message, or ``None``
+        (counted and logged) if the broker did not seal it."""
+        assert self._guard is not None
+        client = self._guard.unseal(sealed)
+        if client is None:
+            self._out.reject(peer, "bad_client_address", "not a client address the broker gave")
+        return client
+
+    def error_reply(self, pending: Pending, code: str, message: str) -> None:
+        """An error reply to ``pending``'s client, in its dialect."""
+        self._outbox.append(
+            pending.origin.error(
+                pending.client, pending.service.name, pending.metadata, code, message
+            )
+        )
 
     # ---------------------------------------------------------------- credit
 
-    def credit(self, worker: Session, *, released: bool) -> None:
+    def credit(self, worker: Session, now: float, *, released: bool) -> None:
         """Rule 1: grant credit (+1 for a finished request, else at least 1), then use it."""
         if released:
             worker.credit += 1
         elif worker.credit < 1:
             worker.credit = 1
-        quarantine = self.sessions.quarantine
+        quarantine = self._sessions.quarantine
         if quarantine and worker.ident in quarantine:
             return  # Rule 7: it may register and heartbeat, but gets no work for now
-        self._use_credit(worker)
+        self.use_credit(worker, now)
 
-    def _use_credit(self, worker: Session) -> None:
-        # Serve the oldest requests across the worker's services (usually just one).
+    def use_credit(self, worker: Session, now: float) -> None:
+        """Give ``worker`` queued requests while it has credit (the oldest across its
+        services, usually just one); then it waits in its services' idle lists."""
         services = worker.services
         while worker.credit:
             best: Service | None = None
@@ -234,18 +294,18 @@ class Routing:
                 break
             pending = best.queue.popleft()
             pending.load.queued -= 1
-            if (best.dead or pending.expiry is not None) and not self._queues.taken(
-                best, pending, self._now
+            if (best.dead or pending.expiry is not None) and not self.queues.taken(
+                best, pending, now
             ):
                 continue  # queues Rule Q3: it had expired
-            self._dispatch(worker, pending)
+            self.dispatch(worker, pending, now)
         if worker.credit:
             ident = worker.ident
             for service in services:
                 if ident not in service.idle:
                     service.idle[ident] = worker
 
-    def _dispatch(self, worker: Session, pending: Pending) -> None:
+    def dispatch(self, worker: Session, pending: Pending, now: float) -> None:
         """Give ``pending`` to ``worker``, taking one credit; a worker left with credit goes
         to the back of the idle lists (least recently used first)."""
         worker.credit -= 1
@@ -260,47 +320,86 @@ class Routing:
         held = worker.held
         if len(held) >= self.limits.max_held:
             # Only a worker that changes metadata gets here: stop tracking its oldest.
-            self._finish(held.pop(0))
-            self.counters.count("held_overflow")
+            self.finish(held.pop(0))
+            self._counters.count("held_overflow")
         held.append(pending)
         pending.holder = worker
-        pending.since = self._now
+        pending.since = now
         if pending.work_timeout is not None:
             pending.token += 1
-            self._deadlines.live += 1
-            self._deadlines.push(self._now + pending.work_timeout, pending.token, pending)
-        self.counters.dispatched += 1
-        self.outbox.append(
+            deadlines = self.work_deadlines
+            deadlines.live += 1
+            deadlines.push(now + pending.work_timeout, pending.token, pending)
+        self._counters.dispatched += 1
+        self._outbox.append(
             worker.dialect.request(
                 ident, pending.service.name, pending.shown, pending.metadata, pending.data
             )
         )
 
-    def _unhold(self, pending: Pending) -> None:
+    def unhold(self, pending: Pending) -> None:
         """``pending`` is no longer held by a worker."""
         pending.holder = None
         if pending.work_timeout is not None:
-            self._deadlines.live -= 1
+            self.work_deadlines.live -= 1
 
-    def _finish(self, pending: Pending) -> None:
-        """The broker is done with held ``pending`` (answered, or no longer tracked)."""
-        self._unhold(pending)
+    def finish(self, pending: Pending) -> None:
+        """The broker is done with held ``pending`` (answered, or no longer tracked): its
+        client's load drops, its stream (if any) ends (streams Rule T7)."""
+        pending.holder = None
+        if pending.work_timeout is not None:
+            self.work_deadlines.live -= 1
         load = pending.load
         load.inflight -= 1
         if not load.inflight:
-            self._loads.pop(pending.client, None)
+            self.loads.pop(pending.client, None)
+        streams = self._streams
+        if streams.open:
+            streams.finished(pending)
+
+    def requeue(self, pending: Pending, now: float) -> None:
+        """Rule 5: ``pending``, no longer held, goes back to the front of its queue."""
+        self._counters.redeliveries += 1
+        service = pending.service
+        service.redeliveries += 1
+        pending.since = now
+        service.queue.appendleft(pending)
+        pending.load.queued += 1
+        if pending.expiry is not None:
+            self.queues.queued(pending)
+
+    def refill(self, service: Service, now: float) -> None:
+        """Give ``service``'s queued requests to its idle workers (after a requeue)."""
+        queues = self.queues
+        while service.idle and service.queue:
+            queued = queues.take(service, now)
+            if queued is not None:
+                self.dispatch(next(iter(service.idle.values())), queued, now)
 
     # --------------------------------------------------------------- workers
 
     def add_service(self, worker: Session, name: bytes) -> Service:
         """``worker`` provides ``name`` (created if new; not bounded by ``max_services``)."""
-        service = self._services.get(name)
+        service = self.services.get(name)
         if service is None:
-            service = self._services[name] = Service(name)
+            service = self.services[name] = Service(name)
         if service not in worker.services:
             worker.services.append(service)
             service.workers += 1
         return service
+
+    def withdraw(self, worker: Session, *, holding: bool) -> None:
+        """``worker`` (removed) no longer provides its services; one that nobody provides
+        and nothing waits for is forgotten (bounds memory), unless the worker was
+        ``holding`` requests (they go back to the queues)."""
+        ident = worker.ident
+        services = self.services
+        for service in worker.services:
+            service.workers -= 1
+            service.idle.pop(ident, None)
+            if not service.workers and not service.queue and not holding:
+                del services[service.name]
+        worker.services = []
 
     def register(
         self,
@@ -316,180 +415,103 @@ class Routing:
         """A registration for ``name`` (any dialect): confirmed, refused and told, or left
         waiting for the approver (approval Rule A1; ``approved``: it said yes). Returns the
         worker's session, or ``None`` if refused or waiting."""
+        out = self._out
         if len(name) > self.limits.max_service_name:
-            self.reject(peer, "service_name_too_long", "%d bytes", len(name))
+            out.reject(peer, "service_name_too_long", "%d bytes", len(name))
             if worker is None and dialect.beats:
-                self.outbox.append(dialect.expel(peer))
+                self._outbox.append(dialect.expel(peer))
             return None
-        if directory.is_reserved(name):
-            self._refuse_registration(
+        if is_reserved(name):
+            self.refuse_registration(
                 peer, dialect, name, "reserved_service", f"{name[:64]!r} is the broker's own"
             )
             return None
-        guard = self.guard
+        guard = self._guard
         if guard is not None:
             key = None if principal is None else principal.encode("ascii", "replace")
             if not guard.may_register(key, name):
                 detail = f"key {principal} may not register {name[:64]!r}"
-                self._refuse_registration(peer, dialect, name, "registration_refused", detail)
+                self.refuse_registration(peer, dialect, name, "registration_refused", detail)
                 return None
-        approvals = self.approvals
+        approvals = self._approvals
         if (
             approvals is not None
             and not approved
             and (worker is None or not any(s.name == name for s in worker.services))
         ):
-            info = self.directory.waiting_info(peer, name)
+            info = self._directory.waiting_info(peer, name)
             if not approvals.ask(peer, name, dialect, principal, info):
                 detail = "too many registrations await approval"
-                self._refuse_registration(peer, dialect, name, "registration_refused", detail)
+                self.refuse_registration(peer, dialect, name, "registration_refused", detail)
             return None
         if worker is not None:
             services = worker.services
             if len(services) >= self.limits.max_services_per_worker and not any(
                 s.name == name for s in services
             ):
-                self.reject(peer, "too_many_services", "registration for %r", name[:64])
+                out.reject(peer, "too_many_services", "registration for %r", name[:64])
                 return None
             new = not any(s.name == name for s in services)
         else:
-            worker = self.sessions.add(peer, dialect, now)
+            worker = self._sessions.add(peer, dialect, now)
             new = True
         if new:
-            self.note(
+            out.note(
                 logging.INFO,
                 "worker %s (%s) registered for %s",
                 PeerId(peer),
                 dialect.name,
-                directory.Name(name),
+                Name(name),
             )
         self.add_service(worker, name)
-        self.directory.registered(peer, name)
+        self._directory.registered(peer, name)
         confirmation = dialect.registered(peer, name)
         if confirmation is not None:
-            self.outbox.append(confirmation)
-        self.credit(worker, released=False)
+            self._outbox.append(confirmation)
+        self.credit(worker, now, released=False)
         return worker
 
-    def _refuse_registration(
+    def refuse_registration(
         self, peer: bytes, dialect: Dialect, name: bytes, reason: str, detail: str
     ) -> None:
         """Count, log, and tell the worker (DCP: a ``registration_refused`` error reply)."""
-        self.reject(peer, reason, detail)
-        self.outbox.append(dialect.refused(peer, name, "registration_refused", detail))
+        self._out.reject(peer, reason, detail)
+        self._outbox.append(dialect.refused(peer, name, "registration_refused", detail))
+
+    def decide(self, token: int, answer: Approval, now: float) -> None:
+        """Approval Rule A2: the approver answered question ``token``."""
+        approvals = self._approvals
+        assert approvals is not None
+        entry = approvals.take(token)
+        if entry is None:
+            return
+        request, dialect, principal = entry
+        peer, name = request.routing_id, request.service
+        if answer.approved:
+            self._out.note(logging.INFO, "approved worker %s for %r", PeerId(peer), name[:64])
+            worker = self._sessions.workers.get(peer)
+            self.register(peer, worker, name, dialect, now, principal, approved=True)
+            return
+        reason = answer.reason or "denied by the broker's approver"
+        self.refuse_registration(peer, dialect, name, "registration_refused", reason)
 
     def serves(self, name: bytes) -> bool:
         """Whether some registered worker provides ``name``."""
-        service = self._services.get(name)
+        service = self.services.get(name)
         return service is not None and service.workers > 0
 
-    # ------------------------------------------- workers lost (.redelivery: Rules 5 and 7)
+    # ------------------------------------------------------------------ time
 
-    revoke = redelivery.revoke
-    remove_worker = redelivery.remove_worker
-    time_out_work = redelivery.time_out_work
-    next_work_deadline = redelivery.next_work_deadline
+    def overdue(self, now: float) -> Pending | None:
+        """Rule 7: a held request past its work timeout at ``now`` (one at a time), if any."""
+        return self.work_deadlines.pop(now)
 
-    # ---------------------------------------------------------------- output
-    def answered(
-        self, peer: bytes, worker: Session, client: bytes, metadata: tuple[bytes, ...] | None
-    ) -> tuple[bytes, Pending | None] | None:
-        """A worker's answer (or forward) names ``client``: the client's real address
-        (unsealed in secure mode) and the held request it finishes (``None``: none, counted
-        as unmatched); or ``None`` if the address is not one the broker gave (security Rule
-        S4: counted, logged, and the worker's credit kept)."""
-        if self.guard is not None:
-            unsealed = self.unseal(peer, client)
-            if unsealed is None:
-                self.credit(worker, released=False)
-                return None
-            client = unsealed
-        return client, self.release(worker, client, metadata)
-
-    def unseal(self, peer: bytes, sealed: bytes) -> bytes | None:
-        """Security Rule S4: the client address sealed in a worker's message, or ``None``
-        (counted and logged) if the broker did not seal it."""
-        assert self.guard is not None
-        client = self.guard.unseal(sealed)
-        if client is None:
-            self.reject(peer, "bad_client_address", "not a client address the broker gave")
-        return client
-
-    def answer_directly(
-        self,
-        client: bytes,
-        origin: Dialect,
-        name: bytes,
-        metadata: tuple[bytes, ...],
-        data: Sequence[bytes],
-    ) -> None:
-        """Rules D1, D3 (:mod:`.directory`): the broker answers an ``mmi.*`` request itself."""
-        if name == directory.DESCRIBE:
-            answer: tuple[bytes, ...] = (directory.describe(self, client, data),)
-        elif name == directory.BROKER:
-            answer = (encode_json(self.overview()),)
-        else:
-            answer = directory.answer(
-                name, data, self.serves, self._services, self.directory, self._now
-            )
-        self.outbox.append(origin.reply(client, name, metadata, answer))
-
-    def overview(self) -> dict[str, Any]:
-        """Broker-wide figures (``mmi.broker``, Rule D1); the broker core adds its own."""
-        return {}
-
-    def error_reply(self, pending: Pending, code: str, message: str) -> None:
-        self.outbox.append(
-            pending.origin.error(
-                pending.client, pending.service.name, pending.metadata, code, message
-            )
-        )
-
-    def refuse(
-        self,
-        client: bytes,
-        origin: Dialect,
-        name: bytes,
-        metadata: tuple[bytes, ...],
-        code: str,
-        message: str,
-    ) -> None:
-        """Refuse a request: count, log once, and tell its client with an error reply."""
-        self.reject(client, code, message)
-        self.outbox.append(origin.error(client, name, metadata, code, message))
-
-    def reject(self, peer: bytes, reason: str, detail: str, *args: object) -> None:
-        """Count a refused message, and log it (:attr:`log_lines`) once per reason per
-        minute (the line names the peer, and how many more were refused meanwhile).
-        ``detail % args`` is formatted only if the line is written."""
-        self.counters.count(reason)
-        line = self._log_every(
-            reason,
-            self._now,
-            "rejected message from peer %s: %s (%s)",
-            PeerId(peer),
-            reason,
-            Detail(detail, args) if args else detail,
-        )
-        if line is not None:
-            # no_workers answers a no-wait request as the protocol says ("no responders",
-            # what `dcp call` asks by default): news, not a misbehaving peer.
-            level = logging.INFO if reason == "no_workers" else logging.WARNING
-            self.log_lines.append((level, *line))
-
-    def note(self, level: int, msg: str, *args: object) -> None:
-        """A line for the operators' log (:attr:`log_lines`; the driver writes it)."""
-        self.log_lines.append((level, msg, args))
-
-
-class Detail:
-    """``text % args``, formatted only if a log record is emitted."""
-
-    __slots__ = ("args", "text")
-
-    def __init__(self, text: str, args: tuple[object, ...]) -> None:
-        self.text = text
-        self.args = args
-
-    def __str__(self) -> str:
-        return self.text % self.args
+    def next_deadline(self) -> float | None:
+        """The earliest work-timeout deadline or expiry of a queued request (``None``:
+        none)."""
+        deadlines = self.work_deadlines
+        when = deadlines.next_due() if deadlines.live else None
+        expiry = self.queues.next_due()
+        if expiry is not None and (when is None or expiry < when):
+            when = expiry
+        return when

@@ -25,9 +25,10 @@ Rule T3 - Readers without credit. An MDP/0.2 or majortomo client has no credit: 
   writes parts to the client's socket (topping it up to the window once half is used). A
   part the client's socket cannot take (its high-water mark) is *held*, with everything
   after it for that client (parts and final replies, in order; at most ``MAX_HELD``), and
-  the worker gets no more credit: it pauses. The driver retries held messages every few
-  milliseconds (:meth:`Streams.retry_held`); once a retry went out whole, the client's
-  streams get credit again. A held part beyond ``MAX_HELD`` (only a worker without credit,
+  the worker gets no more credit: it pauses. Held messages are sent again every
+  ``RETRY_DELAY`` (2 ms) while any are held (the core's ``next_deadline`` says when;
+  :meth:`Streams.retry`); once a retry went out whole, the client's streams get credit
+  again. A held part beyond ``MAX_HELD`` (only a worker without credit,
   Rule T4, gets there) is dropped and counted (``partial_dropped``) and the stream
   cancelled. A client that is gone cancels its streams (Rule T5).
 Rule T4 - Writers without credit. A Majordomo worker's partials are forwarded as they come
@@ -44,8 +45,10 @@ Rule T6 - No redelivery after a part. A worker that goes away holding a request 
 Rule T7 - End. The final reply ends the stream (it is routed as any reply).
 
 What this module does NOT do: buffer parts beyond Rule T3's bound, time streams (work
-timeouts, routing Rule 7, bound the whole stream), or read frames other than the stream
-messages.
+timeouts, routing Rule 7, bound the whole stream), parse or authenticate stream messages (the
+DCP handler does, :mod:`.dcp1`), or release requests (routing does, and tells
+:meth:`Streams.finished`; when a worker goes away, :mod:`.redelivery` asks
+:meth:`Streams.lost` which of its requests are not to be redelivered).
 """
 
 from __future__ import annotations
@@ -54,18 +57,14 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 import dcp.wire.streams as wire
-from dcp._core.broker.admission import Limits
-from dcp._core.broker.approval import Approvals
 from dcp._core.broker.dialects import DcpDialect, Dialect
-from dcp._core.broker.guard import Guard
-from dcp._core.broker.peers import Session, Sessions
-from dcp._core.broker.queues import Pending
-from dcp._core.broker.routing import Routing
+from dcp._core.broker.outputs import Outputs
+from dcp._core.broker.records import Pending, Session
 from dcp._stats import StreamStatistics
 from dcp.wire import mdp
-from dcp.wire.streams import StreamMessage, StreamType, parse_stream, stream_window
+from dcp.wire.streams import StreamMessage, StreamType, stream_window
 
-__all__ = ["Stream", "Streams"]
+__all__ = ["MAX_CANCELLED", "MAX_HELD", "RETRY_DELAY", "STREAM_WINDOW", "Stream", "Streams"]
 
 #: The window the broker asks for on behalf of readers without credit (Rule T3).
 STREAM_WINDOW = 32
@@ -73,6 +72,8 @@ STREAM_WINDOW = 32
 MAX_CANCELLED = 10_000
 #: Messages held per client without credit whose socket is full (Rule T3).
 MAX_HELD = 2 * STREAM_WINDOW + 1
+#: Seconds between retries of held messages (Rule T3).
+RETRY_DELAY = 0.002
 _MDP_C02 = mdp.C02
 
 
@@ -96,35 +97,27 @@ class Stream:
         self.cancelled = False
 
 
-class Streams(Routing):
-    """Routing plus streams (the module's rules)."""
+class Streams:
+    """The streams the broker relays (the module's rules).
 
-    def __init__(
-        self,
-        *,
-        limits: Limits,
-        sessions: Sessions,
-        work_timeout: float | None,
-        quarantine: float,
-        guard: Guard | None,
-        approvals: Approvals | None = None,
-    ) -> None:
-        super().__init__(
-            limits=limits,
-            sessions=sessions,
-            work_timeout=work_timeout,
-            quarantine=quarantine,
-            guard=guard,
-            approvals=approvals,
-        )
-        self._streams: dict[Pending, Stream] = {}
-        self._stream_keys: dict[tuple[bytes, bytes], Stream] = {}
-        self._early_cancels: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
-        # Rule T3: messages held for clients whose socket was full, and the clients whose
-        # held messages the last retry sent.
+    :param outputs: where messages, counts and refusals go
+    """
+
+    def __init__(self, outputs: Outputs) -> None:
+        self._out = outputs
+        self._outbox = outputs.outbox
+        self._counters = outputs.counters
+        #: Open streams, by the request they answer (Rules T1, T7).
+        self.open: dict[Pending, Stream] = {}
+        self._keys: dict[tuple[bytes, bytes], Stream] = {}
+        #: Rule T5: cancels that came before their stream's first part, oldest first.
+        self.early_cancels: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+        # Rule T3: messages held for clients whose socket was full, the clients whose held
+        # messages the last retry sent, and when to retry next.
         self._held_out: dict[bytes, deque[list[bytes]]] = {}
         self._retried: set[bytes] = set()
-        self._stream_stats = {
+        self._retry_at = 0.0
+        self._stats = {
             "cancelled": 0,
             "broken": 0,
             "overruns": 0,
@@ -134,88 +127,59 @@ class Streams(Routing):
 
     # ------------------------------------------------------------------ input
 
-    def mdp_metadata(self, dialect: Dialect) -> tuple[bytes, ...]:
-        """Rule T3: the metadata of an MDP client's request (asking for a stream if its
-        dialect has partials)."""
-        return _MDP_STREAM if dialect.partials else ()
-
-    def on_stream(
-        self, peer: bytes, body: Sequence[bytes], worker: Session | None, now: float
+    def dcp_partial(
+        self, peer: bytes, worker: Session, client: bytes, shown: bytes, msg: StreamMessage
     ) -> None:
-        """A DCP stream message (``body`` after the routing id) from ``peer``."""
-        try:
-            msg = parse_stream(body)
-        except Exception as exc:  # a RemoteProtocolError: every defect has its reason
-            self.reject(peer, getattr(exc, "reason", "bad_stream_message"), str(exc))
-            return
-        if worker is not None:
-            self.sessions.heard(worker, now)
-        if msg.type is StreamType.PARTIAL:
-            if worker is None or not isinstance(worker.dialect, DcpDialect):
-                self.reject(peer, "partial_from_non_worker", "only DCP workers send parts")
-                return
-            self._on_dcp_partial(peer, worker, msg)
-        else:
-            self._on_reader(peer, msg)
-
-    def mdp_partial(self, worker: Session, client: bytes, body: Sequence[bytes]) -> None:
-        """A Majordomo worker's PARTIAL for ``client`` (unsealed) (Rules T1, T4)."""
-        pending = self.find_held(worker, client)
-        if pending is None:
-            self.counters.count("partial_dropped")
-            return
-        stream = self._stream(pending)
-        if stream is not None and not stream.cancelled:
-            self._forward(stream, body)
-        else:
-            self.counters.count("partial_dropped")
-
-    def _on_dcp_partial(self, peer: bytes, worker: Session, msg: StreamMessage) -> None:
-        client = msg.client
-        if client is None:
-            self.reject(peer, "reply_without_client", "a part has no client address")
-            return
-        shown = client
-        if self.guard is not None:
-            unsealed = self.unseal(peer, client)
-            if unsealed is None:
-                return
-            client = unsealed
+        """A DCP worker's PARTIAL for ``client`` (unsealed; ``shown``: as the worker named
+        it) (Rules T1, T2, T5)."""
         pending = None
         for held in worker.held:
             if held.client == client and held.metadata == msg.metadata:
                 pending = held
                 break
         if pending is None:
-            self.counters.count("stream_unmatched")
+            self._counters.count("stream_unmatched")
             self._tell_worker(worker, StreamType.CANCEL, shown, msg.metadata)
             return
         stream = self._stream(pending)
         if stream is None:
-            self.counters.count("partial_dropped")
+            self._counters.count("partial_dropped")
             self._tell_worker(worker, StreamType.CANCEL, shown, msg.metadata)
             return
         if stream.cancelled:
-            self.counters.count("partial_dropped")
+            self._counters.count("partial_dropped")
             return
         if stream.credit <= 0:
             # Rule T2: an overrun.
-            self._stream_stats["overruns"] += 1
-            self.reject(peer, "stream_overrun", "a part sent without credit")
+            self._stats["overruns"] += 1
+            self._out.reject(peer, "stream_overrun", "a part sent without credit")
             self._cancel(stream)
             self._error(pending, "stream_overrun", "the worker sent a part without credit")
             return
         self._forward(stream, msg.data)
 
-    def _on_reader(self, peer: bytes, msg: StreamMessage) -> None:
+    def mdp_partial(self, worker: Session, client: bytes, body: Sequence[bytes]) -> None:
+        """A Majordomo worker's PARTIAL for ``client`` (unsealed) (Rules T1, T4)."""
+        pending = worker.held_for(client)
+        if pending is None:
+            self._counters.count("partial_dropped")
+            return
+        stream = self._stream(pending)
+        if stream is not None and not stream.cancelled:
+            self._forward(stream, body)
+        else:
+            self._counters.count("partial_dropped")
+
+    def reader(self, peer: bytes, msg: StreamMessage) -> None:
+        """A CREDIT or CANCEL from reader ``peer`` (Rules T2, T5)."""
         if not msg.metadata:
-            self.reject(peer, "stream_without_id", "CREDIT or CANCEL names no request")
+            self._out.reject(peer, "stream_without_id", "CREDIT or CANCEL names no request")
             return
         key = (peer, msg.metadata[0])
-        stream = self._stream_keys.get(key)
+        stream = self._keys.get(key)
         if msg.type is StreamType.CANCEL:
             if stream is None:
-                early = self._early_cancels
+                early = self.early_cancels
                 early[key] = None
                 if len(early) > MAX_CANCELLED:
                     early.popitem(last=False)
@@ -223,7 +187,7 @@ class Streams(Routing):
                 self._cancel(stream)
             return
         if stream is None or stream.cancelled:
-            self.counters.count("stream_unknown")
+            self._counters.count("stream_unknown")
             return
         stream.credit += msg.credit
         stream.outstanding = max(0, stream.outstanding - msg.credit)
@@ -234,7 +198,7 @@ class Streams(Routing):
     def _stream(self, pending: Pending) -> Stream | None:
         """Rule T1: the stream of held ``pending``, opened now if this is its first part;
         ``None`` if its client gets no parts."""
-        stream = self._streams.get(pending)
+        stream = self.open.get(pending)
         if stream is not None:
             return stream
         origin = pending.origin
@@ -249,10 +213,10 @@ class Streams(Routing):
         else:
             return None
         stream = Stream(pending, window, key)
-        self._streams[pending] = stream
+        self.open[pending] = stream
         if key is not None:
-            self._stream_keys[key] = stream
-            if self._early_cancels.pop(key, 0) is None:
+            self._keys[key] = stream
+            if self.early_cancels.pop(key, 0) is None:
                 self._cancel(stream)  # Rule T5: cancelled before its first part
         return stream
 
@@ -262,9 +226,9 @@ class Streams(Routing):
         client = pending.client
         stream.credit -= 1
         stream.parts += 1
-        self.counters.partials += 1
+        self._counters.partials += 1
         if isinstance(origin, DcpDialect):
-            self.outbox.append(
+            self._outbox.append(
                 [
                     client,
                     *wire.build(
@@ -273,15 +237,15 @@ class Streams(Routing):
                 ]
             )
             stream.outstanding += 1
-            if stream.outstanding > self._stream_stats["outstanding_max"]:
-                self._stream_stats["outstanding_max"] = stream.outstanding
+            if stream.outstanding > self._stats["outstanding_max"]:
+                self._stats["outstanding_max"] = stream.outstanding
             return
         frames = origin.reply(client, pending.service.name, pending.metadata, data, final=False)
         held = self._held_out.get(client)
         if held is not None:
             self._hold(stream, held, frames)  # Rule T3: after what is held; no credit
             return
-        self.outbox.append(frames)
+        self._outbox.append(frames)
         if client not in self._retried and stream.credit <= stream.window // 2:
             self._top_up(stream)
 
@@ -296,7 +260,7 @@ class Streams(Routing):
         if len(held) < MAX_HELD:
             held.append(frames)
         else:
-            self.counters.count("partial_dropped")
+            self._counters.count("partial_dropped")
             self._cancel(stream)
 
     def _relay_credit(self, stream: Stream, n: int) -> None:
@@ -308,7 +272,7 @@ class Streams(Routing):
     def _cancel(self, stream: Stream) -> None:
         """Rule T5: stop the stream: CANCEL to its (DCP) worker, later parts dropped."""
         stream.cancelled = True
-        self._stream_stats["cancelled"] += 1
+        self._stats["cancelled"] += 1
         pending = stream.pending
         worker = pending.holder
         if worker is not None and isinstance(worker.dialect, DcpDialect):
@@ -325,7 +289,7 @@ class Streams(Routing):
         dialect = worker.dialect
         assert isinstance(dialect, DcpDialect)
         frames = wire.build(mtype, client, metadata, credit=n, width=dialect.width)
-        self.outbox.append([worker.ident, *frames])
+        self._outbox.append([worker.ident, *frames])
 
     def _error(self, pending: Pending, code: str, message: str) -> None:
         """An error reply ending ``pending``'s stream (after what is held, Rule T3)."""
@@ -335,13 +299,37 @@ class Streams(Routing):
             pending.origin.error(client, pending.service.name, pending.metadata, code, message),
         )
 
+    # ------------------------------------------------------------ for the other parts
+
     def answer(self, client: bytes, frames: list[bytes]) -> None:
         """Send a final reply to ``client`` (after its held messages, Rule T3)."""
         held = self._held_out.get(client)
         if held is None:
-            self.outbox.append(frames)
+            self._outbox.append(frames)
         else:
             held.append(frames)
+
+    def finished(self, pending: Pending) -> None:
+        """Rule T7: the stream (if any) of ``pending`` ends with it (routing released it, or
+        stopped tracking it)."""
+        stream = self.open.pop(pending, None)
+        if stream is not None and stream.key is not None:
+            self._keys.pop(stream.key, None)
+
+    def lost(self, pending: Pending) -> bool:
+        """Rule T6: the worker holding ``pending`` went away. Whether a part of it was
+        forwarded (then it is not to be redelivered: its reader gets ``stream_broken``,
+        unless it cancelled the stream)."""
+        stream = self.open.get(pending)
+        if stream is None:
+            return False
+        if not stream.cancelled:
+            self._stats["broken"] += 1
+            self._counters.count("stream_broken")
+            self._error(
+                pending, "stream_broken", f"the worker went away after {stream.parts} part(s)"
+            )
+        return True
 
     def undelivered(self, frames: list[bytes], why: str) -> bool:
         """Rules T3, T5: the driver could not send ``frames``. An answer to an MDP/0.2 or
@@ -351,85 +339,69 @@ class Streams(Routing):
         held = self._held_out.get(peer)
         if held is None:
             if why == "full" and _MDP_C02 in frames[1:3]:
+                if not self._held_out and not self._retried:
+                    self._retry_at = self._out.now + RETRY_DELAY
                 held = self._held_out[peer] = deque()
             else:
-                if self._streams:
-                    for stream in list(self._streams.values()):
+                if self.open:
+                    for stream in list(self.open.values()):
                         if stream.pending.client == peer and not stream.cancelled:
                             self._cancel(stream)
                 return False
         # After a failure, the driver fails the rest of its flush to that peer (in order).
         if len(held) < MAX_HELD:
             held.append(frames)
-            self._stream_stats["held"] += 1
+            self._stats["held"] += 1
         else:
-            self.counters.count("partial_dropped")
+            self._counters.count("partial_dropped")
         return True
 
-    @property
-    def stalled(self) -> bool:
-        """Whether messages are held for full sockets, or were just retried (the driver then
-        calls :meth:`retry_held` within a few milliseconds)."""
-        return bool(self._held_out or self._retried)
+    # ------------------------------------------------------------------ time
 
-    def retry_held(self) -> None:
-        """Rule T3: send what is held again (the driver calls it while :attr:`stalled`).
-        Clients whose last retry went out whole get credit again for their streams."""
+    def next_retry(self) -> float | None:
+        """When held messages are to be sent again, or were just sent again and the retry's
+        outcome is to be acted on (Rule T3; ``None``: nothing held)."""
+        if self._held_out or self._retried:
+            return self._retry_at
+        return None
+
+    def retry(self, now: float) -> None:
+        """Rule T3, if due at ``now``: send what is held again. Clients whose last retry went
+        out whole get credit again for their streams."""
+        if now < self._retry_at or not (self._held_out or self._retried):
+            return
         retried = self._retried
         if retried:
             delivered = retried.difference(self._held_out)
             if delivered:
-                for stream in list(self._streams.values()):
+                for stream in list(self.open.values()):
                     if stream.key is None and stream.pending.client in delivered:
                         self._top_up(stream)
         held, self._held_out = self._held_out, {}
         self._retried = set(held)
+        if held:
+            self._retry_at = now + RETRY_DELAY
         for messages in held.values():
-            self.outbox.extend(messages)
+            self._outbox.extend(messages)
 
-    # ------------------------------------------------------------- overrides
-
-    def _finish(self, pending: Pending) -> None:
-        """Rule T7: the stream (if any) of ``pending`` ends with it."""
-        super()._finish(pending)
-        if self._streams:
-            stream = self._streams.pop(pending, None)
-            if stream is not None and stream.key is not None:
-                self._stream_keys.pop(stream.key, None)
-
-    def remove_worker(self, worker: Session, why: str = "left") -> None:
-        """Rule T6: requests of which a part was forwarded are not redelivered."""
-        if self._streams and worker.held:
-            kept = []
-            for pending in worker.held:
-                stream = self._streams.get(pending)
-                if stream is None:
-                    kept.append(pending)
-                    continue
-                self._finish(pending)
-                if not stream.cancelled:
-                    self._stream_stats["broken"] += 1
-                    self.counters.count("stream_broken")
-                    self._error(
-                        pending,
-                        "stream_broken",
-                        f"the worker went away after {stream.parts} part(s)",
-                    )
-            worker.held = kept
-        super().remove_worker(worker, why)
-
-    def stream_statistics(self) -> StreamStatistics:
+    def statistics(self) -> StreamStatistics:
         """A snapshot of the stream figures."""
-        stats = self._stream_stats
+        stats = self._stats
         return StreamStatistics(
-            open=len(self._streams),
-            outstanding=sum(s.outstanding for s in self._streams.values()),
+            open=len(self.open),
+            outstanding=sum(s.outstanding for s in self.open.values()),
             outstanding_max=stats["outstanding_max"],
             cancelled=stats["cancelled"],
             broken=stats["broken"],
             overruns=stats["overruns"],
             held=stats["held"],
         )
+
+
+def mdp_metadata(dialect: Dialect) -> tuple[bytes, ...]:
+    """Rule T3: the metadata of an MDP client's request (asking for a stream if its dialect
+    has partials)."""
+    return _MDP_STREAM if dialect.partials else ()
 
 
 _MDP_STREAM = (wire.stream_option(STREAM_WINDOW),)

@@ -8,8 +8,10 @@ Rule U1 - A DCP reply the broker's socket refuses because its client has no conn
   a worker may answer before the client has reconnected (both reconnect on their own,
   0.1 s apart or so), and a client may be between two connections. A reply refused because
   the client's queue is full is still dropped (a slow reader; see reliability.md).
-U2 - Kept replies are sent again on every timer tick (``heartbeat_interval / 4``) until
-  ``grace`` seconds after the first refusal; then dropped and counted (``dropped_replies``).
+U2 - Kept replies are sent again on every timer tick (``heartbeat_interval / 4``: the broker
+  core's ``expire`` sends them again at most that often, and its ``next_deadline`` says
+  when) until ``grace`` seconds after the first refusal; then dropped and counted
+  (``dropped_replies``).
 U3 - Bounded: at most ``limit`` replies are kept; one more is dropped and counted.
 Rule U4 - A DCP reply from a peer that is not a registered worker is kept (not refused at
   once) for ``grace`` seconds, at most ``limit`` of them: a worker writes the answers it
@@ -112,6 +114,11 @@ class EarlyReplies:
         kept = set(map(id, replies))
         self._order = deque(e for e in self._order if id(e[2]) not in kept)
         return replies
+
+    def next_due(self) -> float | None:
+        """When the oldest kept reply's grace is over (``None``: none kept)."""
+        order = self._order
+        return order[0][0] if order else None
 
     def expire(self, now: float) -> list[bytes]:
         """The senders of the replies whose grace is over (one per reply), forgotten."""
