@@ -38,6 +38,7 @@ __all__ = [
     "check_type_width",
     "parse",
     "serialize",
+    "split_body",
 ]
 
 #: The protocol frame: ``DGBX`` and version 1.
@@ -120,12 +121,12 @@ def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
     if mtype is MessageType.REQUEST:
         if n < 4:
             raise _errors.MissingServiceName("request without a service frame")
-        # _split_body's parts are what Request checks for: a non-empty client address or
+        # split_body's parts are what Request checks for: a non-empty client address or
         # None, non-empty metadata parts, tuples.
-        client, meta, data = _split_body(frames, 4)
+        client, meta, data = split_body(frames, 4)
         return _request(_small(frames[3]), client, meta, data), width
     if mtype is MessageType.REPLY:
-        client, meta, data = _split_body(frames, 3)
+        client, meta, data = split_body(frames, 3)
         return _reply(client, meta, data), width
     if mtype is MessageType.REGISTER:
         if n == 3:
@@ -142,7 +143,7 @@ def parse(frames: Sequence[bytes]) -> tuple[Message, int]:
     return _HEADER_ONLY[mtype], width
 
 
-def _split_body(
+def split_body(
     frames: Sequence[bytes], i: int
 ) -> tuple[bytes | None, tuple[bytes, ...], tuple[bytes, ...]]:
     """Split ``[client] "" metadata... "" data...`` starting at index ``i``."""

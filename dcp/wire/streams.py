@@ -96,7 +96,7 @@ def parse_stream(frames: Sequence[bytes]) -> StreamMessage:
     """
     tframe = frames[2]
     mtype = _CODES[tframe[0] if len(tframe) == 1 else int.from_bytes(tframe, "little")]
-    client, metadata, data = _dcp1._split_body(frames, 3)
+    client, metadata, data = _dcp1.split_body(frames, 3)
     if mtype is StreamType.PARTIAL:
         return StreamMessage(mtype, client, metadata, data)
     if mtype is StreamType.CREDIT:

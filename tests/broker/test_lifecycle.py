@@ -42,7 +42,7 @@ async def terminate(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     instead of waited for. The bound on ``term()`` itself is only a hang guard: zmq's I/O
     thread finishes closing sockets in its own time, slowly on a loaded machine.
     """
-    made = list(ctx._sockets)  # noqa: SLF001, RUF100 - pyzmq lists a context's sockets only there
+    made = list(ctx._sockets)  # pyzmq lists a context's sockets only there
     left = [sock for sock in made if not sock.closed]
     if left:
         ctx.destroy(linger=0)

@@ -423,7 +423,7 @@ def test_zap_denials_are_logged_once_per_key_within_a_bound(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     handler = ZapHandler(zmq.Context.instance(), lambda key: False)
-    handler._log_once.size = 1  # noqa: SLF001, RUF100 (the driver's ZapHandler has no public knob for it)
+    handler._log_once.size = 1  # the driver's ZapHandler has no public knob for it
     alice, bob = z85.decode(ALICE[0]), z85.decode(BOB[0])
     with caplog.at_level(logging.WARNING, logger="dcp.broker"):
         for raw in [alice, alice, bob, alice]:

@@ -182,7 +182,7 @@ async def test_a_sync_client_whose_handshake_failed_before_its_first_send_is_tol
             with client:
                 # The moment libzmq dropped the connection shows on the client's sockets
                 # only: no public API tells it.
-                receiver = client._receiver  # noqa: SLF001, RUF100 - see above
+                receiver = client._receiver
                 assert receiver.monitor is not None
                 assert receiver.monitor.poll(30_000)  # the failure is known (not yet read)
                 # ... and libzmq has dropped the connection: a send would find none.

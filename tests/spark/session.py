@@ -128,7 +128,7 @@ def start_session(work_dir: Path) -> SparkSession:
 def _gateway() -> Any:
     """pyspark's py4j gateway to the JVM it started for this process (``None`` before; pyspark
     has no public handle on it)."""
-    return SparkContext._gateway  # noqa: SLF001, RUF100 - see above
+    return SparkContext._gateway
 
 
 def connect_session(spark: SparkSession) -> SparkSession:
@@ -196,8 +196,8 @@ def stop_session(spark: SparkSession) -> None:
     proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
     gateway.shutdown()
     # A later session launches a JVM of its own (pyspark launches one while these are None).
-    SparkContext._gateway = None  # noqa: SLF001, RUF100 - see _gateway
-    SparkContext._jvm = None  # noqa: SLF001, RUF100 - see _gateway
+    SparkContext._gateway = None  # see _gateway
+    SparkContext._jvm = None  # see _gateway
     if proc is None:
         return
     if proc.stdin is not None:

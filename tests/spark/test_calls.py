@@ -46,7 +46,7 @@ def rec(svc: Services) -> Services:
 
 def open_sockets() -> int:
     """Sockets of the process's zmq context not yet closed."""
-    made = list(get_context()._sockets)  # noqa: SLF001, RUF100 - pyzmq lists them only there
+    made = list(get_context()._sockets)  # pyzmq lists them only there
     return sum(1 for s in made if not s.closed)
 
 
