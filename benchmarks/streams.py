@@ -14,7 +14,7 @@ one worker to one client through one broker; broker, worker and client are three
   FINAL, read with its ``Client.recv_all``, through majortomo's ``Broker`` (no credit: the
   worker writes as fast as it can);
 - *majortomo partials via dcp*: the same majortomo peers through the dcp broker (which
-  forwards the partials to the majortomo client as it reads them, streams Rule T3).
+  forwards the partials to the majortomo client as it reads them, streams Rule ST3).
 
 The clock runs from the request to the last part. Figures are medians over rounds: parts/s
 and MB/s (10^6 bytes of part data per second).

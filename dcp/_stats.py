@@ -149,7 +149,7 @@ class BrokerStatistics:
     unmatched: int
     #: Workers removed because they were silent for too long.
     expired_workers: int
-    #: Workers removed because they held a request past its work timeout (Rule 7).
+    #: Workers removed because they held a request past its work timeout (Rule R7).
     work_timeouts: int
     #: Messages refused, by reason (also malformed ones, by ProtocolError reason).
     rejections: dict[str, int]
@@ -195,7 +195,7 @@ class WorkerStatistics:
     in_progress: int
     #: Requests waiting in the local backlog now.
     backlog: int
-    #: Requests that ever had to wait in the backlog (Rule 4).
+    #: Requests that ever had to wait in the backlog (Rule W4).
     backlogged: int
     #: New connections after the first one (broker went silent).
     reconnects: int
@@ -208,9 +208,9 @@ class WorkerStatistics:
     #: Messages the socket refused to send (e.g. high-water mark); filled by the I/O layer.
     send_failures: int = 0
     #: Requests not run because their caller's deadline passed while they waited in the
-    #: backlog (answered with an ``expired`` error reply; Rule 4).
+    #: backlog (answered with an ``expired`` error reply; Rule W4).
     expired: int = 0
-    #: Replies sent again after a lost connection, in case the broker lost them (Rule 13 of
+    #: Replies sent again after a lost connection, in case the broker lost them (Rule W13 of
     #: :mod:`dcp._core.worker.core`); a client drops the ones it already has.
     replayed: int = 0
 
@@ -248,7 +248,7 @@ class ClientStatistics:
     #: Requests that failed with :class:`~dcp.NoWorkers` (a probe's ``404`` or a broker's
     #: ``no_workers`` answer to a no-wait request).
     no_workers: int = 0
-    #: ``mmi.service`` probes sent before a request's end (Rule 5).
+    #: ``mmi.service`` probes sent before a request's end (Rule RT5).
     probes: int = 0
 
 

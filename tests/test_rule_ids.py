@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dcp"
 
-DEFINITION = re.compile(r"^\s*Rule ([A-Z]{1,3}\d{1,2}) - \S", re.M)
+DEFINITION = re.compile(r"^\s*Rule ([A-Z]{1,3}\d{1,2}) (?:- \S|\()", re.M)
 #: A mention: "Rule R3", "Rules Q1-Q4", "Rules W2 and W3", "Rule U1/U3", "(R3)" is not one.
 MENTION = re.compile(r"\bRules? ([A-Z]*\d+[A-Za-z]?)((?:\s*(?:[-/,]|and|or)\s*[A-Z]*\d+)*)")
 

@@ -4,7 +4,7 @@ answer back to whichever thread owns the core.
 
 The approver runs in the broker's event loop, one task per question, so a slow (``async``)
 approver never holds up routing. A plain ``def`` approver is called on the event loop: it
-must be quick. An approver that raises or returns something else denies (approval Rule A4).
+must be quick. An approver that raises or returns something else denies (approval Rule AP4).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ log and the approver (:meth:`CoreLink.flush`), the approver's answers go back in
 event-loop tasks that do all this (with it: :mod:`dcp._broker.thread`).
 
 Whoever owns the core calls these: the I/O thread while it runs, the event loop otherwise
-(:mod:`dcp._broker.thread` Rules 1 and 3). The core's rules are in
+(:mod:`dcp._broker.thread` Rules IT1 and IT3). The core's rules are in
 :mod:`dcp._core.broker.core`; what is logged, in :mod:`dcp._broker.oplog`; what a refused
 send means, in :mod:`dcp._io.errors`.
 """
@@ -61,7 +61,7 @@ class CoreLink:
         core = self.core
         receive = core.receive
         max_bytes = self.max_bytes
-        debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (dcp._broker.oplog Rule 1)
+        debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (dcp._broker.oplog Rule O2)
         for msg in received:
             if debug:
                 logger.debug("from %s: %s", PeerId(msg.frames[0]), Frames(msg.frames))
@@ -83,10 +83,10 @@ class CoreLink:
         core = self.core
         try_send = self.asock.try_send
         gone: set[bytes] = set()
-        debug = logger.isEnabledFor(logging.DEBUG)  # once per flush (dcp._broker.oplog Rule 1)
+        debug = logger.isEnabledFor(logging.DEBUG)  # once per flush (dcp._broker.oplog Rule O2)
         out, events = core.drain()
         while out or events:
-            if events:  # the core's log lines and approval questions (dcp._broker.oplog Rule 0)
+            if events:  # the core's log lines and approval questions (dcp._broker.oplog Rule O1)
                 asked = write_log(events)
                 if asked and self.approver is not None:
                     self.approver.ask(asked, threaded=self.waker is not None)

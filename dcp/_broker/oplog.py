@@ -4,12 +4,12 @@ per-message DEBUG descriptions (``docs/operations.md``).
 
 Rules:
 
-0. The broker core does no I/O, logging included: it leaves its lines among its events
+Rule O1 - The broker core does no I/O, logging included: it leaves its lines among its events
    and the driver writes them (:func:`write_log`) whenever it drains the core.
-1. Nothing here is formatted unless a record is emitted: the per-message path checks
+Rule O2 - Nothing here is formatted unless a record is emitted: the per-message path checks
    ``logger.isEnabledFor(logging.DEBUG)`` once per batch, and :class:`Frames` formats
    itself only when a handler asks for the message.
-2. The summary reads the core's broker-wide figures (the ``mmi.broker`` document, so
+Rule O3 - The summary reads the core's broker-wide figures (the ``mmi.broker`` document, so
    ``dcp top`` and the log agree) every ``interval`` seconds and logs one INFO line: rates
    over the interval, totals, queue depth, workers idle and busy, clients waiting.
 """
@@ -79,7 +79,7 @@ def _delta(now: Mapping[str, Any], before: Mapping[str, Any], key: str) -> int:
 
 def summary_line(before: Mapping[str, Any], now: Mapping[str, Any], elapsed: float) -> str:
     """The summary of ``now`` against ``before`` (two ``mmi.broker`` documents,
-    ``elapsed`` seconds apart; Rule 2)."""
+    ``elapsed`` seconds apart; Rule O3)."""
     seconds = elapsed if elapsed > 0 else 1.0
     refused = sum(now.get("rejections", {}).values()) - sum(before.get("rejections", {}).values())
     workers = int(now.get("workers", 0))
@@ -97,7 +97,7 @@ def summary_line(before: Mapping[str, Any], now: Mapping[str, Any], elapsed: flo
 
 
 async def log_summaries(read: Callable[[], Mapping[str, Any]], interval: float) -> None:
-    """Rule 2: log :func:`summary_line` every ``interval`` seconds until cancelled."""
+    """Rule O3: log :func:`summary_line` every ``interval`` seconds until cancelled."""
     before = read_racy(read)
     then = anyio.current_time()
     while True:

@@ -6,13 +6,13 @@ the core runs, to its guard; the connections a revoked key came from are cut
 
 Rules:
 
-1. Only the allow-lists change: a reload with another key pair (or on a broker without
+Rule SR1 - Only the allow-lists change: a reload with another key pair (or on a broker without
    security) is refused before anything changes.
-2. New handshakes follow the new lists at once (the ZAP handler's first); the core then
+Rule SR2 - New handshakes follow the new lists at once (the ZAP handler's first); the core then
    refuses every message of a revoked key and removes the workers that may no longer
    register (Rule S5 in :mod:`dcp._core.broker.guard`), in the I/O thread
    (:mod:`dcp._broker.thread`).
-3. Connections are cut only when a key lost the right to connect (not when it only lost a
+Rule SR3 - Connections are cut only when a key lost the right to connect (not when it only lost a
    service), and only those accepted from the addresses revoked keys connected from; when
    workers were removed, only :data:`~dcp._broker.connections.TELL_BEFORE_CUT` seconds after they
    were told (zmq writes on its own thread: a connection cut first loses the refusal).
@@ -38,7 +38,7 @@ logger = logging.getLogger("dcp.broker")
 
 
 class SecurityReload:
-    """A broker's security settings, its ZAP handler, and their reload (Rules 1 to 3).
+    """A broker's security settings, its ZAP handler, and their reload (Rules SR1 to SR3).
 
     :param security: the settings the broker was made with (``None``: no security, and a
         reload is refused)
@@ -68,7 +68,7 @@ class SecurityReload:
         return zap
 
     async def reload(self, security: CurveServer, endpoints: Callable[[], Sequence[str]]) -> int:
-        """Rules 1 to 3; how many workers were removed.
+        """Rules SR1 to SR3; how many workers were removed.
 
         :param endpoints: the broker's bound endpoints, when the connections are cut
         """

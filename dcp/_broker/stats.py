@@ -3,10 +3,11 @@ handler refused) and the HTTP endpoint's snapshots (``docs/operations.md``).
 
 Rules:
 
-1. With the I/O thread, the core changes while another thread reads it: a reading that
+Rule BS1 - With the I/O thread, the core changes while another thread reads it: a reading that
    raced a change is taken again (:func:`dcp._broker.oplog.read_racy`).
-2. An HTTP snapshot is taken where the core runs (:meth:`dcp._broker.thread.CoreCalls.run`),
-   so it is consistent; the ZAP handler's counts are added to it afterwards.
+Rule BS2 - An HTTP snapshot is taken where the core runs
+   (:meth:`dcp._broker.thread.CoreCalls.run`), so it is consistent; the ZAP handler's counts are
+   added to it afterwards.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ __all__ = ["Reports", "with_zap"]
 
 
 class Reports:
-    """A broker's statistics and snapshots (Rules 1 and 2).
+    """A broker's statistics and snapshots (Rules BS1 and BS2).
 
     :param core: the broker's core
     :param calls: where the core runs
@@ -43,16 +44,16 @@ class Reports:
         self._security = security
 
     def statistics(self) -> BrokerStatistics:
-        """The core's counters and gauges, with the ZAP handler's refusals (Rule 1)."""
+        """The core's counters and gauges, with the ZAP handler's refusals (Rule BS1)."""
         return with_zap(self._security.zap, read_racy(self._core.statistics))
 
     def pubsub_statistics(self) -> PubSubStatistics:
-        """The core's pub/sub counters and gauges (Rule 1)."""
+        """The core's pub/sub counters and gauges (Rule BS1)."""
         return read_racy(self._core.pubsub.statistics)
 
     async def snapshot(self, peers: bool) -> BrokerSnapshot:
         """What the HTTP endpoint shows, taken where the core runs (``peers``: list them;
-        Rule 2)."""
+        Rule BS2)."""
         taken = await self._calls.run(partial(self._core.snapshot, peers=peers))
         return attrs.evolve(taken, statistics=with_zap(self._security.zap, taken.statistics))
 

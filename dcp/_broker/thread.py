@@ -4,13 +4,13 @@ endpoint's snapshots).
 
 Rules (how the thread waits and reads: :mod:`dcp._io.blocking`, Rules I1 to I3):
 
-1. The thread owns the socket while it runs. Cancelling the broker's task wakes it and
+Rule IT1 - The thread owns the socket while it runs. Cancelling the broker's task wakes it and
    waits for it to stop, so the socket is closed only after; a cancellation that comes
    before the thread ran at all keeps it from starting later.
-2. The core's timers run every ``heartbeat_interval / 4`` in the thread (its ``recv``
+Rule IT2 - The core's timers run every ``heartbeat_interval / 4`` in the thread (its ``recv``
    waits no longer, Rule I1), and sooner when the core's ``next_deadline`` says so (while
-   messages are held for full sockets: every 2 ms, streams Rule T3).
-3. Work for the core from another thread (:meth:`CoreCalls.run`) runs in the I/O thread,
+   messages are held for full sockets: every 2 ms, streams Rule ST3).
+Rule IT3 - Work for the core from another thread (:meth:`CoreCalls.run`) runs in the I/O thread,
    woken for it (Rule I2), which then sends what the work put in the outbox; the caller
    waits for it in a worker thread of anyio's. Without the I/O thread it runs at once, in
    the event loop. Work the thread did not take before it stopped runs after it stopped.
@@ -58,7 +58,7 @@ class Call(Generic[_T]):
 
 
 class CoreCalls:
-    """Work for the core from the event loop, run where the core runs (Rule 3), for as long
+    """Work for the core from the event loop, run where the core runs (Rule IT3), for as long
     as the broker lives (across its serves).
 
     :param threaded: the broker runs an I/O thread (``io_thread=True``): the core's clock
@@ -114,7 +114,7 @@ class IOThread:
     :param calls: the work for the core from the event loop (run between batches)
     :param context: the socket's zmq context (for the :class:`~dcp._io.blocking.Waker`)
     :param batch: messages read per pass at most (Rule I3)
-    :param period: seconds between runs of the core's timers (Rule 2)
+    :param period: seconds between runs of the core's timers (Rule IT2)
     """
 
     def __init__(
@@ -133,7 +133,7 @@ class IOThread:
         self._period = period
 
     async def run(self) -> None:
-        """Run the thread until cancelled (Rule 1): the thread owns the socket while it
+        """Run the thread until cancelled (Rule IT1): the thread owns the socket while it
         runs; cancelling this task wakes it and waits for it to stop, so the socket is
         closed only after."""
         link = self._link
@@ -198,7 +198,7 @@ class IOThread:
                 flush()
                 if now >= next_tick:
                     next_tick = now + period
-            # Rule 2: sooner than the next tick if the core says so (held messages).
+            # Rule IT2: sooner than the next tick if the core says so (held messages).
             due = core.next_deadline()
             if due is not None and due < next_tick:
                 wanted = max(1, math.ceil((due - now) * 1000))
@@ -219,7 +219,7 @@ class IOThread:
                 received.append(more)
             now = clock()
             woken = False
-            debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (oplog Rule 1)
+            debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (oplog Rule O2)
             for msg in received:
                 frames = msg.frames
                 if frames[0] == wake_id:  # Rule I2

@@ -2,16 +2,16 @@
 
 Rules:
 
-1. By default a call fails at once when no worker serves its service, as NATS's ``nats req``
-   answers "no responders": a plain call carries the no-wait option (the broker answers
+Rule CL1 - By default a call fails at once when no worker serves its service, as NATS's ``nats
+   req`` answers "no responders": a plain call carries the no-wait option (the broker answers
    ``no_workers`` at once), a ``--stream`` call asks ``mmi.service`` first. ``--wait``
    queues the call until a worker comes or ``--timeout`` passes. Either way, "no worker
    serves it" is one line and exit status :data:`NO_WORKERS`.
-2. ``-v`` (INFO on ``dcp.cli``): the broker it talks to, what it sent (service, parts,
+Rule CL2 - ``-v`` (INFO on ``dcp.cli``): the broker it talks to, what it sent (service, parts,
    bytes), each resend as it happens, and the reply (parts, bytes, time). ``-vv`` adds the
    client's DEBUG lines (each message from the broker).
-3. A call that timed out (not "no worker") asks the broker ``mmi.service`` for half a second
-   more, and its error line says whether the broker answered: no answer is most likely no
+Rule CL3 - A call that timed out (not "no worker") asks the broker ``mmi.service`` for half a
+   second more, and its error line says whether the broker answered: no answer is most likely no
    broker at that endpoint.
 """
 
@@ -40,7 +40,7 @@ __all__ = ["NO_WORKERS", "cmd_call", "reply_json"]
 
 logger = logging.getLogger("dcp.cli")
 
-#: Exit status of a call that no worker serves (Rule 1).
+#: Exit status of a call that no worker serves (Rule CL1).
 NO_WORKERS = 4
 
 #: The DATA argument that stands for stdin.
@@ -79,7 +79,7 @@ def _ms(seconds: float) -> str:
 
 
 def _no_workers(exc: NoWorkers, service: str, waited: bool) -> CLIError:
-    """Rule 1: one line, exit status :data:`NO_WORKERS`."""
+    """Rule CL1: one line, exit status :data:`NO_WORKERS`."""
     if waited:
         return CLIError(str(exc), NO_WORKERS)  # "no worker serves 'x' (the broker says so...)"
     return CLIError(
@@ -90,7 +90,7 @@ def _no_workers(exc: NoWorkers, service: str, waited: bool) -> CLIError:
 
 
 def _connected(client: Client, args: argparse.Namespace) -> None:
-    """Rule 2: where the call goes, and its limits."""
+    """Rule CL2: where the call goes, and its limits."""
     heard = "" if client.endpoint == args.connect else f" (heard from {args.connect})"
     if args.stream:
         limits = f"timeout {args.timeout:g} s, no resends"
@@ -105,7 +105,7 @@ HEALTH_TIMEOUT = 0.5
 
 
 async def _why_no_reply(client: Client, args: argparse.Namespace) -> str:
-    """Rule 3: after a timeout, whether the broker itself answers (``mmi.service``), as a
+    """Rule CL3: after a timeout, whether the broker itself answers (``mmi.service``), as a
     hint to append to the error line: a new user's first timeout is a broker that is not
     there. A broker of ``--type-width 4`` (the DagBox C++ one) has no ``mmi.service``."""
     from dcp._errors import DCPError
@@ -122,7 +122,7 @@ async def _why_no_reply(client: Client, args: argparse.Namespace) -> str:
 
 
 async def _watch_resends(client: Client, attempts: int) -> None:
-    """Rule 2: log each resend as the client makes it (its statistics count them)."""
+    """Rule CL2: log each resend as the client makes it (its statistics count them)."""
     seen = 0
     while True:
         await anyio.sleep(0.05)
@@ -135,7 +135,7 @@ async def _watch_resends(client: Client, attempts: int) -> None:
 async def _request(
     client: Client, args: argparse.Namespace, data: list[bytes], metadata: list[bytes]
 ) -> Response:
-    """The call itself, its resends logged as they happen (Rule 2). Its error is raised
+    """The call itself, its resends logged as they happen (Rule CL2). Its error is raised
     as it is, not in an exception group."""
     from dcp._errors import DCPError
 
@@ -234,7 +234,7 @@ async def call_stream(
     client: Client, args: argparse.Namespace, data: list[bytes], metadata: list[bytes]
 ) -> None:
     """``--stream``: print each part as it arrives (one line per data part, or one JSON
-    object per part with ``--json``). Without ``--wait``, ask ``mmi.service`` first (Rule 1).
+    object per part with ``--json``). Without ``--wait``, ask ``mmi.service`` first (Rule CL1).
 
     :raises dcp.NoWorkers: the broker says nobody serves the service (without ``--wait``)
     """

@@ -4,14 +4,14 @@ become is :mod:`dcp._io.errors`'s: a failed bind or connect is one line there, R
 
 Rules:
 
-1. A user error (a bad argument, a port in use, a missing key file, an error reply) is a
+Rule CR1 - A user error (a bad argument, a port in use, a missing key file, an error reply) is a
    :class:`CLIError`: one line ``dcp COMMAND: message`` on stderr and its exit code, never a
    traceback. Code 2 is for mistakes visible in the command line itself (usage errors), 1 for
    the rest.
-2. SIGINT (Ctrl-C) and SIGTERM stop a command through :func:`until_signal`, which reports
+Rule CR2 - SIGINT (Ctrl-C) and SIGTERM stop a command through :func:`until_signal`, which reports
    the signal; a command stopped by SIGINT exits with 130 and prints nothing more.
-3. An ``ExceptionGroup`` around one real error is unwrapped (:func:`run_async`), so rule 1
-   sees the error itself.
+Rule CR3 - An ``ExceptionGroup`` around one real error is unwrapped (:func:`run_async`), so Rule
+   CR1 sees the error itself.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ async def until_signal(
 
 def run_async(backend: str, func: Callable[..., Awaitable[T]], *args: object) -> T:
     """``anyio.run(func, *args)`` on ``backend``, with one real error unwrapped from its
-    exception group (rule 3)."""
+    exception group (Rule CR3)."""
     try:
         return anyio.run(func, *args, backend=backend)
     except BaseExceptionGroup as group:

@@ -4,19 +4,19 @@ figures), see :mod:`dcp._core.broker.directory` and ``docs/operations.md``.
 
 Rules:
 
-1. Rates are counter deltas between two polls divided by the time between their answers. A
+Rule TP1 - Rates are counter deltas between two polls divided by the time between their answers. A
    counter that went down (the broker restarted; a service forgotten and known again) has
    no rate for that poll. The first poll has no rates (``-``).
-2. ``--once`` polls once, prints one table (plain text, no ANSI codes, when stdout is not a
+Rule TP2 - ``--once`` polls once, prints one table (plain text, no ANSI codes, when stdout is not a
    terminal) and exits 0. Live mode redraws after every poll (not a terminal: prints each
    poll's view after the last); a poll that gets no answer
    keeps the last figures, marked as stale, and polling goes on, until Ctrl-C or
    ``--count`` polls.
-3. The first poll that gets no answer within ``--timeout`` is an error (one line, exit 1):
+Rule TP3 - The first poll that gets no answer within ``--timeout`` is an error (one line, exit 1):
    nothing is shown until the broker has answered once. Ctrl-C stops at once (exit 130).
-4. A broker that does not answer ``mmi.broker`` (an older dcp broker) still gets its
+Rule TP4 - A broker that does not answer ``mmi.broker`` (an older dcp broker) still gets its
    services table; the broker-wide line says what is missing.
-5. The broker-wide counters count since the broker started, the rows since their service
+Rule TP5 - The broker-wide counters count since the broker started, the rows since their service
    became known (a service nobody serves and nothing waits for is forgotten, with its
    counts). The header says so and reconciles them: ``requests`` = the listed services'
    requests + those of forgotten services (``mmi.broker``'s ``forgotten_requests``, taken at
@@ -61,7 +61,7 @@ class Snapshot:
 
 @attrs.frozen
 class Row:
-    """One service as ``dcp top`` shows it (rates: ``None`` when unknown, Rule 1)."""
+    """One service as ``dcp top`` shows it (rates: ``None`` when unknown, Rule TP1)."""
 
     name: str
     rate: float | None
@@ -85,7 +85,7 @@ def _rate(now: int, before: int | None, elapsed: float) -> float | None:
 
 
 def rows(previous: Snapshot | None, current: Snapshot) -> list[Row]:
-    """The services of ``current``, with rates against ``previous`` (Rule 1), by name."""
+    """The services of ``current``, with rates against ``previous`` (Rule TP1), by name."""
     before: dict[str, Mapping[str, Any]] = {}
     elapsed = 0.0
     if previous is not None:
@@ -244,7 +244,7 @@ def _delta(now: Mapping[str, Any], before: Mapping[str, Any] | None, key: str) -
 
 
 def header(endpoint: str, previous: Snapshot | None, current: Snapshot, stale: str) -> str:
-    """The broker-wide lines above the table (Rule 4)."""
+    """The broker-wide lines above the table (Rule TP4)."""
     first = f"dcp top - {endpoint}"
     if stale:
         first += f"  [stale: {stale}]"
@@ -265,7 +265,7 @@ def header(endpoint: str, previous: Snapshot | None, current: Snapshot, stale: s
         f"requests {_delta(doc, old, 'requests')}  replies {_delta(doc, old, 'replies')}  "
         f"redelivered {_delta(doc, old, 'redeliveries')}",
     ]
-    if "forgotten_requests" in doc:  # Rule 5 (an older broker does not say)
+    if "forgotten_requests" in doc:  # Rule TP5 (an older broker does not say)
         forgotten = int(doc["forgotten_requests"])
         listed = int(doc.get("requests", 0)) - forgotten
         lines.append(

@@ -1,18 +1,18 @@
 """The windowed maps of both clients (``map``, ``map_unordered``, ``map_outcomes``): one
 async and one blocking loop around the pure :class:`~dcp._core.client.window.Window`, which
-decides what to send and what to yield (its Rules 1 and 5).
+decides what to send and what to yield (its Rules WN1 and WN5).
 
 Rules:
 
-2. The first failure is raised (``map``, ``map_unordered``); ``map_outcomes`` yields it.
-3. However the generator ends (exhausted, failed, closed early, cancelled), the requests it
+Rule MP2 - The first failure is raised (``map``, ``map_unordered``); ``map_outcomes`` yields it.
+Rule MP3 - However the generator ends (exhausted, failed, closed early, cancelled), the requests it
    still has outstanding are forgotten: the tracker stops resending them, and a late reply
    is counted and dropped.
-4. These loops are the clients' per-request path for maps: besides the receiver's
+Rule MP4 - These loops are the clients' per-request path for maps: besides the receiver's
    ``start`` and ``send`` and the result, a request costs a few calls of the window
    (``next_input``, ``sent``, ``next_result``) and makes no object of its own.
 
-Rule 1 (at most ``window`` outstanding) is the window's.
+The window keeps Rule WN1 (at most ``window`` outstanding).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ async def map_async(
     take: Callable[[Outcome | None], object],
 ) -> AsyncGenerator[Any, None]:
     """Request ``service`` once per payload through ``receiver``, the outcomes arriving in
-    ``sink``; yield ``take(outcome)`` as the window allows (Rules 2-4), as ``(index,
+    ``sink``; yield ``take(outcome)`` as the window allows (Rules MP2-MP4), as ``(index,
     take(outcome))`` if ``indexed``."""
     window: Window[Payload, Outcome | None] = Window(
         payloads, size, ordered=ordered, arrived=sink.done

@@ -4,14 +4,14 @@ statistics). Their socket: :func:`dcp._io.handshake.connect_dealer`, shared with
 
 Rules:
 
-1. Every option is checked by ``__init__`` before the client makes a socket: a bad one
+Rule CO1 - Every option is checked by ``__init__`` before the client makes a socket: a bad one
    raises (``ValueError``, or ``ImportError`` for tracing without OpenTelemetry) and nothing
    is left open. The order: routing id, tracing, work timeout, the tracker's options; then
    the client's own :meth:`ClientOptions._setup` (the sync client connects there).
-2. A request that sets no metadata, work timeout or ``no_wait`` of its own gets the
+Rule CO2 - A request that sets no metadata, work timeout or ``no_wait`` of its own gets the
    metadata built once per (``work_timeout``, ``no_wait``) setting of the client (both are
    public attributes a caller may change between requests), not once per request.
-3. The per-request path (``request``) calls the helpers here no more than it did when
+Rule CO3 - The per-request path (``request``) calls the helpers here no more than it did when
    each client had its own copy: options of a whole ``map`` or ``stream`` are checked by one
    helper, once per call.
 """
@@ -107,7 +107,7 @@ class ClientOptions:
     def _setup(
         self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
     ) -> None:
-        """The client's own state, once every option is checked (Rule 1)."""
+        """The client's own state, once every option is checked (Rule CO1)."""
         raise NotImplementedError
 
     def statistics(self) -> ClientStatistics:
@@ -118,7 +118,7 @@ class ClientOptions:
         self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
     ) -> tuple[bytes, ...]:
         if metadata == () and work_timeout is None and no_wait is None:
-            # Rule 2: the client's own options only, built once per setting.
+            # Rule CO2: the client's own options only, built once per setting.
             key = (self.work_timeout, self.no_wait)
             plain = self._plain_metadata
             if plain is None or plain[0] != key:

@@ -1,18 +1,18 @@
 """Pub/sub for clients: :meth:`dcp.Client.publish` / :meth:`dcp.Client.subscribe` and the
 :class:`dcp.SyncClient` equivalents (the wire is in :mod:`dcp._core.broker.pubsub_peers`; what
-a subscription receives, and Rule C2, in :mod:`dcp._client.subscriptions`).
+a subscription receives, and Rule CP2, in :mod:`dcp._client.subscriptions`).
 
 Rules (client side):
 
-Rule C1 - Credit. A subscription starts with ``window`` credit at the broker; each message
+Rule CP1 - Credit. A subscription starts with ``window`` credit at the broker; each message
   the caller has taken is owed back, and once half a window is owed (or every ``refresh``
   seconds, even with nothing owed) the client grants it. So at most ``window`` messages sit
   in the client, and the rest wait in the broker's bounded buffer (its overflow policy).
-Rule C3 - Re-subscribing. A grant the broker answers ``unknown_subscription`` (it restarted,
+Rule CP3 - Re-subscribing. A grant the broker answers ``unknown_subscription`` (it restarted,
   or it ended the subscription for silence) makes the client subscribe again with the same
   id, options and pattern (counted in :attr:`Subscription.resubscribed`); messages published
   meanwhile were not routed to it (at most once).
-Rule C4 - Leaving. Leaving the ``with`` block unsubscribes (best effort, bounded by one
+Rule CP4 - Leaving. Leaving the ``with`` block unsubscribes (best effort, bounded by one
   second); a subscription the broker does not hear of again expires there anyway.
 
 A subscription asks its client for requests through :class:`Requests` /
@@ -147,7 +147,7 @@ class Subscription:
 
     @property
     def resubscribed(self) -> int:
-        """How often the client subscribed again (broker restart, Rule C3)."""
+        """How often the client subscribed again (broker restart, Rule CP3)."""
         return self._state.resubscribed
 
     def __aiter__(self) -> AsyncIterator[PubSubMessage]:
@@ -170,7 +170,7 @@ class Subscription:
 async def _grant_credit(
     client: Requests, state: SubscriptionState, pattern: str, refresh: float
 ) -> None:
-    """Grant a subscription's credit while it lasts (Rules C1 and C3): the task of its
+    """Grant a subscription's credit while it lasts (Rules CP1 and CP3): the task of its
     ``subscribe`` block."""
     while True:
         with anyio.move_on_after(refresh):
@@ -294,7 +294,7 @@ class SyncSubscription:
 
     @property
     def resubscribed(self) -> int:
-        """How often the client subscribed again (broker restart, Rule C3)."""
+        """How often the client subscribed again (broker restart, Rule CP3)."""
         return self._state.resubscribed
 
     def __iter__(self) -> Iterator[PubSubMessage]:
@@ -328,7 +328,7 @@ class SyncSubscription:
                 receiver.pump()
 
     def _maintain(self) -> None:
-        """Grant credit and refresh (Rule C1); re-subscribe if the broker forgot us (C3)."""
+        """Grant credit and refresh (Rule CP1); re-subscribe if the broker forgot us (C3)."""
         state = self._state
         receiver = self._receiver
         if self._grant is not None:

@@ -5,16 +5,16 @@ deadlines call for.
 
 Rules:
 
-1. A first attempt that finds the queue full waits 1 ms, doubling up to 50 ms, until its
+Rule RX1 - A first attempt that finds the queue full waits 1 ms, doubling up to 50 ms, until its
    attempt's deadline; then the attempt counts as lost and the retry rule takes over
    (counted once in ``send_waits``). A resend that finds it full is not made
    (``resends_dropped``).
-2. One receive task owns the socket's input: it handles at most ``batch`` messages per
+Rule RX2 - One receive task owns the socket's input: it handles at most ``batch`` messages per
    wake-up and lets other tasks run between batches, however busy the socket is.
-3. Anything but a closed socket that ends the receive task fails every caller (the client
+Rule RX3 - Anything but a closed socket that ends the receive task fails every caller (the client
    is shut down with it as the cause) rather than leaving them waiting. Shutting down is
    idempotent; the first cause sticks.
-4. Handshakes Rule H5: resends due on a connection the broker has not answered since it
+Rule RX4 - Handshakes Rule H5: resends due on a connection the broker has not answered since it
    reconnected make a new connection first (a secure broker ignores the old one).
 """
 
@@ -61,7 +61,7 @@ class Receiver:
     (:meth:`attach`) and runs :meth:`run` as its receive task.
 
     :param tracker: the client's request tracker
-    :param batch: messages handled per wake-up (Rule 2)
+    :param batch: messages handled per wake-up (Rule RX2)
     """
 
     def __init__(self, tracker: RequestTracker, *, batch: int) -> None:
@@ -118,7 +118,7 @@ class Receiver:
         return rid, frames
 
     async def send(self, rid: bytes, frames: list[bytes]) -> None:
-        """Send a request's first attempt, pausing while zmq's queue is full (Rule 1: until
+        """Send a request's first attempt, pausing while zmq's queue is full (Rule RX1: until
         the tracker's next deadline for it; then the attempt counts as lost)."""
         tracker = self.tracker
         deadline = tracker.deadline_of(rid)
@@ -151,7 +151,7 @@ class Receiver:
         self.socket.send_nowait(frames)
 
     def forget(self, rids: Iterable[bytes]) -> None:
-        """Stop waiting for these requests (Rule 6 of the tracker: a late reply is dropped)."""
+        """Stop waiting for these requests (Rule RT6 of the tracker: a late reply is dropped)."""
         waiters = self.waiters
         tracker = self.tracker
         for rid in rids:
@@ -185,7 +185,7 @@ class Receiver:
     # ------------------------------------------------------------------ the receive task
 
     async def run(self) -> None:
-        """The receive task (Rules 2 and 3); ends when the socket is closed."""
+        """The receive task (Rules RX2 and RX3); ends when the socket is closed."""
         asock = self.socket
         assert asock is not None
         tracker = self.tracker
@@ -275,7 +275,7 @@ class Receiver:
                 waiter.deliver(rid, event.error)
 
     def shutdown(self, failure: BaseException | None) -> None:
-        """Close the socket and fail every waiter (Rule 3). Idempotent; the first cause
+        """Close the socket and fail every waiter (Rule RX3). Idempotent; the first cause
         sticks."""
         if not self.closed:
             self.closed = True

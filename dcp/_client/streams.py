@@ -3,20 +3,20 @@
 Rules (the broker's are in :mod:`dcp._core.broker.streams`, the worker's in
 :mod:`dcp._worker.streams`, the frames in :mod:`dcp.wire.streams`):
 
-Rule C1 - Request. A stream is one request carrying the stream option with the reader's
+Rule CS1 - Request. A stream is one request carrying the stream option with the reader's
   window (its first credit), sent once: it is never resent (``retries=0``), since a resend
   could start a second stream. ``timeout`` bounds the whole stream (the tracker's deadline,
   as for any request); ``stall_timeout``, if given, bounds the wait for each next part (or
   the end) and raises :exc:`~dcp.RequestTimeout`.
-Rule C2 - Parts. Each PARTIAL for the stream's request id is one part (its data frames, a
+Rule CS2 - Parts. Each PARTIAL for the stream's request id is one part (its data frames, a
   tuple), kept in order until read; credit keeps at most ``window`` of them unread. The
   final reply ends the stream: with no data (a dcp stream handler's end) it yields nothing
   more; with data (a worker that does not stream, e.g. a plain DCP v1 or Majordomo one) its
   data is the last part. A dcp error reply raises :exc:`~dcp.RemoteError` after the parts
   before it; ``stream_broken`` raises :exc:`~dcp.StreamBroken` with the parts received.
-Rule C3 - Credit. Once half the window (at least 1) has been read since the last grant, the
+Rule CS3 - Credit. Once half the window (at least 1) has been read since the last grant, the
   reader grants that many parts more (CREDIT).
-Rule C4 - Leaving early. Leaving the stream before its end (``break``, an exception,
+Rule CS4 - Leaving early. Leaving the stream before its end (``break``, an exception,
   cancellation, ``close()``) sends CANCEL and forgets the request: parts and the final reply
   that still arrive are dropped.
 
@@ -50,7 +50,7 @@ DEFAULT_WINDOW = 32
 
 
 def stream_timing(timing: Timing) -> Timing:
-    """Rule C1: one attempt, as long as the whole stream."""
+    """Rule CS1: one attempt, as long as the whole stream."""
     return Timing(timing.timeout, timing.timeout, 0)
 
 
@@ -70,7 +70,7 @@ _L = TypeVar("_L", bound=_Link)
 
 
 class StreamReader(Generic[_L]):
-    """What a stream of either client keeps and decides alike (Rules C2-C4): the parts
+    """What a stream of either client keeps and decides alike (Rules CS2-CS4): the parts
     received and not yet read, the credit owed, the end, and leaving early. A flavour adds
     how it starts and forgets the request (:meth:`_open`, :meth:`_forget`), waits and sends.
 
@@ -94,7 +94,7 @@ class StreamReader(Generic[_L]):
         self._stall = stall_timeout
         self._read = 0
         self._ended = self._closed = False
-        #: Where the client puts the stream's parts as they arrive (Rule C2).
+        #: Where the client puts the stream's parts as they arrive (Rule CS2).
         self._parts: deque[Part] = deque()
         #: Parts read so far.
         self.received = 0
@@ -107,11 +107,11 @@ class StreamReader(Generic[_L]):
         raise NotImplementedError
 
     def _forget(self) -> bytes | None:
-        """Forget the request: its id if the worker must be told to stop (Rule C4)."""
+        """Forget the request: its id if the worker must be told to stop (Rule CS4)."""
         raise NotImplementedError
 
     def close(self) -> None:
-        """Rule C4: stop reading; the worker is told to stop unless the stream ended.
+        """Rule CS4: stop reading; the worker is told to stop unless the stream ended.
         Idempotent."""
         if self._closed:
             return
@@ -124,7 +124,7 @@ class StreamReader(Generic[_L]):
                 self._receiver.send_nowait(_control(wire.StreamType.CANCEL, rid))
 
     def _next_part(self, done: bool) -> tuple[Part, int]:
-        """Read the oldest part received; with it, how many parts to grant now (Rule C3:
+        """Read the oldest part received; with it, how many parts to grant now (Rule CS3:
         0 for none, or once the stream's end arrived or it was left)."""
         part = self._parts.popleft()
         self.received += 1
@@ -135,7 +135,7 @@ class StreamReader(Generic[_L]):
         return part, n
 
     def _last(self, outcome: Outcome) -> Part | None:
-        """Rule C2: the stream's final outcome read; its last part, or ``None`` for the end.
+        """Rule CS2: the stream's final outcome read; its last part, or ``None`` for the end.
 
         :raises StreamBroken: the worker went away mid-stream
         :raises RemoteError: the stream ended with an error reply
@@ -152,7 +152,7 @@ class StreamReader(Generic[_L]):
         raise outcome
 
     def _stalled(self) -> RequestTimeout:
-        """Rule C1: no part within ``stall_timeout``."""
+        """Rule CS1: no part within ``stall_timeout``."""
         return RequestTimeout(
             f"stream stalled: no part for {self._stall:g} s after {self.received} part(s)"
         )
@@ -160,7 +160,7 @@ class StreamReader(Generic[_L]):
 
 def _answered(done: bool, outcome: Outcome | None) -> bool:
     """Whether the stream's final answer came from the broker (not a local timeout, not the
-    client closing): then there is nothing to cancel (Rule C4)."""
+    client closing): then there is nothing to cancel (Rule CS4)."""
     return done and outcome is not None and not isinstance(outcome, RequestTimeout)
 
 

@@ -5,7 +5,7 @@ them. The subscriptions themselves, their credit and their requests:
 
 Rules (client side; the others are in :mod:`dcp._client.pubsub`):
 
-Rule C2 - Gaps. A gap notice adds its count to :attr:`dcp.Subscription.lost` when it arrives,
+Rule CP2 - Gaps. A gap notice adds its count to :attr:`dcp.Subscription.lost` when it arrives,
   and to the :attr:`PubSubMessage.gap` of the next message taken. A ``disconnect`` notice ends the
   subscription: iteration raises :exc:`SlowConsumer` after the messages already received.
 """
@@ -64,7 +64,7 @@ class SubscriptionState:
         self.owing: anyio.Event | None = None  # the refresher waits for a grant to make
 
     def take(self) -> PubSubMessage | None:
-        """The next message (gaps folded in, Rule C2), ``None`` if none; raises
+        """The next message (gaps folded in, Rule CP2), ``None`` if none; raises
         :exc:`SlowConsumer` once the broker ended the subscription and all is taken."""
         items = self.items
         while items:

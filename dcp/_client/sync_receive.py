@@ -5,13 +5,13 @@ the tracker's deadlines call for. No event loop, no thread of its own.
 
 Rules:
 
-1. A send that finds the queue full waits for room until the attempt's deadline (reading the
-   monitor meanwhile, so a failed handshake is known at once); then the attempt counts as
+Rule SX1 - A send that finds the queue full waits for room until the attempt's deadline (reading
+   the monitor meanwhile, so a failed handshake is known at once); then the attempt counts as
    lost and the retry rule takes over (counted once in ``send_waits``). A resend that finds
    it full is not made (``resends_dropped``). While a send waits, replies are not read.
-2. The socket belongs to the process that made it (a forked child refuses to use it) and to
+Rule SX2 - The socket belongs to the process that made it (a forked child refuses to use it) and to
    the first thread that sends or waits on it (any other thread is refused at once).
-3. Handshakes Rule H5: resends due on a connection the broker has not answered since it
+Rule SX3 - Handshakes Rule H5: resends due on a connection the broker has not answered since it
    reconnected make a new connection first (a secure broker ignores the old one).
 """
 
@@ -76,7 +76,7 @@ class SyncReceiver:
         self._watch = watch
         self._endpoint = endpoint
         self._batch = batch
-        #: The process the socket belongs to (Rule 2).
+        #: The process the socket belongs to (Rule SX2).
         self.pid = os.getpid()
         #: Set when a handshake failure ended the client (see dcp._io.handshake).
         self.failure: AuthenticationFailed | None = None
@@ -93,7 +93,7 @@ class SyncReceiver:
         self.subscriptions: dict[bytes, SubscriptionState] = {}
         #: True once closed.
         self.closed = False
-        # The thread the client belongs to: the first one to send a request (Rule 2).
+        # The thread the client belongs to: the first one to send a request (Rule SX2).
         self._owner: int | None = None
         self._owner_name = ""
         self._owner_lock = threading.Lock()
@@ -126,12 +126,12 @@ class SyncReceiver:
         metadata: Sequence[bytes],
         timing: Timing,
     ) -> bytes:
-        """Start a request and send its first attempt (Rule 1); its outcome will be in
+        """Start a request and send its first attempt (Rule SX1); its outcome will be in
         :attr:`done`. Tracing replaces this method on the instance.
 
         :returns: the request id
         :raises anyio.ClosedResourceError: the client is closed
-        :raises RuntimeError: a forked child, or another thread (Rule 2)
+        :raises RuntimeError: a forked child, or another thread (Rule SX2)
         """
         if self.closed:
             raise self.closed_error()
@@ -150,7 +150,7 @@ class SyncReceiver:
         return rid
 
     def send(self, frames: list[bytes], deadline: float) -> None:
-        """Send ``frames``, waiting for room in a full queue until ``deadline`` (Rule 1)."""
+        """Send ``frames``, waiting for room in a full queue until ``deadline`` (Rule SX1)."""
         sock = self.sock
         if try_send(sock, frames) is None:
             return
@@ -277,7 +277,7 @@ class SyncReceiver:
         tracker.expire(now)
         out, events = tracker.drain()
         if out and self._watch.unheard():
-            # Handshakes Rule H5 (Rule 3): a secure broker ignores this connection.
+            # Handshakes Rule H5 (Rule SX3): a secure broker ignores this connection.
             self._watch.heard = self._watch.handshakes
             self.sock.disconnect(self._endpoint)
             self.sock.connect(self._endpoint)

@@ -1,4 +1,4 @@
-"""Client spans of OpenTelemetry tracing (Rule T3 of :mod:`dcp._io.tracing`, ``docs/tracing.md``)
+"""Client spans of OpenTelemetry tracing (Rule TR3 of :mod:`dcp._io.tracing`, ``docs/tracing.md``)
 for :class:`~dcp.Client` and :class:`~dcp.SyncClient`. Imported only by a client made with
 ``tracing=`` on.
 """
@@ -47,7 +47,7 @@ CANCELLED: Final = _Cancelled()
 
 
 def end_span(span: Span, outcome: Outcome | _Cancelled | BaseException | None) -> None:
-    """End a client span with its call's outcome (Rule T3); ``None``: the client closed."""
+    """End a client span with its call's outcome (Rule TR3); ``None``: the client closed."""
     if isinstance(outcome, _Cancelled):
         span.set_attribute("dcp.cancelled", True)
     elif outcome is None:
@@ -111,7 +111,7 @@ class TracedSink(Sink):
 
 
 class ClientTracing:
-    """Client spans (Rule T3) for one client.
+    """Client spans (Rule TR3) for one client.
 
     :param tracing: ``True`` (the global tracer provider) or a ``TracerProvider``
     :param endpoint: the broker's endpoint (attribute ``dcp.endpoint``)
@@ -157,7 +157,7 @@ class ClientTracing:
     def stream(
         self, service: bytes, metadata: tuple[bytes, ...]
     ) -> tuple[tuple[bytes, ...], Callable[[Outcome | None], None]]:
-        """Start the span of a stream (one for the whole stream, Rule T3): the stream's
+        """Start the span of a stream (one for the whole stream, Rule TR3): the stream's
         metadata with its trace options first, and the stream's ``on_close`` that ends it."""
         span, traced = self.start(service, metadata)
 
@@ -207,7 +207,7 @@ class _TracedDone(dict[bytes, Outcome]):
 
 
 class SyncTracing(ClientTracing):
-    """Client spans (Rule T3) for a :class:`~dcp.SyncClient` (:meth:`attach` it)."""
+    """Client spans (Rule TR3) for a :class:`~dcp.SyncClient` (:meth:`attach` it)."""
 
     def attach(self, receiver: SyncReceiver) -> None:
         """Trace every request the client's ``receiver`` starts (its ``start``) until its

@@ -86,7 +86,7 @@ class StreamWaiter(Waiter):
 def deliver_part(
     frames: list[bytes], waiters: MutableMapping[bytes, Waiter | Sink]
 ) -> deque[Part] | None:
-    """Streams Rule C2: a PARTIAL from the broker for a stream of ``waiters``; returns the
+    """Streams Rule CS2: a PARTIAL from the broker for a stream of ``waiters``; returns the
     queue it went to (``None``: dropped, a part of a stream no longer read, or not a part)."""
     msg = wire.parse_part(frames)
     if msg is None:

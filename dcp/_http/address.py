@@ -1,11 +1,11 @@
 """What the HTTP endpoint may bind, checked when the broker is made (no I/O, no extra needed).
 
-Rule H1 - Off by default. With an address, the endpoint binds ``HOST:PORT`` (``[V6]:PORT``
+Rule HB1 - Off by default. With an address, the endpoint binds ``HOST:PORT`` (``[V6]:PORT``
   for IPv6; port 0 picks a free one, reported as ``Broker.http_address``).
-Rule H2 - Loopback only, unless told. The endpoint shows every service, worker and client of
+Rule HB2 - Loopback only, unless told. The endpoint shows every service, worker and client of
   the broker: a host that is not a loopback address (``127.0.0.0/8``, ``::1``,
   ``localhost``) is refused unless ``public`` is set (``dcp broker --http-public``).
-Rule H3 - The token. With a token, every path needs ``Authorization: Bearer TOKEN``
+Rule HB3 - The token. With a token, every path needs ``Authorization: Bearer TOKEN``
   (compared in constant time, :mod:`.app`); an empty token is refused, not taken as none.
 """
 
@@ -31,7 +31,7 @@ class HttpOptions:
 
 
 def http_options(address: str, *, token: str | None = None, public: bool = False) -> HttpOptions:
-    """Rules H1-H3: check ``address`` (``HOST:PORT``) and ``token``.
+    """Rules HB1-HB3: check ``address`` (``HOST:PORT``) and ``token``.
 
     :raises ValueError: a malformed address, a public host without ``public``, an empty token
     """

@@ -10,13 +10,13 @@ Paths (GET or HEAD; anything else ``405``, an unknown path ``404``):
 One rule for every path: a trailing slash is ignored (``/metrics/`` is ``/metrics``,
 ``/status/services/`` is ``/status/services``), as a user or a scraper may type either.
 
-Rule A1 - With a token (address Rule H3), a request without ``Authorization: Bearer TOKEN``
+Rule HA1 - With a token (address Rule HB3), a request without ``Authorization: Bearer TOKEN``
   gets ``401`` (with ``WWW-Authenticate: Bearer``), whatever the path. The page itself may
   also be opened as ``/?token=TOKEN`` (a browser cannot send the header on its own): its
   script keeps the token in the tab's ``sessionStorage`` and sends the header to
   ``/status``; the page's ``401`` opens the page again with that token, so a reload works.
   Tokens are compared in constant time.
-Rule A2 - A snapshot is taken per request (nothing is computed while nobody asks), in the
+Rule HA2 - A snapshot is taken per request (nothing is computed while nobody asks), in the
   thread where the broker's core runs, so it is consistent.
 """
 
@@ -44,7 +44,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 _JSON = b"application/json"
 _TEXT = b"text/plain; charset=utf-8"
 _HTML = b"text/html; charset=utf-8"
-#: The page's ``401`` (Rule A1): opened again with the token the tab keeps, if it has one
+#: The page's ``401`` (Rule HA1): opened again with the token the tab keeps, if it has one
 #: (and forgets it if that is the token refused).
 _LOGIN = b"""<!doctype html><title>dcp broker</title><p id="m">401: open this page as
 /?token=TOKEN</p><script>

@@ -1,8 +1,8 @@
 """``/metrics``: the broker's figures in Prometheus text exposition (``docs/operations.md``).
 
-Rule M1 - Read at scrape time. A custom collector turns one :class:`~dcp._stats.BrokerSnapshot`
+Rule HM1 - Read at scrape time. A custom collector turns one :class:`~dcp._stats.BrokerSnapshot`
   into metric families when Prometheus asks; the broker keeps nothing for it in between.
-Rule M2 - Prometheus conventions: base units (seconds), ``_total`` counters that never go
+Rule HM2 - Prometheus conventions: base units (seconds), ``_total`` counters that never go
   down while their series exists, ``dcp_build_info`` for the version, no label per peer
   (peers are counted by kind and dialect). A service's series start when the broker learns
   of it and end when it forgets it (no worker provides it, nothing is queued): a service that
@@ -47,7 +47,7 @@ _COUNTERS = (
 
 
 class SnapshotCollector(Collector):
-    """Metric families from one snapshot (Rule M1).
+    """Metric families from one snapshot (Rule HM1).
 
     :param snap: the snapshot
     :param version: the broker's version (``dcp_build_info``)

@@ -2,7 +2,7 @@
 ``/connz`` style). The schema is in ``docs/operations.md`` (and checked by
 ``tests/http/test_endpoint.py``).
 
-Rule S1 - Lists (``services``, ``workers``, ``clients``) are pages: ``{"total", "offset",
+Rule HS1 - Lists (``services``, ``workers``, ``clients``) are pages: ``{"total", "offset",
   "limit", "sort", "items"}``. ``?sort=FIELD`` sorts by one of the items' fields, ascending;
   ``?sort=-FIELD`` descending (ties by ``name`` or ``id``); ``?limit=N`` (default
   :data:`DEFAULT_LIMIT`, at most :data:`MAX_LIMIT`) and ``?offset=N`` cut the page. On
@@ -10,7 +10,7 @@ Rule S1 - Lists (``services``, ``workers``, ``clients``) are pages: ``{"total", 
   a ``400``. ``/status/<list>`` is that one list's page. ``/status?peers=0`` lists no
   workers or clients (their pages keep their totals, ``limit`` 0): the status page asks for
   that every second, so a broker with many clients does not list them all each time.
-Rule S2 - Default order: services and workers by name / id, clients by most requests in
+Rule HS2 - Default order: services and workers by name / id, clients by most requests in
   flight first.
 """
 
@@ -27,13 +27,13 @@ __all__ = ["DEFAULT_LIMIT", "LISTS", "MAX_LIMIT", "Paging", "document", "list_pa
 
 DEFAULT_LIMIT = 1024
 MAX_LIMIT = 100_000
-#: The lists and their default sort (Rule S2).
+#: The lists and their default sort (Rule HS2).
 LISTS = {"services": "name", "workers": "id", "clients": "-inflight"}
 
 
 @attrs.frozen
 class Paging:
-    """``?sort=&limit=&offset=&peers=`` (Rule S1; ``sort`` ``None``: each list's default)."""
+    """``?sort=&limit=&offset=&peers=`` (Rule HS1; ``sort`` ``None``: each list's default)."""
 
     sort: str | None = None
     limit: int = DEFAULT_LIMIT
@@ -135,7 +135,7 @@ _FIELDS = {
 
 
 def list_page(snap: BrokerSnapshot, kind: str, paging: Paging) -> dict[str, Any]:
-    """``/status/<kind>``: one list's page (Rule S1).
+    """``/status/<kind>``: one list's page (Rule HS1).
 
     :raises ValueError: the list has no such field to sort by
     """

@@ -55,7 +55,7 @@ __all__ = [
     "watch_handshakes",
 ]
 
-#: The monitor events the rules use, and ``DISCONNECTED`` (the worker's Rule 12).
+#: The monitor events the rules use, and ``DISCONNECTED`` (the worker's Rule W12).
 EVENTS = (
     zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_SUCCEEDED

@@ -4,19 +4,19 @@ core, and sending.
 
 Rules:
 
-1. One connection at a time, with a fresh random routing id (a secure broker refuses
+Rule WC1 - One connection at a time, with a fresh random routing id (a secure broker refuses
    zmq-generated, guessable ones); each new connection has a new monitor, read by a task
    of its own (:meth:`Connection.open`) that wakes the worker when events came.
-2. The monitor is also read, without blocking, before anything is sent
+Rule WC2 - The monitor is also read, without blocking, before anything is sent
    (:meth:`Connection.poll`): an answer finished after the connection dropped is not queued
-   for a broker that does not know us (the core's Rule 12: register again first).
-3. A failed handshake ends serving (:exc:`~dcp.AuthenticationFailed`, logged once); a lost
+   for a broker that does not know us (the core's Rule W12: register again first).
+Rule WC3 - A failed handshake ends serving (:exc:`~dcp.AuthenticationFailed`, logged once); a lost
    connection cancels the streams (whoever answers next has not heard of them); a new
    connection after the first is logged and re-registers.
-4. Closing stops the monitor before closing its socket (libzmq's I/O thread would block on
+Rule WC4 - Closing stops the monitor before closing its socket (libzmq's I/O thread would block on
    the monitor's last events otherwise, dcp/_client/receive.py), then the socket with the given
    linger (after a graceful leave: long enough for the last replies and the RECONNECT).
-5. A send that fails is counted and logged, never raised; a stream part waits while zmq's
+Rule WC5 - A send that fails is counted and logged, never raised; a stream part waits while zmq's
    queue is full (1 ms, doubling up to 50 ms) and is dropped without a connection.
 """
 
@@ -80,9 +80,9 @@ class Connection:
         self._wake = wake
         #: The current connection's socket (``None`` between connections).
         self.socket: AsyncSocket | None = None
-        #: Why serving must end: a failed handshake (Rule 3), else ``None``.
+        #: Why serving must end: a failed handshake (Rule WC3), else ``None``.
         self.failure: AuthenticationFailed | None = None
-        #: Messages the socket refused to send (Rule 5).
+        #: Messages the socket refused to send (Rule WC5).
         self.send_failures = 0
         self._monitor: zmq.Socket[bytes] | None = None
         self._amonitor: AsyncSocket | None = None
@@ -92,7 +92,7 @@ class Connection:
         self._handshakes = 0
 
     def open(self, tg: anyio.abc.TaskGroup) -> AsyncSocket:
-        """Connect a new socket (Rule 1), its monitor read by a task started in ``tg``."""
+        """Connect a new socket (Rule WC1), its monitor read by a task started in ``tg``."""
         # An explicit random id: a secure broker refuses zmq-generated (guessable) ones.
         sock, mon = connect_dealer(self._context, make_routing_id(), self._security, self.endpoint)
         self.socket = asock = AsyncSocket(sock)
@@ -118,9 +118,9 @@ class Connection:
     def poll(self) -> bool:
         """Apply the connection events waiting on the monitor, without blocking; whether
         there were any. A failed handshake ends serving (:attr:`failure`); a lost and a new
-        connection go to the core (its Rule 12: register again before anything else is
+        connection go to the core (its Rule W12: register again before anything else is
         sent). Called before anything is sent, so that an answer finished after the
-        connection dropped is not queued for a broker that does not know us (Rule 2)."""
+        connection dropped is not queued for a broker that does not know us (Rule WC2)."""
         mon = self._monitor
         if mon is None or not int(mon.getsockopt(zmq.EVENTS)) & _POLLIN:
             return False  # nothing waiting (cheaper than the zmq.Again of a failed read)
@@ -147,7 +147,7 @@ class Connection:
         return bool(events)
 
     def close(self, linger: int) -> None:
-        """Close the monitor, then the socket with ``linger`` ms (Rule 4). Idempotent."""
+        """Close the monitor, then the socket with ``linger`` ms (Rule WC4). Idempotent."""
         scope, self._watch_scope = self._watch_scope, None
         if scope is not None:
             scope.cancel()
@@ -165,7 +165,7 @@ class Connection:
             asock.close(linger)
 
     def send(self, frames: list[bytes]) -> None:
-        """Send one message the core made, now (Rule 5: a failure is counted and logged)."""
+        """Send one message the core made, now (Rule WC5: a failure is counted and logged)."""
         asock = self.socket
         if asock is None:  # pragma: no cover - the core only sends while connected
             return

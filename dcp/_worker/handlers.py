@@ -5,19 +5,19 @@ warning.
 
 Rules:
 
-1. A handler that raises gives a ``handler_error`` reply (logged with its traceback); one
+Rule WH1 - A handler that raises gives a ``handler_error`` reply (logged with its traceback); one
    that returns something else than bytes, a sequence of bytes or a
    :class:`~dcp.Forward`, a ``bad_handler_result`` reply. Neither ends serving.
-2. A request with a work timeout is cancelled when it passes (the broker has given it to
+Rule WH2 - A request with a work timeout is cancelled when it passes (the broker has given it to
    another worker by then): its slot is freed and a warning logged.
-3. Every run ends in the core (:meth:`~dcp._core.worker.core.WorkerCore.finish`), answered or
-   not (cancelled, or dropped before it ran), after a look at the connection's events
-   (the core's Rule 12); what the core then asks for is done at once (its messages sent,
+Rule WH3 - Every run ends in the core (:meth:`~dcp._core.worker.core.WorkerCore.finish`), answered
+   or not (cancelled, or dropped before it ran), after a look at the connection's events
+   (the core's Rule W12); what the core then asks for is done at once (its messages sent,
    a request from its backlog started), and a stopping worker is woken to see whether it
    is done.
-4. A plain ``def`` handler runs in a thread of the worker's limiter (``concurrency``
+Rule WH4 - A plain ``def`` handler runs in a thread of the worker's limiter (``concurrency``
    threads); one that returns an awaitable is awaited.
-5. An event loop blocked longer than the heartbeat interval is logged once, with a hint for
+Rule WH5 - An event loop blocked longer than the heartbeat interval is logged once, with a hint for
    the kind of handler.
 """
 
@@ -64,12 +64,12 @@ class Handlers:
 
     :param core: the worker's core: each run ends in its
         :meth:`~dcp._core.worker.core.WorkerCore.finish`
-    :param connection: sends what the core asks for; polled before each finish (Rule 3)
+    :param connection: sends what the core asks for; polled before each finish (Rule WH3)
     :param streams: runs the requests of a stream handler
     :param handler: the user's handler (``async def``, plain ``def`` or async generator)
     :param service: the worker's service, for log messages
     :param tracing: the handlers' spans (``None``: tracing off, which costs one test)
-    :param wake: wakes the serving task (Rule 3: a stopping worker looks whether it is done)
+    :param wake: wakes the serving task (Rule WH3: a stopping worker looks whether it is done)
     """
 
     def __init__(
@@ -120,7 +120,7 @@ class Handlers:
 
     async def watch_loop(self, scope: anyio.CancelScope) -> None:
         """Warn, once, when the event loop was blocked longer than the heartbeat interval
-        (Rule 5)."""
+        (Rule WH5)."""
         interval = self._core.heartbeat_interval
         with scope:
             blocked = await wait_blocked(interval)
@@ -150,7 +150,7 @@ class Handlers:
                 self._finish(message, generation)
             return
         with anyio.CancelScope() as scope:
-            # Rule 2: the broker has given the request to another worker by then (and
+            # Rule WH2: the broker has given the request to another worker by then (and
             # dropped us): free the slot rather than finish work nobody will use.
             scope.deadline = anyio.current_time() + work_timeout
             try:
@@ -169,7 +169,7 @@ class Handlers:
         self._finish(None, run.generation)
 
     def _finish(self, message: Reply | Request | None, generation: int) -> None:
-        """Rule 3."""
+        """Rule WH3."""
         core = self._core
         connection = self._connection
         connection.poll()  # has the connection changed under us?
@@ -177,14 +177,14 @@ class Handlers:
         outbox, events = core.drain()
         for frames in outbox:
             connection.send(frames)
-        for event in events:  # only requests from the backlog (Rule 4 of the core)
+        for event in events:  # only requests from the backlog (Rule WH4 of the core)
             if type(event) is Run and self.slots is not None:
                 self.slots.submit(event)
         if core.stopping:
             self._wake()
 
     async def _call(self, request: Request) -> Reply | Request:
-        """Rules 1 and 4: the handler's answer to ``request``."""
+        """Rules WH1 and WH4: the handler's answer to ``request``."""
         view = handler_view(request)
         try:
             if self._streaming:

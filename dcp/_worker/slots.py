@@ -7,16 +7,16 @@ handing a request to a parked task costs about 2. So :class:`HandlerSlots` keeps
 
 Rules:
 
-Rule S1 - Never more than ``size`` tasks; started lazily. A request goes to a parked slot
+Rule SL1 - Never more than ``size`` tasks; started lazily. A request goes to a parked slot
   if there is one, else a new slot is started if fewer than ``size`` exist, else it waits in
   the queue for the next slot to become free. The worker core never has more than
   ``concurrency`` requests running (its in-progress count includes those queued here), so
   with ``size = concurrency`` a request never waits for a slot longer than it takes a
   finishing handler to report.
-Rule S2 - Each request runs in a context of its own: a copy of the context the slot started
+Rule SL2 - Each request runs in a context of its own: a copy of the context the slot started
   in (as a task per request would get), so a ``ContextVar`` a handler sets is not seen by the
   next request of its slot. The handler's coroutine is stepped inside that context.
-Rule S3 - Cancellation. :meth:`cancel` cancels every slot (a running handler gets the
+Rule SL3 - Cancellation. :meth:`cancel` cancels every slot (a running handler gets the
   cancellation as before) and hands each request still queued to ``drop``, so that it is
   accounted for as cancelled; a request submitted after that is dropped at once.
 """
@@ -39,7 +39,7 @@ Job = TypeVar("Job")
 
 
 class _InContext(Generic[T]):
-    """Await ``coro`` with each of its steps run in ``ctx`` (Rule S2): what a task of its
+    """Await ``coro`` with each of its steps run in ``ctx`` (Rule SL2): what a task of its
     own would give it, without the task. The event loop's traps pass through unchanged."""
 
     __slots__ = ("_coro", "_ctx")
@@ -72,9 +72,9 @@ class HandlerSlots(Generic[Job]):
 
     :param tg: the task group the slots run in (cancelled by :meth:`cancel`)
     :param size: most slots (the worker's concurrency)
-    :param run: serves one job (its coroutine is stepped in a context of its own, Rule S2);
+    :param run: serves one job (its coroutine is stepped in a context of its own, Rule SL2);
         must not raise but for cancellation
-    :param drop: accounts for a job that will never run (Rule S3)
+    :param drop: accounts for a job that will never run (Rule SL3)
     """
 
     def __init__(
@@ -95,7 +95,7 @@ class HandlerSlots(Generic[Job]):
         self._cancelled = False
 
     def submit(self, job: Job) -> None:
-        """Run ``job`` as soon as a slot is free (Rule S1)."""
+        """Run ``job`` as soon as a slot is free (Rule SL1)."""
         if self._cancelled:
             self._drop(job)
             return
@@ -107,7 +107,7 @@ class HandlerSlots(Generic[Job]):
             self._tg.start_soon(self._slot, contextvars.copy_context())
 
     def cancel(self) -> None:
-        """Cancel every slot; drop what is queued (Rule S3). Idempotent."""
+        """Cancel every slot; drop what is queued (Rule SL3). Idempotent."""
         self._cancelled = True
         self._tg.cancel_scope.cancel()
         queue = self._queue

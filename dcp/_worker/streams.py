@@ -2,21 +2,21 @@
 
 Rules (the broker's are in :mod:`dcp._core.broker.streams`, the frames in :mod:`dcp.wire.streams`):
 
-Rule W1 - Which requests stream. A request whose metadata carries the stream option
+Rule WS1 - Which requests stream. A request whose metadata carries the stream option
   (``\\xffDCP:stream=<window>``) is answered part by part: each value the generator yields
   is one PARTIAL (``bytes``, or a sequence of ``bytes`` for a part of several frames); when
   the generator returns, an empty final reply ends the stream. A request without the option
   (a plain ``request()``, a plain DCP v1 client) gets the *whole* answer: every part's
   frames, in order, in one final reply.
-Rule W2 - Credit. The stream's credit starts at the window and each CREDIT from the broker
+Rule WS2 - Credit. The stream's credit starts at the window and each CREDIT from the broker
   adds its count; each part sent takes 1. With no credit left, the part waits (the
   generator stays suspended at its ``yield``): a slow reader pauses the writer, and the
   worker holds at most the one part in hand.
-Rule W3 - Cancel. A CANCEL from the broker (the reader left), or the broker forgetting this
+Rule WS3 - Cancel. A CANCEL from the broker (the reader left), or the broker forgetting this
   worker (RECONNECT, or the broker lost), cancels the handler's stream: the generator is
   closed (its ``finally`` runs, in a cancelled scope) and an empty final reply releases the
   request at the broker. A CREDIT or CANCEL for a stream the worker does not run is ignored.
-Rule W4 - Failures. A generator that raises ends the stream with a ``handler_error`` error
+Rule WS4 - Failures. A generator that raises ends the stream with a ``handler_error`` error
   reply (after the parts already sent); one that yields something that is not ``bytes`` or
   a sequence of ``bytes``, with ``bad_handler_result``.
 """
@@ -83,7 +83,7 @@ class WorkerStreams:
 
     def receive(self, frames: Sequence[bytes]) -> bool:
         """Handle ``frames`` from the broker if they are a stream message (or a RECONNECT,
-        which also cancels every stream, Rule W3, and is left to the caller too). Returns
+        which also cancels every stream, Rule WS3, and is left to the caller too). Returns
         whether the caller is done with them."""
         if len(frames) > 2 and frames[2] in _RECONNECT:
             self.cancel_all()
@@ -106,7 +106,7 @@ class WorkerStreams:
         return True
 
     def cancel_all(self) -> None:
-        """Rule W3: the broker forgot us; no credit will come."""
+        """Rule WS3: the broker forgot us; no credit will come."""
         for stream in self._open.values():
             stream.scope.cancel()
 
@@ -118,7 +118,7 @@ class WorkerStreams:
         send: Callable[[list[bytes]], Awaitable[None]],
         width: Callable[[], int],
     ) -> Reply:
-        """Run a stream handler for ``request`` (Rules W1-W4); the final reply to send.
+        """Run a stream handler for ``request`` (Rules WS1-WS4); the final reply to send.
 
         :raises Exception: what the generator raised (the caller answers ``handler_error``)
         """

@@ -1,4 +1,4 @@
-"""Worker spans of OpenTelemetry tracing (Rules T4 and T5 of :mod:`dcp._io.tracing`,
+"""Worker spans of OpenTelemetry tracing (Rules TR4 and TR5 of :mod:`dcp._io.tracing`,
 ``docs/tracing.md``). Imported only by a worker made with ``tracing=`` on.
 """
 
@@ -28,7 +28,7 @@ __all__ = ["WorkerTracing"]
 
 
 class WorkerTracing:
-    """Worker spans (Rules T4, T5) for one worker.
+    """Worker spans (Rules TR4, TR5) for one worker.
 
     :param tracing: ``True`` (the global tracer provider) or a ``TracerProvider``
     """
@@ -39,8 +39,8 @@ class WorkerTracing:
     async def call(
         self, handle: Callable[[Request], Awaitable[Reply | Request]], request: Request
     ) -> Reply | Request:
-        """``await handle(request)`` in the request's span, made current (Rule T4); the
-        answer to send (a forward carries the forward span's context, Rule T5)."""
+        """``await handle(request)`` in the request's span, made current (Rule TR4); the
+        answer to send (a forward carries the forward span's context, Rule TR5)."""
         parent = propagate.extract(request.metadata, getter=GETTER)
         name = span_name(request.service)
         span = self._tracer.start_span(
@@ -87,7 +87,7 @@ class WorkerTracing:
 
 
 def _retraced(metadata: tuple[bytes, ...], hop: Span) -> tuple[bytes, ...]:
-    """``metadata`` with its trace options replaced by ``hop``'s context (Rule T5)."""
+    """``metadata`` with its trace options replaced by ``hop``'s context (Rule TR5)."""
     old = trace_options(metadata)
     new = inject(hop)
     if old:

@@ -348,7 +348,7 @@ class Worker:
         submit = slots.submit
         while True:
             connection.poll()
-            if connection.failure is not None:  # the handshake failed (connection Rule 3)
+            if connection.failure is not None:  # the handshake failed (connection Rule WC3)
                 return None
             now = self._now()
             if self._stop_deadline is not None and (

@@ -1,7 +1,7 @@
 """Live fuzz of pub/sub (both anyio backends): while a real publisher and subscriber exchange
 messages, raw DEALER peers send seeded-random mc0-shaped commands and DCP pub/sub requests,
 valid and mutated. Each garbage message's fate is predicted here from the rules
-(``dcp._core.broker.mc0`` Rules C1-C2, ``dcp._core.broker.pubsub_peers`` Rule PS1); the broker's
+(``dcp._core.broker.mc0`` Rules MC1-MC2, ``dcp._core.broker.pubsub_peers`` Rule PS1); the broker's
 rejection counters must equal the prediction exactly, and the real subscriber gets every message.
 ``DCP_FUZZ_COUNT`` raises the count for a soak."""
 

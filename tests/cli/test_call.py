@@ -1,4 +1,4 @@
-"""``dcp call`` as a new user meets it (:mod:`dcp._cli._call` Rules 1 and 2): what ``-v``
+"""``dcp call`` as a new user meets it (:mod:`dcp._cli._call` Rules CL1 and CL2): what ``-v``
 and ``-vv`` say, and a call to a service nobody serves. In process (so coverage sees the
 command), against a real ``dcp broker`` and ``dcp worker`` subprocesses on 127.0.0.1."""
 
@@ -103,7 +103,7 @@ def test_stream_to_a_silent_endpoint_times_out(capsys: pytest.CaptureFixture[str
 def test_a_timeout_says_whether_the_broker_answers(
     procs: list[Proc], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Rule 3: after a timeout, ``mmi.service`` tells a missing broker from a slow worker."""
+    """Rule CL3: after a timeout, ``mmi.service`` tells a missing broker from a slow worker."""
     _, tcp = start_broker(procs, tmp_path)
     start(procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli.handlers:slow")
     assert main(["call", "--connect", tcp, "--wait", "--timeout", "30", "slow", "0"]) == 0

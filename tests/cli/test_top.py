@@ -145,7 +145,7 @@ async def test_poll_reads_the_broker_figures() -> None:
 
 @pytest.mark.anyio
 async def test_broker_figures_reconcile_with_the_rows() -> None:
-    """Rule 5: ``requests`` = the rows' requests + those of services forgotten since (a
+    """Rule TP5: ``requests`` = the rows' requests + those of services forgotten since (a
     worker that left took its service along); ``errors`` is the rows' sum."""
     ep = f"inproc://top-{uuid.uuid4().hex}"
     async with Broker(ep), Client(ep, timeout=5) as client:
@@ -201,7 +201,7 @@ def test_rates_are_deltas_over_the_time_between_polls() -> None:
     )
     table = {r.name: r for r in rows(first, second)}
     assert table["a"].rate == 10.0 and table["a"].error_rate == 0.0
-    assert table["b"].rate is None  # went down: known again, or a restart (Rule 1)
+    assert table["b"].rate is None  # went down: known again, or a restart (Rule TP1)
     assert table["b"].error_rate == 1.0
     assert table["c"].rate is None and table["c"].queued == 1
     assert [r.name for r in rows(None, second)] == ["a", "b", "c"]

@@ -460,13 +460,13 @@ def _reader(window: int, link: _Link | None = None) -> _Reader:
 
 def test_the_shared_reader_grants_half_a_window_and_ends_as_the_rules_say() -> None:
     reader = _reader(4).feed(*((b"%d" % i,) for i in range(6)))
-    assert reader.metadata == (b"m", wire.stream_option(4))  # Rule C1: the first credit
-    # Rule C3: once half the window is read, that many parts are granted.
+    assert reader.metadata == (b"m", wire.stream_option(4))  # Rule CS1: the first credit
+    # Rule CS3: once half the window is read, that many parts are granted.
     assert [reader.read() for _ in range(4)] == [
         ((b"0",), 0), ((b"1",), 2), ((b"2",), 0), ((b"3",), 2)
     ]  # fmt: skip
     assert reader.read(done=True) == ((b"4",), 0)  # the end arrived: no more credit
-    # Rule C2: the final reply's data is the last part; an empty one ends the stream.
+    # Rule CS2: the final reply's data is the last part; an empty one ends the stream.
     assert reader.end(dcp.Response((b"last",))) == (b"last",)
     assert reader.received == 6
     assert _reader(1).end(dcp.Response(())) is None
@@ -478,7 +478,7 @@ def test_the_shared_reader_grants_half_a_window_and_ends_as_the_rules_say() -> N
 
 
 def test_the_shared_reader_cancels_once_when_left() -> None:
-    """Rule C4: CANCEL once, not on a closed client; a part still buffered is read without
+    """Rule CS4: CANCEL once, not on a closed client; a part still buffered is read without
     granting more."""
     link = _Link()
     left = _reader(2, link).feed((b"a",), (b"b",))
@@ -548,7 +548,7 @@ def test_the_streams_benchmark_runs(tmp_path: Path) -> None:
 
 
 async def test_a_slow_mdp02_reader_pauses_a_dcp_worker_and_loses_nothing() -> None:
-    """Streams Rule T3 with real sockets: the broker's queue to the MDP client is tiny
+    """Streams Rule ST3 with real sockets: the broker's queue to the MDP client is tiny
     (inproc, high-water marks of 4), so parts are held and the worker paused; every part
     arrives, in order, and nothing is dropped."""
     handler = Counting()

@@ -53,7 +53,7 @@ from tests.helpers import (
 )
 from tests.wire.vectors import vectors_or_skip
 
-# ----------------------------------------------------------------- Rule 1, Rule 4
+# ----------------------------------------------------------------- Rule R1, Rule R4
 
 
 @pytest.mark.parametrize("width", [1, 4])
@@ -176,7 +176,7 @@ def test_a_worker_holds_one_request_until_it_replies() -> None:
     assert stats.services[ECHO] == QueueStatistics(workers=1, idle=1, queued=0)
 
 
-# ------------------------------------------------------------------ Rule 2
+# ------------------------------------------------------------------ Rule R2
 
 
 def test_least_recently_used_idle_worker_goes_first() -> None:
@@ -258,7 +258,7 @@ def test_service_with_queued_requests_is_kept_when_its_last_worker_leaves() -> N
     assert take(core) == [out(W2, Register(ECHO)), given(W2, 1, C1)]
 
 
-# ------------------------------------------------------------------ Rule 3
+# ------------------------------------------------------------------ Rule R3
 
 
 def test_client_address_is_inserted() -> None:
@@ -429,7 +429,7 @@ def test_reply_without_client_is_rejected_but_frees_the_worker() -> None:
     assert core.statistics().replies == 0
 
 
-# ------------------------------------------------------------------ Rule 5
+# ------------------------------------------------------------------ Rule R5
 
 
 def test_silent_worker_expires_and_its_request_goes_to_another() -> None:
@@ -543,7 +543,7 @@ def test_a_busy_silent_worker_expires_after_the_busy_timeout_or_work_timeout() -
     core.expire(12.0)  # W1: silent for 12 s > 10 s; W2 holds a 20 s job: probed
     assert core.statistics().workers == 1
     assert core.statistics().expired_workers == 1
-    core.expire(21.0)  # W2 past its request's work timeout (Rule 7)
+    core.expire(21.0)  # W2 past its request's work timeout (Rule R7)
     assert core.statistics().work_timeouts == 1
 
 
@@ -621,7 +621,7 @@ def test_unreachable_replies_are_bounded_and_delivered_when_the_client_comes() -
     assert kept.due(3.5) == ([], 1)  # U2: grace over
 
 
-# ------------------------------------------------------------------ Rule 6: bounds
+# ------------------------------------------------------------------ Rule R6: bounds
 
 
 def test_queue_full_gets_an_error_reply() -> None:
@@ -741,11 +741,11 @@ def test_statistics_figures() -> None:
     assert stats.rejections == {"reply_from_non_worker": 1}
 
 
-# ------------------------------------------------------------------ Rule 6: bad input
+# ------------------------------------------------------------------ Rule R6: bad input
 
 P = PROTOCOL
 MALFORMED: list[tuple[str, list[bytes]]] = [
-    # No DCP or MDP header: the dialect is not known (Rule 6).
+    # No DCP or MDP header: the dialect is not known (Rule R6).
     ("unknown_protocol", []),
     ("unknown_protocol", [b""]),
     ("unknown_protocol", [b"x", P, b"\x02"]),

@@ -1,6 +1,6 @@
 """The broker core's request options (queues Rules Q1-Q4): the caller's deadline of a queued
 request, retries that replace their queued copy, and no-wait; without sockets, with explicit
-``now``. Also the ``redelivery_limit`` message (routing Rule 5).
+``now``. Also the ``redelivery_limit`` message (routing Rule R5).
 
 Messages go in as the ROUTER sees them (routing id first).
 """
@@ -299,7 +299,7 @@ def test_a_forward_with_no_wait_to_an_unserved_service_tells_the_original_client
     assert core.statistics().clients == 0  # the forward released what W1 held
 
 
-# ------------------------------------------------------------ Rule 5: the message
+# ------------------------------------------------------------ Rule R5: the message
 
 
 def test_the_redelivery_limit_message_says_what_happened() -> None:

@@ -1,4 +1,4 @@
-"""The broker core's limits and work timeouts (Rules 6 and 7), without sockets.
+"""The broker core's limits and work timeouts (Rules R6 and R7), without sockets.
 
 Messages go in as the ROUTER sees them (routing id first), with explicit ``now``.
 """
@@ -77,7 +77,7 @@ def test_malformed_work_timeout_options_are_ignored(part: bytes) -> None:
     assert core.statistics().work_timeouts == 0
 
 
-# ------------------------------------------------------------ Rule 7: work timeouts
+# ------------------------------------------------------------ Rule R7: work timeouts
 
 
 def test_a_worker_past_the_work_timeout_is_dropped_and_the_request_redelivered() -> None:
@@ -173,7 +173,7 @@ def test_answered_deadlines_do_not_pile_up() -> None:
     assert core.statistics().work_timeouts == 0
 
 
-# -------------------------------------------------- Rule 6: per-client limits
+# -------------------------------------------------- Rule R6: per-client limits
 
 
 def test_queued_requests_per_client_are_capped() -> None:
@@ -230,7 +230,7 @@ def test_a_forward_moves_the_load_and_redeliveries_keep_it() -> None:
     assert core.statistics().clients == 0
 
 
-# ------------------------------------------------ Rule 6: messages cut at a limit
+# ------------------------------------------------ Rule R6: messages cut at a limit
 
 
 def test_a_request_cut_at_the_frame_limit_gets_an_error_reply() -> None:

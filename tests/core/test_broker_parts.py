@@ -80,7 +80,7 @@ def test_outputs_drain_both_lists_in_order_and_count_refusals() -> None:
 
 
 def test_routing_and_redelivery_without_a_dialect_handler() -> None:
-    """Registration, dispatch, release and a worker that leaves (Rules 1, 2, 5), through
+    """Registration, dispatch, release and a worker that leaves (Rules R1, R2, R5), through
     the parts' own methods."""
     parts = Parts(max_redeliveries=1)
     routing = parts.routing
@@ -114,7 +114,7 @@ def test_routing_and_redelivery_without_a_dialect_handler() -> None:
 
 
 def test_streams_hold_for_a_full_socket_and_ask_for_a_retry() -> None:
-    """Streams Rule T3 on its own: a held message makes ``next_retry`` a deadline, and a
+    """Streams Rule ST3 on its own: a held message makes ``next_retry`` a deadline, and a
     retry before it does nothing."""
     out = Outputs(BrokerCounters())
     streams = Streams(out)

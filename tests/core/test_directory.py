@@ -1,5 +1,5 @@
-"""The directory (Rules D1-D5) and approval (Rules A1-A4) in the sans-IO broker core, with
-explicit ``now``, and the worker core's Rule 14 (several services), without sockets."""
+"""The directory (Rules D1-D5) and approval (Rules AP1-AP4) in the sans-IO broker core, with
+explicit ``now``, and the worker core's Rule W14 (several services), without sockets."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def test_approval_rules() -> None:
     core = BrokerCore(approve=True)
     describe(core, W1, b"a", INFO)
     feed(core, W1, Register(b"a"))
-    assert take(core) == []  # Rule A1: waits, unconfirmed
+    assert take(core) == []  # Rule AP1: waits, unconfirmed
     assert core.approvals is not None
     (question,) = take_events(core, ApprovalRequest)  # the driver's question
     assert question.service == b"a" and question.info == INFO and question.routing_id == W1
@@ -162,7 +162,7 @@ def test_approval_rules() -> None:
     assert take_events(core, ApprovalRequest) == [] and len(core.approvals) == 1
     core.decide(question.token, Approval(True), now=1.0)
     assert take(core) == [[W1, *serialize(Register(b"a"))]]
-    core.decide(question.token, Approval(False, "late"), now=1.0)  # Rule A3: not pending
+    core.decide(question.token, Approval(False, "late"), now=1.0)  # Rule AP3: not pending
     assert take(core) == []
     feed(core, W1, Register(b"a"))  # provides it already: not asked again
     assert take(core) == [[W1, *serialize(Register(b"a"))]]
@@ -216,7 +216,7 @@ def test_to_approval() -> None:
     assert [q.service for q in asked] == [b"a"]
 
 
-# ------------------------------------------------------------------- worker core Rule 14
+# ------------------------------------------------------------------- worker core Rule W14
 
 
 def test_worker_core_several_services() -> None:
@@ -229,7 +229,7 @@ def test_worker_core_several_services() -> None:
     ]
     core.receive(serialize(Reply(b"me", (DESCRIBE_TAG,), (b"200",))), 0.1)
     core.receive(serialize(Register(b"a")), 0.1)
-    assert core.state is State.REGISTERING  # Rule 14: "b" not echoed yet
+    assert core.state is State.REGISTERING  # Rule W14: "b" not echoed yet
     core.receive(serialize(Register(b"b")), 0.1)
     assert cast("State", core.state) is State.READY
     assert take_worker(core) == [Pong()]

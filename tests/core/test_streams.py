@@ -1,6 +1,6 @@
 """Sans-IO tests of dcp streams: the frames (:mod:`dcp.wire.streams`) and the broker's
-credit, cancel and failure rules (Rules T1-T7 of :mod:`dcp._core.broker.streams`), in memory, time
-by the ``now`` argument."""
+credit, cancel and failure rules (Rules ST1-ST7 of :mod:`dcp._core.broker.streams`), in memory,
+time by the ``now`` argument."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ V01C = mdp.peer(mdp.Form.V01, envelope=True, worker=False)
 
 def stalled(core: BrokerCore) -> bool:
     """Whether messages are held for full sockets (or were just sent again): the core then
-    wants :meth:`~BrokerCore.expire` called again within ``RETRY_DELAY`` (Rule T3)."""
+    wants :meth:`~BrokerCore.expire` called again within ``RETRY_DELAY`` (Rule ST3)."""
     return core.streams.next_retry() is not None
 
 
 def retry(core: BrokerCore) -> None:
     """What the driver does while messages are held: call ``expire`` when the core's next
-    deadline comes (Rule T3: it sends them again)."""
+    deadline comes (Rule ST3: it sends them again)."""
     due = core.next_deadline()
     assert due is not None
     core.expire(due)
@@ -128,7 +128,7 @@ def test_malformed_frames_and_options() -> None:
 
 
 def test_parts_take_credit_and_credit_is_relayed() -> None:
-    """Rules T1, T2: two parts fit the window of 2; the reader's CREDIT is relayed."""
+    """Rules ST1, ST2: two parts fit the window of 2; the reader's CREDIT is relayed."""
     core = started()
     feed(core, b"W", part(b"0"))
     feed(core, b"W", part(b"1"))
@@ -140,7 +140,7 @@ def test_parts_take_credit_and_credit_is_relayed() -> None:
     assert core.statistics().streams.outstanding == 0
     feed(core, b"W", part(b"2"))
     assert take(core) == [to_client(b"2")]
-    # Rule T7: the final reply ends it.
+    # Rule ST7: the final reply ends it.
     feed(core, b"W", serialize(Reply(b"C", meta(), ())))
     [final] = take(core)
     assert final == [b"C", *serialize(Reply(b"C", meta(), ()))]
@@ -173,7 +173,7 @@ def test_a_part_without_credit_is_an_overrun() -> None:
 
 
 def test_cancel_is_relayed_and_later_parts_dropped() -> None:
-    """Rule T5."""
+    """Rule ST5."""
     core = started()
     feed(core, b"W", part(b"0"))
     take(core)
@@ -209,7 +209,7 @@ def test_early_cancels_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_plain_dcp_client_gets_no_parts() -> None:
-    """Rule T1: no stream option: the part is dropped and the worker told to stop."""
+    """Rule ST1: no stream option: the part is dropped and the worker told to stop."""
     core = started(window=None)
     feed(core, b"W", part(b"0", None))
     assert take(core) == [to_worker(StreamType.CANCEL, window=None)]
@@ -237,7 +237,7 @@ def test_bad_stream_messages_are_counted() -> None:
 
 
 def test_no_redelivery_after_a_part() -> None:
-    """Rule T6: a worker lost mid-stream: the reader gets stream_broken; nothing requeued."""
+    """Rule ST6: a worker lost mid-stream: the reader gets stream_broken; nothing requeued."""
     core = started()
     feed(core, b"W", part(b"0"))
     take(core)
@@ -278,7 +278,7 @@ def test_a_cancelled_stream_whose_worker_dies_is_not_reported_broken() -> None:
 
 
 def test_mdp02_readers_get_parts_and_the_broker_grants_credit() -> None:
-    """Rule T3: the broker asks for a stream for an MDP/0.2 client and is its reader."""
+    """Rule ST3: the broker asks for a stream for an MDP/0.2 client and is its reader."""
     core = BrokerCore()
     feed(core, b"W", serialize(Register(SVC)))
     feed(core, b"M", V02C.client_request(SVC, [b"q"]))
@@ -323,7 +323,7 @@ def test_mdp02_readers_get_parts_and_the_broker_grants_credit() -> None:
 
 
 def test_mdp_writers_parts_reach_a_dcp_reader() -> None:
-    """Rule T4: a Majordomo worker's partials, forwarded as they come; a cancel stops them."""
+    """Rule ST4: a Majordomo worker's partials, forwarded as they come; a cancel stops them."""
     core = BrokerCore()
     feed(core, b"W", V02W.worker_ready(SVC))
     feed(core, b"C", serialize(Request(SVC, None, meta(), (b"q",))))
@@ -377,7 +377,7 @@ def test_mdp01_readers_get_no_parts_and_lost_streams_spare_other_requests() -> N
 
 
 def test_held_parts_pause_the_worker_until_a_retry_goes_out_whole() -> None:
-    """Rule T3 in detail: credit comes back only after a whole retry; a client that is gone
+    """Rule ST3 in detail: credit comes back only after a whole retry; a client that is gone
     cancels; holding is bounded."""
     core = BrokerCore()
     feed(core, b"W", serialize(Register(SVC)))

@@ -261,7 +261,7 @@ def test_timeout_retry_schedule_without_jitter() -> None:
     assert t.next_deadline() == 12.5
     assert expire(t, 12.5) == ([], [])  # wait 1.0 s
     assert t.next_deadline() == 13.5
-    # Attempt 3, the last: its end is known, so it carries the time left (Rule 4).
+    # Attempt 3, the last: its end is known, so it carries the time left (Rule RT4).
     assert expire(t, 13.5) == ([[*frames[:6], expires_in_option(1.0), *frames[6:]]], [])
     assert t.next_deadline() == 14.5
     resend, failed = expire(t, 14.5)

@@ -22,10 +22,10 @@ def test_sends_while_there_is_room_then_yields_in_input_order() -> None:
     w.sent(rid(0), 0)
     assert w.next_input() == (1, "b")
     w.sent(rid(1), 1)
-    assert w.next_input() is None  # full (Rule 1): "c" waits
+    assert w.next_input() is None  # full (Rule WN1): "c" waits
     assert len(w) == 2
     w.arrived[rid(1)] = "B"
-    assert w.next_result() is None  # "a" first (Rule 5)
+    assert w.next_result() is None  # "a" first (Rule WN5)
     w.arrived[rid(0)] = "A"
     assert w.next_result() == (0, "A")
     assert w.next_input() == (2, "c")  # room again: send before yielding more
@@ -52,7 +52,7 @@ def test_unordered_yields_in_arrival_order() -> None:
 
 
 def test_the_next_input_is_taken_before_the_window_looks_for_room() -> None:
-    """Rule 1: the input is taken from the iterator (and so checked) even when it must wait
+    """Rule WN1: the input is taken from the iterator (and so checked) even when it must wait
     for room, as ``for payload in payloads`` would; the iterator is not read again until that
     input went out."""
     pulled: list[int] = []

@@ -58,7 +58,7 @@ def ready(n: int = 1, now: float = 0.0) -> WorkerCore:
     w.connect(now)
     assert take(w) == [Register(SVC)]
     assert state(w) is State.REGISTERING
-    # The echo: READY, and a PONG that says the worker beats while busy (Rule 1).
+    # The echo: READY, and a PONG that says the worker beats while busy (Rule W1).
     w.receive(serialize(Register(SVC)), now)
     assert take(w) == [Pong()]
     assert state(w) is State.READY
@@ -134,7 +134,7 @@ def test_concurrency_one_never_pings_on_request() -> None:
 def test_backlog_when_a_request_arrives_while_full() -> None:
     w = ready(n=1)
     assert deliver(w, req(1), 0.1) == [Run(req(1))]
-    # The race of Rule 4: one more request arrives while the only slot is busy.
+    # The race of Rule W4: one more request arrives while the only slot is busy.
     assert deliver(w, req(2), 0.2) == []
     st1 = w.statistics()
     assert (st1.in_progress, st1.backlog, st1.backlogged) == (1, 1, 1)
@@ -220,7 +220,7 @@ def test_replies_alone_do_not_suppress_heartbeats() -> None:
     # A reply went out at 0.9, but nothing came in since 0.0: beat at 1.0 all the same.
     w.finish(result_message(req(0), b"r"), 0.9)
     take(w)
-    # The reply already earned one request for the freed slot (Rule 2): a keep-alive, then.
+    # The reply already earned one request for the freed slot (Rule W2): a keep-alive, then.
     w.expire(1.0)
     assert take(w) == [Pong()]
     # Only once per interval, even though the broker stays quiet.
@@ -298,7 +298,7 @@ def test_reconnect_from_broker_reregisters_at_once() -> None:
 
 
 def test_a_new_connection_registers_before_the_results_kept_meanwhile() -> None:
-    # Rule 12: the broker restarted under the same socket.
+    # Rule W12: the broker restarted under the same socket.
     w = ready(n=2, now=0.0)
     deliver(w, req(1), 0.0)
     deliver(w, req(2), 0.0)
@@ -594,7 +594,7 @@ def test_credit_keeps_exactly_n_busy_when_messages_cross(
     n: int, requests: int, steps: list[tuple[str, int]]
 ) -> None:
     """Whatever order the pipes deliver in: never more than N handlers and never the
-    backlog (Rule 2's invariant), and whenever all is delivered, N run if work is queued."""
+    backlog (Rule W2's invariant), and whenever all is delivered, N run if work is queued."""
     w = Crossed(n)
     for i in range(requests):
         msg = Request(SVC, None, (b"id-%d" % i,), (b"%d" % i,))
@@ -671,8 +671,8 @@ def test_answers_from_before_a_re_registration_earn_no_credit() -> None:
 
 
 def test_a_backlogged_request_past_its_callers_deadline_is_answered_not_run() -> None:
-    """Rule 4: the caller gave up while the request waited for a slot; the ``expired`` error
-    reply frees its slot at the broker (and earns credit, Rule 3) and nobody runs it."""
+    """Rule W4: the caller gave up while the request waited for a slot; the ``expired`` error
+    reply frees its slot at the broker (and earns credit, Rule W3) and nobody runs it."""
     w = ready(1)
     first = req(1)
     doomed = Request(SVC, CLIENT, (b"id-2", expires_in_option(1.0)), (b"d2",))
@@ -705,7 +705,7 @@ def test_a_backlogged_request_past_its_callers_deadline_is_answered_not_run() ->
     assert take(w) == [Reply(CLIENT, later.metadata, (b"r3",))]
 
 
-# -- Rule 13: answers the broker may have lost ---------------------------------------------
+# -- Rule W13: answers the broker may have lost ---------------------------------------------
 
 DCP_ID = b"\xffDCP:id=" + bytes(16)
 
@@ -726,7 +726,7 @@ def test_replies_sent_before_a_lost_connection_are_sent_again_after_register() -
     w.finish(replies[2], 3.2)
     take(w)
     w.connection_lost(3.5)
-    w.finish(replies[3], 3.6)  # while disconnected: kept as before (Rule 7)
+    w.finish(replies[3], 3.6)  # while disconnected: kept as before (Rule W7)
     assert take(w) == []
     w.reconnected(3.7)
     assert take(w) == [Register(SVC), replies[1], replies[2], replies[3]]
@@ -743,7 +743,7 @@ def test_a_silent_broker_replays_after_the_new_connection() -> None:
     reply = result_message(dcp_req(1), b"r")
     w.finish(reply, 0.5)
     take(w)
-    w.expire(3.0)  # Rule 6: silent for L * I
+    w.expire(3.0)  # Rule W6: silent for L * I
     assert take(w) == [BrokerLost(0.1)]
     w.connect(3.2)
     assert take(w) == [Register(SVC), reply]

@@ -138,7 +138,7 @@ def test_chaos_deadlines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_chaos_long(tmp_path: Path) -> None:
     record = _run(tmp_path, "--duration", "60", "--seed", "11")
     _check(record, cycles=3)
-    # Worker core Rules 12-13: no dcp.Worker's request runs again across a broker restart
+    # Worker core Rules W12-W13: no dcp.Worker's request runs again across a broker restart
     # while that worker lives. (Not asserted in the short CI run: there, a worker process
     # descheduled past its liveness on a loaded machine is dropped by the broker and its
     # request redelivered, which this figure would count; tests/integration/test_restart.py checks

@@ -1,6 +1,6 @@
 """A broker restart while handlers run (the same endpoint, a new broker process state):
 the worker notices its socket's new connection, registers again before it sends anything
-(worker core Rule 12), and its finished work is delivered through the new broker, which
+(worker core Rule W12), and its finished work is delivered through the new broker, which
 keeps a reply until the client has reconnected too (``dcp._core.broker.unreachable``). Nothing is
 run twice and the client does not retry. Real tcp on 127.0.0.1, both backends."""
 
@@ -105,7 +105,7 @@ async def _recv_message(sock: zmq.Socket[bytes], kind: type[M]) -> tuple[bytes, 
 
 
 async def test_a_reply_the_dead_broker_never_passed_on_is_delivered_once() -> None:
-    # Worker core Rule 13. The first "broker" takes the worker's reply and dies without
+    # Worker core Rule W13. The first "broker" takes the worker's reply and dies without
     # passing it on (what a SIGKILL between the two does); the worker sends it again to
     # the new broker after registering, and the client gets it without a retry.
     runs: list[bytes] = []

@@ -116,7 +116,7 @@ async def test_one_trace_across_a_forward(traced: Traced) -> None:
             response = await client.request("a", b"hi", metadata=[b"mine"])
         assert response.data == (b"HI!",)
         assert response.metadata == (b"mine",)
-        # The broker matched the forward with the request it finished (routing Rule 2).
+        # The broker matched the forward with the request it finished (routing Rule R2).
         assert broker.statistics().unmatched == 0
         endpoint = broker.endpoints[0]
     spans = traced.spans()
@@ -450,7 +450,7 @@ def test_without_options_keeps_the_id_and_the_callers_parts() -> None:
 
 
 def test_forward_metadata_rules(traced: Traced) -> None:
-    """Rule T5: trace options replaced in place; added after a dcp id; else left alone."""
+    """Rule TR5: trace options replaced in place; added after a dcp id; else left alone."""
     from dcp._worker.tracing import WorkerTracing, _retraced
 
     hop = traced.tracer().start_span("hop")
@@ -541,7 +541,7 @@ def test_tracing_benchmark_runs() -> None:
 
 @pytest.mark.parametrize("mine", [b"mine", b"changed"])
 def test_broker_core_matches_a_forward_with_other_trace_options(mine: bytes) -> None:
-    """Routing Rule 2 (sans-IO): a forward whose dcp options (not the id) differ from the
+    """Routing Rule R2 (sans-IO): a forward whose dcp options (not the id) differ from the
     held request's releases it; one whose caller's metadata differs releases nothing."""
     from dcp._core.broker.core import BrokerCore
     from tests.helpers import C1, W1, W2, feed, out, take, workers

@@ -56,7 +56,7 @@ def test_hang_ups_fail_only_in_a_row(secure: bool) -> None:
     no_detail = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     for _ in range(NO_DETAIL_LIMIT - 1):
         assert watch.event(no_detail, 32) is None
-    assert watch.event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0) is None  # rule H4
+    assert watch.event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0) is None  # Rule H4
     for _ in range(NO_DETAIL_LIMIT - 1):
         assert watch.event(no_detail, 32) is None
     failure = watch.event(no_detail, 32)

@@ -114,7 +114,7 @@ async def test_a_send_that_fails_is_counted_and_logged(caplog: pytest.LogCapture
 
 
 async def test_the_monitor_gives_a_lost_and_a_new_connection_to_the_core() -> None:
-    """Connection Rule 2 and the core's Rule 12: the broker restarts on the same port."""
+    """Connection Rule WC2 and the core's Rule W12: the broker restarts on the same port."""
     first = FakeBroker()
     endpoint = first.endpoint
     core, _, connection, woken = parts(endpoint)

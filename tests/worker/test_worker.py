@@ -101,7 +101,7 @@ class FakeBroker:
         ident, msg = await self.expect(Register, limit)
         assert msg == Register(SVC)
         self.send(ident, msg)
-        # The keep-alive that says the worker beats while busy (worker core Rule 1).
+        # The keep-alive that says the worker beats while busy (worker core Rule W1).
         await self.expect(Pong, limit)
         return ident
 
@@ -173,7 +173,7 @@ async def test_serve_starts_only_after_the_echo(fake: FakeBroker) -> None:
             await started.wait()
         assert registered(worker)
         # No PING after the echo: the registration already told the broker we are ready.
-        # A PONG instead: a keep-alive saying the worker beats while busy (core Rule 1).
+        # A PONG instead: a keep-alive saying the worker beats while busy (core Rule W1).
         await fake.expect(Pong)
         await fake.expect_silence(0.1)
         tg.cancel_scope.cancel()

@@ -1,12 +1,12 @@
 """Admission: the broker's limits on requests, turned into refusals. Pure.
 
-Rule A1 - A request for a service nobody has named yet creates it, unless its name is longer
+Rule AD1 - A request for a service nobody has named yet creates it, unless its name is longer
   than ``max_service_name`` (``service_name_too_long``) or ``max_services`` are known
   (``too_many_services``). Registrations are not bounded by ``max_services`` (requests for
   made-up names must not lock real workers out); they are bounded per worker.
-Rule A2 - A request that would wait (no idle worker) in a queue of ``max_queue`` is refused
+Rule AD2 - A request that would wait (no idle worker) in a queue of ``max_queue`` is refused
   (``queue_full``).
-Rule A3 - Per client address, at most ``max_client_inflight`` requests are accepted and
+Rule AD3 - Per client address, at most ``max_client_inflight`` requests are accepted and
   unanswered (queued or held by workers), and at most ``max_client_queued`` wait in queues;
   past either: ``client_limit``.
 
@@ -36,7 +36,7 @@ class Limits:
 
 
 class Load:
-    """What the broker holds for one client address (Rule A3)."""
+    """What the broker holds for one client address (Rule AD3)."""
 
     __slots__ = ("inflight", "queued")
 
@@ -48,7 +48,7 @@ class Load:
 def refusal(
     limits: Limits, queued: int, idle: bool, load: Load, name: bytes
 ) -> tuple[str, str] | None:
-    """Rules A2 and A3 for a request to a known service with ``queued`` requests waiting and
+    """Rules AD2 and AD3 for a request to a known service with ``queued`` requests waiting and
     an ``idle`` worker or not: a refusal, or ``None`` to accept."""
     if not idle and queued >= limits.max_queue:
         return "queue_full", f"queue for {name[:64]!r} is full"
@@ -60,7 +60,7 @@ def refusal(
 
 
 def new_service_refusal(limits: Limits, known: int, name: bytes) -> tuple[str, str] | None:
-    """Rule A1 for a request naming a service not known yet."""
+    """Rule AD1 for a request naming a service not known yet."""
     if len(name) > limits.max_service_name:
         return "service_name_too_long", f"service name of {len(name)} bytes"
     if known >= limits.max_services:

@@ -2,20 +2,20 @@
 user's function (it may be ``async``, or slow); it asks the driver (an event), which runs it
 and feeds the answer back (``BrokerCore.decide``, :meth:`~.routing.Routing.decide`).
 
-Rule A1 - With an approver, a registration that passes the other checks (name length,
+Rule AP1 - With an approver, a registration that passes the other checks (name length,
   reserved names, the CURVE allow-list, per-worker limits) is not confirmed at once: the
   core puts an :class:`ApprovalRequest` in its events (the service, the info the worker gave
   beforehand with ``mmi.describe``, its routing id, its CURVE key) and the worker waits,
   unregistered. A registration for a service the worker already provides is
   not asked again; a repeat while one is pending is ignored.
-Rule A2 - The answer (``BrokerCore.decide``) is an :class:`Approval`. Approved: the
+Rule AP2 - The answer (``BrokerCore.decide``) is an :class:`Approval`. Approved: the
   registration goes on as if just received (confirmed, the worker gets work). Denied: counted
   (``registration_refused``), logged, and refused in the worker's dialect with the reason
   (DCP: the ``registration_refused`` reply; MDP: DISCONNECT).
-Rule A3 - At most ``max_pending`` registrations wait at once; one more is refused at once
+Rule AP3 - At most ``max_pending`` registrations wait at once; one more is refused at once
   (``too many registrations await approval``). An answer for a token that is not pending
   (answered already) is ignored.
-Rule A4 - An approver that raises, or returns something that is not an answer, denies (the
+Rule AP4 - An approver that raises, or returns something that is not an answer, denies (the
   driver logs it); the reason says so, not what it raised.
 
 What this module does NOT do: run the approver, time it out (a worker that waits longer than
@@ -65,7 +65,7 @@ class Approval:
 
 
 def to_approval(result: object) -> Approval:
-    """Rule A4: an approver's result as an :class:`Approval`: an ``Approval``, a ``bool``,
+    """Rule AP4: an approver's result as an :class:`Approval`: an ``Approval``, a ``bool``,
     or ``(bool, reason)``.
 
     :raises TypeError: anything else
@@ -87,10 +87,10 @@ def to_approval(result: object) -> Approval:
 
 
 class Approvals:
-    """Registrations waiting for the approver (Rules A1, A3).
+    """Registrations waiting for the approver (Rules AP1, AP3).
 
     :param tell: hands a question to the driver (appends it to the broker core's events)
-    :param max_pending: questions waiting at once (Rule A3)
+    :param max_pending: questions waiting at once (Rule AP3)
     """
 
     def __init__(self, tell: Callable[[ApprovalRequest], None], max_pending: int = 1024) -> None:
@@ -111,7 +111,7 @@ class Approvals:
         principal: str | None,
         info: Mapping[str, Any] | None,
     ) -> bool:
-        """Rule A1: ask about ``peer`` providing ``name``; ``False`` if too many wait (Rule
+        """Rule AP1: ask about ``peer`` providing ``name``; ``False`` if too many wait (Rule
         A3). A repeat of a pending question asks nothing (and returns ``True``)."""
         if (peer, name) in self._keys:
             return True

@@ -12,20 +12,20 @@ Layout: :class:`BrokerCore` holds its parts, each given its collaborators, none 
 another's state:
 
 - one handler per dialect behind one interface (:class:`Handler`), chosen by the sniffed
-  family (:mod:`dcp.wire.sniff`): DCP v1 (:mod:`.dcp1`: Rules 3, 4), Majordomo
-  (:mod:`.majordomo`: Rules M1-M4), DBP (:mod:`.dbp`: Rules B1-B3), mc0 (:mod:`.mc0`: Rules
+  family (:mod:`dcp.wire.sniff`): DCP v1 (:mod:`.dcp1`: Rules R3, R4), Majordomo
+  (:mod:`.majordomo`: Rules M1-M4), DBP (:mod:`.dbp`: Rules DB1-DB3), mc0 (:mod:`.mc0`: Rules
   C1-C4); each parses with its codec (:mod:`dcp.wire`);
-- the protocol-blind routing (:mod:`.routing`: Rules 1, 2; it admits requests,
+- the protocol-blind routing (:mod:`.routing`: Rules R1, R2; it admits requests,
   :mod:`.admission`, reads their options and keeps its queues' deadlines, :mod:`.queues`:
   Rules Q1-Q4), over per-peer sessions (:mod:`.peers`: liveness Rules L1-L4) and the records
   they share (:mod:`.records`);
-- redelivery and work timeouts (:mod:`.redelivery`: Rules 5, 7), streams (:mod:`.streams`:
-  Rules T1-T7), pub/sub (:mod:`.pubsub_peers`, :mod:`.pubsub`), the directory and ``mmi.*``
+- redelivery and work timeouts (:mod:`.redelivery`: Rules R5, R7), streams (:mod:`.streams`:
+  Rules ST1-ST7), pub/sub (:mod:`.pubsub_peers`, :mod:`.pubsub`), the directory and ``mmi.*``
   (:mod:`.directory`), approvals (:mod:`.approval`), the guard (:mod:`.guard`), replies that
   cannot be handled yet (:mod:`.unreachable`), and the outputs they all write to
   (:mod:`.outputs`); each peer is written to in its dialect (:mod:`.dialects`).
 
-Rule 6 - Bounds and bad input. A message in no known dialect (``unknown_protocol``), a
+Rule R6 - Bounds and bad input. A message in no known dialect (``unknown_protocol``), a
   malformed one, or one that breaks a limit, is counted by reason, logged once per peer, and
   dropped; when its sender can be told (a request, even one cut short at a size or frame
   limit, if its metadata survived), it gets a dcp error reply instead. A registered worker
@@ -43,15 +43,15 @@ Rule S - Security (only with a :class:`~dcp._core.broker.guard.Guard`, i.e. CURV
 
 What the broker's driver reports to the core besides messages:
 
-1. (Rule 6) A message cut at a limit is counted by reason and logged; if it is a DCP
+1. (Rule R6) A message cut at a limit is counted by reason and logged; if it is a DCP
    request whose metadata survived the cut, its caller gets a dcp error reply instead (an
    MDP one is dropped: its body is what was cut). A worker forwarding a request it holds
    is answered on behalf of the request's client, and gets its credit back.
 2. A worker the driver cannot reach is treated as gone: what it holds is redelivered
-   (routing Rule 5). A reply to a gone DCP client is kept to be sent again (Rule U1 of
+   (routing Rule R5). A reply to a gone DCP client is kept to be sent again (Rule U1 of
    :mod:`.unreachable`); other replies are dropped and counted (``dropped_replies``), the
    rest (echoes, pongs, reconnects) counted as ``undeliverable``. Messages held for a full
-   socket (streams Rule T3) and pub/sub ones are the streams' and pub/sub's to handle.
+   socket (streams Rule ST3) and pub/sub ones are the streams' and pub/sub's to handle.
 
 Time: :meth:`BrokerCore.expire` does what is due (work timeouts, expiries of queued
 requests, replies kept for unreachable clients, sent again every ``heartbeat_interval / 4``,
@@ -152,7 +152,7 @@ class BrokerCore:
     :param max_client_inflight: requests of one client accepted and not yet answered
         (queued or held by a worker); more get a ``client_limit`` error reply
     :param work_timeout: seconds a worker may hold a request that does not carry its own
-        work timeout (``None``: no limit); past it the worker is treated as lost (Rule 7)
+        work timeout (``None``: no limit); past it the worker is treated as lost (Rule R7)
     :param busy_timeout: seconds a busy worker that does not beat while busy may be silent
         (peers Rule L3); it is probed meanwhile, so a dead connection is noticed sooner
     :param reply_grace: seconds a reply whose client is not connected is kept and sent
@@ -357,7 +357,7 @@ class BrokerCore:
         return True
 
     def decide(self, token: int, answer: Approval, now: float) -> None:
-        """The approver answered registration question ``token`` (approval Rule A2)."""
+        """The approver answered registration question ``token`` (approval Rule AP2)."""
         self._out.now = now
         self.routing.decide(token, answer, now)
 
@@ -375,7 +375,7 @@ class BrokerCore:
     ) -> None:
         """The driver cut a message at its frame limit, keeping ``frames`` (routing id
         first): count and log it, and answer it with an error reply if it is a request
-        whose metadata was kept (rule 1 above)."""
+        whose metadata was kept (item 1 above)."""
         kept = len(frames) - 1
         exc = TooManyFrames(f"{kept + dropped} frames; the limit is {kept}")
         self._cut(frames, exc.reason, str(exc), now, principal)
@@ -404,14 +404,14 @@ class BrokerCore:
 
     def undeliverable(self, frames: list[bytes], why: str) -> None:
         """The driver could not send ``frames`` (``why``: its peer is ``gone``, or its
-        queue is ``full``; rule 2 above).
+        queue is ``full``; item 2 above).
 
         A worker we cannot reach is treated as gone: what it holds is redelivered. Any other
         message is dropped and counted: replies in ``dropped_replies``, the rest (echoes,
         pongs, reconnects) in ``undeliverable``.
         """
         if self.streams.undelivered(frames, why):
-            return  # held for a full socket (streams Rule T3)
+            return  # held for a full socket (streams Rule ST3)
         if self._pubsub_peers.undeliverable(frames) or self._mc0.undeliverable(frames):
             return
         out = self._out
@@ -437,11 +437,11 @@ class BrokerCore:
     # ------------------------------------------------------------------ time
 
     def expire(self, now: float) -> None:
-        """Do what is due at ``now``: work timeouts (Rule 7), expiries of queued requests
+        """Do what is due at ``now``: work timeouts (Rule R7), expiries of queued requests
         (queues Rule Q3), replies kept for unreachable clients (Rule U2) and from peers not
         registered (Rule U4), liveness (peers Rules L2-L3: expire, or probe a busy worker),
         the broker's heartbeats to MDP and DBP workers (Rule M4), pub/sub expiries (pubsub
-        Rule P5) and mc0 TTLs (Rule C3), and messages held for full sockets (streams Rule
+        Rule P5) and mc0 TTLs (Rule MC3), and messages held for full sockets (streams Rule
         T3)."""
         out = self._out
         out.now = now

@@ -1,18 +1,18 @@
 """DBP peers (the Distributive Broker Protocol draft, :mod:`dcp.wire.dbp`) on the routing
 part. Sans-IO: one of the broker core's dialect handlers (:class:`~.core.Handler`).
 
-Rule B1 - Info. ``u_U name`` is answered ``o_O json``: the service's info and live figures
+Rule DB1 - Info. ``u_U name`` is answered ``o_O json``: the service's info and live figures
   (``mmi.info`` and ``mmi.stats`` merged), or for an empty name the list ``mmi.services``
   gives; a service the broker does not know gets ``{"name": ..., "status": "inactive"}``.
   Any peer may ask, registered or not.
-Rule B2 - Registration. ``UwU json`` with a ``name`` registers the peer for that service,
+Rule DB2 - Registration. ``UwU json`` with a ``name`` registers the peer for that service,
   with the JSON's ``version``, ``description``, ``metadata`` and schemas as the service's
   info (directory Rule D3; its other fields, such as the draft's address, port and
   heartbeat timing, are not used). It goes through every registration rule (reserved names,
   allow-lists, approval): APPROVED is ``OwO``, a refusal is ``(O_O) reason``. Info that
   does not validate is refused the same way. A registered DBP service holds one request at
   a time (``REQ``; it answers with ``REP``, which asks for the next), like an MDP worker.
-Rule B3 - ``UoU json`` from a registered service replaces its info (answered ``u.u``);
+Rule DB3 - ``UoU json`` from a registered service replaces its info (answered ``u.u``);
   ``<3`` keeps it alive (peers Rule L1; the broker beats DBP services itself, as MDP ones);
   ``</3`` removes it (its request is redelivered). Any of these from a peer that is not a
   registered DBP service gets ``</3`` (DBP: "respond to any valid but unexpected command by
@@ -47,8 +47,8 @@ class DbpPeers:
     :param outputs: where messages, counts and refusals go
     :param sessions: the registered workers, and other peers' dialects
     :param routing: queues, credit, held requests, registrations
-    :param directory: a service's info (Rules B2, B3)
-    :param mmi: the service listing (Rule B1)
+    :param directory: a service's info (Rules DB2, DB3)
+    :param mmi: the service listing (Rule DB1)
     :param redelivery: a service that disconnects
     :param clock: epoch seconds, for the time frame in every DBP command
         (:class:`~.dialects.DbpDialect`)
@@ -147,7 +147,7 @@ class DbpPeers:
         now: float,
         principal: str | None,
     ) -> None:
-        """Rule B2."""
+        """Rule DB2."""
         dialect = self.dialect
         if worker is not None and worker.dialect is not dialect:
             self._out.reject(peer, "dialect_mismatch", "DBP from a %s worker", worker.dialect.name)
@@ -163,7 +163,7 @@ class DbpPeers:
         self._routing.register(peer, worker, name, dialect, now, principal)
 
     def _info(self, name: bytes, now: float) -> bytes:
-        """Rule B1: the JSON answering an info request."""
+        """Rule DB1: the JSON answering an info request."""
         if not name:
             return self._mmi.listing(b"mmi.services", (), now)[0]
         service = self._routing.services.get(name)

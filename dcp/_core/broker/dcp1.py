@@ -2,20 +2,20 @@
 :mod:`.pubsub_peers`) on the routing part. Sans-IO: one of the broker core's dialect
 handlers (:class:`~.core.Handler`).
 
-Rule 3 - Addresses. A request without a client address gets the sender's address inserted.
+Rule R3 - Addresses. A request without a client address gets the sender's address inserted.
   One that carries an address keeps it (a worker forwarding work), but only a registered
   worker may name an address other than its own, unless ``allow_foreign_address``.
   A reply is routed to its client address in the client's dialect (for a DCP client, the
   type-frame width, 1 or 4 bytes, it used). A reply for a peer that is not connected is
   kept and sent again for ``liveness x heartbeat_interval`` (:mod:`dcp._core.broker.unreachable`),
   then counted and dropped.
-Rule 4 - Heartbeats. Every ping from a worker is answered with a pong and asks for work (Rule
+Rule R4 - Heartbeats. Every ping from a worker is answered with a pong and asks for work (Rule
   1); a pong from a worker is a keep-alive that asks for no work and is answered with a pong
   (dcp extension). A ping or pong from a peer that is not a registered worker is answered
   with reconnect (0x06). A worker that sends reconnect leaves at once (dcp extension).
 
 A registered worker that sends another dialect's message is refused (``dialect_mismatch``,
-Rule 6 of :mod:`.core`). A stream message (PARTIAL from a worker, CREDIT or CANCEL from a
+Rule R6 of :mod:`.core`). A stream message (PARTIAL from a worker, CREDIT or CANCEL from a
 reader) is parsed and its client address unsealed here, and handed to :mod:`.streams`.
 
 What this module does NOT do: keep state of its own (the parts it is given do), or answer
@@ -256,7 +256,7 @@ class DcpPeers:
     def _on_stream(
         self, peer: bytes, body: Sequence[bytes], worker: Session | None, now: float
     ) -> None:
-        """A DCP stream message (streams Rules T1-T5)."""
+        """A DCP stream message (streams Rules ST1-ST5)."""
         try:
             msg = parse_stream(body)
         except Exception as exc:  # a RemoteProtocolError: every defect has its reason
@@ -287,7 +287,7 @@ class DcpPeers:
         detail: str,
         now: float,
     ) -> None:
-        """Rule 6: the driver cut a message from ``peer`` at a limit (``body``: what it
+        """Rule R6: the driver cut a message from ``peer`` at a limit (``body``: what it
         kept). A DCP request whose metadata was kept gets an error reply instead (a worker
         forwarding a request it holds: on behalf of the request's client, and it gets its
         credit back); anything else is counted and logged."""

@@ -18,7 +18,7 @@ Rule M4 - Heartbeats. The broker sends HEARTBEAT to every MDP worker each
   worker registered); an MDP worker's own heartbeats keep it alive (peers Rule L1).
 
 What this module does NOT do: credit or cancel towards MDP workers (MDP has neither, streams
-Rule T4), or carry metadata (MDP has none: a DCP client's stays in the broker and comes back
+Rule ST4), or carry metadata (MDP has none: a DCP client's stays in the broker and comes back
 in the reply).
 """
 
@@ -46,7 +46,7 @@ class MdpPeers:
     :param outputs: where messages, counts and refusals go
     :param sessions: the registered workers, and other peers' dialects
     :param routing: queues, credit, held requests, registrations
-    :param streams: partial replies (Rules M3, T3)
+    :param streams: partial replies (Rules M3, ST3)
     :param mmi: requests to ``mmi.*`` names
     :param redelivery: a worker that leaves or is expelled
     :param heartbeat_interval: seconds between the broker's heartbeats (Rule M4)
@@ -107,7 +107,7 @@ class MdpPeers:
             if name[:4] == b"mmi.":
                 self._mmi.answer(peer, dialect, name, (), event.body, now)
                 return
-            metadata = mdp_metadata(dialect)  # streams Rule T3
+            metadata = mdp_metadata(dialect)  # streams Rule ST3
             refused = self._routing.submit(
                 peer, dialect, name, metadata, event.body, now, forward=False
             )
@@ -146,7 +146,7 @@ class MdpPeers:
         if not event.final:
             client = routing.unsealed(peer, event.client)
             if client is not None:
-                self._streams.mdp_partial(worker, client, event.body)  # streams Rules T1, T4
+                self._streams.mdp_partial(worker, client, event.body)  # streams Rules ST1, ST4
             return
         answered = routing.answered(peer, worker, event.client, None, now)
         if answered is None:
@@ -154,7 +154,7 @@ class MdpPeers:
         client, pending = answered
         self._counters.replies += 1
         if pending is not None:
-            self._streams.answer(  # after what is held for the client (streams Rule T3)
+            self._streams.answer(  # after what is held for the client (streams Rule ST3)
                 client,
                 pending.origin.reply(client, pending.service.name, pending.metadata, event.body),
             )

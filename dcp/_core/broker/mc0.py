@@ -1,21 +1,21 @@
 """mc0 peers (:mod:`dcp.wire.mc0`) on the broker's pub/sub. Sans-IO: one of the broker
 core's dialect handlers (:class:`~.core.Handler`).
 
-Rule C1 - Topics are subjects. An mc0 topic is an exact subject (no wildcards): ``SUB``
+Rule MC1 - Topics are subjects. An mc0 topic is an exact subject (no wildcards): ``SUB``
   subscribes to each topic named, ``UNSUB`` ends those subscriptions, ``PUT`` publishes its
   body to its ``TOPIC`` (reaching dcp subscribers whose patterns match), and dcp publishes
   reach mc0 subscribers of that subject as ``MESSAGE``. A topic that is not a valid plain
-  subject (subjects Rule T1: a ``*`` or ``>`` token, an empty token, whitespace) is refused.
-Rule C2 - Answers. A command with an ``ID`` header is answered ``OK`` with it, or ``ERROR``
+  subject (subjects Rule SJ1: a ``*`` or ``>`` token, an empty token, whitespace) is refused.
+Rule MC2 - Answers. A command with an ``ID`` header is answered ``OK`` with it, or ``ERROR``
   with it and a ``MESSAGE``; a failed command without ``ID`` gets ``ERROR`` with ``MESSAGE``
   alone. Every failure is also counted by reason (``bad_mc0_message``, ``bad_subject``,
   ``forbidden_subject``, ``too_many_subscriptions``, ``bad_ttl``).
-Rule C3 - Liveness. ``CONNECT`` may set ``TTL`` (ms, 100 to 86,400,000): when the broker has
+Rule MC3 - Liveness. ``CONNECT`` may set ``TTL`` (ms, 100 to 86,400,000): when the broker has
   not heard from the peer for that long it sends ``NOOP`` (again every TTL of silence). A
   peer the broker cannot send its NOOP to (gone, or hopelessly behind), one that sends
   ``DISCONNECT``, or the least recently heard one when more than ``max_mc0_peers`` are
   known, loses its subscriptions.
-Rule C4 - Flow. mc0 has no credit and no gap notice: deliveries go out at once (pubsub Rule
+Rule MC4 - Flow. mc0 has no credit and no gap notice: deliveries go out at once (pubsub Rule
   P2, no credit accounting), a delivery zmq's send queue has no room for is lost and counted
   (``lost`` in the pub/sub statistics), so a slow mc0 peer costs nobody else anything.
 
@@ -95,7 +95,7 @@ class Mc0Peers:
         now: float,
         principal: str | None,
     ) -> None:
-        """One mc0 command from ``peer`` (Rules C1-C3)."""
+        """One mc0 command from ``peer`` (Rules MC1-MC3)."""
         try:
             cmd = mc0.parse(body)
         except RemoteProtocolError as exc:
@@ -185,7 +185,7 @@ class Mc0Peers:
         self._pubsub.drop_peer(peer)
 
     def expire(self, now: float) -> None:
-        """Rule C3: a NOOP to every peer silent for its TTL."""
+        """Rule MC3: a NOOP to every peer silent for its TTL."""
         heap = self._ttl
         while (state := heap.pop(now)) is not None:
             self._outbox.append([state.ident, *mc0.noop()])
@@ -199,7 +199,7 @@ class Mc0Peers:
         return ttl.next_due() if ttl.live else None
 
     def undeliverable(self, frames: list[bytes]) -> bool:
-        """An mc0 message the driver could not send (Rules C3, C4); whether ``frames`` was
+        """An mc0 message the driver could not send (Rules MC3, MC4); whether ``frames`` was
         one."""
         if len(frames) < 2 or frames[0] not in self._peers:
             return False

@@ -8,7 +8,7 @@ must do, in order: write a :class:`LogLine`, ask the approver an
 :class:`~dcp._core.broker.approval.ApprovalRequest`), the broker's counters, and refusals.
 The driver takes both lists with :meth:`Outputs.drain` (through ``BrokerCore.drain``).
 
-Refusals (Rule 6 of :mod:`.core`) are counted by reason and logged once per reason per
+Refusals (Rule R6 of :mod:`.core`) are counted by reason and logged once per reason per
 minute of the core's clock (:class:`~dcp._util.LogEvery`): the line names the peer, and how
 many more were refused meanwhile. Log lines left unread are bounded: past 4,096 of them, the
 oldest goes (approval questions are never dropped).

@@ -6,7 +6,7 @@ subscription carries a :class:`Writer` that turns deliveries and gap notices int
 Input methods take ``now`` and append frames (routing id first) to :attr:`PubSub.outbox`.
 
 Rule P1 - Fan-out. :meth:`PubSub.publish` offers a message to every subscription whose
-  pattern matches (trie Rule T2: no scan over subscriptions) and returns how many it was
+  pattern matches (trie Rule SJ2: no scan over subscriptions) and returns how many it was
   routed to. Subscriptions sharing a queue group name take it in turns: the group's next
   member that can take it at once (credit, nothing pending), else the next member in turn.
 Rule P2 - Credit. A subscription may be given messages only while it has *credit*, which its

@@ -11,8 +11,8 @@ Rule Q2 - No-wait. A request carrying the no-wait option for a service no regist
 Rule Q3 - Deadlines. A request carrying expires-in (the time its caller has left) expires
   that long after it arrived at the broker. A request still *queued* past its expiry is
   dropped without a reply (its caller gave up) and counted (``expired_in_queue``). A request
-  held by a worker is not affected (work timeouts govern those, routing Rule 7); one its
-  worker gives back (routing Rule 5) is queued again under the same expiry, and dropped at
+  held by a worker is not affected (work timeouts govern those, routing Rule R7); one its
+  worker gives back (routing Rule R5) is queued again under the same expiry, and dropped at
   once if that has passed. Expiries live in one :class:`~dcp._util.DeadlineHeap`; a queue is
   never scanned: an expired request stays in its deque as a *tombstone* (its payload freed),
   skipped when it reaches the front (a queue's front is never a tombstone) and swept out

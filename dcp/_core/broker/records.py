@@ -2,8 +2,8 @@
 service (:class:`Service`), a request (:class:`Pending`) and a queued request's deadline
 (:class:`Expiry`). Plain slotted state, no behaviour: the parts that own the collections
 apply the rules (:mod:`.peers`: liveness, Rules L1-L4; :mod:`.routing`: credit, queues and
-held requests, Rules 1-2; :mod:`.queues`: options, expiries and retries, Rules Q1-Q4;
-:mod:`.redelivery`: Rules 5 and 7). They refer to one another, hence one module.
+held requests, Rules R1-R2; :mod:`.queues`: options, expiries and retries, Rules Q1-Q4;
+:mod:`.redelivery`: Rules R5 and R7). They refer to one another, hence one module.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Session:
         #: How to write to it (for DCP, the type-frame width it last used).
         self.dialect = dialect
         self.services: list[Service] = []
-        #: Requests it may still be given (routing Rule 1).
+        #: Requests it may still be given (routing Rule R1).
         self.credit = 0
         #: Requests given to it and not yet answered, oldest first.
         self.held: list[Pending] = []
@@ -169,7 +169,7 @@ class Service:
         #: processing time (s, dispatch to answer).
         self.requests = self.errors = self.answered = 0
         self.busy_time = 0.0
-        #: Requests put back in the queue because their worker went away (routing Rule 5).
+        #: Requests put back in the queue because their worker went away (routing Rule R5).
         self.redeliveries = 0
         #: Answers by processing time: ``durations[i]`` counts those of at most
         #: ``DURATION_BUCKETS[i]`` seconds and more than the bucket before (the last: longer).

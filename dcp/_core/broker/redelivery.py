@@ -1,18 +1,18 @@
-"""Workers that go away, and what they held: redelivery (Rule 5), work timeouts (Rule 7)
+"""Workers that go away, and what they held: redelivery (Rule R5), work timeouts (Rule R7)
 and workers removed by a security reload (Security Rule S5). Sans-IO: the
 :class:`Redelivery` part acts through routing's public methods (:mod:`.routing`; the rule
 numbers are routing's), asking the streams first which held requests are not to be
-redelivered (streams Rule T6).
+redelivered (streams Rule ST6).
 
-Rule 5 - Redelivery. A worker that leaves, or is removed (liveness, unreachable, Rule 7),
+Rule R5 - Redelivery. A worker that leaves, or is removed (liveness, unreachable, Rule R7),
   gives back what it held: to the *front* of its service's queue (the DCP spec allows losing
   it; we do not), at most ``max_redeliveries`` times, after which the client gets a
   ``redelivery_limit`` error reply (its message says how often it was redelivered: one worker
   that keeps going away, or several, look the same to the broker). A request whose caller's
   deadline passed while it was held is not put back (queues Rule Q3).
-Rule 7 - Work timeouts. A request may carry a work timeout (a metadata option, see
+Rule R7 - Work timeouts. A request may carry a work timeout (a metadata option, see
   :func:`~dcp.wire.messages.work_timeout_option`; else the broker's ``work_timeout``, if any).
-  A worker that holds it longer than that is treated as lost, as in Rule 5: it is expelled
+  A worker that holds it longer than that is treated as lost, as in Rule R5: it is expelled
   and removed, and what it held is redelivered. The same peer may register again at once but
   gets no work for ``liveness x heartbeat_interval`` (quarantine, peers Rule L4), so a worker
   that hangs on every request cannot take the redelivered request straight back.
@@ -43,15 +43,15 @@ class Redelivery:
     """Workers removed, and what they held (the module's rules).
 
     :param routing: the queues and held requests
-    :param sessions: the registered workers (a removed one leaves them; Rule 7's
+    :param sessions: the registered workers (a removed one leaves them; Rule R7's
         quarantine is theirs, peers Rule L4)
-    :param streams: asked which held requests a part was forwarded of (streams Rule T6)
+    :param streams: asked which held requests a part was forwarded of (streams Rule ST6)
     :param directory: a removed worker's descriptions go with it (directory Rule D4)
     :param outputs: where messages, counts and log lines go
     :param limits: ``max_redeliveries``
     :param guard: the security rules (``None``: off), for
         :meth:`~dcp._core.broker.redelivery.Redelivery.revoke`
-    :param quarantine: seconds a worker removed for a work timeout gets no work (Rule 7)
+    :param quarantine: seconds a worker removed for a work timeout gets no work (Rule R7)
     """
 
     def __init__(
@@ -76,8 +76,8 @@ class Redelivery:
         self._quarantine_for = quarantine
 
     def remove_worker(self, worker: Session, now: float, why: str = "left") -> None:
-        """Rule 5: forget the worker; its held requests go back to the front of the queue
-        (except those a part was forwarded of, streams Rule T6). Logged at INFO: the worker,
+        """Rule R5: forget the worker; its held requests go back to the front of the queue
+        (except those a part was forwarded of, streams Rule ST6). Logged at INFO: the worker,
         ``why`` (``left``, ``expired``, ...), its services and what became of the requests
         it held."""
         routing = self._routing
@@ -155,7 +155,7 @@ class Redelivery:
         return removed
 
     def time_out_work(self, now: float) -> None:
-        """Rule 7: expel and remove every worker holding a request past its work timeout;
+        """Rule R7: expel and remove every worker holding a request past its work timeout;
         quarantines that are over let their workers use their credit."""
         routing = self._routing
         sessions = self._sessions

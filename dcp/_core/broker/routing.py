@@ -1,7 +1,7 @@
 """Protocol-blind routing: per-service queues, least-recently-used idle workers, credit, held
 requests and registrations. Sans-IO. A queued request's options and deadline and a retry's
 replacement are :mod:`.queues` (Rules Q1-Q4); what a worker that goes away gives back, and
-work timeouts, :mod:`.redelivery` (Rules 5 and 7).
+work timeouts, :mod:`.redelivery` (Rules R5 and R7).
 
 This module does not know which wire protocol a peer speaks. It sees worker sessions
 (:mod:`.peers`), service names, client addresses, a request's *metadata* (opaque parts the
@@ -10,13 +10,13 @@ and the client's dialect; it writes through each peer's :class:`~.dialects.Diale
 turns a decision into frames. The dialect handlers (:mod:`.dcp1`, :mod:`.majordomo`,
 :mod:`.dbp`) call it; it tells the streams (:mod:`.streams`) when a request is finished.
 
-Rule 1 - Credit. A worker has *credit*: how many more requests it may be given. Registering,
+Rule R1 - Credit. A worker has *credit*: how many more requests it may be given. Registering,
   or asking for work (a DCP ping, or a request sent without finishing a held one) set it to at
   least 1: idle heartbeats do not pile up credit. An answer that finishes a held request adds
   1 (that request's slot is free again). Each request given to the worker takes 1. So a plain
   worker holds one request until it answers, and a dcp worker with N slots keeps N busy by
   pinging only when it has no credit left and a slot free.
-Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit and nothing
+Rule R2 - Queues. Each service has a FIFO queue of requests. A worker with credit and nothing
   queued for its services waits in its services' idle lists; the least recently used idle
   worker gets the next request; a worker serving several services takes the oldest request
   among them. A request is *held* by the worker it was given to until that worker answers it
@@ -26,7 +26,7 @@ Rule 2 - Queues. Each service has a FIFO queue of requests. A worker with credit
   context, ``docs/tracing.md``); an answer that matches nothing releases
   nothing (guessing could release a request the worker is still running, which would then
   not be redelivered if it died).
-Rules 5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
+Rules R5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
 :mod:`.redelivery`. Registration (its refusals, approval, security Rule S3): here.
 """
 
@@ -66,14 +66,14 @@ class Routing:
     :param limits: the bounds it enforces (:mod:`.admission`)
     :param sessions: the registered workers
     :param outputs: where messages, counts, refusals and log lines go
-    :param streams: told when a request is finished (streams Rule T7)
+    :param streams: told when a request is finished (streams Rule ST7)
     :param directory: what workers said about their services (a registration makes a
         waiting description the service's info)
     :param guard: the security rules (``None``: off): client addresses are sealed, and
         registrations need permission
     :param approvals: registrations waiting for the approver (``None``: no approver)
     :param work_timeout: seconds a worker may hold a request that carries no work timeout
-        (``None``: no limit; Rule 7)
+        (``None``: no limit; Rule R7)
     """
 
     def __init__(
@@ -100,10 +100,10 @@ class Routing:
         self._approvals = approvals
         #: Services by name (one is forgotten once nobody provides it and nothing waits).
         self.services: dict[bytes, Service] = {}
-        #: What each client has accepted and unanswered (admission Rule A3), by address;
+        #: What each client has accepted and unanswered (admission Rule AD3), by address;
         #: only clients with something in flight are here.
         self.loads: dict[bytes, Load] = {}
-        #: Work-timeout deadlines of held requests (Rule 7).
+        #: Work-timeout deadlines of held requests (Rule R7).
         self.work_deadlines: DeadlineHeap[Pending] = DeadlineHeap(work_deadline_live)
         #: Expiries of queued requests, and retries' matches (queues Rules Q3 and Q4).
         self.queues = QueueDeadlines(self._counters, self.loads, self.services)
@@ -197,7 +197,7 @@ class Routing:
     def release(
         self, worker: Session, client: bytes, metadata: tuple[bytes, ...] | None, now: float
     ) -> Pending | None:
-        """Rule 2: ``worker`` answered the request it held for ``client`` with ``metadata``
+        """Rule R2: ``worker`` answered the request it held for ``client`` with ``metadata``
         (``None``: the dialect carries none; the oldest such request matches). Returns it,
         no longer held, or ``None`` (counted as unmatched) if none matches."""
         held = worker.held
@@ -271,14 +271,14 @@ class Routing:
     # ---------------------------------------------------------------- credit
 
     def credit(self, worker: Session, now: float, *, released: bool) -> None:
-        """Rule 1: grant credit (+1 for a finished request, else at least 1), then use it."""
+        """Rule R1: grant credit (+1 for a finished request, else at least 1), then use it."""
         if released:
             worker.credit += 1
         elif worker.credit < 1:
             worker.credit = 1
         quarantine = self._sessions.quarantine
         if quarantine and worker.ident in quarantine:
-            return  # Rule 7: it may register and heartbeat, but gets no work for now
+            return  # Rule R7: it may register and heartbeat, but gets no work for now
         self.use_credit(worker, now)
 
     def use_credit(self, worker: Session, now: float) -> None:
@@ -345,7 +345,7 @@ class Routing:
 
     def finish(self, pending: Pending) -> None:
         """The broker is done with held ``pending`` (answered, or no longer tracked): its
-        client's load drops, its stream (if any) ends (streams Rule T7)."""
+        client's load drops, its stream (if any) ends (streams Rule ST7)."""
         pending.holder = None
         if pending.work_timeout is not None:
             self.work_deadlines.live -= 1
@@ -358,7 +358,7 @@ class Routing:
             streams.finished(pending)
 
     def requeue(self, pending: Pending, now: float) -> None:
-        """Rule 5: ``pending``, no longer held, goes back to the front of its queue."""
+        """Rule R5: ``pending``, no longer held, goes back to the front of its queue."""
         self._counters.redeliveries += 1
         service = pending.service
         service.redeliveries += 1
@@ -413,7 +413,7 @@ class Routing:
         approved: bool = False,
     ) -> Session | None:
         """A registration for ``name`` (any dialect): confirmed, refused and told, or left
-        waiting for the approver (approval Rule A1; ``approved``: it said yes). Returns the
+        waiting for the approver (approval Rule AP1; ``approved``: it said yes). Returns the
         worker's session, or ``None`` if refused or waiting."""
         out = self._out
         if len(name) > self.limits.max_service_name:
@@ -479,7 +479,7 @@ class Routing:
         self._outbox.append(dialect.refused(peer, name, "registration_refused", detail))
 
     def decide(self, token: int, answer: Approval, now: float) -> None:
-        """Approval Rule A2: the approver answered question ``token``."""
+        """Approval Rule AP2: the approver answered question ``token``."""
         approvals = self._approvals
         assert approvals is not None
         entry = approvals.take(token)
@@ -503,7 +503,7 @@ class Routing:
     # ------------------------------------------------------------------ time
 
     def overdue(self, now: float) -> Pending | None:
-        """Rule 7: a held request past its work timeout at ``now`` (one at a time), if any."""
+        """Rule R7: a held request past its work timeout at ``now`` (one at a time), if any."""
         return self.work_deadlines.pop(now)
 
     def next_deadline(self) -> float | None:

@@ -5,21 +5,21 @@ the whole design in ``docs/streams.md``). The broker relays parts from the worke
 reader and credit and cancels from the reader to the worker, and polices the credit. It
 stores no part of a dcp reader's stream: a part is written to the reader's socket at once,
 and credit bounds how many parts of one stream are between the broker and its reader
-(*outstanding*). Only for readers without credit does it hold a bounded few (Rule T3).
+(*outstanding*). Only for readers without credit does it hold a bounded few (Rule ST3).
 
-Rule T1 - Open. The broker knows a stream from the first PARTIAL its worker sends for a
+Rule ST1 - Open. The broker knows a stream from the first PARTIAL its worker sends for a
   request it holds (matched by client address and metadata, as a reply is; a Majordomo
   worker's by client address). Its reader is the request's client if it asked for a stream
   (the ``\\xffDCP:stream=<window>`` option, DCP) or speaks a dialect with partials (MDP/0.2,
   majortomo). Otherwise the part is dropped and counted (``partial_dropped``): a plain DCP
   v1 client only ever gets the final reply. A PARTIAL that matches no held request is
   counted (``stream_unmatched``) and answered with CANCEL.
-Rule T2 - Credit. A stream's credit starts at its window; each part forwarded takes 1 and
+Rule ST2 - Credit. A stream's credit starts at its window; each part forwarded takes 1 and
   each CREDIT from the reader adds its count and is relayed to the worker. A part beyond the
   credit (a DCP worker that ignores it) is an *overrun*: dropped, the worker is sent CANCEL
   and the reader an error reply ``stream_overrun``. So at most *window* parts of one stream
   are ever outstanding, whatever the reader's speed.
-Rule T3 - Readers without credit. An MDP/0.2 or majortomo client has no credit: the broker
+Rule ST3 - Readers without credit. An MDP/0.2 or majortomo client has no credit: the broker
   asks for a stream on its behalf (it adds the stream option with ``STREAM_WINDOW`` to the
   request) and is the reader towards the worker: it grants the worker credit again as it
   writes parts to the client's socket (topping it up to the window once half is used). A
@@ -29,23 +29,23 @@ Rule T3 - Readers without credit. An MDP/0.2 or majortomo client has no credit: 
   ``RETRY_DELAY`` (2 ms) while any are held (the core's ``next_deadline`` says when;
   :meth:`Streams.retry`); once a retry went out whole, the client's streams get credit
   again. A held part beyond ``MAX_HELD`` (only a worker without credit,
-  Rule T4, gets there) is dropped and counted (``partial_dropped``) and the stream
-  cancelled. A client that is gone cancels its streams (Rule T5).
-Rule T4 - Writers without credit. A Majordomo worker's partials are forwarded as they come
+  Rule ST4, gets there) is dropped and counted (``partial_dropped``) and the stream
+  cancelled. A client that is gone cancels its streams (Rule ST5).
+Rule ST4 - Writers without credit. A Majordomo worker's partials are forwarded as they come
   (MDP has no credit and no cancel): a cancel only stops forwarding them.
-Rule T5 - Cancel. A CANCEL from the reader (or a part its socket could not take) is relayed
+Rule ST5 - Cancel. A CANCEL from the reader (or a part its socket could not take) is relayed
   to the worker and its later parts are dropped; the worker's final reply still releases the
   request (and reaches the reader, who drops it). A CANCEL for a stream whose first part has
   not come yet is remembered (at most ``max_cancelled``, oldest forgotten first) and acted
   on when that part comes. A CANCEL for a stream the broker does not know is ignored.
-Rule T6 - No redelivery after a part. A worker that goes away holding a request of which a
-  part was forwarded does not give it back to the queue (routing Rule 5): the reader gets an
+Rule ST6 - No redelivery after a part. A worker that goes away holding a request of which a
+  part was forwarded does not give it back to the queue (routing Rule R5): the reader gets an
   error reply ``stream_broken`` naming how many parts were sent. A stream without parts
   yet is redelivered as any request.
-Rule T7 - End. The final reply ends the stream (it is routed as any reply).
+Rule ST7 - End. The final reply ends the stream (it is routed as any reply).
 
-What this module does NOT do: buffer parts beyond Rule T3's bound, time streams (work
-timeouts, routing Rule 7, bound the whole stream), parse or authenticate stream messages (the
+What this module does NOT do: buffer parts beyond Rule ST3's bound, time streams (work
+timeouts, routing Rule R7, bound the whole stream), parse or authenticate stream messages (the
 DCP handler does, :mod:`.dcp1`), or release requests (routing does, and tells
 :meth:`Streams.finished`; when a worker goes away, :mod:`.redelivery` asks
 :meth:`Streams.lost` which of its requests are not to be redelivered).
@@ -66,19 +66,19 @@ from dcp.wire.streams import StreamMessage, StreamType, stream_window
 
 __all__ = ["MAX_CANCELLED", "MAX_HELD", "RETRY_DELAY", "STREAM_WINDOW", "Stream", "Streams"]
 
-#: The window the broker asks for on behalf of readers without credit (Rule T3).
+#: The window the broker asks for on behalf of readers without credit (Rule ST3).
 STREAM_WINDOW = 32
-#: Early cancels remembered (Rule T5).
+#: Early cancels remembered (Rule ST5).
 MAX_CANCELLED = 10_000
-#: Messages held per client without credit whose socket is full (Rule T3).
+#: Messages held per client without credit whose socket is full (Rule ST3).
 MAX_HELD = 2 * STREAM_WINDOW + 1
-#: Seconds between retries of held messages (Rule T3).
+#: Seconds between retries of held messages (Rule ST3).
 RETRY_DELAY = 0.002
 _MDP_C02 = mdp.C02
 
 
 class Stream:
-    """A stream the broker knows (Rule T1)."""
+    """A stream the broker knows (Rule ST1)."""
 
     __slots__ = ("cancelled", "credit", "key", "outstanding", "parts", "pending", "window")
 
@@ -86,13 +86,13 @@ class Stream:
         self.pending = pending
         #: The reader's first credit.
         self.window = window
-        #: Parts the worker may still send (Rule T2).
+        #: Parts the worker may still send (Rule ST2).
         self.credit = window
         #: Parts forwarded to the reader, and of those not yet credited back.
         self.parts = 0
         self.outstanding = 0
         #: ``(client, request id)`` of a DCP reader, by which its CREDIT and CANCEL name it;
-        #: ``None`` for a reader without credit (Rule T3).
+        #: ``None`` for a reader without credit (Rule ST3).
         self.key = key
         self.cancelled = False
 
@@ -107,12 +107,12 @@ class Streams:
         self._out = outputs
         self._outbox = outputs.outbox
         self._counters = outputs.counters
-        #: Open streams, by the request they answer (Rules T1, T7).
+        #: Open streams, by the request they answer (Rules ST1, ST7).
         self.open: dict[Pending, Stream] = {}
         self._keys: dict[tuple[bytes, bytes], Stream] = {}
-        #: Rule T5: cancels that came before their stream's first part, oldest first.
+        #: Rule ST5: cancels that came before their stream's first part, oldest first.
         self.early_cancels: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
-        # Rule T3: messages held for clients whose socket was full, the clients whose held
+        # Rule ST3: messages held for clients whose socket was full, the clients whose held
         # messages the last retry sent, and when to retry next.
         self._held_out: dict[bytes, deque[list[bytes]]] = {}
         self._retried: set[bytes] = set()
@@ -131,7 +131,7 @@ class Streams:
         self, peer: bytes, worker: Session, client: bytes, shown: bytes, msg: StreamMessage
     ) -> None:
         """A DCP worker's PARTIAL for ``client`` (unsealed; ``shown``: as the worker named
-        it) (Rules T1, T2, T5)."""
+        it) (Rules ST1, ST2, ST5)."""
         pending = None
         for held in worker.held:
             if held.client == client and held.metadata == msg.metadata:
@@ -150,7 +150,7 @@ class Streams:
             self._counters.count("partial_dropped")
             return
         if stream.credit <= 0:
-            # Rule T2: an overrun.
+            # Rule ST2: an overrun.
             self._stats["overruns"] += 1
             self._out.reject(peer, "stream_overrun", "a part sent without credit")
             self._cancel(stream)
@@ -159,7 +159,7 @@ class Streams:
         self._forward(stream, msg.data)
 
     def mdp_partial(self, worker: Session, client: bytes, body: Sequence[bytes]) -> None:
-        """A Majordomo worker's PARTIAL for ``client`` (unsealed) (Rules T1, T4)."""
+        """A Majordomo worker's PARTIAL for ``client`` (unsealed) (Rules ST1, ST4)."""
         pending = worker.held_for(client)
         if pending is None:
             self._counters.count("partial_dropped")
@@ -171,7 +171,7 @@ class Streams:
             self._counters.count("partial_dropped")
 
     def reader(self, peer: bytes, msg: StreamMessage) -> None:
-        """A CREDIT or CANCEL from reader ``peer`` (Rules T2, T5)."""
+        """A CREDIT or CANCEL from reader ``peer`` (Rules ST2, ST5)."""
         if not msg.metadata:
             self._out.reject(peer, "stream_without_id", "CREDIT or CANCEL names no request")
             return
@@ -196,7 +196,7 @@ class Streams:
     # ------------------------------------------------------------------ rules
 
     def _stream(self, pending: Pending) -> Stream | None:
-        """Rule T1: the stream of held ``pending``, opened now if this is its first part;
+        """Rule ST1: the stream of held ``pending``, opened now if this is its first part;
         ``None`` if its client gets no parts."""
         stream = self.open.get(pending)
         if stream is not None:
@@ -217,7 +217,7 @@ class Streams:
         if key is not None:
             self._keys[key] = stream
             if self.early_cancels.pop(key, 0) is None:
-                self._cancel(stream)  # Rule T5: cancelled before its first part
+                self._cancel(stream)  # Rule ST5: cancelled before its first part
         return stream
 
     def _forward(self, stream: Stream, data: Sequence[bytes]) -> None:
@@ -243,14 +243,14 @@ class Streams:
         frames = origin.reply(client, pending.service.name, pending.metadata, data, final=False)
         held = self._held_out.get(client)
         if held is not None:
-            self._hold(stream, held, frames)  # Rule T3: after what is held; no credit
+            self._hold(stream, held, frames)  # Rule ST3: after what is held; no credit
             return
         self._outbox.append(frames)
         if client not in self._retried and stream.credit <= stream.window // 2:
             self._top_up(stream)
 
     def _top_up(self, stream: Stream) -> None:
-        """Rule T3: the broker reads for this client; top the worker's credit up."""
+        """Rule ST3: the broker reads for this client; top the worker's credit up."""
         if stream.credit < stream.window:
             grant = stream.window - stream.credit
             stream.credit = stream.window
@@ -270,7 +270,7 @@ class Streams:
             self._tell_worker(worker, StreamType.CREDIT, pending.shown, pending.metadata, n)
 
     def _cancel(self, stream: Stream) -> None:
-        """Rule T5: stop the stream: CANCEL to its (DCP) worker, later parts dropped."""
+        """Rule ST5: stop the stream: CANCEL to its (DCP) worker, later parts dropped."""
         stream.cancelled = True
         self._stats["cancelled"] += 1
         pending = stream.pending
@@ -292,7 +292,7 @@ class Streams:
         self._outbox.append([worker.ident, *frames])
 
     def _error(self, pending: Pending, code: str, message: str) -> None:
-        """An error reply ending ``pending``'s stream (after what is held, Rule T3)."""
+        """An error reply ending ``pending``'s stream (after what is held, Rule ST3)."""
         client = pending.client
         self.answer(
             client,
@@ -302,7 +302,7 @@ class Streams:
     # ------------------------------------------------------------ for the other parts
 
     def answer(self, client: bytes, frames: list[bytes]) -> None:
-        """Send a final reply to ``client`` (after its held messages, Rule T3)."""
+        """Send a final reply to ``client`` (after its held messages, Rule ST3)."""
         held = self._held_out.get(client)
         if held is None:
             self._outbox.append(frames)
@@ -310,14 +310,14 @@ class Streams:
             held.append(frames)
 
     def finished(self, pending: Pending) -> None:
-        """Rule T7: the stream (if any) of ``pending`` ends with it (routing released it, or
+        """Rule ST7: the stream (if any) of ``pending`` ends with it (routing released it, or
         stopped tracking it)."""
         stream = self.open.pop(pending, None)
         if stream is not None and stream.key is not None:
             self._keys.pop(stream.key, None)
 
     def lost(self, pending: Pending) -> bool:
-        """Rule T6: the worker holding ``pending`` went away. Whether a part of it was
+        """Rule ST6: the worker holding ``pending`` went away. Whether a part of it was
         forwarded (then it is not to be redelivered: its reader gets ``stream_broken``,
         unless it cancelled the stream)."""
         stream = self.open.get(pending)
@@ -332,7 +332,7 @@ class Streams:
         return True
 
     def undelivered(self, frames: list[bytes], why: str) -> bool:
-        """Rules T3, T5: the driver could not send ``frames``. An answer to an MDP/0.2 or
+        """Rules ST3, ST5: the driver could not send ``frames``. An answer to an MDP/0.2 or
         majortomo client whose socket is full is held (returns ``True``: handled); a reader
         that is gone has its streams cancelled (returns ``False``: counted as usual)."""
         peer = frames[0]
@@ -360,13 +360,13 @@ class Streams:
 
     def next_retry(self) -> float | None:
         """When held messages are to be sent again, or were just sent again and the retry's
-        outcome is to be acted on (Rule T3; ``None``: nothing held)."""
+        outcome is to be acted on (Rule ST3; ``None``: nothing held)."""
         if self._held_out or self._retried:
             return self._retry_at
         return None
 
     def retry(self, now: float) -> None:
-        """Rule T3, if due at ``now``: send what is held again. Clients whose last retry went
+        """Rule ST3, if due at ``now``: send what is held again. Clients whose last retry went
         out whole get credit again for their streams."""
         if now < self._retry_at or not (self._held_out or self._retried):
             return
@@ -399,7 +399,7 @@ class Streams:
 
 
 def mdp_metadata(dialect: Dialect) -> tuple[bytes, ...]:
-    """Rule T3: the metadata of an MDP client's request (asking for a stream if its dialect
+    """Rule ST3: the metadata of an MDP client's request (asking for a stream if its dialect
     has partials)."""
     return _MDP_STREAM if dialect.partials else ()
 

@@ -1,15 +1,15 @@
 """Subjects and the subject trie (NATS grammar). Pure: no sockets, no clocks.
 
-Rule T1 - Grammar. A subject is ``.``-separated tokens (bytes), each non-empty and free of
+Rule SJ1 - Grammar. A subject is ``.``-separated tokens (bytes), each non-empty and free of
   whitespace, at most ``MAX_SUBJECT`` bytes in all. A *pattern* is a subject whose tokens may
   also be ``*`` (exactly one token) or, as its last token only, ``>`` (one or more tokens).
   A published subject holds no wildcard token. A token that merely contains ``*`` or ``>``
   (``a*``) is an ordinary token, as in NATS.
-Rule T2 - Matching. The trie walks a subject's tokens once, following the exact child, the
+Rule SJ2 - Matching. The trie walks a subject's tokens once, following the exact child, the
   ``*`` child and, when at least one token is left, the ``>`` child: the work per message
   grows with the subject's length and the wildcard branches it meets, never with the number
   of subscriptions on other subjects (no scan over subscriptions).
-Rule T3 - Entries. The trie stores opaque entries per pattern (a dict keyed by the entry,
+Rule SJ3 - Entries. The trie stores opaque entries per pattern (a dict keyed by the entry,
   so adding is idempotent); removing the last entry of a pattern prunes its empty nodes.
 """
 
@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 
 class SubjectError(ValueError):
-    """A subject or pattern that breaks Rule T1 (the message says how)."""
+    """A subject or pattern that breaks Rule SJ1 (the message says how)."""
 
 
 def _tokens(text: bytes, what: str) -> list[bytes]:
@@ -55,7 +55,7 @@ def _tokens(text: bytes, what: str) -> list[bytes]:
 
 
 def check_subject(subject: bytes) -> list[bytes]:
-    """The tokens of a subject one may publish to (Rule T1), or :exc:`SubjectError`."""
+    """The tokens of a subject one may publish to (Rule SJ1), or :exc:`SubjectError`."""
     tokens = _tokens(subject, "subject")
     if _STAR in tokens or _REST in tokens:
         raise SubjectError(f"subject {subject!r} holds a wildcard (publish to a plain subject)")
@@ -63,7 +63,7 @@ def check_subject(subject: bytes) -> list[bytes]:
 
 
 def check_pattern(pattern: bytes) -> list[bytes]:
-    """The tokens of a subscription pattern (Rule T1), or :exc:`SubjectError`."""
+    """The tokens of a subscription pattern (Rule SJ1), or :exc:`SubjectError`."""
     tokens = _tokens(pattern, "pattern")
     if _REST in tokens[:-1]:
         raise SubjectError(f"pattern {pattern!r}: '>' may only be the last token")
@@ -94,7 +94,7 @@ class _Node(Generic[T]):
 
 class SubjectTrie(Generic[T]):
     """Patterns to entries; :meth:`match` finds the entries of every pattern matching a
-    subject (Rules T2, T3)."""
+    subject (Rules SJ2, SJ3)."""
 
     def __init__(self) -> None:
         self._root: _Node[T] = _Node(None, b"")

@@ -8,11 +8,11 @@ Rule U1 - A DCP reply the broker's socket refuses because its client has no conn
   a worker may answer before the client has reconnected (both reconnect on their own,
   0.1 s apart or so), and a client may be between two connections. A reply refused because
   the client's queue is full is still dropped (a slow reader; see reliability.md).
-U2 - Kept replies are sent again on every timer tick (``heartbeat_interval / 4``: the broker
+Rule U2 - Kept replies are sent again on every timer tick (``heartbeat_interval / 4``: the broker
   core's ``expire`` sends them again at most that often, and its ``next_deadline`` says
   when) until ``grace`` seconds after the first refusal; then dropped and counted
   (``dropped_replies``).
-U3 - Bounded: at most ``limit`` replies are kept; one more is dropped and counted.
+Rule U3 - Bounded: at most ``limit`` replies are kept; one more is dropped and counted.
 Rule U4 - A DCP reply from a peer that is not a registered worker is kept (not refused at
   once) for ``grace`` seconds, at most ``limit`` of them: a worker writes the answers it
   finished while its connection was down ahead of the REGISTER it sends on the new one
@@ -20,7 +20,7 @@ Rule U4 - A DCP reply from a peer that is not a registered worker is kept (not r
   grace, its kept replies are handled right after the registration, in order, as a
   worker's. A peer that does not: its replies are refused then (``reply_from_non_worker``,
   as before).
-U5 - Bounded: beyond ``limit`` kept, a reply from a non-worker is refused at once.
+Rule U5 - Bounded: beyond ``limit`` kept, a reply from a non-worker is refused at once.
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ class PendingCall:
         self.has_expires = False
         #: Attempts sent so far.
         self.attempt = 0
-        #: When the request fails (Rule 3); moves earlier when the last attempt is sent.
+        #: When the request fails (Rule RT3); moves earlier when the last attempt is sent.
         self.end = start + timing.timeout
         #: When the current attempt times out, or its backoff delay ends (``resending``);
         #: ``inf`` once no resend is left.

@@ -12,7 +12,7 @@ __all__ = ["TimedOut"]
 
 @attrs.frozen
 class TimedOut:
-    """Event: a request ended unanswered (tracker Rules 3 and 5); the driver hands
+    """Event: a request ended unanswered (tracker Rules RT3 and RT5); the driver hands
     :attr:`error` to the request's caller."""
 
     #: The request's id.

@@ -16,13 +16,13 @@ value, never in the lists.
 
 Rules:
 
-Rule 1 - Ids. Every request gets a 24-byte id: :data:`~dcp.wire.messages.REQUEST_ID_PREFIX`
+Rule RT1 - Ids. Every request gets a 24-byte id: :data:`~dcp.wire.messages.REQUEST_ID_PREFIX`
   (so a worker can tell it from the caller's own metadata), 8 random bytes per tracker, then
   an 8-byte big-endian counter. The id is the *first* metadata part of the request; dcp's
   request options follow (expires-in, then the work timeout and no-wait the drivers add),
   then the user's metadata. Workers copy metadata into the reply (the spec says so), so the
   reply's first metadata part names its request. Resends carry the same id.
-Rule 2 - Replies. A reply whose id is pending completes it: a dcp error reply (see
+Rule RT2 - Replies. A reply whose id is pending completes it: a dcp error reply (see
   :func:`~dcp.wire.messages.parse_error_reply`) as :class:`~dcp.RemoteError`, except code
   ``no_workers`` (a broker's answer to a no-wait request) as :class:`~dcp.NoWorkers`; anything
   else as a :class:`Response`. A reply for an id that completed recently is a *duplicate*
@@ -31,7 +31,7 @@ Rule 2 - Replies. A reply whose id is pending completes it: a dcp error reply (s
   The last ``remember`` finished ids are remembered for this. Frames that are not a DCP reply
   with an id are counted as *malformed* by reason and dropped. Nothing raises out of
   :meth:`RequestTracker.receive`.
-Rule 3 - Timeouts. ``timeout`` bounds the whole call: the request fails at ``start +
+Rule RT3 - Timeouts. ``timeout`` bounds the whole call: the request fails at ``start +
   timeout`` at the latest, whatever its attempts. Each attempt has ``attempt_timeout``
   seconds (default ``timeout / (retries + 1)``). When attempt ``k`` (``k = 1`` for the first
   send) times out and fewer than ``retries`` resends were made, the request waits a backoff
@@ -44,18 +44,18 @@ Rule 3 - Timeouts. ``timeout`` bounds the whole call: the request fails at ``sta
   delay (to the earlier attempt) still completes the request. The request fails when its
   last attempt times out or the call's time is up, whichever comes first (its *end*).
   ``timeout=math.inf`` leaves only the attempts' limit; both infinite: it never times out.
-Rule 4 - Deadline on the wire. Each attempt carries
+Rule RT4 - Deadline on the wire. Each attempt carries
   :func:`~dcp.wire.messages.expires_in_option` with the time left until the request's end as
   known when it is sent (the call's deadline, or the last attempt's end if that is
   earlier), so a broker can drop it from its queue and a worker skip it once the caller
   has given up. Nothing is added while the end is infinite.
-Rule 5 - No workers. Shortly before a request's end (``min(1 s, 10%)`` of its whole time),
+Rule RT5 - No workers. Shortly before a request's end (``min(1 s, 10%)`` of its whole time),
   the tracker asks the broker whether any worker serves the service: a ``mmi.service``
   request with its own id, sent once, and not for ``mmi.*`` services or when ``probe`` is
   off. If the latest answer was ``404``, the request fails with :class:`~dcp.NoWorkers` (a
   :class:`~dcp.RequestTimeout`) at its end; with ``200`` or no answer, with a plain
   :class:`~dcp.RequestTimeout`. The answer itself completes nothing.
-Rule 6 - Cancel. :meth:`RequestTracker.cancel` forgets a request at once; a later reply to it
+Rule RT6 - Cancel. :meth:`RequestTracker.cancel` forgets a request at once; a later reply to it
   is late.
 
 Deadlines live in a heap with lazy deletion: finishing a request does not touch the heap; a
@@ -121,7 +121,7 @@ class RequestTracker:
     :param type_width: type-frame width of the requests it builds: 1 (the spec) or 4 (the
         DagBox C++ reference broker). Replies are parsed in either width.
     :param probe: ask the broker (``mmi.service``) whether a worker serves a request's
-        service shortly before the request fails (Rule 5)
+        service shortly before the request fails (Rule RT5)
     """
 
     def __init__(
@@ -164,13 +164,13 @@ class RequestTracker:
         self.jitter = jitter
         #: Type-frame width of every request built (1 or 4).
         self.type_width = type_width
-        #: Whether to probe ``mmi.service`` before a request fails (Rule 5).
+        #: Whether to probe ``mmi.service`` before a request fails (Rule RT5).
         self.probe = probe
         #: Frames to send, in order (the contract in the module docstring): first attempts
         #: from :meth:`request`, resends and probes from :meth:`expire`.
         self.outbox: list[list[bytes]] = []
         #: What else the driver must do, in order: deliver the error of each request that
-        #: :meth:`expire` ended (Rules 3 and 5).
+        #: :meth:`expire` ended (Rules RT3 and RT5).
         self.events: list[TimedOut] = []
         self._rng = rng if rng is not None else random.Random()
         self._prefix = REQUEST_ID_PREFIX + id_prefix
@@ -275,7 +275,7 @@ class RequestTracker:
         return math.inf if p is None else p.deadline
 
     def cancel(self, request_id: bytes) -> bool:
-        """Forget a request at once (Rule 6). ``False`` if it was not pending."""
+        """Forget a request at once (Rule RT6). ``False`` if it was not pending."""
         p = self._pending.pop(request_id, None)
         if p is None:
             return False
@@ -356,7 +356,7 @@ class RequestTracker:
     def expire(self, now: float) -> None:
         """Act on every deadline that is ``<= now``: resend or probe (to :attr:`outbox`),
         or end the request (a :class:`~dcp._core.client.events.TimedOut` to
-        :attr:`events`; Rules 3 and 5)."""
+        :attr:`events`; Rules RT3 and RT5)."""
         heap = self._heap
         pending = self._pending
         while (rid := heap.pop(now)) is not None:
@@ -427,7 +427,7 @@ class RequestTracker:
         else:
             p.retry_at = now + timing.attempt_timeout
         frames = p.frames
-        if p.end < math.inf:  # Rule 4: the time left, as of this attempt
+        if p.end < math.inf:  # Rule RT4: the time left, as of this attempt
             option = expires_in_option(p.end - now)
             rest = frames[_EXPIRES_AT + 1 :] if p.has_expires else frames[_EXPIRES_AT:]
             frames = [*frames[:_EXPIRES_AT], option, *rest]
@@ -436,7 +436,7 @@ class RequestTracker:
         self.outbox.append(frames)
 
     def _plan_probe(self, p: PendingCall) -> None:
-        """Set when to probe (Rule 5), unless a probe was sent or none is wanted."""
+        """Set when to probe (Rule RT5), unless a probe was sent or none is wanted."""
         if (
             self.probe
             and p.probe_id is None

@@ -4,10 +4,10 @@ yielded, and what is left; the drivers (:mod:`dcp._client.maps`) send, wait and 
 
 Rules:
 
-Rule 1 - Room. At most ``size`` requests are outstanding: sent, their outcome not yet
+Rule WN1 - Room. At most ``size`` requests are outstanding: sent, their outcome not yet
   yielded. A new input is taken (so checked) before the window looks for room, and given out
   to be sent only when that leaves room (so at most ``size`` outcomes are buffered).
-Rule 5 - Order. An ordered window yields outcomes in input order (the oldest outstanding one,
+Rule WN5 - Order. An ordered window yields outcomes in input order (the oldest outstanding one,
   once it arrived); an unordered one the outcome that arrived first. Inputs are sent in
   input order, a new one as soon as there is room, before more outcomes are yielded.
 
@@ -72,7 +72,7 @@ class Window(Generic[P, O]):
         #: No input left, and every outcome yielded.
         self.finished = False
         self._inputs: Iterator[tuple[int, P]] = enumerate(inputs)
-        #: The input taken but not yet given out (Rule 1: no room for it yet).
+        #: The input taken but not yet given out (Rule WN1: no room for it yet).
         self._staged: tuple[int, P] | None = None
         self._exhausted = False
         #: Outstanding requests (sent, outcome not yielded): id -> input index, oldest first.
@@ -81,7 +81,7 @@ class Window(Generic[P, O]):
         self._room = size
 
     def next_input(self) -> tuple[int, P] | None:
-        """The next input to send and its index, if there is room for it (Rule 1);
+        """The next input to send and its index, if there is room for it (Rule WN1);
         ``None``: the window is full, or no input is left. Taking an input can raise what
         the inputs' iterator raises."""
         staged = self._staged
@@ -105,7 +105,7 @@ class Window(Generic[P, O]):
         self._room -= 1
 
     def next_result(self) -> tuple[int, O] | None:
-        """An outcome that may be yielded now, with its input's index (Rule 5), taken out
+        """An outcome that may be yielded now, with its input's index (Rule WN5), taken out
         of the window; ``None``: none yet."""
         arrived = self.arrived
         if not arrived:

@@ -11,25 +11,25 @@ It follows the contract of every dcp core (:mod:`dcp._core`): input methods
 :meth:`~WorkerCore.expire`, :meth:`~WorkerCore.leave`...) take ``now`` where time matters,
 return nothing, and append their outputs, in order, to two lists: :attr:`WorkerCore.outbox`,
 the messages to send, each a ``list[bytes]`` ready for the socket (serialized in the
-type-frame width the core writes, Rule 11), and :attr:`WorkerCore.events` (:data:`Event`).
+type-frame width the core writes, Rule W11), and :attr:`WorkerCore.events` (:data:`Event`).
 The driver takes both with :meth:`~WorkerCore.drain` after each call or batch, sends the
 messages in order and acts on the events in order. Time is :meth:`~WorkerCore.expire` at
 :meth:`~WorkerCore.next_deadline` or later.
 
 The rules (``N`` is the concurrency; ``I`` the heartbeat interval; ``L`` the liveness):
 
-Rule 1 (registration)
+Rule W1 (registration)
     Each connection starts with REGISTER. The broker's echo makes the core READY and resets
     the reconnect backoff. Registering is itself a readiness signal (the broker marks a newly
     registered worker ready, as MDP does with READY), so no PING follows the echo; with a
-    broker that does not, the first heartbeat (a PING, Rule 5) asks for work. A PONG follows
+    broker that does not, the first heartbeat (a PING, Rule W5) asks for work. A PONG follows
     the echo instead: a keep-alive that asks for nothing and tells a dcp broker this worker
     beats while busy, so that its silence while busy means it hung (the broker's peers Rule
     L3; workers that never beat while busy are given a longer busy timeout).
-Rule 2 (credit: ask for more work while busy, never for too much)
+Rule W2 (credit: ask for more work while busy, never for too much)
     The core tracks ``credit``: how many requests the broker may still send us, counting
     those already on their way. It mirrors the broker's rule (see :mod:`dcp._core.broker.core`,
-    Rule 1): REGISTER sets it to 1; each REPLY or forwarded REQUEST adds 1 (it frees the
+    Rule W1): REGISTER sets it to 1; each REPLY or forwarded REQUEST adds 1 (it frees the
     held request's slot); each request received takes 1; a PING sets it to at least 1. A
     PING is exact only when credit is 0 (the broker's own count can be no higher than ours,
     since ours includes requests in flight), so after receiving a request the core sends a
@@ -38,12 +38,12 @@ Rule 2 (credit: ask for more work while busy, never for too much)
     received before the current registration adds nothing: the broker forgot that request
     when it forgot us, so the answer matches nothing there and earns no credit
     (:attr:`Run.generation` tells them apart).
-Rule 3 (finish)
-    A finished handler's REPLY (or forwarded REQUEST) is sent and adds 1 credit (Rule 2), so
+Rule W3 (finish)
+    A finished handler's REPLY (or forwarded REQUEST) is sent and adds 1 credit (Rule W2), so
     no PING follows. If the local backlog is not empty, its oldest request takes the freed
     slot.
-Rule 4 (the backlog: never more than ``N``, whatever the broker)
-    With a dcp broker the invariant of Rule 2 keeps the backlog empty. A broker that keeps
+Rule W4 (the backlog: never more than ``N``, whatever the broker)
+    With a dcp broker the invariant of Rule W2 keeps the backlog empty. A broker that keeps
     readiness as a single flag (as the DCP spec can be read; the DagBox reference does)
     collapses signals, so our credit can only over-estimate its count: we ask for less, not
     more. Should a request still arrive while all ``N`` slots are busy (a broker that grants
@@ -52,72 +52,72 @@ Rule 4 (the backlog: never more than ``N``, whatever the broker)
     most ``N`` handlers ever run. Such requests are counted (``backlogged``). One whose
     caller's deadline (its expires-in option, counted from its arrival here) passed while it
     waited is not run: it is answered with an ``expired`` error reply at once (which frees
-    its slot at the broker, Rule 3; its caller has given up and drops it) and counted
+    its slot at the broker, Rule W3; its caller has given up and drops it) and counted
     (``expired``).
-Rule 5 (heartbeat)
+Rule W5 (heartbeat)
     While READY, a heartbeat is due when the last one is ``I`` old and either nothing was
     sent or nothing was received for ``I`` (replies are not answered, so replies alone would
     not prove the broker alive). It is a PING if a slot is free, the worker is not stopping,
     and either credit is 0 or nothing is running (then a PING cannot raise the broker's
     count above ours, and it restores lost credit with a flag-keeping broker); else a PONG:
     a dcp keep-alive that refreshes the broker's liveness without asking for work.
-Rule 6 (broker liveness)
+Rule W6 (broker liveness)
     No message of any kind from the broker for ``L * I`` (also while waiting for the echo):
     the broker is gone. The core becomes DISCONNECTED and emits :class:`BrokerLost` with
     the backoff delay (exponential from ``reconnect_min`` to ``reconnect_max``, with jitter);
     the I/O layer closes the socket, waits, and calls :meth:`WorkerCore.connect` again.
-Rule 7 (requests in progress across reconnects)
+Rule W7 (requests in progress across reconnects)
     Handlers that are running when the broker vanishes keep running; their results are sent
     on whatever connection is current when they finish, or kept and sent right after the
     next REGISTER if there is none (dcp clients keep their address across reconnects and drop
     duplicates by request id). The local backlog is dropped: the broker requeues what it had
     dispatched, and clients retry.
-Rule 8 (Reconnect from the broker)
+Rule W8 (Reconnect from the broker)
     A RECONNECT (0x06) means the broker does not know us: REGISTER again at once on the same
     connection, and drop the local backlog (the broker requeued it when it dropped us).
-Rule 9 (stopping)
+Rule W9 (stopping)
     After :meth:`WorkerCore.stop` the core asks for no more work (heartbeats are PONGs),
     drops the backlog and every request that still arrives, and lets running handlers
     finish. :meth:`WorkerCore.leave` emits a RECONNECT for the broker (dcp extension: "I am
     leaving; requeue what I hold"), so whatever was dropped is served by another worker.
-Rule 10 (refused registration)
+Rule W10 (refused registration)
     A REPLY without a client address whose data is a ``registration_refused`` error reply
     and whose metadata names our service (dcp extension, sent by a secure broker) means we
     may not serve: the core becomes CLOSED and emits :class:`Refused`. Any other REPLY is
     counted as unexpected and ignored.
-Rule 11 (type-frame width)
+Rule W11 (type-frame width)
     Messages from the broker are read in either width (1 byte, the spec; 4 bytes
     little-endian, the DagBox C++ reference). With ``type_width=1`` we start in 1 byte and
     then write in the width of the broker's last message. With ``type_width=4`` every
     message is written in 4 bytes from the first REGISTER on, whatever the broker writes: the
     explicit setting wins (a DagBox broker aborts on a 1-byte type; a dcp broker reads both).
-Rule 12 (a new connection on the same socket)
+Rule W12 (a new connection on the same socket)
     zmq reconnects a socket by itself, and the broker at the other end may be a new one (a
     restart) that does not know us. The driver reports the socket's connection events (zmq's
     monitor): :meth:`WorkerCore.connection_lost` makes the core DISCONNECTED without closing
-    anything (results that finish meanwhile are kept, Rule 7; the backlog is dropped; no
+    anything (results that finish meanwhile are kept, Rule W7; the backlog is dropped; no
     heartbeats, no liveness deadline: zmq is reconnecting), and
     :meth:`WorkerCore.reconnected` sends REGISTER and then the kept results, so the broker
     knows us before it sees our answers. A new broker routes a registered worker's answer
     to its client though it never saw the request (with CURVE too: its sealing key comes
     from its secret key), so work finished across a restart is delivered, not run again.
-Rule 13 (answers the broker may have lost)
+Rule W13 (answers the broker may have lost)
     A broker killed takes with it the answers it had received but not passed on, and DCP
     has no acknowledgement: the caller's retry would run them again. So the core keeps the
     REPLYs it sent in the last ``L * I`` seconds (:mod:`dcp._core.worker.replay`: at most
     ``replay_limit`` of them and ``replay_bytes`` bytes, newest kept) and, when the
-    connection is lost (:meth:`WorkerCore.connection_lost`, Rule 6, or a RECONNECT, Rule
+    connection is lost (:meth:`WorkerCore.connection_lost`, Rule W6, or a RECONNECT, Rule
     8), sends them again right after the next REGISTER (counted as ``replayed``). Only
     answers a client recognises as duplicates: the request's first metadata part is a dcp
-    request id (the client's tracker, Rule 2, drops a reply to a finished request), and not
+    request id (the client's tracker, Rule RT2, drops a reply to a finished request), and not
     a stream. MDP and DagBox clients match replies by order and never get one twice.
     Forwards are not sent again (a new broker would run the next service twice).
-Rule 14 (several services)
+Rule W14 (several services)
     A worker may register several services on one connection. Each connection (and each
     RECONNECT) sends first one ``mmi.describe`` request per service that has an info
     document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
     is ignored), then one REGISTER per service. READY comes once every registration is
-    echoed; a refusal of any of them closes the core (Rule 10).
+    echoed; a refusal of any of them closes the core (Rule W10).
 
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
@@ -156,10 +156,10 @@ from dcp.wire.messages import (
 )
 from dcp.wire.options import request_expires_in
 
-#: The service a worker's descriptions go to (Rule 14): the broker's (its directory's Rule
+#: The service a worker's descriptions go to (Rule W14): the broker's (its directory's Rule
 #: D3, :data:`dcp._core.broker.directory.DESCRIBE`; the cores do not import each other).
 DESCRIBE = b"mmi.describe"
-#: The metadata of a worker's ``mmi.describe`` request (Rule 14), to know the answer.
+#: The metadata of a worker's ``mmi.describe`` request (Rule W14), to know the answer.
 DESCRIBE_TAG = b"\xffDCP:describe"
 
 __all__ = [
@@ -182,10 +182,10 @@ class WorkerCore:
     :param heartbeat_interval: ``I``, in seconds
     :param liveness: ``L``; the broker is gone after ``L * I`` seconds of silence
     :param random: source of jitter in ``[0, 1)``
-    :param type_width: type-frame width of what we send (Rule 11): 1 (the spec) follows the
+    :param type_width: type-frame width of what we send (Rule W11): 1 (the spec) follows the
         broker; 4 (the DagBox C++ reference) is kept whatever the broker writes
     :param replay_limit: the most recent replies kept to send again after a lost
-        connection (Rule 13; 0: none)
+        connection (Rule W13; 0: none)
     :param replay_bytes: the most data bytes those replies may hold together
     """
 
@@ -215,7 +215,7 @@ class WorkerCore:
         if not 0 < reconnect_min <= reconnect_max:
             raise ValueError("need 0 < reconnect_min <= reconnect_max")
         self.service = service
-        #: Every service registered (Rule 14): ``service`` first.
+        #: Every service registered (Rule W14): ``service`` first.
         self.services = (service, *more_services)
         #: Their info documents, sent with ``mmi.describe`` before the registrations.
         self.infos = dict(infos or {})
@@ -235,16 +235,16 @@ class WorkerCore:
         self.state = State.DISCONNECTED
         #: True once :meth:`stop` was called.
         self.stopping = False
-        #: The type-frame width we were told to write (Rule 11).
+        #: The type-frame width we were told to write (Rule W11).
         self.type_width = type_width
-        #: The type-frame width of what we send now (Rule 11).
+        #: The type-frame width of what we send now (Rule W11).
         self.width = type_width
         self._in_progress = 0
         #: Counts registrations; the broker forgets our held requests between them.
         self._generation = 0
-        #: Requests the broker may still send us, including those in flight (Rule 2).
+        #: Requests the broker may still send us, including those in flight (Rule W2).
         self._credit = 0
-        #: Requests waiting for a slot, with the time their caller gives up (Rule 4).
+        #: Requests waiting for a slot, with the time their caller gives up (Rule W4).
         self._backlog: deque[tuple[Request, float]] = deque()
         self._pending: list[Message] = []
         self._last_send = self._last_recv = self._last_beat = 0.0
@@ -283,14 +283,14 @@ class WorkerCore:
         self._last_send = now
 
     def connection_lost(self, now: float) -> None:
-        """Rule 12: the socket's connection went down (zmq is reconnecting it)."""
+        """Rule W12: the socket's connection went down (zmq is reconnecting it)."""
         if self.state in (State.REGISTERING, State.READY):
             self.state = State.DISCONNECTED
             self._drop_backlog()
             self._pending[:0] = self._sent.take(now)
 
     def reconnected(self, now: float) -> None:
-        """Rule 12: the socket has a new connection: REGISTER, then the kept results."""
+        """Rule W12: the socket has a new connection: REGISTER, then the kept results."""
         if self.state is State.DISCONNECTED:
             self.connect(now)
         elif self.state in (State.REGISTERING, State.READY):  # no loss was reported
@@ -309,17 +309,17 @@ class WorkerCore:
             self.events.append(Malformed(exc.reason, str(exc)))
             return
         if self.type_width == 1:
-            self.width = width  # Rule 11: answer in kind
+            self.width = width  # Rule W11: answer in kind
         if isinstance(msg, Request):
             self._on_request(msg, now)
             return
         if isinstance(msg, Register) and msg.service in self.services:
             self._unconfirmed.discard(msg.service)
             if self._unconfirmed:
-                return  # Rule 14: ready once every registration is echoed
+                return  # Rule W14: ready once every registration is echoed
             self.state = State.READY
             self._failures = 0
-            # Rule 1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
+            # Rule W1: a PONG tells a dcp broker that we beat while busy (its peers Rule L3).
             self._send(Pong(), now)
             return
         if isinstance(msg, Reconnect):
@@ -339,7 +339,7 @@ class WorkerCore:
                 self.events.append(Refused(refusal[1], refused))
                 return
         if isinstance(msg, Reply) and msg.metadata == (DESCRIBE_TAG,):
-            return  # the broker's answer to mmi.describe (Rule 14)
+            return  # the broker's answer to mmi.describe (Rule W14)
         if not isinstance(msg, (Ping, Pong)):
             self._unexpected += 1
 
@@ -379,7 +379,7 @@ class WorkerCore:
         return outbox, events
 
     def expire(self, now: float) -> None:
-        """Time passed: maybe a heartbeat (Rule 5), maybe the broker is gone (Rule 6)."""
+        """Time passed: maybe a heartbeat (Rule W5), maybe the broker is gone (Rule W6)."""
         if self.state not in (State.REGISTERING, State.READY):
             return
         if now >= self._last_recv + self.liveness * self.heartbeat_interval:
@@ -409,7 +409,7 @@ class WorkerCore:
         return lost
 
     def stop(self) -> None:
-        """Stop asking for work and drop the backlog (Rule 9). Idempotent."""
+        """Stop asking for work and drop the backlog (Rule W9). Idempotent."""
         self.stopping = True
         self._drop_backlog()
 
@@ -445,7 +445,7 @@ class WorkerCore:
     # -- helpers ------------------------------------------------------------------------
 
     def _registrations(self) -> list[Message]:
-        """Rule 14: every description, then every registration."""
+        """Rule W14: every description, then every registration."""
         self._unconfirmed = set(self.services)
         infos = self.infos
         described: list[Message] = [
@@ -469,14 +469,14 @@ class WorkerCore:
             expires_in = request_expires_in(request.metadata)
             self._backlog.append((request, math.inf if expires_in is None else now + expires_in))
             self._backlogged += 1
-        # Rule 2: ask for more if a slot is free and no request is owed to us already.
+        # Rule W2: ask for more if a slot is free and no request is owed to us already.
         if self.state is State.READY and self._has_free_slot() and self._credit == 0:
             self._credit = 1
             self._send(Ping(), now)
 
     def _start_backlog(self, now: float) -> None:
-        """Rule 4: the oldest backlog request whose caller still waits takes the free slot;
-        those past their deadline are answered ``expired`` (each adds 1 credit, Rule 3)."""
+        """Rule W4: the oldest backlog request whose caller still waits takes the free slot;
+        those past their deadline are answered ``expired`` (each adds 1 credit, Rule W3)."""
         backlog = self._backlog
         while backlog:
             request, deadline = backlog.popleft()
@@ -492,7 +492,7 @@ class WorkerCore:
             self._send(Reply(request.client, request.metadata, data), now)
 
     def _reregister(self, now: float) -> None:
-        """Rule 8: REGISTER again on this connection."""
+        """Rule W8: REGISTER again on this connection."""
         self._reregistrations += 1
         self.state = State.REGISTERING
         self._drop_backlog()
@@ -520,7 +520,7 @@ class WorkerCore:
                 self._sent.remember(message, now)
             self.outbox.append(serialize(message, width=self.width))
         elif self.state is State.DISCONNECTED and isinstance(message, (Reply, Request)):
-            self._pending.append(message)  # Rule 7: sent after the next REGISTER
+            self._pending.append(message)  # Rule W7: sent after the next REGISTER
 
     def _drop_backlog(self) -> None:
         self._dropped += len(self._backlog)

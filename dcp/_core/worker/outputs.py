@@ -42,8 +42,8 @@ class Run:
     :meth:`~dcp._core.worker.core.WorkerCore.finish`."""
 
     request: Request
-    #: The registration the request came under (worker core Rule 2: only answers to requests of the
-    #: current registration earn credit; the broker cannot match older ones).
+    #: The registration the request came under (worker core Rule W2: only answers to requests of
+    #: the current registration earn credit; the broker cannot match older ones).
     generation: int = attrs.field(default=0, eq=False)
 
 
@@ -56,7 +56,7 @@ class BrokerLost:
 
 @attrs.frozen
 class Refused:
-    """Event: the broker refused our registration (worker core Rule 10); stop serving."""
+    """Event: the broker refused our registration (worker core Rule W10); stop serving."""
 
     #: The broker's explanation.
     message: str

@@ -1,5 +1,5 @@
 """The replies a worker sent lately, to send again after a lost connection (worker core
-Rule 13, :mod:`dcp._core.worker.core`). Pure: the worker core calls it with ``now``.
+Rule W13, :mod:`dcp._core.worker.core`). Pure: the worker core calls it with ``now``.
 
 A broker killed between receiving a reply and passing it on loses it, and DCP has no
 acknowledgement. :class:`SentReplies` keeps the replies sent in the last ``window`` seconds,
