@@ -66,3 +66,21 @@ def test_star_import_gives_exactly_all() -> None:
 def test_version() -> None:
     assert isinstance(dcp.__version__, str)
     assert dcp.__version__
+
+
+@pytest.mark.parametrize("namespace", ["dcp", "dcp.wire"])
+def test_public_classes_and_functions_show_where_users_import_them(namespace: str) -> None:
+    """``repr(dcp.Client)`` is ``<class 'dcp.Client'>`` (trio's ``fixup_module_metadata``),
+    and pickles name that path."""
+    module = import_module(namespace)
+    shown = {
+        name: getattr(module, name).__module__
+        for name in module.__all__
+        if isinstance(getattr(module, name), type) or callable(getattr(module, name))
+    }
+    assert shown and set(shown.values()) == {namespace}
+
+
+def test_about_forty_public_names() -> None:
+    """What an application uses; the frames are in ``dcp.wire`` (issue 24)."""
+    assert 35 <= len(dcp.__all__) <= 45
