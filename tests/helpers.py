@@ -28,6 +28,7 @@ import zmq
 
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.outputs import Event
+from dcp._core.client.tracker import RequestTracker
 from dcp._core.worker.core import Event as WorkerEvent
 from dcp._core.worker.core import Run, WorkerCore
 from dcp._io.context import get_context
@@ -57,6 +58,7 @@ __all__ = [
     "req",
     "take",
     "take_events",
+    "take_tracker",
     "take_worker",
     "wait_for",
     "workers",
@@ -376,3 +378,14 @@ class Crossed:
         while self.to_broker or self.to_worker:
             self.step("up", 0)
             self.step("down", 0)
+
+
+# -- the client's request tracker ------------------------------------------------------------
+
+
+def take_tracker(tracker: RequestTracker) -> list[list[bytes]]:
+    """Drain ``tracker`` (:meth:`~dcp._core.client.tracker.RequestTracker.drain`): the frames
+    its last calls asked to send; there must be no event (only ``expire`` makes them)."""
+    out, events = tracker.drain()
+    assert not events
+    return out

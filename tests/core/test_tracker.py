@@ -30,6 +30,7 @@ from dcp.wire.options import (
     expires_in_option,
     request_expires_in,
 )
+from tests.helpers import take_tracker as take
 
 
 def reply_frames(
@@ -39,14 +40,6 @@ def reply_frames(
     req, _ = parse(request_frames)
     assert isinstance(req, Request)
     return serialize(Reply(client, req.metadata, data))
-
-
-def take(t: RequestTracker) -> list[list[bytes]]:
-    """Drain the tracker's outbox (the frames its last calls asked to send); there must be
-    no event (only :meth:`RequestTracker.expire` makes them)."""
-    out, events = t.drain()
-    assert not events
-    return out
 
 
 def request(

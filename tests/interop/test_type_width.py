@@ -27,6 +27,7 @@ from dcp.wire import Request
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import Ping, Reconnect, Register, Reply
 from tests.fakes import DagBoxBroker
+from tests.helpers import take_tracker as take
 from tests.helpers import wait_for
 
 UPPER = [(b"%d x" % i,) for i in range(20)]
@@ -143,11 +144,6 @@ def test_a_width_other_than_1_or_4_is_refused_before_any_socket(width: int) -> N
         RequestTracker(type_width=width)
     with pytest.raises(ValueError, match=message):
         WorkerCore(b"svc", type_width=width)
-
-
-def take(tracker: RequestTracker) -> list[list[bytes]]:
-    out, tracker.outbox = tracker.outbox, []
-    return out
 
 
 def test_tracker_builds_requests_and_resends_in_its_width() -> None:
