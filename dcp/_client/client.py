@@ -42,7 +42,7 @@ from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
-from dcp._io.lifecycle import Lifecycle
+from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._json import encode_json
@@ -148,6 +148,7 @@ class Client(ClientOptions):
 
     # ------------------------------------------------------------------ lifecycle
 
+    @ki_protected  # dcp._io.lifecycle Rule E6
     async def __aenter__(self) -> Client:
         receiver = self._receiver
         if receiver.socket is not None or receiver.closed:
@@ -155,6 +156,7 @@ class Client(ClientOptions):
         await self._lifecycle.enter(self._serve, stop=self._close)
         return self
 
+    @ki_protected
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -170,6 +172,7 @@ class Client(ClientOptions):
         receive task and the handshake watch until cancelled; ready once connecting began
         (zmq connects in the background). The socket is closed when it returns."""
         receiver = self._receiver
+        mon = None
         try:
             if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon
                 key = None if self._security is None else self._security.server_key
@@ -187,6 +190,10 @@ class Client(ClientOptions):
                 await anyio.sleep_forever()
         finally:
             receiver.shutdown(None)
+            if mon is not None:
+                # Closed by watch_handshakes, unless a Ctrl-C kept that task from starting
+                # (dcp._io.lifecycle Rule E6); closing twice is harmless.
+                mon.close(0)
 
     def _close(self) -> None:
         self._receiver.shutdown(None)

@@ -41,6 +41,7 @@ from zmq.utils.monitor import parse_monitor_message
 from dcp._errors import AuthenticationFailed
 from dcp._io.context import get_context
 from dcp._io.errors import socket_errors
+from dcp._io.lifecycle import ki_protected
 from dcp._io.security import CurveClient, configure_client_socket
 from dcp._io.sockets import AsyncSocket
 
@@ -198,6 +199,7 @@ def read_events(mon: zmq.Socket[bytes]) -> list[tuple[int, int]]:
         events.append((int(parsed["event"]), int(parsed["value"])))
 
 
+@ki_protected  # a part's own task (dcp._io.lifecycle Rule E6)
 async def watch_handshakes(
     sock: zmq.Socket[bytes],
     mon: zmq.Socket[bytes],

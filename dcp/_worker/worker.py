@@ -33,7 +33,7 @@ from dcp._core.worker.core import BrokerLost, Event, Malformed, Refused, Run, St
 from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
-from dcp._io.lifecycle import Lifecycle
+from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._models import Handler
@@ -260,10 +260,12 @@ class Worker:
         if self._done is not None:
             await self._done.wait()
 
+    @ki_protected  # dcp._io.lifecycle Rule E6
     async def __aenter__(self) -> Worker:
         await self._lifecycle.enter(self.serve, stop=self.stop, cancel=False)
         return self
 
+    @ki_protected
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
