@@ -3,16 +3,18 @@
 Rules:
 
 Rule CL1 - By default a call fails at once when no worker serves its service, as NATS's ``nats
-   req`` answers "no responders": a plain call carries the no-wait option (the broker answers
-   ``no_workers`` at once), a ``--stream`` call asks ``mmi.service`` first. ``--wait``
-   queues the call until a worker comes or ``--timeout`` passes. Either way, "no worker
-   serves it" is one line and exit status :data:`NO_WORKERS`.
+   req`` answers "no responders": the library's default (:mod:`dcp._client.options` Rule
+   CO4: the call carries the no-wait option, the broker answers ``no_workers`` at once).
+   ``--wait`` (``wait_for_worker=True``) queues the call until a worker comes or
+   ``--timeout`` passes. Either way, "no worker serves it" is one line and exit status
+   :data:`NO_WORKERS`.
 Rule CL2 - ``-v`` (INFO on ``dcp.cli``): the broker it talks to, what it sent (service, parts,
    bytes), each resend as it happens, and the reply (parts, bytes, time). ``-vv`` adds the
    client's DEBUG lines (each message from the broker).
-Rule CL3 - A call that timed out (not "no worker") asks the broker ``mmi.service`` for half a
-   second more, and its error line says whether the broker answered: no answer is most likely no
-   broker at that endpoint.
+Rule CL3 - A call that timed out (not "no worker") says whether the broker answered: the
+   library's :exc:`~dcp.RequestTimeout` says so (:mod:`dcp._core.client.tracker` Rule RT7:
+   "nothing heard from ...: is a dcp broker running there?", or "the broker answers, and a
+   worker serves ...").
 """
 
 from __future__ import annotations
@@ -100,27 +102,6 @@ def _connected(client: Client, args: argparse.Namespace) -> None:
     logger.info("broker %s%s; %s", client.endpoint, heard, limits)
 
 
-#: Seconds ``dcp call`` waits for the broker's answer to ``mmi.service`` after a timeout.
-HEALTH_TIMEOUT = 0.5
-
-
-async def _why_no_reply(client: Client, args: argparse.Namespace) -> str:
-    """Rule CL3: after a timeout, whether the broker itself answers (``mmi.service``), as a
-    hint to append to the error line: a new user's first timeout is a broker that is not
-    there. A broker of ``--type-width 4`` (the DagBox C++ one) has no ``mmi.service``."""
-    from dcp._errors import DCPError
-
-    if args.type_width != 1:
-        return ""
-    try:
-        await client.request(
-            "mmi.service", args.service, timeout=HEALTH_TIMEOUT, retries=0, no_wait=False
-        )
-    except DCPError:
-        return f"; no answer from {client.endpoint} either: is a dcp broker running there?"
-    return "; the broker answers: the service's workers did not reply in time"
-
-
 async def _watch_resends(client: Client, attempts: int) -> None:
     """Rule CL2: log each resend as the client makes it (its statistics count them)."""
     seen = 0
@@ -148,7 +129,7 @@ async def _request(
                 *data,
                 metadata=metadata,
                 work_timeout=args.work_timeout,
-                no_wait=not args.wait,
+                wait_for_worker=args.wait,
             )
         except DCPError as exc:
             outcome = exc
@@ -162,7 +143,7 @@ async def _request(
 
 def cmd_call(args: argparse.Namespace) -> int:
     from dcp._client.client import Client
-    from dcp._errors import DCPError, NoWorkers, RequestTimeout
+    from dcp._errors import DCPError, NoWorkers
 
     metadata = [part.encode() for part in args.metadata]
     if not all(metadata):
@@ -200,8 +181,7 @@ def cmd_call(args: argparse.Namespace) -> int:
             except DCPError as exc:
                 took = _ms(anyio.current_time() - began)
                 logger.info("no reply: %s (after %s)", type(exc).__name__, took)
-                why = await _why_no_reply(client, args) if type(exc) is RequestTimeout else ""
-                raise CLIError(f"{type(exc).__name__}: {exc}{why}") from None
+                raise CLIError(f"{type(exc).__name__}: {exc}") from None
             logger.info(
                 "reply after %s: data %s, metadata %s",
                 _ms(anyio.current_time() - began),
@@ -234,26 +214,20 @@ async def call_stream(
     client: Client, args: argparse.Namespace, data: list[bytes], metadata: list[bytes]
 ) -> None:
     """``--stream``: print each part as it arrives (one line per data part, or one JSON
-    object per part with ``--json``). Without ``--wait``, ask ``mmi.service`` first (Rule CL1).
+    object per part with ``--json``). Without ``--wait`` it fails at once when no worker
+    serves the service (Rule CL1).
 
     :raises dcp.NoWorkers: the broker says nobody serves the service (without ``--wait``)
     """
-    from dcp._errors import NoWorkers, RequestTimeout
-
     service = args.service.encode()
-    if not args.wait:
-        try:
-            answer = await client.request(
-                "mmi.service", service, timeout=min(1.0, args.timeout), retries=0
-            )
-        except RequestTimeout:
-            answer = None  # no answer: a broker without mmi.service; the stream will tell
-        if answer is not None and answer.data == (b"404",):
-            raise NoWorkers(service, "mmi.service answered 404")
     out = sys.stdout.buffer
     parts = 0
     async with client.stream(
-        service, *data, metadata=metadata, work_timeout=args.work_timeout
+        service,
+        *data,
+        metadata=metadata,
+        work_timeout=args.work_timeout,
+        wait_for_worker=args.wait,
     ) as stream:
         async for part in stream:
             parts += 1

@@ -32,9 +32,11 @@ Rule E5 - A part is entered once at a time: entering it again before it has exit
   nothing; after an exit it may be entered again (if its ``serve`` allows that).
 Rule E6 - Ctrl-C. On trio, a ``KeyboardInterrupt`` never lands inside entering or exiting
   (:meth:`Lifecycle.enter`, :meth:`Lifecycle.exit`, the parts' ``__aenter__`` and
-  ``__aexit__``, marked :func:`ki_protected`) nor inside the serving task: trio delivers it
-  at the main task's next checkpoint instead, as it does for its own code, so a task group
-  is never left half entered or half exited (trio's "Nursery stack corrupted"). The marks
+  ``__aexit__``, marked :func:`ki_protected`), nor inside the serving task (its own task
+  groups are exited as the part's is; the client's receive task and handshake watch are
+  marked too): trio delivers it at the main task's next checkpoint instead, as it does for
+  its own code, so a task group is never left half entered or half exited (trio's "Nursery
+  stack corrupted"). The marks
   are handed to trio (``trio.lowlevel.enable_ki_protection``) the first time a part is
   entered while trio is imported: nothing imports trio for it. On asyncio, Ctrl-C cancels
   the main task (``asyncio.run``), which exiting handles as any cancellation (Rule E2).

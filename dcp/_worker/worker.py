@@ -33,6 +33,7 @@ from dcp._core.worker.core import BrokerLost, Event, Malformed, Refused, Run, St
 from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
+from dcp._io.endpoints import check_peer_endpoint
 from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
@@ -114,7 +115,8 @@ class Worker:
     requeue what I hold") and close the socket. Cancelling the task that runs :meth:`serve`
     cancels the handlers and closes the socket at once, without telling the broker.
 
-    :param endpoint: the broker's zmq endpoint
+    :param endpoint: the broker's zmq endpoint (a malformed one: :exc:`ValueError` naming
+        the mistake, here)
     :param service: the service name (``str`` is UTF-8 encoded)
     :param handler: the function (``async def`` or plain ``def``) that serves one request
     :param services: instead of ``service`` and ``handler``, several services on one socket
@@ -165,7 +167,7 @@ class Worker:
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
     ) -> None:
-        self.endpoint = endpoint
+        self.endpoint = check_peer_endpoint(endpoint)  # a ValueError now, not zmq's EINVAL
         # Spans of the handlers (docs/tracing.md); None: tracing off (costs one test).
         traced: WorkerTracing | None = None
         if tracing:
