@@ -197,7 +197,15 @@ class DcpPeers:
             forward = msg.client is not None and worker is not None
             metadata = msg.metadata
             refused = routing.submit(
-                client, origin, name, metadata, msg.data, now, forward=forward, upstream=upstream
+                client,
+                origin,
+                name,
+                metadata,
+                msg.data,
+                now,
+                forward=forward,
+                upstream=upstream,
+                sender=peer,
             )
             if refused is not None:
                 # The error reply goes to the request's client: for a forward, the original,

@@ -177,8 +177,9 @@ class QueueDeadlines:
         """Rule Q3: ``pending``, no longer counted as queued or held, expired unanswered."""
         self._counters.expired_in_queue += 1
         pending.data = ()
-        if pending.key is not None:
-            self._inflight.pop(pending.key, None)
+        key = pending.key
+        if key is not None and self._inflight.get(key) is pending:
+            del self._inflight[key]  # routing Rule R8
         load = pending.load
         load.inflight -= 1
         if not load.inflight:

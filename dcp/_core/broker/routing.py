@@ -187,6 +187,7 @@ class Routing:
         *,
         forward: bool,
         upstream: Pending | None = None,
+        sender: bytes = b"",
     ) -> tuple[str, str] | None:
         """Queue or dispatch a request (admission rules in :mod:`.admission`, options in
         :mod:`.queues`), or join it to the one in flight it retries (Rule R8); on refusal,
@@ -194,6 +195,7 @@ class Routing:
 
         :param forward: it comes from a registered worker on behalf of ``client``
         :param upstream: the request a forward finished (Rule R9), if any
+        :param sender: the forwarding worker's address (for a forward's log line)
         """
         key = None
         if metadata:
@@ -202,7 +204,15 @@ class Routing:
                 key = (client, first)
                 running = self.inflight.get(key)
                 if running is not None:
-                    self._retried(running, origin, name, metadata, data, now, forward)
+                    if forward:
+                        self._out.reject(
+                            sender,
+                            "duplicate_forward",
+                            "a forward of a request in flight elsewhere (for %s)",
+                            Name(running.service.name),
+                        )
+                    else:
+                        self._retried(running, origin, name, metadata, data, now)
                     return None
         limits = self.limits
         service = self.services.get(name)
@@ -293,17 +303,8 @@ class Routing:
         metadata: tuple[bytes, ...],
         data: Sequence[bytes],
         now: float,
-        forward: bool,
     ) -> None:
-        """Rule R8: a request with the key of ``running``, which is in flight."""
-        if forward:
-            self._out.reject(
-                running.client,
-                "duplicate_forward",
-                "a forward of a request in flight elsewhere (for %s)",
-                Name(running.service.name),
-            )
-            return
+        """Rule R8: a client's retry of ``running``, which is in flight."""
         self._counters.replaced += 1
         running.origin = origin
         queues = self.queues
@@ -469,8 +470,9 @@ class Routing:
         pending.holder = None
         if pending.work_timeout is not None:
             self.work_deadlines.live -= 1
-        if pending.key is not None:
-            self.inflight.pop(pending.key, None)  # Rule R8
+        key = pending.key
+        if key is not None and self.inflight.get(key) is pending:
+            del self.inflight[key]  # Rule R8
         load = pending.load
         load.inflight -= 1
         if not load.inflight:
