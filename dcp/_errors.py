@@ -147,7 +147,7 @@ class NoWorkers(RequestTimeout):
 
     :ivar service: the service nobody serves (for a forward chain, the last one)
     :ivar chain: the services the request went through, in order, the last being
-        :attr:`service`, if it was forwarded (else empty)
+        ``service``, if it was forwarded (else empty)
     """
 
     def __init__(self, service: bytes, message: str, chain: tuple[str, ...] = ()) -> None:
