@@ -196,17 +196,22 @@ class DcpPeers:
         else:
             forward = msg.client is not None and worker is not None
             metadata = msg.metadata
-            refused = routing.submit(
-                client,
-                origin,
-                name,
-                metadata,
-                msg.data,
-                now,
-                forward=forward,
-                upstream=upstream,
-                sender=peer,
-            )
+            if forward:
+                refused = routing.submit(
+                    client,
+                    origin,
+                    name,
+                    metadata,
+                    msg.data,
+                    now,
+                    forward=True,
+                    upstream=upstream,
+                    sender=peer,
+                )
+            else:
+                refused = routing.submit(
+                    client, origin, name, metadata, msg.data, now, forward=False
+                )
             if refused is not None:
                 # The error reply goes to the request's client: for a forward, the original,
                 # with the chain (routing Rule R9).

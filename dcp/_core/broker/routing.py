@@ -198,22 +198,20 @@ class Routing:
         :param sender: the forwarding worker's address (for a forward's log line)
         """
         key = None
-        if metadata:
-            first = metadata[0]
-            if first[:_ID_LEN] == _ID:
-                key = (client, first)
-                running = self.inflight.get(key)
-                if running is not None:
-                    if forward:
-                        self._out.reject(
-                            sender,
-                            "duplicate_forward",
-                            "a forward of a request in flight elsewhere (for %s)",
-                            Name(running.service.name),
-                        )
-                    else:
-                        self._retried(running, origin, name, metadata, data, now)
-                    return None
+        if metadata and metadata[0][:_ID_LEN] == _ID:
+            key = (client, metadata[0])
+            running = self.inflight.get(key)
+            if running is not None:
+                if forward:
+                    self._out.reject(
+                        sender,
+                        "duplicate_forward",
+                        "a forward of a request in flight elsewhere (for %s)",
+                        Name(running.service.name),
+                    )
+                else:
+                    self._retried(running, origin, name, metadata, data, now)
+                return None
         limits = self.limits
         service = self.services.get(name)
         work_timeout = expiry = None
