@@ -40,8 +40,10 @@ Rule R8 - At most once while the worker lives. A request whose first metadata pa
   dialect the one answered in; it is counted (``replaced``), not accepted anew. So a request
   is run again only when the broker gives it back from a worker that went away (Rule R5) or
   timed out (Rule R7), never because a client's timer fired. A forward that carries the key
-  of a request in flight without finishing one its sender holds (the broker had given that
-  request to another worker) is dropped and counted (``duplicate_forward``). The index holds
+  of a request in flight held by another worker or queued (its sender is a worker the broker
+  gave up on, and the request was given back) is dropped and counted
+  (``duplicate_forward``); one whose sender holds that request but changed its metadata (so
+  it matched nothing, Rule R2) is passed on as before, not indexed. The index holds
   only requests the broker keeps anyway (bounded by the queue and held limits), and an entry
   leaves it when its request ends. Requests without a dcp id (MDP, DBP and plain DCP
   clients) are not indexed.
@@ -202,16 +204,19 @@ class Routing:
             key = (client, metadata[0])
             running = self.inflight.get(key)
             if running is not None:
-                if forward:
+                if not forward:
+                    self._retried(running, origin, name, metadata, data, now)
+                    return None
+                holder = running.holder
+                if holder is None or holder.ident != sender:
                     self._out.reject(
                         sender,
                         "duplicate_forward",
                         "a forward of a request in flight elsewhere (for %s)",
                         Name(running.service.name),
                     )
-                else:
-                    self._retried(running, origin, name, metadata, data, now)
-                return None
+                    return None
+                key = None  # its sender holds it but changed its metadata (Rule R2)
         limits = self.limits
         service = self.services.get(name)
         work_timeout = expiry = None
