@@ -200,7 +200,7 @@ class Routing:
         :param sender: the forwarding worker's address (for a forward's log line)
         """
         key = None
-        if metadata and metadata[0][:_ID_LEN] == _ID:
+        if metadata and metadata[0][:1] == b"\xff" and metadata[0].startswith(_ID):
             key = (client, metadata[0])
             running = self.inflight.get(key)
             if running is not None:
