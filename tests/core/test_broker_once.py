@@ -7,16 +7,34 @@ Messages go in as the ROUTER sees them (routing id first).
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from dcp import NoWorkers, RemoteError, Response
+from dcp._broker.oplog import write_log
 from dcp._core.broker.core import BrokerCore
+from dcp._core.broker.outputs import LogLine
 from dcp._core.broker.routing import MAX_CHAIN
 from dcp._core.client.tracker import RequestTracker
 from dcp.wire import Ping, Pong, Register, Reply, Request, parse, serialize
 from dcp.wire.messages import error_reply_data
 from dcp.wire.options import REQUEST_ID_PREFIX, expires_in_option, via_parts
-from tests.helpers import C1, C2, ECHO, W1, W2, W3, Wired, error_of, feed, out, take, workers
+from tests.helpers import (
+    C1,
+    C2,
+    ECHO,
+    W1,
+    W2,
+    W3,
+    Wired,
+    error_of,
+    feed,
+    out,
+    take,
+    take_events,
+    workers,
+)
 
 NF, SLOW, NOBODY = b"nf", b"slow", b"nobody"
 
@@ -202,9 +220,11 @@ def test_a_retry_of_a_forwarded_request_does_not_run_the_upstream_handler_again(
     assert (stats.requests, stats.forwards, stats.replaced, stats.dispatched) == (2, 1, 2, 2)
 
 
-def test_a_forward_of_a_request_in_flight_elsewhere_is_dropped() -> None:
+def test_a_forward_of_a_request_in_flight_elsewhere_is_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A worker the broker gave up on, whose request went to another worker, forwards it
-    after all: the chain already runs there."""
+    after all: the chain already runs there. The log line names the worker that sent it."""
     core = BrokerCore(heartbeat_interval=1.0, liveness=3)
     workers(core, W1, service=NF)
     workers(core, W2, service=SLOW)
@@ -219,6 +239,13 @@ def test_a_forward_of_a_request_in_flight_elsewhere_is_dropped() -> None:
     feed(core, W1, Request(SLOW, C1, given.metadata, (b"half",)), now=3.2)
     assert dispatched(take(core), W2) == []
     assert core.statistics().rejections == {"duplicate_forward": 1}
+    with caplog.at_level(logging.WARNING, logger="dcp.broker"):
+        write_log(take_events(core, LogLine))
+    [line] = [r.getMessage() for r in caplog.records if "duplicate_forward" in r.getMessage()]
+    assert line == (
+        f"rejected message from peer {W1.hex()}: duplicate_forward "
+        "(a forward of a request in flight elsewhere (for 'nf'))"
+    )
     feed(core, W3, Request(SLOW, C1, again.metadata, (b"half",)), now=3.3)
     assert len(dispatched(take(core), W2)) == 1
 
