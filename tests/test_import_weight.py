@@ -102,10 +102,10 @@ anyio.run(main, backend={backend!r})
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_program_loads_only_the_backend_it_runs_on(backend: str) -> None:
-    """A broker, a worker and a client at work, without CURVE or HTTP: no cryptography, no
-    HTTP stack, and on asyncio no trio."""
+    """A broker, a worker and a client at work, without CURVE or HTTP: no cryptography nor
+    zmq's key-file helpers, no HTTP stack, and on asyncio no trio."""
     modules = _modules_after(_PROGRAM.format(backend=backend))
-    unused = ["cryptography", "hypercorn", "prometheus_client"]
+    unused = ["cryptography", "zmq.auth", "hypercorn", "prometheus_client"]
     if backend == "asyncio":
         unused.append("trio")
     assert _within(modules, unused) == []
@@ -137,7 +137,7 @@ def test_dcp_version_loads_no_part_of_the_package() -> None:
 
 def test_dcp_call_loads_the_client_only(procs: list[Proc], tmp_path: Path) -> None:
     """``dcp call`` (here on asyncio) loads the client's parts, not the broker's or the
-    worker's, nor trio or cryptography."""
+    worker's, nor trio, cryptography or (without ``--keys``) zmq's key-file helpers."""
     _, tcp = start_broker(procs, tmp_path, "asyncio")
     start(procs, "--backend", "asyncio", "worker", "--connect", tcp, "--service", "echo", HANDLER)
     out, modules = _dcp_importtime(
@@ -147,7 +147,7 @@ def test_dcp_call_loads_the_client_only(procs: list[Proc], tmp_path: Path) -> No
     assert out == "HELLO\n"
     assert "dcp._client.client" in modules
     heavy = ["dcp._broker", "dcp._worker", "dcp._core.broker.core", "dcp._core.worker"]
-    assert _within(modules, [*heavy, "trio", "cryptography", "hypercorn"]) == []
+    assert _within(modules, [*heavy, "trio", "cryptography", "zmq.auth", "hypercorn"]) == []
 
 
 def test_the_readme_counts_the_runtime_dependencies() -> None:
