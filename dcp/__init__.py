@@ -148,7 +148,9 @@ if not typing.TYPE_CHECKING:  # type checkers see the imports above, and no othe
 
     def __getattr__(name: str) -> object:
         """Import a public name's module on first use, and show every public name loaded by
-        then as ``dcp.Name`` (:func:`dcp._util.fixup_module_metadata`)."""
+        then as ``dcp.Name`` (:func:`dcp._util.fixup_module_metadata`); ``dcp.wire`` too."""
+        if name == "wire":  # imported with dcp when dcp imported all its parts
+            return importlib.import_module("dcp.wire")
         if name not in _DEFINED_IN:
             raise AttributeError(f"module 'dcp' has no attribute {name!r}")
         value = getattr(importlib.import_module(_DEFINED_IN[name]), name)

@@ -77,6 +77,13 @@ def test_public_names_show_as_dcp_when_first_used() -> None:
     assert "dcp._client" in _modules_after(code)
 
 
+def test_dcp_wire_is_reachable_after_import_dcp() -> None:
+    """``import dcp`` then ``dcp.wire.X`` works as when ``import dcp`` imported every part."""
+    modules = _modules_after("import dcp\nassert dcp.wire.messages.Request\n")
+    assert "dcp.wire" in modules
+    assert _within(modules, [*OPTIONAL, *HEAVY]) == []
+
+
 _PROGRAM = """\
 import anyio
 import dcp
