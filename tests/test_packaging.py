@@ -6,6 +6,7 @@ from the package index, as in any isolated build."""
 from __future__ import annotations
 
 import email
+import importlib.util
 import subprocess
 import sys
 import tarfile
@@ -21,6 +22,8 @@ from tests.cli.procs import ROOT
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if importlib.util.find_spec("build") is None:
+        pytest.fail("python -m build is missing: scripts/bootstrap installs it (the dev extra)")
     out = tmp_path_factory.mktemp("dist")
     done = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
