@@ -9,9 +9,10 @@ import pytest
 
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
-from dcp.wire import mdp
+from dcp.wire import mdp, streams
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import Register, Reply, Request, parse_error_reply
+from dcp.wire.streams import StreamType
 from tests.helpers import feed, take
 
 ECHO = b"echo"
@@ -103,6 +104,77 @@ def test_a_refused_mdp_request_gets_a_final_with_the_error() -> None:
     error = parse_error_reply(sent[4:])
     assert error is not None and error[0] == "queue_full"
     assert core.statistics().rejections == {"queue_full": 1}
+
+
+# ------------------------------------------- finding 12: what Majordomo peers receive
+
+#: What each client form gets for no data: its REPLY/FINAL with one empty body frame, written
+#: out by hand from RFC 7 ("4 or more frames": "" MDPC01 service body) and RFC 18 ("4 or
+#: more frames": MDPC02 0x03 service body), and majortomo's FINAL ("" MDPC02 0x04 body).
+EMPTY_FINAL = {
+    V01C: [b"", b"MDPC01", ECHO, b""],
+    V02C: [b"MDPC02", b"\x03", ECHO, b""],
+    MTC: [b"", b"MDPC02", b"\x04", b""],
+}
+
+
+@pytest.mark.parametrize("client", [V01C, V02C, MTC])
+def test_an_answer_with_no_data_has_an_empty_body_frame(client: mdp.MdpPeer) -> None:
+    """Finding 12 (a), majordomo Rule M1: a dcp handler that returns nothing reaches an MDP
+    client as a REPLY/FINAL with one empty body frame, never a bodiless one (the zguide's
+    mdcliapi2.c asserts 4 frames)."""
+    core = BrokerCore()
+    feed(core, b"W", serialize(Register(ECHO)))
+    feed(core, b"M", client.client_request(ECHO, [b"x"]))
+    [_echo, given] = take(core)
+    msg, _ = parse(given[1:])
+    assert isinstance(msg, Request)
+    feed(core, b"W", serialize(Reply(b"M", msg.metadata, ())))
+    [sent] = take(core)
+    assert sent == [b"M", *EMPTY_FINAL[client]]
+    assert len(sent) - 1 >= 4  # RFC 7 and 18: 4 or more frames (routing id aside)
+
+
+def test_the_end_of_a_stream_has_an_empty_body_frame() -> None:
+    """Finding 12 (a): a dcp stream handler's parts reach an MDP/0.2 client as PARTIALs and
+    its end (a reply with no data) as a FINAL with one empty body frame; a part with no data
+    is an empty body frame too (RFC 18: PARTIAL and FINAL have 4 or more frames)."""
+    core = BrokerCore()
+    feed(core, b"W", serialize(Register(ECHO)))
+    feed(core, b"M", V02C.client_request(ECHO, [b"q"]))
+    [_echo, given] = take(core)
+    msg, _ = parse(given[1:])
+    assert isinstance(msg, Request)
+    for data in ((b"p0",), ()):
+        feed(core, b"W", streams.build(StreamType.PARTIAL, b"M", msg.metadata, data))
+    feed(core, b"W", serialize(Reply(b"M", msg.metadata, ())))
+    assert take(core) == [
+        [b"M", b"MDPC02", b"\x02", ECHO, b"p0"],
+        [b"M", b"MDPC02", b"\x02", ECHO, b""],
+        [b"M", b"MDPC02", b"\x03", ECHO, b""],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("worker", "frames"),
+    [
+        (V01W, [b"", b"MDPW01", b"\x02", b"D", b"", b""]),  # RFC 7: 6 or more frames
+        (V02W, [b"MDPW02", b"\x02", b"D", b"", b""]),  # RFC 18: 5 or more frames
+        (MTW, [b"", b"MDPW02", b"\x02", b"D", b"", b""]),  # majortomo: drops fewer
+    ],
+)
+def test_a_request_with_no_data_reaches_mdp_workers_with_an_empty_body_frame(
+    worker: mdp.MdpPeer, frames: list[bytes]
+) -> None:
+    """Finding 12 (b), majordomo Rule M2: ``dcp call svc`` (no data) reaches an MDP worker as a
+    REQUEST with one empty body frame."""
+    core = BrokerCore()
+    mdp_worker(core, b"W", worker)
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid",), ())))
+    assert take(core) == [[b"W", *frames]]
+    # An MDP peer's own message without a body is read as no data.
+    feed(core, b"W", worker.worker_answer(b"D", [], final=True))
+    assert take(core) == [[b"D", *serialize(Reply(b"D", (b"rid",), ()))]]
 
 
 @pytest.mark.parametrize("client", [V01C, V02C, MTC])

@@ -1,11 +1,12 @@
 """Majordomo peers on a live dcp broker (real sockets, both anyio backends): raw frames in each
 form (a REQ socket too), majortomo 0.2.0's own Client and Worker, and calls across protocols
-with dcp's Client and Worker."""
+with dcp's Client and Worker; what they receive checked against RFC 7 and RFC 18 (finding 12
+of issue 25: a body frame in every REQUEST, REPLY and FINAL)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import zmq
 from majortomo import Client as MtClient
 from majortomo import Worker as MtWorker
+from majortomo import WorkerRequestsIterator
 
 import dcp
 from dcp._io.context import get_context
@@ -229,3 +231,90 @@ async def test_a_killed_busy_mdp_worker_request_is_redelivered() -> None:
         assert [r.data for r in got] == [(b"JOB",)]
         assert elapsed < 3.0
         assert broker.statistics().redeliveries == 1
+
+
+# ------------------------------------------- finding 12: what Majordomo peers receive
+
+
+async def nothing(request: dcp.HandlerRequest) -> Sequence[bytes]:
+    return []
+
+
+async def two_parts(request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
+    yield b"p0"
+    yield b"p1"
+
+
+async def test_mdp_clients_get_a_body_frame_where_a_dcp_handler_has_no_data() -> None:
+    """Finding 12 (a): a handler returning ``[]``, and the end of a stream, reach MDP clients
+    with one empty body frame: RFC 7's REPLY and RFC 18's FINAL have "4 or more frames"
+    (the zguide's mdcliapi2.c asserts it)."""
+    async with (
+        serving() as (_, endpoint),
+        dcp.Worker(endpoint, "nothing", nothing),
+        dcp.Worker(endpoint, "parts", two_parts),
+    ):
+        with Peers(endpoint) as peers:
+            c1 = peers(b"C1")
+            c1.send_frames([b"", b"MDPC01", b"nothing", b"x"])
+            assert await c1.recv_frames() == [b"", b"MDPC01", b"nothing", b""]
+            c2 = peers(b"C2")
+            c2.send_frames([b"MDPC02", b"\x01", b"parts", b"x"])
+            assert [await c2.recv_frames() for _ in range(3)] == [
+                [b"MDPC02", b"\x02", b"parts", b"p0"],
+                [b"MDPC02", b"\x02", b"parts", b"p1"],
+                [b"MDPC02", b"\x03", b"parts", b""],
+            ]
+        # On a REQ socket (the zguide's mdcliapi.c): "MDPC01", service, and a body.
+        sock: zmq.Socket[bytes] = get_context().socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        try:
+            sock.send_multipart([b"MDPC01", b"nothing"])
+            await wait_for(lambda: sock.poll(0, zmq.POLLIN))
+            assert sock.recv_multipart() == [b"MDPC01", b"nothing", b""]
+        finally:
+            sock.close(0)
+        # majortomo's own client: each part, and the FINAL, has its one frame.
+        parts = await anyio.to_thread.run_sync(majortomo_call, endpoint, b"parts", b"x")
+        assert parts == [[b"p0"], [b"p1"], [b""]]
+
+
+@asynccontextmanager
+async def majortomo_echo(endpoint: str, service: str) -> AsyncIterator[None]:
+    """majortomo's own echo worker loop (``WorkerRequestsIterator``, as ``majortomo.echo``
+    runs it: a REQUEST it cannot parse is dropped with a warning) in a thread, until a
+    request whose body is ``stop``."""
+
+    def run() -> None:
+        worker = MtWorker(endpoint, service, heartbeat_interval=0.5, zmq_linger=0)
+        requests = WorkerRequestsIterator(worker)
+        for body in requests:
+            requests.send_reply_final(body)  # type: ignore[no-untyped-call]
+            if body == [b"stop"]:
+                requests.stop()  # type: ignore[no-untyped-call]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        if thread.is_alive():
+            await anyio.to_thread.run_sync(majortomo_call, endpoint, service.encode(), b"stop")
+        await anyio.to_thread.run_sync(thread.join, 5)
+
+
+async def test_a_request_with_no_data_reaches_a_majortomo_worker() -> None:
+    """Finding 12 (b): ``dcp call mtecho`` (no data) reaches majortomo's worker as a REQUEST
+    with one empty body frame (RFC 7: "6 or more frames"), which it answers; a bodiless one
+    it dropped, and the call timed out."""
+    async with (
+        serving(heartbeat_interval=0.5) as (broker, endpoint),
+        majortomo_echo(endpoint, "mtecho"),
+    ):
+        await until(broker, lambda s: s.services.get(b"mtecho") and s.services[b"mtecho"].idle)
+        async with dcp.Client(endpoint, timeout=5, retries=0) as client:
+            reply = await client.request("mtecho")
+            assert reply.data == (b"",)
+            reply = await client.request("mtecho", b"a", b"b")
+            assert reply.data == (b"a", b"b")

@@ -2,13 +2,16 @@
 broker core's dialect handlers (:class:`~.core.Handler`).
 
 Rule M1 - Clients. An MDP request is a request with no metadata; the client is answered in
-  the form it used (:mod:`dcp.wire.mdp`). A refusal (queue full, client limit, ...) is a
-  FINAL whose body is a dcp error reply's three parts (MDP has no error command).
+  the form it used (:mod:`dcp.wire.mdp`), always with a body frame (an empty one where there
+  is no data: a handler that returned nothing, the end of a stream). A refusal (queue full,
+  client limit, ...) is a FINAL whose body is a dcp error reply's three parts (MDP has no
+  error command).
 Rule M2 - Workers. READY registers the worker for one service (a second READY, or a command
   MDP does not know, gets DISCONNECT and the worker is removed). Any command but READY from a
   peer that is not a registered worker gets DISCONNECT (RFC 7), except DISCONNECT itself.
   Registered MDP workers hold one request at a time: READY and each FINAL (REPLY in MDP/0.1)
-  give one credit; HEARTBEAT asks for no work. An answer is matched by client address alone.
+  give one credit; HEARTBEAT asks for no work. A REQUEST always has a body frame (an empty
+  one for a request with no data). An answer is matched by client address alone.
 Rule M3 - Partials. A PARTIAL is a part of a stream (:mod:`.streams`): it goes to the client
   of the request the worker holds for that address if the client's dialect has partials
   (MDP/0.2 and majortomo clients) or it asked for a stream (a dcp client); otherwise it is
