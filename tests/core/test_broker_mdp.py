@@ -12,6 +12,7 @@ from dcp._core.broker.guard import Guard
 from dcp.wire import mdp, streams
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import Register, Reply, Request, parse_error_reply
+from dcp.wire.options import work_timeout_option
 from dcp.wire.streams import StreamType
 from tests.helpers import feed, take
 
@@ -96,14 +97,67 @@ def test_mdp_client_served_by_dcp_worker_gets_a_final() -> None:
     assert take(core) == [[b"M", *MTC.client_answer(ECHO, [b"X"], final=True)]]
 
 
-def test_a_refused_mdp_request_gets_a_final_with_the_error() -> None:
-    core = BrokerCore(max_queue=0)
-    feed(core, b"M", V02C.client_request(ECHO, [b"x"]))
+@pytest.mark.parametrize("client", [V01C, V02C, MTC])
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        ({"max_queue": 0}, "queue_full"),
+        ({"max_client_inflight": 1}, "client_limit"),
+        ({"max_services": 1}, "too_many_services"),
+    ],
+)
+def test_a_refused_mdp_request_gets_no_answer(
+    client: mdp.MdpPeer, limits: dict[str, int], reason: str
+) -> None:
+    """Finding 12 (c), majordomo Rule M1: MDP has no error reply, so a refusal is counted
+    and the MDP client told nothing (it read a ``\xffDCP-ERROR`` body as a reply: the
+    zguide's mdclient2 counted 12 replies where 5 were real). Its next answer is a real one;
+    a DCP client refused the same way still gets its error reply."""
+    core = BrokerCore(**limits)
+    feed(core, b"W", serialize(Register(b"other")))
+    take(core)
+    if reason == "client_limit":
+        feed(core, b"M", client.client_request(ECHO, [b"first"]))  # queued: the limit is 1
+    feed(core, b"M", client.client_request(ECHO, [b"x"]))
+    assert take(core) == []
+    assert core.statistics().rejections == {reason: 1}
+    feed(core, b"M", client.client_request(b"other", [b"y"]))
+    if reason == "client_limit":
+        assert take(core) == []  # still at its limit: told nothing again
+        assert core.statistics().rejections == {reason: 2}
+        return
+    [given] = take(core)
+    msg, _ = parse(given[1:])
+    assert isinstance(msg, Request)
+    feed(core, b"W", serialize(Reply(b"M", msg.metadata, (b"Y",))))
+    assert take(core) == [[b"M", *client.client_answer(b"other", [b"Y"], final=True)]]
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid",), (b"x",))))
     [sent] = take(core)
-    assert sent[:4] == [b"M", b"MDPC02", b"\x03", ECHO]
-    error = parse_error_reply(sent[4:])
-    assert error is not None and error[0] == "queue_full"
-    assert core.statistics().rejections == {"queue_full": 1}
+    reply, _ = parse(sent[1:])
+    assert isinstance(reply, Reply)
+    error = parse_error_reply(reply.data)
+    assert error is not None and error[0] == reason
+
+
+def test_a_redelivery_limit_is_not_told_to_an_mdp_client() -> None:
+    """Finding 12 (c): a request given up after its workers kept going away (routing Rule R5)
+    is counted; its MDP client is told nothing, a DCP client gets ``redelivery_limit``."""
+    core = BrokerCore(max_redeliveries=0)
+    mdp_worker(core, b"W1", V02W)
+    feed(core, b"M", V01C.client_request(ECHO, [b"x"]))
+    assert take(core) == [[b"W1", *V02W.worker_request(b"M", [b"x"])]]
+    feed(core, b"W1", V02W.worker_disconnect())
+    assert take(core) == []
+    assert core.statistics().rejections == {"redelivery_limit": 1}
+    mdp_worker(core, b"W2", V02W)
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid",), (b"x",))))
+    take(core)
+    feed(core, b"W2", V02W.worker_disconnect())
+    [sent] = take(core)
+    reply, _ = parse(sent[1:])
+    assert isinstance(reply, Reply)
+    error = parse_error_reply(reply.data)
+    assert error is not None and error[0] == "redelivery_limit"
 
 
 # ------------------------------------------- finding 12: what Majordomo peers receive
@@ -323,3 +377,73 @@ def test_mdp_workers_in_secure_mode_see_and_return_sealed_addresses() -> None:
         [b"C", *V02C.client_answer(ECHO, [b"p"], final=False)],
         [b"C", *V02C.client_answer(ECHO, [b"f"], final=True)],
     ]
+
+
+# ------------------------------------ finding 12 (b): a worker that drops a request
+
+
+@pytest.mark.parametrize("worker", [V01W, V02W, MTW])
+def test_an_mdp_worker_that_drops_a_request_cannot_hold_it_for_ever(
+    worker: mdp.MdpPeer,
+) -> None:
+    """Finding 12 (b), majordomo Rule M5: an MDP worker that drops a request and keeps
+    heartbeating (majortomo's did with a bodiless REQUEST) is removed after the default
+    ``mdp_work_timeout`` (60 s), and the request goes to another worker; before, the broker
+    let it hold the request for ever and the service's later requests all waited."""
+    core = BrokerCore(heartbeat_interval=1.0)
+    mdp_worker(core, b"W1", worker)
+    feed(core, b"C", V01C.client_request(ECHO, [b"job"]))
+    assert take(core) == [[b"W1", *worker.worker_request(b"C", [b"job"])]]
+    mdp_worker(core, b"W2", worker)
+    t = 0.0
+    while t < 59.5:  # W1 heartbeats (alive and idle as far as it knows), never answers
+        t += 0.5
+        for ident in (b"W1", b"W2"):
+            feed(core, ident, worker.worker_heartbeat(), now=t)
+        core.expire(t)
+    take(core)
+    assert core.statistics().work_timeouts == 0
+    assert core.next_deadline() is not None and core.next_deadline() <= 60.0
+    feed(core, b"W1", worker.worker_heartbeat(), now=60.0)
+    core.expire(60.0)
+    sent = take(core)
+    assert [b"W1", *worker.worker_disconnect()] in sent
+    assert [b"W2", *worker.worker_request(b"C", [b"job"])] in sent
+    stats = core.statistics()
+    assert (stats.work_timeouts, stats.redeliveries) == (1, 1)
+    feed(core, b"W2", worker.worker_answer(b"C", [b"done"], final=True), now=60.5)
+    assert take(core) == [[b"C", *V01C.client_answer(ECHO, [b"done"], final=True)]]
+
+
+def test_the_mdp_work_timeout_is_the_brokers_to_set() -> None:
+    """Majordomo Rule M5: ``mdp_work_timeout`` sets it (``None``: no limit, as before); a
+    request's own work timeout (a dcp client's) or the broker's ``work_timeout`` come first;
+    dcp workers (which have an error reply) get none by default; an answer in time leaves no
+    deadline."""
+    core = BrokerCore(mdp_work_timeout=5.0)
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"C", V02C.client_request(ECHO, [b"a"]))
+    take(core)
+    assert core.next_deadline() == 0.25  # the first heartbeat tick; the timeout is later
+    core.expire(0.25)
+    assert core.redelivery.next_deadline() == 5.0
+    feed(core, b"W", V02W.worker_answer(b"C", [b"A"], final=True), now=1.0)
+    take(core)
+    assert core.redelivery.next_deadline() is None
+    # A dcp client's own work timeout wins.
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid", work_timeout_option(20.0)), ())))
+    take(core)
+    assert core.redelivery.next_deadline() == 20.0
+    # The broker's work_timeout comes before mdp_work_timeout; a dcp worker gets neither.
+    for options, due in (({"work_timeout": 7.0}, 7.0), ({"mdp_work_timeout": None}, None)):
+        core = BrokerCore(**options)  # type: ignore[arg-type]
+        mdp_worker(core, b"W", V01W)
+        feed(core, b"C", V01C.client_request(ECHO, [b"a"]))
+        assert core.redelivery.next_deadline() == due
+    core = BrokerCore()
+    feed(core, b"W", serialize(Register(ECHO)))
+    feed(core, b"C", V01C.client_request(ECHO, [b"a"]))
+    assert len(take(core)) == 2
+    assert core.redelivery.next_deadline() is None
+    with pytest.raises(ValueError, match="mdp_work_timeout"):
+        BrokerCore(mdp_work_timeout=0)
