@@ -1,4 +1,4 @@
-"""The broker core with Majordomo peers, in memory (sans-IO): Rules M1-M4 of
+"""The broker core with Majordomo peers, in memory (sans-IO): Rules M1-M5 of
 :mod:`dcp._core.broker.majordomo`, MMI (:mod:`dcp._core.broker.directory`), cross-protocol calls
 and the liveness of busy workers that never beat (peers Rule L3). Time goes by the ``now``
 argument."""
@@ -99,21 +99,25 @@ def test_mdp_client_served_by_dcp_worker_gets_a_final() -> None:
 
 @pytest.mark.parametrize("client", [V01C, V02C, MTC])
 @pytest.mark.parametrize(
-    ("limits", "reason"),
+    ("limit", "reason"),
     [
-        ({"max_queue": 0}, "queue_full"),
-        ({"max_client_inflight": 1}, "client_limit"),
-        ({"max_services": 1}, "too_many_services"),
+        ("max_queue", "queue_full"),
+        ("max_client_inflight", "client_limit"),
+        ("max_services", "too_many_services"),
     ],
 )
 def test_a_refused_mdp_request_gets_no_answer(
-    client: mdp.MdpPeer, limits: dict[str, int], reason: str
+    client: mdp.MdpPeer, limit: str, reason: str
 ) -> None:
     """Finding 12 (c), majordomo Rule M1: MDP has no error reply, so a refusal is counted
     and the MDP client told nothing (it read a ``\xffDCP-ERROR`` body as a reply: the
     zguide's mdclient2 counted 12 replies where 5 were real). Its next answer is a real one;
     a DCP client refused the same way still gets its error reply."""
-    core = BrokerCore(**limits)
+    core = BrokerCore(
+        max_queue=0 if limit == "max_queue" else 100_000,
+        max_client_inflight=1 if limit == "max_client_inflight" else 20_000,
+        max_services=1 if limit == "max_services" else 10_000,
+    )
     feed(core, b"W", serialize(Register(b"other")))
     take(core)
     if reason == "client_limit":
@@ -403,7 +407,8 @@ def test_an_mdp_worker_that_drops_a_request_cannot_hold_it_for_ever(
         core.expire(t)
     take(core)
     assert core.statistics().work_timeouts == 0
-    assert core.next_deadline() is not None and core.next_deadline() <= 60.0
+    due = core.next_deadline()
+    assert due is not None and due <= 60.0
     feed(core, b"W1", worker.worker_heartbeat(), now=60.0)
     core.expire(60.0)
     sent = take(core)
@@ -435,11 +440,13 @@ def test_the_mdp_work_timeout_is_the_brokers_to_set() -> None:
     take(core)
     assert core.redelivery.next_deadline() == 20.0
     # The broker's work_timeout comes before mdp_work_timeout; a dcp worker gets neither.
-    for options, due in (({"work_timeout": 7.0}, 7.0), ({"mdp_work_timeout": None}, None)):
-        core = BrokerCore(**options)  # type: ignore[arg-type]
+    for core, expected in (
+        (BrokerCore(work_timeout=7.0), 7.0),
+        (BrokerCore(mdp_work_timeout=None), None),
+    ):
         mdp_worker(core, b"W", V01W)
         feed(core, b"C", V01C.client_request(ECHO, [b"a"]))
-        assert core.redelivery.next_deadline() == due
+        assert core.redelivery.next_deadline() == expected
     core = BrokerCore()
     feed(core, b"W", serialize(Register(ECHO)))
     feed(core, b"C", V01C.client_request(ECHO, [b"a"]))

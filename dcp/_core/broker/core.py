@@ -13,7 +13,7 @@ another's state:
 
 - one handler per dialect behind one interface (:class:`Handler`), chosen by the sniffed
   family (:mod:`dcp.wire.sniff`): DCP v1 (:mod:`.dcp1`: Rules R3, R4), Majordomo
-  (:mod:`.majordomo`: Rules M1-M4), DBP (:mod:`.dbp`: Rules DB1-DB3), mc0 (:mod:`.mc0`: Rules
+  (:mod:`.majordomo`: Rules M1-M5), DBP (:mod:`.dbp`: Rules DB1-DB3), mc0 (:mod:`.mc0`: Rules
   C1-C4); each parses with its codec (:mod:`dcp.wire`);
 - the protocol-blind routing (:mod:`.routing`: Rules R1, R2; it admits requests,
   :mod:`.admission`, reads their options and keeps its queues' deadlines, :mod:`.queues`:
