@@ -454,3 +454,35 @@ def test_the_mdp_work_timeout_is_the_brokers_to_set() -> None:
     assert core.redelivery.next_deadline() is None
     with pytest.raises(ValueError, match="mdp_work_timeout"):
         BrokerCore(mdp_work_timeout=0)
+
+
+def test_each_partial_starts_the_mdp_work_timeout_again() -> None:
+    """Majordomo Rule M5: an MDP/0.2 worker that streams for longer than
+    ``mdp_work_timeout`` keeps its request while each PARTIAL comes within it; once it goes
+    quiet (heartbeats only) for that long, it is removed. A request's own work timeout is a
+    limit on the whole, which PARTIALs do not move."""
+    core = BrokerCore(heartbeat_interval=1.0)
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"C", V02C.client_request(ECHO, [b"long"]))
+    take(core)
+    for n in range(5, 305, 5):  # a part every 5 s for 300 s
+        feed(core, b"W", V02W.worker_answer(b"C", [b"%d" % n], final=False), now=float(n))
+        core.expire(float(n))
+    assert core.statistics().work_timeouts == 0
+    assert core.statistics().partials == 60
+    t = 300.0
+    while t < 359.5:  # then heartbeats only
+        t += 0.5
+        feed(core, b"W", V02W.worker_heartbeat(), now=t)
+        core.expire(t)
+    assert core.statistics().work_timeouts == 0
+    core.expire(360.0)
+    assert core.statistics().work_timeouts == 1
+    # A dcp client's own work timeout (20 s) is not moved by parts.
+    core = BrokerCore(heartbeat_interval=1.0)
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid", work_timeout_option(20.0)), ())))
+    for when in (5.0, 10.0, 15.0, 20.0):
+        feed(core, b"W", V02W.worker_answer(b"D", [b"p"], final=False), now=when)
+        core.expire(when)
+    assert core.statistics().work_timeouts == 1

@@ -27,6 +27,7 @@ Rule M5 - Work timeouts. An MDP worker cannot answer a request with an error, so
   it for ever: a request with no work timeout of its own and none from the broker's
   ``work_timeout`` gets ``mdp_work_timeout`` (60 s, as ``busy_timeout``) while an MDP worker
   holds it, past which the worker is removed and the request redelivered (routing Rule R7).
+  Each PARTIAL the worker sends for it starts that timeout again (a stream may last).
   The zguide's and majortomo's workers do not beat while they work, so a silent busy one was
   already removed after ``busy_timeout`` (peers Rule L3).
 
@@ -159,6 +160,9 @@ class MdpPeers:
         if not event.final:
             client = routing.unsealed(peer, event.client)
             if client is not None:
+                held = worker.held_for(client)
+                if held is not None:
+                    routing.progress(held, now)  # Rule M5: it is working on it
                 self._streams.mdp_partial(worker, client, event.body)  # streams Rules ST1, ST4
             return
         answered = routing.answered(peer, worker, event.client, None, now)

@@ -352,6 +352,14 @@ class Routing:
             self.work_deadlines.live -= 1
         pending.holder = None
 
+    def progress(self, pending: Pending, now: float) -> None:
+        """Majordomo Rule M5: held ``pending`` had a part answered at ``now``: its
+        ``mdp_work_timeout`` (not a work timeout of its own) starts again."""
+        timeout = self.mdp_work_timeout
+        if timeout is not None and pending.work_timeout is None:
+            pending.token += 1  # the older deadline is stale; live stays one
+            self.work_deadlines.push(now + timeout, pending.token, pending)
+
     def held_timeout(self, pending: Pending) -> float | None:
         """Rule R7: the work timeout of ``pending`` while it is held: its own (or the
         broker's), else ``mdp_work_timeout`` if its worker's dialect has no error reply
