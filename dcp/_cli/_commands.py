@@ -49,6 +49,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             max_services_per_worker=args.max_services_per_worker,
             busy_timeout=args.busy_timeout,
             mdp_timeout=args.mdp_timeout,
+            mdp_work_timeout=args.mdp_work_timeout or None,
             security=security,
             beacon=args.beacon,
             beacon_address=args.beacon_address,

@@ -422,6 +422,14 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
         "DagBox C++); it is probed meanwhile",
     )
     g.add_argument(
+        "--mdp-work-timeout",
+        type=_seconds(zero=True),
+        default=60.0,
+        metavar="SECONDS",
+        help="time a Majordomo worker (MDP has no error reply) may hold a request that has no "
+        "other work timeout before it is treated as lost (0: no limit)",
+    )
+    g.add_argument(
         "--mdp-timeout",
         type=_SECONDS,
         default=10.0,

@@ -232,6 +232,33 @@ def test_broker_mdp_timeout_from_the_command_line(procs: list[Proc]) -> None:
         client.close(0)
 
 
+def test_broker_mdp_work_timeout_from_the_command_line(procs: list[Proc]) -> None:
+    """Finding 12 (b), majordomo Rule M5: a Majordomo worker holding a request past
+    --mdp-work-timeout is sent DISCONNECT."""
+    broker = start(procs, "broker", "--bind", "tcp://127.0.0.1:0", "--mdp-work-timeout", "0.5")
+    (tcp,) = broker.read_lines(1)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    worker, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.REQ)
+    form = mdp.peer(mdp.Form.V01, envelope=True, worker=True)
+    try:
+        for sock in (worker, client):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, 10_000)
+            sock.connect(tcp)
+        worker.send_multipart(form.worker_ready(b"w"))
+        client.send_multipart([b"MDPC01", b"w", b"job"])
+        got = []
+        while form.worker_disconnect() not in got:  # it drops the request, says nothing
+            frames = worker.recv_multipart()
+            if frames != form.worker_heartbeat():
+                got.append(frames)
+        assert [f[4:] for f in got[:1]] == [[b"", b"job"]]
+        assert got[1:] == [form.worker_disconnect()]
+    finally:
+        worker.close(0)
+        client.close(0)
+
+
 # -- dcp call: stdin, --metadata, --json, --work-timeout -----------------------------------
 
 

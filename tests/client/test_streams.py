@@ -274,7 +274,8 @@ async def test_mdp02_and_majortomo_clients_stream_from_a_dcp_worker() -> None:
                 return list(mt.recv_all(timeout=5))
 
         parts = await anyio.to_thread.run_sync(majortomo)
-        assert parts == [*([b"%d" % i] for i in range(40)), []]
+        # The end of the stream: a FINAL with one empty body frame (RFC 18, Rule M1).
+        assert parts == [*([b"%d" % i] for i in range(40)), [b""]]
         assert broker.statistics().streams.overruns == 0
 
 
