@@ -38,6 +38,7 @@ from dcp._io.security import CurveServer as CurveServer
 from dcp._models import Forward as Forward
 from dcp._models import HandlerRequest as HandlerRequest
 from dcp._models import Response as Response
+from dcp._models import json_reply as json_reply
 from dcp._stats import BrokerStatistics as BrokerStatistics
 from dcp._stats import ClientStatistics as ClientStatistics
 from dcp._stats import QueueStatistics as QueueStatistics
@@ -89,6 +90,7 @@ __all__ = [
     "Worker",
     "WorkerStatistics",
     "find_broker",
+    "json_reply",
 ]
 
 fixup_module_metadata(__name__, globals())
