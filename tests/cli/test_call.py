@@ -12,7 +12,7 @@ import pytest
 
 import dcp
 from dcp._cli import main
-from dcp._cli._call import NO_WORKERS
+from dcp._cli._call import NO_WORKERS, TIMED_OUT
 from tests.cli.procs import HANDLER, Proc, start, start_broker
 
 
@@ -96,7 +96,7 @@ def test_verbose_stream_logs_each_part(
 def test_stream_to_a_silent_endpoint_times_out(capsys: pytest.CaptureFixture[str]) -> None:
     """No answer to ``mmi.service`` (nobody listens): the stream is tried, and times out."""
     argv = ["call", "--connect", "tcp://127.0.0.1:1", "--stream", "--timeout", "0.2", "x"]
-    assert main(argv) == 1
+    assert main(argv) == TIMED_OUT
     assert capsys.readouterr().err.startswith("dcp call: RequestTimeout: ")
 
 
@@ -109,14 +109,14 @@ def test_a_timeout_says_whether_the_broker_answers(
     assert main(["call", "--connect", tcp, "--wait", "--timeout", "30", "slow", "0"]) == 0
     assert capsys.readouterr().out == "done\n"  # the worker has registered
     argv = ["call", "--connect", tcp, "--retries", "0", "--timeout", "0.5"]
-    assert main([*argv, "slow", "10"]) == 1
+    assert main([*argv, "slow", "10"]) == TIMED_OUT
     assert capsys.readouterr().err == (
         "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.5s; the broker answers: "
         "the service's workers did not reply in time\n"
     )
     # A DagBox C++ broker (--type-width 4) has no mmi.service: nothing to ask.
     silent = ["call", "--connect", "tcp://127.0.0.1:1", "--type-width", "4", "--retries", "0"]
-    assert main([*silent, "--timeout", "0.1", "x"]) == 1
+    assert main([*silent, "--timeout", "0.1", "x"]) == TIMED_OUT
     assert capsys.readouterr().err == (
         "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s\n"
     )
