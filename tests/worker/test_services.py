@@ -273,3 +273,47 @@ async def test_each_service_keeps_its_concurrency_whatever_its_kind() -> None:
                 release.set()
     assert sorted(results) == [b"a"] * 3 + [b"s"] * 3 + [b"t"] * 3
     assert most == {"a": 1, "s": 1, "t": 1}
+
+
+@pytest.mark.anyio
+async def test_the_worker_says_at_info_when_it_serves_and_what_it_finishes_when_stopped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Finding 8: the library logs on ``dcp.worker`` at INFO the line ``dcp worker`` prints:
+    the services and the broker once the registration is echoed, and on a graceful stop how
+    many requests it is finishing and for how long."""
+    started, release = anyio.Event(), anyio.Event()
+
+    async def slow(request: dcp.HandlerRequest) -> bytes:
+        started.set()
+        await release.wait()
+        return b"done"
+
+    async with fast_broker() as broker:
+        ep = broker.endpoints[0]
+        worker = dcp.Worker(ep, services={"slow": slow, "fast": dcp.Service(good_async, 2)})
+        with caplog.at_level(logging.INFO, logger="dcp.worker"):
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.serve)
+                serving = [r.getMessage() for r in caplog.records if r.name == "dcp.worker"]
+                assert serving == [f"worker serving 'slow', 'fast' at {ep} (concurrency 3)"]
+                async with (
+                    dcp.Client(ep, timeout=20) as client,
+                    anyio.create_task_group() as calls,
+                ):
+                    replies: list[bytes] = []
+
+                    async def call() -> None:
+                        replies.append((await client.request("slow")).bytes)
+
+                    calls.start_soon(call)
+                    with anyio.fail_after(10):
+                        await started.wait()
+                    worker.stop(grace=30)
+                    release.set()
+    lines = [r.getMessage() for r in caplog.records if r.name == "dcp.worker"]
+    assert (
+        "worker for 'slow', 'fast' stopping: finishing 1 request(s) in progress, for at most 30 s"
+        in lines
+    )
+    assert replies == [b"done"]
