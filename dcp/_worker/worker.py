@@ -84,14 +84,21 @@ class Worker:
     blocked for longer than ``heartbeat_interval`` all the same, the worker logs a warning
     naming the handler, once.
 
-    It receives a :class:`~dcp.HandlerRequest`: ``request.metadata`` is the caller's own
-    metadata; dcp's request id and options are in ``request.dcp_metadata``. It returns
-    ``bytes`` (one data part), a sequence of ``bytes``, or a :class:`~dcp.Forward` to pass the
-    request on to another service with the original client address and metadata (the
-    reply, too, carries the metadata exactly as it came). A handler that raises is answered
-    with a dcp error reply (code ``handler_error``, message ``"ExcType: text"``); one that
-    returns anything else, with ``bad_handler_result``. Both are logged on the
-    ``dcp.worker`` logger.
+    It receives a :class:`~dcp.HandlerRequest`: ``request.service`` is its service's name (a
+    ``str``), ``request.metadata`` the caller's own metadata; dcp's request id and options
+    are in ``request.dcp_metadata``. It returns ``bytes`` (one data part), a ``str`` (sent as
+    UTF-8), a sequence of them, :func:`dcp.json_reply` of an object (for a caller of
+    :meth:`~dcp.Client.request_json`), or a :class:`~dcp.Forward` to pass the request on to
+    another service with the original client address and metadata (the reply, too, carries
+    the metadata exactly as it came). A handler that raises is answered with a dcp error
+    reply (code ``handler_error``, message ``"ExcType: text"``); one that returns anything
+    else, with ``bad_handler_result``. Both are logged on the ``dcp.worker`` logger, under the
+    request's service. At INFO it logs when it serves (once the broker has echoed the
+    registration) and when a stop begins (how many requests it is finishing).
+
+    Handlers are checked here, not by the first request: a handler must be callable with one
+    positional argument, and be an ``async def``, a plain ``def`` or an async generator
+    function (a stream, ``docs/streams.md``), not a plain ``def`` generator.
 
     Concurrency: at most ``concurrency`` handlers run at once; the worker asks for more work
     (PING) as soon as a request arrives and a slot is still free. See
@@ -115,8 +122,9 @@ class Worker:
     cancels the handlers and closes the socket at once, without telling the broker.
 
     :param endpoint: the broker's zmq endpoint
-    :param service: the service name (``str`` is UTF-8 encoded)
-    :param handler: the function (``async def`` or plain ``def``) that serves one request
+    :param service: the service name (UTF-8 on the wire; ``bytes`` are accepted)
+    :param handler: the function (``async def``, plain ``def`` or async generator) that
+        serves one request
     :param services: instead of ``service`` and ``handler``, several services on one socket
         (``docs/services.md``): names to handlers or :class:`dcp.Service` objects (handler,
         concurrency, version, description, metadata, schemas); ``concurrency`` is then
@@ -143,6 +151,10 @@ class Worker:
     :exc:`dcp.RegistrationRefused`, and ``async with`` raise it on entry. A bad option (e.g.
     ``type_width`` not 1 or 4) raises :exc:`ValueError` at construction, before any socket
     exists.
+
+    :raises TypeError: a handler that is not one, or a service mapping that is not (the
+        message names the service and what is wrong)
+    :raises ValueError: an empty or repeated service name, or a bad option
     """
 
     #: Default seconds that running handlers get to finish when the worker stops.
