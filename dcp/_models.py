@@ -109,6 +109,8 @@ def service_name(wire: builtins.bytes) -> str:
 
 
 def _name(value: str | builtins.bytes) -> str:
+    if value.__class__ is str:  # the common case (every request a worker sees), first
+        return value
     if isinstance(value, str):
         return str(value)
     return service_name(to_bytes(value, "a service name"))

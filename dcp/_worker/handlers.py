@@ -194,7 +194,9 @@ class Handlers:
 
     async def _call(self, request: Request) -> Reply | Request:
         """Rules WH1 and WH4: the answer of the request's service's handler."""
-        served = self._by_wire.get(request.service, self._default)
+        served = self._default  # one service: no lookup on the hot path
+        if served is None:
+            served = self._by_wire.get(request.service)
         if served is None:
             view = handler_view(request)
             logger.error("request for service %r, which this worker does not serve", view.service)
