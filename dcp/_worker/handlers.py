@@ -41,7 +41,7 @@ import anyio.to_thread
 
 from dcp._core.worker.core import Run, WorkerCore
 from dcp._io.clock import loop_clock
-from dcp._models import HandlerRequest, handler_view
+from dcp._models import HandlerRequest, handler_view, service_name
 from dcp._worker.connection import Connection
 from dcp._worker.results import (
     blocked_loop_hint,
@@ -169,7 +169,7 @@ class Handlers:
         if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
             logger.warning(
                 "handler for service %r cancelled: past the request's work timeout (%.3f s)",
-                handler_view(request).service,
+                service_name(request.service),
                 work_timeout,
             )
 
