@@ -39,11 +39,11 @@ import anyio
 from dcp._cli._run import USAGE, CLIError, run_async, until_signal
 from dcp._cli._security import client_security
 from dcp._io.errors import endpoint_errors
-from dcp._models import Response
 
 if TYPE_CHECKING:
     from dcp._client.client import Client
     from dcp._errors import DCPError, NoWorkers
+    from dcp._models import Response
 
 __all__ = ["ERROR_REPLY", "NO_WORKERS", "TIMED_OUT", "CallFailed", "cmd_call", "reply_json"]
 

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from dcp._cli._docs import DOCS_URL, doc_url
 from dcp._cli._http import add_broker_http
 from dcp._cli._run import USAGE
 from dcp._cli._services import add_broker_beacon, add_commands
@@ -20,14 +21,16 @@ __all__ = ["DISTRIBUTION", "build_parser"]
 #: The name dcp is published under on PyPI (``dcp`` itself is another project's).
 DISTRIBUTION = "dagbox-dcp"
 
-_EPILOG = """\
+_EPILOG = f"""\
 global options (--backend, -v) may also follow the command: dcp broker -v --bind ...
 
 exit status: 0 done; 1 error (one line on stderr: a port in use, a missing key file,
 ...); 2 usage error (also a handler dcp worker cannot use); 3 the broker refused a
 worker's registration; 4 no worker serves the service of a dcp call; 5 dcp call got an
 error reply; 6 dcp call got no reply in time; 130 stopped by SIGINT (Ctrl-C). A broker or
-worker stopped by SIGTERM exits with 0 once it has stopped."""
+worker stopped by SIGTERM exits with 0 once it has stopped.
+
+documentation: {DOCS_URL}"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,7 +142,7 @@ _SECONDS = _seconds()
 
 
 def _add_client_security(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("CURVE security (docs/security.md)")
+    g = p.add_argument_group(f"CURVE security ({doc_url('security')})")
     g.add_argument("--keys", metavar="FILE", help="this peer's NAME.key_secret file")
     g.add_argument("--server-key", metavar="FILE", help="the broker's public NAME.key file")
 
@@ -383,8 +386,8 @@ def build_parser() -> _Parser:
     p.add_argument(
         "--stream",
         action="store_true",
-        help="ask for a stream (docs/streams.md) and print each part as it arrives: its data "
-        "parts one per line (with --json, one JSON object per part); --timeout bounds the "
+        help=f"ask for a stream ({doc_url('streams')}) and print each part as it arrives: its "
+        "data parts one per line (with --json, one JSON object per part); --timeout bounds the "
         "whole stream, and the request is not resent",
     )
     p.add_argument("service", metavar="SERVICE")
@@ -424,7 +427,7 @@ def build_parser() -> _Parser:
 
 
 def _add_limits(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("limits (see docs/reliability.md)")
+    g = p.add_argument_group(f"limits (see {doc_url('reliability')})")
     g.add_argument(
         "--work-timeout",
         type=_SECONDS,
@@ -496,7 +499,7 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
 
 def _add_server_security(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "CURVE security (docs/security.md)",
+        f"CURVE security ({doc_url('security')})",
         "SIGHUP re-reads the --allow-* files and directories: new keys get in, removed "
         "ones are no longer heard, and their workers are removed",
     )

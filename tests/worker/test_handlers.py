@@ -350,8 +350,15 @@ async def test_the_blocked_warning_is_silent_for_a_healthy_worker(
     async def quick(request: dcp.HandlerRequest) -> bytes:
         return b"ok"
 
-    async with fast_broker() as broker, fast_worker(broker.endpoints[0], "quick", quick):
-        await anyio.sleep(6 * HB)
+    # A loaded machine can stall the whole process for a few tenths of a second, which is a
+    # blocked loop as far as the worker can tell (its heartbeats did stop): the interval here
+    # is a second, so only a handler that blocks (or a stall no test survives) would warn.
+    hb = 1.0
+    async with (
+        fast_broker(heartbeat=hb) as broker,
+        fast_worker(broker.endpoints[0], "quick", quick, heartbeat=hb),
+    ):
+        await anyio.sleep(3 * hb)
     assert blocked_warnings(caplog) == []
 
 
