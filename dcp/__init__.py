@@ -48,6 +48,7 @@ if typing.TYPE_CHECKING:
     from dcp._models import Forward as Forward
     from dcp._models import HandlerRequest as HandlerRequest
     from dcp._models import Response as Response
+    from dcp._models import json_reply as json_reply
     from dcp._stats import BrokerStatistics as BrokerStatistics
     from dcp._stats import ClientStatistics as ClientStatistics
     from dcp._stats import QueueStatistics as QueueStatistics
@@ -97,6 +98,7 @@ __all__ = [
     "Worker",
     "WorkerStatistics",
     "find_broker",
+    "json_reply",
 ]
 
 #: The module that defines each public name, imported when the name is first used.
@@ -134,6 +136,7 @@ _DEFINED_IN = {
     "Forward": "dcp._models",
     "HandlerRequest": "dcp._models",
     "Response": "dcp._models",
+    "json_reply": "dcp._models",
     "BrokerStatistics": "dcp._stats",
     "ClientStatistics": "dcp._stats",
     "QueueStatistics": "dcp._stats",

@@ -24,10 +24,11 @@ DISTRIBUTION = "dagbox-dcp"
 _EPILOG = f"""\
 global options (--backend, -v) may also follow the command: dcp broker -v --bind ...
 
-exit status: 0 done; 1 error (one line on stderr: a port in use, a timeout, an error
-reply, ...); 2 usage error; 3 the broker refused a worker's registration; 4 no worker
-serves the service of a dcp call; 130 stopped by SIGINT (Ctrl-C). A broker or worker
-stopped by SIGTERM exits with 0 once it has stopped.
+exit status: 0 done; 1 error (one line on stderr: a port in use, a missing key file,
+...); 2 usage error (also a handler dcp worker cannot use); 3 the broker refused a
+worker's registration; 4 no worker serves the service of a dcp call; 5 dcp call got an
+error reply; 6 dcp call got no reply in time; 130 stopped by SIGINT (Ctrl-C). A broker or
+worker stopped by SIGTERM exits with 0 once it has stopped.
 
 documentation: {DOCS_URL}"""
 
@@ -197,9 +198,10 @@ def _common() -> _Intermixed:
 def build_parser() -> _Parser:
     """The ``dcp`` parser; each subcommand sets ``func`` to its ``cmd_*`` function."""
     from dcp._cli._call import cmd_call
-    from dcp._cli._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
+    from dcp._cli._commands import cmd_broker, cmd_demo, cmd_keys
     from dcp._cli._pubsub import add_pubsub_commands
     from dcp._cli._top import add_top_command
+    from dcp._cli._worker import cmd_worker
 
     parser = _Parser(
         prog="dcp",
@@ -259,7 +261,16 @@ def build_parser() -> _Parser:
     add_broker_http(p)
     p.set_defaults(func=cmd_broker)
 
-    p = command("worker", help="serve a service with a handler function")
+    p = command(
+        "worker",
+        help="serve a service with a handler function",
+        description="Serve one or more services with handler functions until SIGINT or\n"
+        "SIGTERM. It says on stderr when it serves (the services, the broker) and, on the\n"
+        "first signal, how many requests it is finishing; a second signal stops it at once.\n"
+        "--ready-file PATH is written once the broker has confirmed the registration (for a\n"
+        "supervisor or a script to wait on) and removed at exit. A handler that cannot be\n"
+        "loaded or is not one (a plain def generator, no parameter, ...) is exit status 2.",
+    )
     p.add_argument(
         "--connect",
         required=True,
@@ -297,6 +308,12 @@ def build_parser() -> _Parser:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, time running requests get to finish (a second signal: now)",
     )
+    p.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="write PATH (JSON: pid, endpoint, services) once the broker has confirmed the "
+        "registration; removed at exit (a stale one is removed at start)",
+    )
     _add_type_width(p, "every message the worker sends")
     _add_client_security(p)
     p.set_defaults(func=cmd_worker)
@@ -305,10 +322,14 @@ def build_parser() -> _Parser:
         "call",
         help="send one request and print the reply's data parts",
         description="Send one request and print the reply's data parts, one per line (or,\n"
-        "with --json, the whole reply as one JSON object). An error reply or a timeout is\n"
-        "one line on stderr and exit status 1; a service no worker serves fails at once\n"
-        "with exit status 4 (--wait queues the call instead). Options may also follow\n"
-        "SERVICE and DATA.",
+        "with --json, the whole reply as one JSON object). A failure is one line on stderr\n"
+        '(with --json, also {"error": {"type": ..., "code": ..., "message": ...}}\n'
+        "on stdout) and its exit status:\n"
+        "  4  no worker serves the service (at once; --wait queues the call instead)\n"
+        "  5  an error reply: the worker's handler failed, or the broker refused the call\n"
+        "  6  no reply in time (--timeout)\n"
+        "  1  any other error; 2 a usage error; 130 Ctrl-C\n"
+        "Options may also follow SERVICE and DATA.",
     )
     p.add_argument(
         "--connect",
@@ -359,7 +380,8 @@ def build_parser() -> _Parser:
         "--json",
         action="store_true",
         help='print the reply as one JSON object, {"data": [...], "metadata": [...]}: each '
-        'part a string (UTF-8), or {"base64": "..."} if it is not UTF-8',
+        'part a string (UTF-8), or {"base64": "..."} if it is not UTF-8; a failure as '
+        '{"error": {"type": ..., "code": ..., "message": ...}}',
     )
     p.add_argument(
         "--stream",

@@ -108,7 +108,7 @@ async def test_an_mdp01_client_on_a_req_socket() -> None:
             sock.close(0)
 
 
-async def shout(request: dcp.wire.Request) -> bytes:
+async def shout(request: dcp.HandlerRequest) -> bytes:
     return b" ".join(request.data).upper()
 
 
