@@ -193,7 +193,7 @@ class RegistrationRefused(DCPError):
     :ivar message: the broker's explanation
     """
 
-    def __init__(self, service: bytes, message: str) -> None:
+    def __init__(self, service: str, message: str) -> None:
         super().__init__(f"the broker refused the registration for {service!r}: {message}")
         self.service = service
         self.message = message

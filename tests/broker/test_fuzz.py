@@ -451,7 +451,7 @@ async def send_garbage(endpoint: str, rng: random.Random, tally: Tally) -> None:
             peer.sock.close(0)
 
 
-async def echo(request: dcp.wire.Request) -> Sequence[bytes]:
+async def echo(request: dcp.HandlerRequest) -> Sequence[bytes]:
     return request.data
 
 

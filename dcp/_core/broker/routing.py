@@ -140,6 +140,9 @@ class Routing:
     :param approvals: registrations waiting for the approver (``None``: no approver)
     :param work_timeout: seconds a worker may hold a request that carries no work timeout
         (``None``: no limit; Rule R7)
+    :param mdp_work_timeout: seconds a worker of a dialect with no error reply (MDP) may hold
+        a request that has no work timeout after ``work_timeout`` (``None``: no limit;
+        majordomo Rule M5)
     """
 
     def __init__(
@@ -153,9 +156,11 @@ class Routing:
         guard: Guard | None,
         approvals: Approvals | None,
         work_timeout: float | None,
+        mdp_work_timeout: float | None = None,
     ) -> None:
         self.limits = limits
         self.work_timeout = work_timeout
+        self.mdp_work_timeout = mdp_work_timeout
         self._sessions = sessions
         self._out = outputs
         self._outbox = outputs.outbox
@@ -384,13 +389,13 @@ class Routing:
         return client
 
     def error_reply(self, pending: Pending, code: str, message: str) -> None:
-        """An error reply to ``pending``'s client, in its dialect (with its chain, Rule
-        R9)."""
-        self._outbox.append(
-            pending.origin.error(
-                pending.client, pending.service.name, error_metadata(pending), code, message
-            )
+        """An error reply to ``pending``'s client, in its dialect, with its chain (Rule R9;
+        none to an MDP client, majordomo Rule M1)."""
+        frames = pending.origin.error(
+            pending.client, pending.service.name, error_metadata(pending), code, message
         )
+        if frames is not None:
+            self._outbox.append(frames)
 
     # ---------------------------------------------------------------- credit
 
@@ -449,11 +454,14 @@ class Routing:
         held.append(pending)
         pending.holder = worker
         pending.since = now
-        if pending.work_timeout is not None:
+        timeout = pending.work_timeout
+        if timeout is None and not worker.dialect.errors:
+            timeout = self.mdp_work_timeout  # majordomo Rule M5
+        if timeout is not None:
             pending.token += 1
             deadlines = self.work_deadlines
             deadlines.live += 1
-            deadlines.push(now + pending.work_timeout, pending.token, pending)
+            deadlines.push(now + timeout, pending.token, pending)
         self._counters.dispatched += 1
         self._outbox.append(
             worker.dialect.request(
@@ -463,15 +471,37 @@ class Routing:
 
     def unhold(self, pending: Pending) -> None:
         """``pending`` is no longer held by a worker."""
-        pending.holder = None
-        if pending.work_timeout is not None:
+        if self.held_timeout(pending) is not None:
             self.work_deadlines.live -= 1
+        pending.holder = None
+
+    def progress(self, pending: Pending, now: float) -> None:
+        """Majordomo Rule M5: held ``pending`` had a part answered at ``now``: its
+        ``mdp_work_timeout`` (not a work timeout of its own) starts again."""
+        timeout = self.mdp_work_timeout
+        if timeout is not None and pending.work_timeout is None:
+            pending.token += 1  # the older deadline is stale; live stays one
+            self.work_deadlines.push(now + timeout, pending.token, pending)
+
+    def held_timeout(self, pending: Pending) -> float | None:
+        """Rule R7: the work timeout of ``pending`` while it is held: its own (or the
+        broker's), else ``mdp_work_timeout`` if its worker's dialect has no error reply
+        (majordomo Rule M5)."""
+        timeout = pending.work_timeout
+        if timeout is None:
+            holder = pending.holder
+            if holder is not None and not holder.dialect.errors:
+                return self.mdp_work_timeout
+        return timeout
 
     def finish(self, pending: Pending) -> None:
         """The broker is done with held ``pending`` (answered, or no longer tracked): its
         client's load drops, its stream (if any) ends (streams Rule ST7)."""
+        holder = pending.holder
         pending.holder = None
-        if pending.work_timeout is not None:
+        if pending.work_timeout is not None or (
+            holder is not None and not holder.dialect.errors and self.mdp_work_timeout is not None
+        ):
             self.work_deadlines.live -= 1
         key = pending.key
         if key is not None and self.inflight.get(key) is pending:
