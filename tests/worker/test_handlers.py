@@ -328,8 +328,9 @@ async def test_a_retry_replaces_its_queued_copy_and_the_job_runs_once() -> None:
         ep = broker.endpoints[0]
         client = raw_client(ep)
         try:
+            rid = REQUEST_ID_PREFIX + b"1"  # a retry is known by its dcp request id
             for left in (4.0, 3.0, 2.0):  # each attempt carries the time its caller has left
-                send(client, b"later", (b"id-1", expires_in_option(left), b"mine"), b"job")
+                send(client, b"later", (rid, expires_in_option(left), b"mine"), b"job")
             await eventually(lambda: broker.statistics().replaced == 2)
             assert broker.statistics().services[b"later"].queued == 1
             async with fast_worker(ep, "later", later):
@@ -337,7 +338,7 @@ async def test_a_retry_replaces_its_queued_copy_and_the_job_runs_once() -> None:
                 await anyio.sleep(0.1)  # room for a second run, if there were one
         finally:
             client.close(0)
-        assert reply.metadata == (b"id-1", expires_in_option(2.0), b"mine")
+        assert reply.metadata == (rid, expires_in_option(2.0), b"mine")
         assert runs == [b"job"]
         assert broker.statistics().requests == 1
 
