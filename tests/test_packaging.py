@@ -27,6 +27,9 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     done = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+        # not from the repository's root: its build/ folder (scripts/docs writes there)
+        # would shadow the build package for ``python -m``
+        cwd=out,
         capture_output=True,
         text=True,
         timeout=300,
