@@ -26,8 +26,9 @@ The run is ``--cycles`` cycles (default: one per 20 s), each split into phases:
 3. *worker kills* (to 70%): a random worker is SIGKILLed about every ``--kill-every``
    seconds and a fresh one started in its place;
 4. *hangs* (to the end): two extra workers join, each hanging on its first request for
-   ``--hang-for`` seconds: ``hang-async`` awaits (it keeps heartbeating, so only the
-   client's retry rescues its request, or the broker with ``--work-timeout``), ``hang-block``
+   ``--hang-for`` seconds: ``hang-async`` awaits (it keeps heartbeating, so it keeps
+   its request and answers it when the hang ends, the client's retries joining it, routing
+   Rule R8; with ``--work-timeout`` the broker gives it to another worker), ``hang-block``
    stalls its process (its heartbeats
    stop and the broker drops it and redelivers the request). Both leave at the end of the
    cycle.
@@ -88,8 +89,8 @@ class Config:
     retries: int = 10
     backoff: float = 0.05
     backoff_max: float = 1.0
-    #: Work timeout each request carries (``None``: none; the async hang then needs the
-    #: client's retry).
+    #: Work timeout each request carries (``None``: none; the async hang then keeps its
+    #: request until it ends).
     work_timeout: float | None = None
     #: Mean seconds between worker SIGKILLs in the worker-kills phase.
     kill_every: float = 0.8

@@ -141,35 +141,48 @@ class RequestTimeout(DCPError, TimeoutError):
 class NoWorkers(RequestTimeout):
     """A request ended because no worker serves its service: the broker said so, either
     answering a no-wait request at once or answering the client's ``mmi.service`` question
-    before the request timed out. A :class:`RequestTimeout`, so ``except RequestTimeout``
-    catches it too.
+    before the request timed out, or because a handler on the way forwarded it to a service
+    nobody serves (``docs/forward.md``). A :class:`RequestTimeout`, so ``except
+    RequestTimeout`` catches it too.
 
-    :ivar service: the service nobody serves
+    :ivar service: the service nobody serves (for a forward chain, the last one)
+    :ivar chain: the services the request went through, in order, the last being
+        ``service``, if it was forwarded (else empty)
     """
 
-    def __init__(self, service: bytes, message: str) -> None:
+    def __init__(self, service: bytes, message: str, chain: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.service = service
         self.message = message
+        self.chain = chain
 
-    def __reduce__(self) -> tuple[type[NoWorkers], tuple[bytes, str]]:
-        return (type(self), (self.service, self.message))
+    def __reduce__(self) -> tuple[type[NoWorkers], tuple[bytes, str, tuple[str, ...]]]:
+        return (type(self), (self.service, self.message, self.chain))
 
 
 class RemoteError(DCPError):
     """The other side answered a request with an error instead of a result.
 
     Raised by clients for dcp error replies (see ``docs/protocol.md``), which come from a
-    worker whose handler raised, or from the broker when it refuses a request.
+    worker whose handler raised, or from the broker when it refuses a request. An error
+    further down a forward chain names where it happened (``docs/forward.md``):
+    ``handler_error: ValueError: no (at 'b', via a -> b)``.
 
     :ivar code: short machine-readable code, e.g. ``"handler_error"`` or ``"queue_full"``
     :ivar message: human-readable text from the side that failed
+    :ivar chain: the services the request went through, in order, the last being the one
+        that failed, if it was forwarded (else empty)
     """
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
+    def __init__(self, code: str, message: str, chain: tuple[str, ...] = ()) -> None:
+        where = f" (at {chain[-1]!r}, via {' -> '.join(chain)})" if chain else ""
+        super().__init__(f"{code}: {message}{where}")
         self.code = code
         self.message = message
+        self.chain = chain
+
+    def __reduce__(self) -> tuple[type[RemoteError], tuple[object, ...]]:
+        return (type(self), (self.code, self.message, self.chain))
 
 
 class RegistrationRefused(DCPError):
@@ -180,7 +193,7 @@ class RegistrationRefused(DCPError):
     :ivar message: the broker's explanation
     """
 
-    def __init__(self, service: bytes, message: str) -> None:
+    def __init__(self, service: str, message: str) -> None:
         super().__init__(f"the broker refused the registration for {service!r}: {message}")
         self.service = service
         self.message = message

@@ -21,10 +21,10 @@ async def reverse(request: dcp.HandlerRequest) -> bytes:
 async def main() -> None:
     async with anyio.create_task_group() as tg:
         [endpoint] = await tg.start(dcp.Broker("tcp://127.0.0.1:0").serve)
-        await tg.start(dcp.Worker(endpoint, b"reverse", reverse, concurrency=4).serve)
+        await tg.start(dcp.Worker(endpoint, "reverse", reverse, concurrency=4).serve)
         async with dcp.Client(endpoint) as client:
             replies = await asyncio.gather(
-                *(client.request(b"reverse", word) for word in (b"asyncio", b"anyio", b"dcp"))
+                *(client.request("reverse", word) for word in (b"asyncio", b"anyio", b"dcp"))
             )
             for reply in replies:
                 print(reply.data[0].decode())

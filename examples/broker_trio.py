@@ -21,10 +21,10 @@ async def main() -> None:
     async with trio.open_nursery() as nursery:
         tcp_endpoint, inproc_endpoint = await nursery.start(broker.serve)
         print("broker bound to", tcp_endpoint, "and", inproc_endpoint)
-        await nursery.start(dcp.Worker(inproc_endpoint, b"upper", upper).serve)
+        await nursery.start(dcp.Worker(inproc_endpoint, "upper", upper).serve)
         async with dcp.Client(tcp_endpoint) as client:
             for word in (b"hello", b"trio", b"world"):
-                reply = await client.request(b"upper", word)
+                reply = await client.request("upper", word)
                 print(word.decode(), "->", reply.data[0].decode())
         stats = broker.statistics()
         print(f"requests={stats.requests} replies={stats.replies}")

@@ -20,14 +20,14 @@ PRICES = {"apple": 0.5, "pear": 0.75, "plum": 0.2}
 async def parse(request: dcp.HandlerRequest) -> dcp.Forward:
     """``b"3 apple"`` -> ``{"n": 3, "item": "apple"}``."""
     n, item = request.data[0].decode().split()
-    return dcp.Forward(b"enrich", json.dumps({"n": int(n), "item": item}).encode())
+    return dcp.Forward("enrich", json.dumps({"n": int(n), "item": item}).encode())
 
 
 async def enrich(request: dcp.HandlerRequest) -> dcp.Forward:
     """Add the unit price and the total."""
     order = json.loads(request.data[0])
     order["total"] = round(order["n"] * PRICES[order["item"]], 2)
-    return dcp.Forward(b"render", json.dumps(order).encode())
+    return dcp.Forward("render", json.dumps(order).encode())
 
 
 async def render(request: dcp.HandlerRequest) -> bytes:
@@ -40,11 +40,11 @@ async def main() -> None:
     async with anyio.create_task_group() as tg:
         broker = dcp.Broker("tcp://127.0.0.1:0")
         [endpoint] = await tg.start(broker.serve)
-        for name, handler in ((b"parse", parse), (b"enrich", enrich), (b"render", render)):
+        for name, handler in (("parse", parse), ("enrich", enrich), ("render", render)):
             await tg.start(dcp.Worker(endpoint, name, handler, concurrency=4).serve)
         async with dcp.Client(endpoint) as client:
             orders = [b"3 apple", b"2 pear", b"10 plum"]
-            async for reply in client.map(b"parse", orders, window=8):
+            async for reply in client.map("parse", orders, window=8):
                 print(reply.data[0].decode())
         print("forwards seen by the broker:", broker.statistics().forwards)
         tg.cancel_scope.cancel()

@@ -25,7 +25,7 @@ def service_in_background() -> Iterator[str]:
     """A broker and a worker on an event loop in another thread, for the demo's sake."""
     with anyio.from_thread.start_blocking_portal() as portal:
         _, endpoints = portal.start_task(dcp.Broker("tcp://127.0.0.1:0").serve)
-        portal.start_task(dcp.Worker(endpoints[0], b"square", square).serve)
+        portal.start_task(dcp.Worker(endpoints[0], "square", square).serve)
         try:
             yield endpoints[0]
         finally:

@@ -13,7 +13,6 @@ examples.worker_function:wordcount``.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 
@@ -26,19 +25,19 @@ async def wordcount(request: dcp.HandlerRequest) -> bytes:
     """Count the words of the request's text; reply with JSON."""
     text = b" ".join(request.data).decode()
     counts = Counter(text.split())
-    return json.dumps(dict(counts.most_common())).encode()
+    return dcp.json_reply(dict(counts.most_common()))
 
 
 async def main(endpoint: str | None) -> None:
     if endpoint is not None:
-        async with dcp.Worker(endpoint, b"wordcount", wordcount, concurrency=8):
+        async with dcp.Worker(endpoint, "wordcount", wordcount, concurrency=8):
             await anyio.sleep_forever()
     async with anyio.create_task_group() as tg:
         [endpoint] = await tg.start(dcp.Broker("tcp://127.0.0.1:0").serve)
-        await tg.start(dcp.Worker(endpoint, b"wordcount", wordcount).serve)
+        await tg.start(dcp.Worker(endpoint, "wordcount", wordcount).serve)
         async with dcp.Client(endpoint) as client:
-            reply = await client.request(b"wordcount", b"to be or not to be")
-        print(reply.data[0].decode())
+            reply = await client.request("wordcount", "to be or not to be")
+        print(reply.json())
         tg.cancel_scope.cancel()
 
 

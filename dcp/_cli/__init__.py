@@ -1,10 +1,10 @@
 """The ``dcp`` command line: ``dcp broker``, ``dcp worker``, ``dcp call``, ``dcp demo``,
 ``dcp keys``.
 
-Layout: :mod:`._parser` (arguments, checked as they are parsed), :mod:`._commands` and
-:mod:`._call` (one ``cmd_*`` function per command), :mod:`._security` (the CURVE options
-read into settings), :mod:`._run` (one-line user errors, signals, exit codes; its rules are
-at its top).
+Layout: :mod:`._parser` (arguments, checked as they are parsed), :mod:`._commands`,
+:mod:`._worker` and :mod:`._call` (one ``cmd_*`` function per command), :mod:`._security`
+(the CURVE options read into settings), :mod:`._run` (one-line user errors, signals, exit
+codes; its rules are at its top).
 """
 
 from __future__ import annotations

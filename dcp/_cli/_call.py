@@ -15,6 +15,15 @@ Rule CL3 - A call that timed out (not "no worker") says whether the broker answe
    library's :exc:`~dcp.RequestTimeout` says so (:mod:`dcp._core.client.tracker` Rule RT7:
    "nothing heard from ...: is a dcp broker running there?", or "the broker answers, and a
    worker serves ...").
+Rule CL4 - Exit statuses: 0 a reply; :data:`NO_WORKERS` (4) no worker serves the service;
+   :data:`ERROR_REPLY` (5) an error reply (the worker's handler failed, or the broker refused
+   the request: its code says which); :data:`TIMED_OUT` (6) no reply in time; 1 any other
+   failure (e.g. the broker refused this client's key); 2 a usage error; 130 SIGINT.
+Rule CL5 - ``--json``: a failure after the arguments are parsed is also one JSON object on
+   stdout, ``{"error": {"type": ..., "code": ..., "message": ...}}`` (``type``: the exception's
+   class, e.g. ``RemoteError``; ``code``: the error reply's code, or ``no_workers``,
+   ``timeout``, ``usage``, ``error``), after any stream parts already printed; the line on
+   stderr and the exit status are the same as without ``--json``.
 """
 
 from __future__ import annotations
@@ -32,18 +41,50 @@ import anyio
 from dcp._cli._run import USAGE, CLIError, run_async, until_signal
 from dcp._cli._security import client_security
 from dcp._io.errors import endpoint_errors
-from dcp._models import Response
 
 if TYPE_CHECKING:
     from dcp._client.client import Client
-    from dcp._errors import NoWorkers
+    from dcp._errors import DCPError, NoWorkers
+    from dcp._models import Response
 
-__all__ = ["NO_WORKERS", "cmd_call", "reply_json"]
+__all__ = ["ERROR_REPLY", "NO_WORKERS", "TIMED_OUT", "CallFailed", "cmd_call", "reply_json"]
 
 logger = logging.getLogger("dcp.cli")
 
 #: Exit status of a call that no worker serves (Rule CL1).
 NO_WORKERS = 4
+#: Exit status of a call answered with an error reply (Rule CL4).
+ERROR_REPLY = 5
+#: Exit status of a call that got no reply in time (Rule CL4).
+TIMED_OUT = 6
+
+
+class CallFailed(CLIError):
+    """A call that failed: its one line and exit status (Rule CL4), and what ``--json``
+    prints (Rule CL5).
+
+    :param kind: the exception's class name (``RemoteError``, ``NoWorkers``, ...)
+    :param error: the error's code (``handler_error``, ``no_workers``, ``timeout``, ...)
+    :param detail: the message, without the class name
+    """
+
+    def __init__(self, message: str, code: int, *, kind: str, error: str, detail: str) -> None:
+        super().__init__(message, code)
+        self.kind = kind
+        self.error = error
+        self.detail = detail
+
+
+def error_json(exc: CLIError) -> str:
+    """Rule CL5: ``exc`` as ``--json`` prints it."""
+    if isinstance(exc, CallFailed):
+        error = {"type": exc.kind, "code": exc.error, "message": exc.detail}
+    else:
+        code = "usage" if exc.code == USAGE else "error"
+        error = {"type": "UsageError" if code == "usage" else "Error", "code": code}
+        error["message"] = exc.message
+    return json.dumps({"error": error}, ensure_ascii=False)
+
 
 #: The DATA argument that stands for stdin.
 STDIN = "-"
@@ -80,15 +121,30 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def _no_workers(exc: NoWorkers, service: str, waited: bool) -> CLIError:
+def _no_workers(exc: NoWorkers, service: str, waited: bool) -> CallFailed:
     """Rule CL1: one line, exit status :data:`NO_WORKERS`."""
     if waited:
-        return CLIError(str(exc), NO_WORKERS)  # "no worker serves 'x' (the broker says so...)"
-    return CLIError(
-        f"no worker serves {service!r} (start one with 'dcp worker', or use --wait to queue "
-        "the call until one registers)",
-        NO_WORKERS,
-    )
+        message = str(exc)  # "no worker serves 'x' (the broker says so...)"
+    else:
+        message = (
+            f"no worker serves {service!r} (start one with 'dcp worker', or use --wait to "
+            "queue the call until one registers)"
+        )
+    return CallFailed(message, NO_WORKERS, kind="NoWorkers", error="no_workers", detail=message)
+
+
+def _failed(exc: DCPError) -> CallFailed:
+    """Rule CL4: a call's error (not "no worker"), its exit status and ``--json`` form."""
+    from dcp._errors import RemoteError, RequestTimeout
+
+    kind = type(exc).__name__
+    line = f"{kind}: {exc}"
+    if isinstance(exc, RemoteError):
+        return CallFailed(line, ERROR_REPLY, kind=kind, error=exc.code, detail=exc.message)
+    if isinstance(exc, RequestTimeout):
+        return CallFailed(line, TIMED_OUT, kind=kind, error="timeout", detail=str(exc))
+    error = "".join(f"_{c.lower()}" if c.isupper() else c for c in kind).lstrip("_")
+    return CallFailed(line, 1, kind=kind, error=error, detail=str(exc))
 
 
 def _connected(client: Client, args: argparse.Namespace) -> None:
@@ -142,6 +198,16 @@ async def _request(
 
 
 def cmd_call(args: argparse.Namespace) -> int:
+    """``dcp call``; with ``--json``, a failure is also one JSON object on stdout (Rule CL5)."""
+    try:
+        return _call(args)
+    except CLIError as exc:
+        if args.json:
+            print(error_json(exc), flush=True)
+        raise
+
+
+def _call(args: argparse.Namespace) -> int:
     from dcp._client.client import Client
     from dcp._errors import DCPError, NoWorkers
 
@@ -181,7 +247,7 @@ def cmd_call(args: argparse.Namespace) -> int:
             except DCPError as exc:
                 took = _ms(anyio.current_time() - began)
                 logger.info("no reply: %s (after %s)", type(exc).__name__, took)
-                raise CLIError(f"{type(exc).__name__}: {exc}") from None
+                raise _failed(exc) from None
             logger.info(
                 "reply after %s: data %s, metadata %s",
                 _ms(anyio.current_time() - began),

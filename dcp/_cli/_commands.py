@@ -1,5 +1,6 @@
-"""``dcp broker``, ``dcp worker``, ``dcp demo`` and ``dcp keys`` (``dcp call`` is in
-:mod:`._call`). Each ``cmd_*`` returns the exit code or raises :class:`~._run.CLIError`."""
+"""``dcp broker``, ``dcp demo`` and ``dcp keys`` (``dcp call`` is in :mod:`._call`,
+``dcp worker`` in :mod:`._worker`). Each ``cmd_*`` returns the exit code or raises
+:class:`~._run.CLIError`."""
 
 from __future__ import annotations
 
@@ -7,19 +8,16 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
 
 import anyio
 import anyio.abc
 
 from dcp._cli._http import broker_http
 from dcp._cli._run import USAGE, CLIError, exit_code, run_async, until_signal
-from dcp._cli._security import client_security, server_security
-from dcp._cli._services import worker_services
+from dcp._cli._security import server_security
 from dcp._io.errors import endpoint_errors
 
-__all__ = ["cmd_broker", "cmd_demo", "cmd_keys", "cmd_worker"]
+__all__ = ["cmd_broker", "cmd_demo", "cmd_keys"]
 
 logger = logging.getLogger("dcp.cli")
 
@@ -49,6 +47,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             max_services_per_worker=args.max_services_per_worker,
             busy_timeout=args.busy_timeout,
             mdp_timeout=args.mdp_timeout,
+            mdp_work_timeout=args.mdp_work_timeout or None,
             security=security,
             beacon=args.beacon,
             beacon_address=args.beacon_address,
@@ -90,70 +89,6 @@ def cmd_broker(args: argparse.Namespace) -> int:
     except OSError as exc:  # only the HTTP endpoint binds with plain sockets
         raise CLIError(f"cannot serve HTTP on {args.http}: {exc.strerror or exc}") from None
     logger.info("broker stopped: %s", broker.statistics())
-    return exit_code(received)
-
-
-def _load_handler(spec: str) -> Callable[..., Awaitable[Any]]:
-    """Import ``module:function`` (the module is looked up on ``sys.path`` and the cwd)."""
-    import importlib
-    import os
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise CLIError(f"handler must be module:function, not {spec!r}", USAGE)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: object = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise CLIError(f"cannot load handler {spec!r}: {exc}") from None
-    if not callable(obj):
-        raise CLIError(f"{spec!r} is not callable")
-    return cast("Callable[..., Awaitable[Any]]", obj)
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    from dcp._errors import AuthenticationFailed, RegistrationRefused
-    from dcp._worker.services import Service
-    from dcp._worker.worker import Worker
-
-    served = worker_services(args.service, args.handler, _load_handler)
-    try:
-        if isinstance(served, dict):
-            one: tuple[str | None, Any] = (None, None)
-            several = {k: Service(h, concurrency=args.concurrency) for k, h in served.items()}
-        else:
-            one, several = served, None
-        worker = Worker(
-            args.connect,
-            None if one[0] is None else one[0].encode(),
-            one[1],
-            services=several,
-            concurrency=args.concurrency,
-            heartbeat_interval=args.heartbeat_interval,
-            liveness=args.liveness,
-            security=client_security(args),
-            type_width=args.type_width,
-        )
-    except (TypeError, ValueError) as exc:
-        raise CLIError(str(exc), USAGE) from None
-
-    async def run() -> None:
-        names = [spec[0] for spec in args.service]
-        logger.info("worker for %s connecting to %s", ", ".join(names), args.connect)
-        await worker.serve()
-
-    def stop() -> None:
-        worker.stop(grace=args.grace)
-
-    try:
-        with endpoint_errors("connect to", [args.connect], CLIError):
-            received = run_async(args.backend, until_signal, run, stop)
-    except (RegistrationRefused, AuthenticationFailed) as exc:
-        raise CLIError(f"{type(exc).__name__}: {exc}", 3) from None
-    logger.info("worker stopped: %s", worker.statistics())
     return exit_code(received)
 
 

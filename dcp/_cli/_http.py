@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dcp._cli._docs import doc_url
 from dcp._cli._run import USAGE, CLIError
 
 __all__ = ["add_broker_http", "broker_http"]
@@ -13,7 +14,9 @@ __all__ = ["add_broker_http", "broker_http"]
 
 def add_broker_http(p: argparse.ArgumentParser) -> None:
     """The HTTP endpoint's options of ``dcp broker``."""
-    g = p.add_argument_group("HTTP endpoint: /metrics, /status, a live page (docs/operations.md)")
+    g = p.add_argument_group(
+        f"HTTP endpoint: /metrics, /status, a live page ({doc_url('operations')})"
+    )
     g.add_argument(
         "--http",
         metavar="HOST:PORT",

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from dcp._cli._docs import DOCS_URL, doc_url
 from dcp._cli._http import add_broker_http
 from dcp._cli._run import USAGE
 from dcp._cli._services import add_broker_beacon, add_commands
@@ -20,13 +21,16 @@ __all__ = ["DISTRIBUTION", "build_parser"]
 #: The name dcp is published under on PyPI (``dcp`` itself is another project's).
 DISTRIBUTION = "dagbox-dcp"
 
-_EPILOG = """\
+_EPILOG = f"""\
 global options (--backend, -v) may also follow the command: dcp broker -v --bind ...
 
-exit status: 0 done; 1 error (one line on stderr: a port in use, a timeout, an error
-reply, ...); 2 usage error; 3 the broker refused a worker's registration; 4 no worker
-serves the service of a dcp call; 130 stopped by SIGINT (Ctrl-C). A broker or worker
-stopped by SIGTERM exits with 0 once it has stopped."""
+exit status: 0 done; 1 error (one line on stderr: a port in use, a missing key file,
+...); 2 usage error (also a handler dcp worker cannot use); 3 the broker refused a
+worker's registration; 4 no worker serves the service of a dcp call; 5 dcp call got an
+error reply; 6 dcp call got no reply in time; 130 stopped by SIGINT (Ctrl-C). A broker or
+worker stopped by SIGTERM exits with 0 once it has stopped.
+
+documentation: {DOCS_URL}"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -138,7 +142,7 @@ _SECONDS = _seconds()
 
 
 def _add_client_security(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("CURVE security (docs/security.md)")
+    g = p.add_argument_group(f"CURVE security ({doc_url('security')})")
     g.add_argument("--keys", metavar="FILE", help="this peer's NAME.key_secret file")
     g.add_argument("--server-key", metavar="FILE", help="the broker's public NAME.key file")
 
@@ -194,9 +198,10 @@ def _common() -> _Intermixed:
 def build_parser() -> _Parser:
     """The ``dcp`` parser; each subcommand sets ``func`` to its ``cmd_*`` function."""
     from dcp._cli._call import cmd_call
-    from dcp._cli._commands import cmd_broker, cmd_demo, cmd_keys, cmd_worker
+    from dcp._cli._commands import cmd_broker, cmd_demo, cmd_keys
     from dcp._cli._pubsub import add_pubsub_commands
     from dcp._cli._top import add_top_command
+    from dcp._cli._worker import cmd_worker
 
     parser = _Parser(
         prog="dcp",
@@ -256,7 +261,16 @@ def build_parser() -> _Parser:
     add_broker_http(p)
     p.set_defaults(func=cmd_broker)
 
-    p = command("worker", help="serve a service with a handler function")
+    p = command(
+        "worker",
+        help="serve a service with a handler function",
+        description="Serve one or more services with handler functions until SIGINT or\n"
+        "SIGTERM. It says on stderr when it serves (the services, the broker) and, on the\n"
+        "first signal, how many requests it is finishing; a second signal stops it at once.\n"
+        "--ready-file PATH is written once the broker has confirmed the registration (for a\n"
+        "supervisor or a script to wait on) and removed at exit. A handler that cannot be\n"
+        "loaded or is not one (a plain def generator, no parameter, ...) is exit status 2.",
+    )
     p.add_argument(
         "--connect",
         required=True,
@@ -294,6 +308,12 @@ def build_parser() -> _Parser:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, time running requests get to finish (a second signal: now)",
     )
+    p.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="write PATH (JSON: pid, endpoint, services) once the broker has confirmed the "
+        "registration; removed at exit (a stale one is removed at start)",
+    )
     _add_type_width(p, "every message the worker sends")
     _add_client_security(p)
     p.set_defaults(func=cmd_worker)
@@ -302,10 +322,14 @@ def build_parser() -> _Parser:
         "call",
         help="send one request and print the reply's data parts",
         description="Send one request and print the reply's data parts, one per line (or,\n"
-        "with --json, the whole reply as one JSON object). An error reply or a timeout is\n"
-        "one line on stderr and exit status 1; a service no worker serves fails at once\n"
-        "with exit status 4 (--wait queues the call instead). Options may also follow\n"
-        "SERVICE and DATA.",
+        "with --json, the whole reply as one JSON object). A failure is one line on stderr\n"
+        '(with --json, also {"error": {"type": ..., "code": ..., "message": ...}}\n'
+        "on stdout) and its exit status:\n"
+        "  4  no worker serves the service (at once; --wait queues the call instead)\n"
+        "  5  an error reply: the worker's handler failed, or the broker refused the call\n"
+        "  6  no reply in time (--timeout)\n"
+        "  1  any other error; 2 a usage error; 130 Ctrl-C\n"
+        "Options may also follow SERVICE and DATA.",
     )
     p.add_argument(
         "--connect",
@@ -356,13 +380,14 @@ def build_parser() -> _Parser:
         "--json",
         action="store_true",
         help='print the reply as one JSON object, {"data": [...], "metadata": [...]}: each '
-        'part a string (UTF-8), or {"base64": "..."} if it is not UTF-8',
+        'part a string (UTF-8), or {"base64": "..."} if it is not UTF-8; a failure as '
+        '{"error": {"type": ..., "code": ..., "message": ...}}',
     )
     p.add_argument(
         "--stream",
         action="store_true",
-        help="ask for a stream (docs/streams.md) and print each part as it arrives: its data "
-        "parts one per line (with --json, one JSON object per part); --timeout bounds the "
+        help=f"ask for a stream ({doc_url('streams')}) and print each part as it arrives: its "
+        "data parts one per line (with --json, one JSON object per part); --timeout bounds the "
         "whole stream, and the request is not resent",
     )
     p.add_argument("service", metavar="SERVICE")
@@ -402,7 +427,7 @@ def build_parser() -> _Parser:
 
 
 def _add_limits(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("limits (see docs/reliability.md)")
+    g = p.add_argument_group(f"limits (see {doc_url('reliability')})")
     g.add_argument(
         "--work-timeout",
         type=_SECONDS,
@@ -417,6 +442,14 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="silence allowed from a busy worker that never beats while it works (MDP, "
         "DagBox C++); it is probed meanwhile",
+    )
+    g.add_argument(
+        "--mdp-work-timeout",
+        type=_seconds(zero=True),
+        default=60.0,
+        metavar="SECONDS",
+        help="time a Majordomo worker (MDP has no error reply) may hold a request that has no "
+        "other work timeout before it is treated as lost (0: no limit)",
     )
     g.add_argument(
         "--mdp-timeout",
@@ -474,7 +507,7 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
 
 def _add_server_security(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "CURVE security (docs/security.md)",
+        f"CURVE security ({doc_url('security')})",
         "SIGHUP re-reads the --allow-* files and directories: new keys get in, removed "
         "ones are no longer heard, and their workers are removed",
     )

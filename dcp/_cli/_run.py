@@ -9,7 +9,9 @@ Rule CR1 - A user error (a bad argument, a port in use, a missing key file, an e
    traceback. Code 2 is for mistakes visible in the command line itself (usage errors), 1 for
    the rest.
 Rule CR2 - SIGINT (Ctrl-C) and SIGTERM stop a command through :func:`until_signal`, which reports
-   the signal; a command stopped by SIGINT exits with 130 and prints nothing more.
+   the signal; a command stopped by SIGINT exits with 130 and prints nothing more. A command
+   that stops gracefully (``dcp worker``) is told the first signal and says what it is
+   finishing; a second one cancels at once.
 Rule CR3 - An ``ExceptionGroup`` around one real error is unwrapped (:func:`run_async`), so Rule
    CR1 sees the error itself.
 """
@@ -55,13 +57,14 @@ class CLIError(Exception):
 
 
 async def until_signal(
-    run: Callable[[], Awaitable[object]], on_signal: Callable[[], object] | None = None
+    run: Callable[[], Awaitable[object]],
+    on_signal: Callable[[signal.Signals], object] | None = None,
 ) -> signal.Signals | None:
     """Run ``run()`` until it returns or SIGINT/SIGTERM arrives; return the first signal
     received, or ``None``.
 
-    With ``on_signal``, the first signal calls it (a graceful stop that makes ``run()``
-    return) and a second one cancels; without, the first signal cancels.
+    With ``on_signal``, the first signal is given to it (a graceful stop that makes ``run()``
+    return; it says so) and a second one cancels; without, the first signal cancels.
     """
     received: signal.Signals | None = None
     async with anyio.create_task_group() as tg:
@@ -75,8 +78,7 @@ async def until_signal(
                     if received is None:
                         received = sig
                     if graceful is not None:
-                        logger.info("received %s, stopping gracefully (again to force)", sig.name)
-                        graceful()
+                        graceful(sig)
                         graceful = None
                         continue
                     logger.info("received %s, stopping", sig.name)

@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dcp._cli._docs import doc_url
 from dcp._cli._run import USAGE, CLIError, run_async
 
 __all__ = [
@@ -35,7 +36,7 @@ def _port(text: str) -> int:
 
 def add_broker_beacon(p: argparse.ArgumentParser) -> None:
     """``dcp broker --beacon PORT [--beacon-address ADDR]``."""
-    g = p.add_argument_group("beacon (docs/services.md)")
+    g = p.add_argument_group(f"beacon ({doc_url('services')})")
     g.add_argument(
         "--beacon",
         type=_port,

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from dcp._cli._docs import doc_url
 from dcp._cli._run import CLIError, run_async, until_signal
 
 if TYPE_CHECKING:
@@ -155,8 +156,8 @@ def add_top_command(
         help="a live view of a running broker: services, rates, queues, workers",
         description="Poll a broker's mmi.stats and mmi.broker services and show, per service,\n"
         "requests per second, replies, errors, queue depth and idle/busy workers, with the\n"
-        "broker's uptime, peers and refusals (docs/operations.md). Needs the top extra:\n"
-        f"{_INSTALL}. Ctrl-C stops it.",
+        "broker's uptime, peers and refusals. Needs the top extra: "
+        f"{_INSTALL}.\nCtrl-C stops it. Reading the figures: {doc_url('operations')}",
     )
     p.add_argument(
         "--connect",

@@ -9,19 +9,24 @@ loop's ``time`` on asyncio, and ``anyio.current_time`` itself on anything else.
 
 from __future__ import annotations
 
-import asyncio
+import sys
 from collections.abc import Callable
 
 import anyio
-import trio
 
 __all__ = ["loop_clock"]
 
 
 def loop_clock() -> Callable[[], float]:
     """The clock of the event loop running in this thread (call it from that loop)."""
-    if trio.lowlevel.in_trio_run():
-        return trio.current_time
+    # trio is imported only where it runs: a program on asyncio never loads it.
+    if "trio" in sys.modules:
+        import trio
+
+        if trio.lowlevel.in_trio_run():
+            return trio.current_time
+    import asyncio
+
     try:
         return asyncio.get_running_loop().time
     except RuntimeError:  # pragma: no cover - anyio runs on trio or asyncio

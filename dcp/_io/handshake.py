@@ -36,7 +36,6 @@ from collections.abc import Callable
 
 import anyio
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from dcp._errors import AuthenticationFailed
 from dcp._io.context import get_context
@@ -189,6 +188,9 @@ def close_monitor(sock: zmq.Socket[bytes], mon: zmq.Socket[bytes]) -> None:
 
 def read_events(mon: zmq.Socket[bytes]) -> list[tuple[int, int]]:
     """Every event waiting on a monitor socket, as ``(event, value)``; never blocks."""
+    # Here, not at the top: zmq.utils.monitor imports asyncio (and ssl) on every backend.
+    from zmq.utils.monitor import parse_monitor_message
+
     events: list[tuple[int, int]] = []
     while True:
         try:

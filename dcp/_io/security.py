@@ -8,7 +8,6 @@ holds the public key, ``NAME.key_secret`` both keys (readable by its owner only)
 
 from __future__ import annotations
 
-import datetime
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -16,7 +15,6 @@ from typing import TypeAlias
 
 import attrs
 import zmq
-import zmq.auth
 from zmq.utils import z85
 
 __all__ = [
@@ -92,7 +90,10 @@ def _check_pair(public: bytes, secret: bytes) -> None:
 
 
 def _load_secret(path: PathLike) -> tuple[bytes, bytes]:
-    public, secret = zmq.auth.load_certificate(path)
+    # zmq.auth here and below, not at the top: only CURVE's key files need it.
+    from zmq.auth import load_certificate
+
+    public, secret = load_certificate(path)
     if secret is None:
         raise ValueError(f"{os.fspath(path)!r} holds no secret key (use NAME.key_secret)")
     return z85_key(public), z85_key(secret)
@@ -104,9 +105,11 @@ def load_public_keys(path: PathLike) -> frozenset[bytes]:
     :raises OSError: no such file or directory
     :raises ValueError: a file holds no valid public key
     """
+    from zmq.auth import load_certificate, load_certificates
+
     if os.path.isdir(path):
-        return frozenset(z85_key(k) for k in zmq.auth.load_certificates(path))
-    public, _ = zmq.auth.load_certificate(path)
+        return frozenset(z85_key(k) for k in load_certificates(path))
+    public, _ = load_certificate(path)
     return frozenset([z85_key(public)])
 
 
@@ -143,8 +146,10 @@ class CurveClient:
         :raises OSError: a file is missing
         :raises ValueError: a file holds no (valid) key
         """
+        from zmq.auth import load_certificate
+
         public, secret = _load_secret(keys)
-        server_key, _ = zmq.auth.load_certificate(server)
+        server_key, _ = load_certificate(server)
         return cls(server_key, public, secret)
 
 
@@ -294,6 +299,8 @@ def write_key_pair(
     """
     if not name or os.sep in name or name in (".", ".."):
         raise ValueError(f"not a plain file name: {name!r}")
+    import datetime  # only here: key files are written by dcp keys, not by a broker or client
+
     public, secret = zmq.curve_keypair()
     now = datetime.datetime.now().isoformat(timespec="seconds")
     folder = Path(directory)

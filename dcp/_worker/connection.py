@@ -53,7 +53,7 @@ class Connection:
     :param core: the worker's core, told of lost and new connections
     :param streams: the worker's streams, cancelled when the connection is lost
     :param endpoint: the broker's endpoint (:meth:`open` may be given the resolved one)
-    :param service: the worker's service, for log messages
+    :param services: the worker's services, for log messages (``'a', 'b'``)
     :param context: zmq context (default: one shared per process)
     :param security: CURVE keys (default: no security)
     :param wake: called when the monitor's task has applied events (the serving task
@@ -66,7 +66,7 @@ class Connection:
         streams: WorkerStreams,
         *,
         endpoint: str,
-        service: bytes,
+        services: str,
         context: zmq.Context[zmq.Socket[bytes]] | None,
         security: CurveClient | None,
         wake: Callable[[], None],
@@ -74,7 +74,7 @@ class Connection:
         self._core = core
         self._streams = streams
         self.endpoint = endpoint
-        self._service = service
+        self._services = services
         self._context = context
         self._security = security
         self._wake = wake
@@ -130,7 +130,7 @@ class Connection:
             failure = self._watch.event(event, value)
             if failure is not None:
                 if self.failure is None:
-                    logger.error("worker for service %r: %s", self._service, failure)
+                    logger.error("worker for %s: %s", self._services, failure)
                     self.failure = failure
             elif event == zmq.EVENT_DISCONNECTED:
                 core.connection_lost(anyio.current_time())
@@ -139,8 +139,8 @@ class Connection:
                 self._handshakes += 1
                 if self._handshakes > 1:
                     logger.info(
-                        "worker for service %r: new connection to %s; registering",
-                        self._service,
+                        "worker for %s: new connection to %s; registering",
+                        self._services,
                         self.endpoint,
                     )
                     core.reconnected(anyio.current_time())

@@ -1,13 +1,15 @@
 """Running a worker's handlers (:class:`Handlers`): the task group of their slots
-(:mod:`dcp._worker.slots`), one request's run (its work timeout, its span, the handler's
-result or exception as the answer), the answer given to the core, and the blocked-loop
-warning.
+(:mod:`dcp._worker.slots`), one request's run (its service's handler, its work timeout, its
+span, the handler's result or exception as the answer), the answer given to the core, and the
+blocked-loop warning.
 
 Rules:
 
 Rule WH1 - A handler that raises gives a ``handler_error`` reply (logged with its traceback); one
-   that returns something else than bytes, a sequence of bytes or a
-   :class:`~dcp.Forward`, a ``bad_handler_result`` reply. Neither ends serving.
+   that returns something else than bytes, str, a sequence of them or a
+   :class:`~dcp.Forward`, a ``bad_handler_result`` reply that says what it returned. Neither
+   ends serving. Both are logged under the request's own service (a worker may serve
+   several).
 Rule WH2 - A request with a work timeout is cancelled when it passes (the broker has given it to
    another worker by then): its slot is freed and a warning logged.
 Rule WH3 - Every run ends in the core (:meth:`~dcp._core.worker.core.WorkerCore.finish`), answered
@@ -15,8 +17,12 @@ Rule WH3 - Every run ends in the core (:meth:`~dcp._core.worker.core.WorkerCore.
    (the core's Rule W12); what the core then asks for is done at once (its messages sent,
    a request from its backlog started), and a stopping worker is woken to see whether it
    is done.
-Rule WH4 - A plain ``def`` handler runs in a thread of the worker's limiter (``concurrency``
-   threads); one that returns an awaitable is awaited.
+Rule WH4 - A request runs its service's handler (:mod:`dcp._worker.services`), as its kind says:
+   an ``async def`` on the event loop, a stream handler through the worker's streams, a
+   plain ``def`` in a thread of its service's limiter (``concurrency`` threads); one that
+   returns an awaitable is awaited. With several services, each service's limiter also
+   bounds its ``async def`` and stream handlers. A request for a service the worker does not
+   serve (a confused broker) gets a ``handler_error`` reply.
 Rule WH5 - An event loop blocked longer than the heartbeat interval is logged once, with a hint for
    the kind of handler.
 """
@@ -26,7 +32,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import anyio
@@ -35,18 +41,17 @@ import anyio.to_thread
 
 from dcp._core.worker.core import Run, WorkerCore
 from dcp._io.clock import loop_clock
-from dcp._models import Handler, handler_view
+from dcp._models import HandlerRequest, handler_view, service_name
 from dcp._worker.connection import Connection
 from dcp._worker.results import (
     blocked_loop_hint,
     error_reply,
-    handler_name,
-    is_async_handler,
     result_message,
     wait_blocked,
 )
+from dcp._worker.services import Kind, Served
 from dcp._worker.slots import HandlerSlots
-from dcp._worker.streams import WorkerStreams, is_stream_handler
+from dcp._worker.streams import WorkerStreams
 from dcp.wire.messages import Reply, Request
 from dcp.wire.options import request_work_timeout
 
@@ -54,9 +59,14 @@ if TYPE_CHECKING:
     from dcp._models import AsyncHandler, StreamHandler
     from dcp._worker.tracing import WorkerTracing
 
-__all__ = ["Handlers"]
+__all__ = ["Handlers", "names"]
 
 logger = logging.getLogger("dcp.worker")
+
+
+def names(services: Sequence[Served]) -> str:
+    """The services' names for a log line: ``'a', 'b'``."""
+    return ", ".join(repr(served.name) for served in services)
 
 
 class Handlers:
@@ -66,8 +76,8 @@ class Handlers:
         :meth:`~dcp._core.worker.core.WorkerCore.finish`
     :param connection: sends what the core asks for; polled before each finish (Rule WH3)
     :param streams: runs the requests of a stream handler
-    :param handler: the user's handler (``async def``, plain ``def`` or async generator)
-    :param service: the worker's service, for log messages
+    :param services: the services served, each with its handler (the first is the one a
+        request for an unknown service gets when it is the only one)
     :param tracing: the handlers' spans (``None``: tracing off, which costs one test)
     :param wake: wakes the serving task (Rule WH3: a stopping worker looks whether it is done)
     """
@@ -77,27 +87,25 @@ class Handlers:
         core: WorkerCore,
         connection: Connection,
         streams: WorkerStreams,
-        handler: Handler,
+        services: Sequence[Served],
         *,
-        service: bytes,
         tracing: WorkerTracing | None,
         wake: Callable[[], None],
     ) -> None:
         self._core = core
         self._connection = connection
         self._streams = streams
-        self._handler = handler
-        self._service = service
+        self._services = tuple(services)
+        self._by_wire = {served.wire: served for served in services}
+        #: What a request for an unknown service gets: the one service, if there is one.
+        self._default = services[0] if len(services) == 1 else None
+        self._several = len(services) > 1
         self._tracing = tracing
         self._wake = wake
-        self._is_async = is_async_handler(handler)
-        #: An async generator function streams its answer (docs/streams.md).
-        self._streaming = is_stream_handler(handler)
-        self._handler_name = handler_name(handler)
+        #: Bounds each service's handlers (Rule WH4; made in :meth:`host`).
+        self._limiters: dict[bytes, anyio.CapacityLimiter] = {}
         #: The type-frame width of stream parts: the core's, when each part is sent.
         self._width: Callable[[], int] = functools.partial(getattr, core, "width")
-        #: Bounds the threads of a plain ``def`` handler (made in :meth:`host`).
-        self._threads: anyio.CapacityLimiter | None = None
         #: The slots the requests run in (made in :meth:`host`).
         self.slots: HandlerSlots[Run] | None = None
         #: The event loop's clock (anyio.current_time without its lookup; set in host).
@@ -106,7 +114,7 @@ class Handlers:
     async def host(self, *, task_status: anyio.abc.TaskStatus[HandlerSlots[Run]]) -> None:
         """Hold the handlers' task group until :meth:`cancel` (or serving ends); start
         with the slots that run requests (:meth:`HandlerSlots.submit` a :class:`Run`)."""
-        self._threads = anyio.CapacityLimiter(self._core.concurrency)
+        self._limiters = {s.wire: anyio.CapacityLimiter(s.concurrency) for s in self._services}
         self._now = loop_clock()
         async with anyio.create_task_group() as tg:
             self.slots = slots = HandlerSlots(tg, self._core.concurrency, self._run, self._drop)
@@ -124,15 +132,16 @@ class Handlers:
         interval = self._core.heartbeat_interval
         with scope:
             blocked = await wait_blocked(interval)
+            handlers = ", ".join(served.label for served in self._services)
             logger.warning(
-                "worker for service %r (handler %s): the event loop was blocked for %.2f s, "
+                "worker for %s (handler %s): the event loop was blocked for %.2f s, "
                 "longer than the heartbeat interval (%.2f s), so heartbeats stopped and the "
                 "broker may give its requests to another worker; %s (logged once)",
-                self._service,
-                self._handler_name,
+                names(self._services),
+                handlers,
                 blocked,
                 interval,
-                blocked_loop_hint(self._is_async),
+                blocked_loop_hint(any(s.kind is not Kind.THREAD for s in self._services)),
             )
 
     async def _run(self, run: Run) -> None:
@@ -160,7 +169,7 @@ class Handlers:
         if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
             logger.warning(
                 "handler for service %r cancelled: past the request's work timeout (%.3f s)",
-                self._service,
+                service_name(request.service),
                 work_timeout,
             )
 
@@ -184,28 +193,58 @@ class Handlers:
             self._wake()
 
     async def _call(self, request: Request) -> Reply | Request:
-        """Rules WH1 and WH4: the handler's answer to ``request``."""
-        view = handler_view(request)
+        """Rules WH1 and WH4: the answer of the request's service's handler."""
+        served = self._default  # one service: no lookup on the hot path
+        if served is None:
+            served = self._by_wire.get(request.service)
+        if served is None:
+            view = handler_view(request)
+            logger.error("request for service %r, which this worker does not serve", view.service)
+            return error_reply(
+                request, "handler_error", f"this worker does not serve {view.service!r}"
+            )
+        view = handler_view(request, served.name)
+        handler = served.handler
         try:
-            if self._streaming:
-                return await self._streams.run(
-                    cast("StreamHandler", self._handler),
-                    request,
-                    view,
-                    self._connection.send_part,
-                    self._width,
-                )
-            if self._is_async:
-                result: object = await cast("AsyncHandler", self._handler)(view)
+            if served.kind is Kind.ASYNC and not self._several:  # the common case, inline
+                result: object = await cast("AsyncHandler", handler)(view)
+            elif self._several and served.kind is not Kind.THREAD:
+                async with self._limiters[served.wire]:
+                    result = await self._await(served, handler, request, view)
             else:
-                result = await anyio.to_thread.run_sync(self._handler, view, limiter=self._threads)
-                if inspect.isawaitable(result):  # a plain callable that returns a coroutine
-                    result = await result
+                result = await self._await(served, handler, request, view)
         except Exception as exc:
-            logger.exception("handler for service %r raised", self._service)
+            logger.exception("handler for service %r raised", served.name)
             return error_reply(request, "handler_error", f"{type(exc).__name__}: {exc}")
+        if served.kind is Kind.STREAM:
+            return result  # type: ignore[return-value]
         try:
             return result_message(request, result)
         except TypeError as exc:
-            logger.error("handler for service %r: %s", self._service, exc)
-            return error_reply(request, "bad_handler_result", str(exc))
+            message = f"the handler of service {served.name!r} {exc}"
+            logger.error("%s", message)
+            return error_reply(request, "bad_handler_result", message)
+
+    async def _await(
+        self, served: Served, handler: object, request: Request, view: HandlerRequest
+    ) -> object:
+        """Call ``handler`` as its kind says (Rule WH4); what it returned."""
+        kind = served.kind
+        if kind is Kind.ASYNC:
+            return await cast("AsyncHandler", handler)(view)
+        if kind is Kind.STREAM:
+            return await self._streams.run(
+                cast("StreamHandler", handler),
+                request,
+                view,
+                self._connection.send_part,
+                self._width,
+            )
+        result = await anyio.to_thread.run_sync(
+            cast("Callable[[HandlerRequest], object]", handler),
+            view,
+            limiter=self._limiters[served.wire],
+        )
+        if inspect.isawaitable(result):  # a plain callable that returns a coroutine
+            result = await result
+        return result

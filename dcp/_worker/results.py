@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import anyio
 
 from dcp._models import Forward
-from dcp._util import BYTES_LIKE, to_bytes
+from dcp._util import BYTES_LIKE
 from dcp.wire.messages import Reply, Request, error_reply_data
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "error_reply",
     "handler_name",
     "is_async_handler",
+    "parts_of",
     "result_message",
     "wait_blocked",
 ]
@@ -75,27 +76,59 @@ def error_reply(request: Request, code: str, message: str) -> Reply:
     return Reply(request.client, request.metadata, error_reply_data(code, message))
 
 
-def _parts(result: Sequence[object]) -> tuple[bytes, ...]:
+def _part(part: object) -> bytes:
+    if isinstance(part, str):
+        return part.encode()
+    if isinstance(part, BYTES_LIKE):
+        return bytes(part)
+    raise TypeError(f"a part of type {type(part).__name__}; parts are bytes or str")
+
+
+def parts_of(result: Sequence[object]) -> tuple[bytes, ...]:
+    """A sequence of data parts as ``bytes`` (``str`` in UTF-8).
+
+    :raises TypeError: a part that is neither bytes-like nor ``str``
+    """
     if all(part.__class__ is bytes for part in result):
         return tuple(result)  # type: ignore[arg-type]
-    return tuple(to_bytes(part, "a reply part") for part in result)
+    return tuple(_part(part) for part in result)
+
+
+def _expected(result: object) -> str:
+    hint = ""
+    if isinstance(result, dict):
+        hint = " (for JSON, return dcp.json_reply(obj))"
+    return (
+        f"returned {type(result).__name__}; expected bytes, str, a sequence of them or "
+        f"dcp.Forward{hint}"
+    )
 
 
 def result_message(request: Request, result: object) -> Reply | Request:
     """Turn a handler's return value into the message to send.
 
-    :param result: ``bytes`` (one data part), a sequence of ``bytes``, or a :class:`Forward`
-    :raises TypeError: for anything else (the caller answers ``bad_handler_result``)
+    :param result: ``bytes`` or ``str`` (one data part, ``str`` in UTF-8), a sequence of
+        them, or a :class:`Forward`
+    :raises TypeError: for anything else, saying what it returned (the caller answers
+        ``bad_handler_result``)
     """
     if result.__class__ is tuple or result.__class__ is list:  # the common case, first
-        return Reply(request.client, request.metadata, _parts(result))
+        try:
+            return Reply(request.client, request.metadata, parts_of(result))
+        except TypeError as exc:
+            raise TypeError(f"returned a {type(result).__name__} with {exc}") from None
+    if result.__class__ is bytes:
+        return Reply(request.client, request.metadata, (result,))
+    if isinstance(result, str):
+        return Reply(request.client, request.metadata, (result.encode(),))
     if isinstance(result, Forward):
-        return Request(result.service, request.client, request.metadata, result.data)
+        service = result.service.encode("utf-8", "surrogateescape")
+        return Request(service, request.client, request.metadata, result.data)
     if isinstance(result, BYTES_LIKE):
         return Reply(request.client, request.metadata, (bytes(result),))
-    if isinstance(result, Sequence) and not isinstance(result, str):
-        return Reply(request.client, request.metadata, _parts(result))
-    raise TypeError(
-        f"handler returned {type(result).__name__}; expected bytes, a sequence of bytes "
-        "or dcp.Forward"
-    )
+    if isinstance(result, Sequence):
+        try:
+            return Reply(request.client, request.metadata, parts_of(result))
+        except TypeError as exc:
+            raise TypeError(f"returned a {type(result).__name__} with {exc}") from None
+    raise TypeError(_expected(result))

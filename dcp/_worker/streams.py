@@ -4,7 +4,8 @@ Rules (the broker's are in :mod:`dcp._core.broker.streams`, the frames in :mod:`
 
 Rule WS1 - Which requests stream. A request whose metadata carries the stream option
   (``\\xffDCP:stream=<window>``) is answered part by part: each value the generator yields
-  is one PARTIAL (``bytes``, or a sequence of ``bytes`` for a part of several frames); when
+  is one PARTIAL (``bytes`` or ``str``, sent as UTF-8, or a sequence of them for a part of
+  several frames); when
   the generator returns, an empty final reply ends the stream. A request without the option
   (a plain ``request()``, a plain DCP v1 client) gets the *whole* answer: every part's
   frames, in order, in one final reply.
@@ -17,8 +18,9 @@ Rule WS3 - Cancel. A CANCEL from the broker (the reader left), or the broker for
   closed (its ``finally`` runs, in a cancelled scope) and an empty final reply releases the
   request at the broker. A CREDIT or CANCEL for a stream the worker does not run is ignored.
 Rule WS4 - Failures. A generator that raises ends the stream with a ``handler_error`` error
-  reply (after the parts already sent); one that yields something that is not ``bytes`` or
-  a sequence of ``bytes``, with ``bad_handler_result``.
+  reply (after the parts already sent); one that yields something that is not ``bytes``,
+  ``str`` or a sequence of them, with ``bad_handler_result``, logged with the request's
+  service.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import anyio
 import dcp.wire.streams as wire
 from dcp._models import HandlerRequest
 from dcp._util import BYTES_LIKE
-from dcp._worker.results import error_reply
+from dcp._worker.results import error_reply, parts_of
 from dcp.wire.dcp1 import TYPE_FRAMES
 from dcp.wire.messages import MessageType, Reply, Request
 
@@ -130,7 +132,7 @@ class WorkerStreams:
                 async for item in agen:
                     part = _part(item)
                     if part is None:
-                        return _bad(request, item)
+                        return _bad(request, view, item)
                     parts += part
             return Reply(request.client, request.metadata, tuple(parts))
         key: Key = (request.client, request.metadata)
@@ -142,7 +144,7 @@ class WorkerStreams:
                     async for item in agen:
                         part = _part(item)
                         if part is None:
-                            return _bad(request, item)
+                            return _bad(request, view, item)
                         while stream.credit <= 0:
                             self.credit_waits += 1
                             stream.event = anyio.Event()
@@ -164,21 +166,25 @@ class WorkerStreams:
         return Reply(request.client, request.metadata, ())
 
 
-def _part(item: object) -> list[bytes] | None:
+def _part(item: object) -> Sequence[bytes] | None:
+    if item.__class__ is bytes:
+        return [item]
+    if isinstance(item, str):
+        return [item.encode()]
     if isinstance(item, BYTES_LIKE):
         return [bytes(item)]
-    if (
-        isinstance(item, Sequence)
-        and not isinstance(item, str)
-        and all(isinstance(p, BYTES_LIKE) for p in item)
-    ):
-        return [bytes(p) for p in item]
+    if isinstance(item, Sequence):
+        try:
+            return parts_of(item)
+        except TypeError:
+            return None
     return None
 
 
-def _bad(request: Request, item: object) -> Reply:
+def _bad(request: Request, view: HandlerRequest, item: object) -> Reply:
     message = (
-        f"stream handler yielded {type(item).__name__}; expected bytes or a sequence of bytes"
+        f"the stream handler of service {view.service!r} yielded {type(item).__name__}; "
+        "expected bytes, str or a sequence of them"
     )
     logger.error("%s", message)
     return error_reply(request, "bad_handler_result", message)

@@ -37,11 +37,11 @@ from dcp._io.endpoints import check_peer_endpoint
 from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
-from dcp._models import Handler
+from dcp._models import Handler, service_name
 from dcp._stats import WorkerStatistics
 from dcp._worker.connection import Connection
-from dcp._worker.handlers import Handlers
-from dcp._worker.services import several_services
+from dcp._worker.handlers import Handlers, names
+from dcp._worker.services import served_services
 from dcp._worker.streams import WorkerStreams
 
 if TYPE_CHECKING:
@@ -85,14 +85,21 @@ class Worker:
     blocked for longer than ``heartbeat_interval`` all the same, the worker logs a warning
     naming the handler, once.
 
-    It receives a :class:`~dcp.HandlerRequest`: ``request.metadata`` is the caller's own
-    metadata; dcp's request id and options are in ``request.dcp_metadata``. It returns
-    ``bytes`` (one data part), a sequence of ``bytes``, or a :class:`~dcp.Forward` to pass the
-    request on to another service with the original client address and metadata (the
-    reply, too, carries the metadata exactly as it came). A handler that raises is answered
-    with a dcp error reply (code ``handler_error``, message ``"ExcType: text"``); one that
-    returns anything else, with ``bad_handler_result``. Both are logged on the
-    ``dcp.worker`` logger.
+    It receives a :class:`~dcp.HandlerRequest`: ``request.service`` is its service's name (a
+    ``str``), ``request.metadata`` the caller's own metadata; dcp's request id and options
+    are in ``request.dcp_metadata``. It returns ``bytes`` (one data part), a ``str`` (sent as
+    UTF-8), a sequence of them, :func:`dcp.json_reply` of an object (for a caller of
+    :meth:`~dcp.Client.request_json`), or a :class:`~dcp.Forward` to pass the request on to
+    another service with the original client address and metadata (the reply, too, carries
+    the metadata exactly as it came). A handler that raises is answered with a dcp error
+    reply (code ``handler_error``, message ``"ExcType: text"``); one that returns anything
+    else, with ``bad_handler_result``. Both are logged on the ``dcp.worker`` logger, under the
+    request's service. At INFO it logs when it serves (once the broker has echoed the
+    registration) and when a stop begins (how many requests it is finishing).
+
+    Handlers are checked here, not by the first request: a handler must be callable with one
+    positional argument, and be an ``async def``, a plain ``def`` or an async generator
+    function (a stream, ``docs/streams.md``), not a plain ``def`` generator.
 
     Concurrency: at most ``concurrency`` handlers run at once; the worker asks for more work
     (PING) as soon as a request arrives and a slot is still free. See
@@ -117,8 +124,9 @@ class Worker:
 
     :param endpoint: the broker's zmq endpoint (a malformed one: :exc:`ValueError` naming
         the mistake, here)
-    :param service: the service name (``str`` is UTF-8 encoded)
-    :param handler: the function (``async def`` or plain ``def``) that serves one request
+    :param service: the service name (UTF-8 on the wire; ``bytes`` are accepted)
+    :param handler: the function (``async def``, plain ``def`` or async generator) that
+        serves one request
     :param services: instead of ``service`` and ``handler``, several services on one socket
         (``docs/services.md``): names to handlers or :class:`dcp.Service` objects (handler,
         concurrency, version, description, metadata, schemas); ``concurrency`` is then
@@ -145,6 +153,10 @@ class Worker:
     :exc:`dcp.RegistrationRefused`, and ``async with`` raise it on entry. A bad option (e.g.
     ``type_width`` not 1 or 4) raises :exc:`ValueError` at construction, before any socket
     exists.
+
+    :raises TypeError: a handler that is not one, or a service mapping that is not (the
+        message names the service and what is wrong)
+    :raises ValueError: an empty or repeated service name, or a bad option
     """
 
     #: Default seconds that running handlers get to finish when the worker stops.
@@ -178,30 +190,31 @@ class Worker:
         #: Why serving ended for good: a refused registration (a failed handshake is the
         #: connection's :attr:`~dcp._worker.connection.Connection.failure`).
         self._refused: RegistrationRefused | None = None
-        several = several_services(service, handler, services)
-        if several is not None:
-            # docs/services.md: one dispatching handler; concurrency is the services' sum.
-            service, handler, concurrency = several.first, several.handler, several.concurrency
-        assert service is not None and handler is not None
-        self.service = service.encode() if isinstance(service, str) else bytes(service)
+        served = served_services(service, handler, services, concurrency)
+        #: The services served (Rule WV2 of dcp._worker.services: names are str).
+        self.services: tuple[str, ...] = tuple(s.name for s in served)
+        #: The first of :attr:`services` (the one, in the one-service form).
+        self.service: str = served[0].name
+        self._names = names(served)
         # The parts (each owns its state; none reads another's privates):
         self._core = WorkerCore(
-            self.service,
-            concurrency=concurrency,
+            served[0].wire,
+            # docs/services.md: the broker's credit is the services' sum.
+            concurrency=sum(s.concurrency for s in served),
             heartbeat_interval=heartbeat_interval,
             liveness=liveness,
             reconnect_min=reconnect_min,
             reconnect_max=reconnect_max,
             type_width=type_width,
-            more_services=() if several is None else several.more,
-            infos=None if several is None else several.infos,
+            more_services=tuple(s.wire for s in served[1:]),
+            infos={s.wire: s.info for s in served if s.info is not None},
         )
         self._streams = WorkerStreams()
         self._connection = Connection(
             self._core,
             self._streams,
             endpoint=endpoint,
-            service=self.service,
+            services=self._names,
             context=context,
             security=security,
             wake=self._wake,
@@ -210,8 +223,7 @@ class Worker:
             self._core,
             self._connection,
             self._streams,
-            handler,
-            service=self.service,
+            served,
             tracing=traced,
             wake=self._wake,
         )
@@ -247,7 +259,15 @@ class Worker:
 
         :param grace: seconds running handlers get to finish (default :attr:`DEFAULT_GRACE`)
         """
-        deadline = anyio.current_time() + (self.DEFAULT_GRACE if grace is None else grace)
+        grace = self.DEFAULT_GRACE if grace is None else grace
+        deadline = anyio.current_time() + grace
+        if self._stop_deadline is None and self._serving:
+            logger.info(
+                "worker for %s stopping: finishing %d request(s) in progress, for at most %g s",
+                self._names,
+                self._core.in_progress,
+                grace,
+            )
         if self._stop_deadline is None or deadline < self._stop_deadline:
             self._stop_deadline = deadline
         self._core.stop()
@@ -400,7 +420,10 @@ class Worker:
                         return None  # refused
                 if core.state is State.READY and self._task_status is not None:
                     logger.info(
-                        "worker for service %r registered at %s", self.service, self.endpoint
+                        "worker serving %s at %s (concurrency %d)",
+                        self._names,
+                        self.endpoint,
+                        core.concurrency,
                     )
                     self._task_status.started()
                     self._task_status = None
@@ -436,13 +459,14 @@ class Worker:
             logger.warning("malformed message from broker (%s): %s", event.reason, event.message)
             return False
         if type(event) is Refused:
+            refused = service_name(event.service) if event.service else self.service
             logger.error(
                 "broker %s refused the registration for %r: %s",
                 self.endpoint,
-                self.service,
+                refused,
                 event.message,
             )
-            self._refused = RegistrationRefused(event.service or self.service, event.message)
+            self._refused = RegistrationRefused(refused, event.message)
             return True
         raise AssertionError(event)  # pragma: no cover - a BrokerLost only comes from expire
 

@@ -23,6 +23,12 @@ majortomo      ``E MDPC02 0x02 service body...``; answers    as MDP/0.2, with ``
 Worker REQUEST, REPLY, PARTIAL and FINAL carry ``client-address E body...`` after the command.
 A majortomo client is told apart from an MDP/0.2 one by its REQUEST command (0x02, not 0x01);
 majortomo workers speak MDP/0.2 with the envelope.
+
+A body has at least one frame in what a broker writes (:meth:`MdpPeer.client_answer`,
+:meth:`MdpPeer.worker_request`): no data is one empty frame. RFC 7 and RFC 18 give a REQUEST,
+REPLY, PARTIAL or FINAL "Frames 3+" (client) or "Frames 5+" (worker) of body, and peers rely
+on it (the zguide's ``mdcliapi2.c`` asserts 4 frames; majortomo's worker drops a shorter
+REQUEST). On input a missing body is read as no data.
 """
 
 from __future__ import annotations
@@ -88,6 +94,8 @@ _W02_PARTIAL, _W02_FINAL, _W02_HEARTBEAT, _W02_DISCONNECT = b"\x03", b"\x04", b"
 # Client commands (MDP/0.2 and majortomo's table).
 _C02_REQUEST, _C02_PARTIAL, _C02_FINAL = b"\x01", b"\x02", b"\x03"
 _MT_REQUEST, _MT_PARTIAL, _MT_FINAL = b"\x02", b"\x03", b"\x04"
+# The body a broker writes for no data (RFC 7 and 18: at least one body frame).
+_NO_DATA = (b"",)
 
 
 @attrs.frozen
@@ -146,8 +154,10 @@ class MdpPeer:
 
     def client_answer(self, service: bytes, body: Sequence[bytes], *, final: bool) -> list[bytes]:
         """A reply (``final``) or partial reply to this client; MDP/0.1 has no partials
-        (:attr:`partials`)."""
+        (:attr:`partials`). No data is one empty body frame."""
         form = self.form
+        if not body:
+            body = _NO_DATA
         if form is Form.V01:
             frames = [C01, service, *body]
         elif form is Form.V02:
@@ -157,8 +167,9 @@ class MdpPeer:
         return [b"", *frames] if self.envelope else frames
 
     def worker_request(self, client: bytes, body: Sequence[bytes]) -> list[bytes]:
-        """A request given to this worker, answered to ``client``."""
-        return self._worker(_REQUEST, client, b"", *body)
+        """A request given to this worker, answered to ``client`` (no data: one empty body
+        frame)."""
+        return self._worker(_REQUEST, client, b"", *(body or _NO_DATA))
 
     def worker_heartbeat(self) -> list[bytes]:
         return self._worker(_W01_HEARTBEAT if self.form is Form.V01 else _W02_HEARTBEAT)

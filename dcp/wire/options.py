@@ -1,6 +1,7 @@
 """dcp's request options: metadata parts starting ``\\xffDCP:`` that dcp peers read and
 others pass through (``docs/protocol.md``): the request id, the caller's deadline
-(``expires-in``), the work timeout, and no-wait. Pure.
+(``expires-in``), the work timeout, and no-wait; and the parts a broker adds to an error
+reply of a forward chain (``via``). Pure.
 """
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ __all__ = [
     "NO_WAIT_OPTION",
     "OPTION_PREFIX",
     "REQUEST_ID_PREFIX",
+    "VIA_PREFIX",
     "expires_in_option",
     "parse_work_timeout",
     "request_expires_in",
     "request_no_wait",
     "request_work_timeout",
+    "via_parts",
+    "via_services",
     "without_options",
     "work_timeout_option",
 ]
@@ -31,6 +35,12 @@ _EXPIRES_IN = OPTION_PREFIX + b"expires-in="
 #: Request option: answer at once with a ``no_workers`` error reply if no worker serves the
 #: service when the request arrives, instead of queueing it (NATS's "no responders").
 NO_WAIT_OPTION = OPTION_PREFIX + b"no-wait"
+#: An error reply to a request that went through a forward chain carries one metadata part
+#: per service of the chain, in order, each this prefix and the service's name, after the
+#: request's own metadata: the last one is the service where the error happened
+#: (``docs/protocol.md``). Only a dcp client's request (its first metadata part a dcp
+#: request id) gets them; the error reply's data is unchanged.
+VIA_PREFIX = OPTION_PREFIX + b"via="
 
 
 def without_options(metadata: tuple[bytes, ...]) -> tuple[bytes, ...]:
@@ -41,6 +51,20 @@ def without_options(metadata: tuple[bytes, ...]) -> tuple[bytes, ...]:
         if part[:1] != b"\xff"
         or not part.startswith(OPTION_PREFIX)
         or part.startswith(REQUEST_ID_PREFIX)
+    )
+
+
+def via_parts(services: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """The metadata parts naming a forward chain's ``services``, in order (:data:`VIA_PREFIX`)."""
+    return tuple(VIA_PREFIX + service for service in services)
+
+
+def via_services(metadata: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """The services a reply's :data:`VIA_PREFIX` parts name, in order (empty: none)."""
+    return tuple(
+        part[len(VIA_PREFIX) :]
+        for part in metadata
+        if part[:1] == b"\xff" and part.startswith(VIA_PREFIX)
     )
 
 

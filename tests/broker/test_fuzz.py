@@ -132,10 +132,14 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
         if msg.client is not None and (msg.client == CLIENT_ID or msg.client[:1] == b"\x00"):
             return SKIP, ""  # a forward whose reply would reach a real peer
         if msg.client is None or msg.client == peer or worker:
+            # A worker's forward to a service nobody serves fails at once (routing Rule R9).
+            forward = worker and msg.client is not None
             if len(msg.service) > 1024:
-                return REJECT, "service_name_too_long"
+                return REJECT, "no_workers" if forward else "service_name_too_long"
             if msg.service not in GARBAGE_SERVICES:
                 return SKIP, ""  # echo's queue is the real traffic's; no new services
+            if forward and msg.service not in WORKER_SERVICES:
+                return REJECT, "no_workers"
             return ACCEPTED, ""
     if isinstance(msg, dcp.wire.Reply):
         if not worker:
@@ -447,7 +451,7 @@ async def send_garbage(endpoint: str, rng: random.Random, tally: Tally) -> None:
             peer.sock.close(0)
 
 
-async def echo(request: dcp.wire.Request) -> Sequence[bytes]:
+async def echo(request: dcp.HandlerRequest) -> Sequence[bytes]:
     return request.data
 
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.anyio
 _EXPIRES_IN = OPTION_PREFIX + b"expires-in="
 
 
-async def echo(request: dcp.wire.Request) -> bytes:
+async def echo(request: dcp.HandlerRequest) -> bytes:
     return b"echo:" + b"".join(request.data)
 
 
@@ -42,7 +42,7 @@ async def test_a_request_held_past_its_work_timeout_is_answered_by_another_worke
     calls: list[bytes] = []
     cancelled: list[bytes] = []
 
-    async def hangs_once(request: dcp.wire.Request) -> bytes:
+    async def hangs_once(request: dcp.HandlerRequest) -> bytes:
         calls.append(request.data[0])
         if len(calls) == 1:
             try:
@@ -77,7 +77,7 @@ async def test_a_request_held_past_its_work_timeout_is_answered_by_another_worke
 
 
 async def test_a_request_every_worker_holds_too_long_ends_in_redelivery_limit() -> None:
-    async def hangs(request: dcp.wire.Request) -> bytes:
+    async def hangs(request: dcp.HandlerRequest) -> bytes:
         await anyio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from dcp import Broker, Client, CurveClient, CurveServer, SyncClient, Worker
-from dcp.wire import Request
+from dcp._models import HandlerRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -60,7 +60,7 @@ class Relay:
             scope.cancel()
 
 
-async def echo(request: Request) -> bytes:
+async def echo(request: HandlerRequest) -> bytes:
     return request.data[0]
 
 

@@ -22,7 +22,7 @@ from dcp import (
     Worker,
 )
 from dcp._broker.connections import cut_accepted, revokes
-from dcp.wire import Request
+from dcp._models import HandlerRequest
 
 BROKER = zmq.curve_keypair()
 ALICE = zmq.curve_keypair()
@@ -39,7 +39,7 @@ def keys(pair: tuple[bytes, bytes]) -> CurveClient:
     return CurveClient(BROKER[0], *pair)
 
 
-async def echo(request: Request) -> bytes:
+async def echo(request: HandlerRequest) -> bytes:
     return request.data[0]
 
 
@@ -82,13 +82,13 @@ async def test_a_revoked_worker_is_removed_told_and_its_request_served_elsewhere
         release = anyio.Event()
         finished: list[bytes] = []
 
-        async def stuck(request: Request) -> bytes:
+        async def stuck(request: HandlerRequest) -> bytes:
             started.set()
             await release.wait()
             finished.append(request.data[0])  # pragma: no cover - its worker is stopped
             return b"from w1"  # pragma: no cover
 
-        async def fine(request: Request) -> bytes:
+        async def fine(request: HandlerRequest) -> bytes:
             return b"from w2"
 
         async with (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 
@@ -37,3 +37,18 @@ async def trickle(request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
         if i:
             await anyio.sleep(0.2)
         yield b"part %d" % i
+
+
+async def boom(request: dcp.HandlerRequest) -> bytes:
+    """Fail: an error reply (``handler_error``)."""
+    raise ValueError(f"cannot do {request.text!r}")
+
+
+#: Not handlers that ``dcp worker`` accepts (issue 25, finding 5): a plain ``def`` generator
+#: and an ``async def`` without the request parameter.
+def gen(request: dcp.HandlerRequest) -> Iterator[bytes]:
+    yield request.bytes
+
+
+async def no_parameter() -> bytes:
+    return b""

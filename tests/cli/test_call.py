@@ -4,6 +4,7 @@ command), against a real ``dcp broker`` and ``dcp worker`` subprocesses on 127.0
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 import dcp
 from dcp._cli import main
-from dcp._cli._call import NO_WORKERS
+from dcp._cli._call import ERROR_REPLY, NO_WORKERS, TIMED_OUT
 from tests.cli.procs import HANDLER, Proc, start, start_broker
 
 
@@ -97,7 +98,7 @@ def test_verbose_stream_logs_each_part(
 def test_stream_to_a_silent_endpoint_times_out(capsys: pytest.CaptureFixture[str]) -> None:
     """No answer to ``mmi.service`` (nobody listens): the stream is tried, and times out."""
     argv = ["call", "--connect", "tcp://127.0.0.1:1", "--stream", "--timeout", "0.2", "x"]
-    assert main(argv) == 1
+    assert main(argv) == TIMED_OUT
     assert capsys.readouterr().err.startswith("dcp call: RequestTimeout: ")
 
 
@@ -111,14 +112,14 @@ def test_a_timeout_says_whether_the_broker_answers(
     assert main(["call", "--connect", tcp, "--wait", "--timeout", "30", "slow", "0"]) == 0
     assert capsys.readouterr().out == "done\n"  # the worker has registered
     argv = ["call", "--connect", tcp, "--retries", "0", "--timeout", "0.5"]
-    assert main([*argv, "slow", "10"]) == 1
+    assert main([*argv, "slow", "10"]) == TIMED_OUT
     assert capsys.readouterr().err == (
         "dcp call: RequestTimeout: no reply after 0.5s (1 attempt sent); the broker answers, "
         "and a worker serves 'slow': it did not reply in time\n"
     )
     # A DagBox C++ broker (--type-width 4) has no mmi.service: nothing to ask; nothing heard.
     silent = ["call", "--connect", "tcp://127.0.0.1:1", "--type-width", "4", "--retries", "0"]
-    assert main([*silent, "--timeout", "0.1", "x"]) == 1
+    assert main([*silent, "--timeout", "0.1", "x"]) == TIMED_OUT
     assert capsys.readouterr().err == (
         "dcp call: RequestTimeout: no reply after 0.1s (1 attempt sent); nothing heard from "
         "tcp://127.0.0.1:1: is a dcp broker running there?\n"
@@ -135,3 +136,58 @@ async def test_broker_logs_no_workers_at_info(caplog: pytest.LogCaptureFixture) 
             await client.request("nobody", b"x", no_wait=True)
     (record,) = [r for r in caplog.records if "no_workers" in r.getMessage()]
     assert (record.name, record.levelno) == ("dcp.broker", logging.INFO)
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_json_errors_and_an_exit_status_for_each_failure(
+    procs: list[Proc], tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25, finding 11 (Rules CL4 and CL5): an error reply, a timeout and "no worker"
+    each have their own exit status; with ``--json`` each is also one JSON object on stdout,
+    and stderr and the exit status are the same as without."""
+    _, tcp = start_broker(procs, tmp_path, backend)
+    start(
+        procs, "worker", "--connect", tcp, "--service", "boom", "tests.cli.handlers:boom",
+        "--service", "slow", "tests.cli.handlers:slow",
+    )  # fmt: skip
+    argv = ["--backend", backend, "call", "--connect", tcp, "--retries", "0"]
+    assert main([*argv, "--wait", "--timeout", "30", "slow", "0"]) == 0
+    assert capsys.readouterr().out == "done\n"  # the worker has registered
+    timeout = ["--timeout", "0.5", "slow", "10"]
+    cases = [
+        (["boom", "x"], ERROR_REPLY, "RemoteError", "handler_error", "ValueError: cannot do 'x'"),
+        (
+            timeout,
+            TIMED_OUT,
+            "RequestTimeout",
+            "timeout",
+            "no reply after 1 attempt(s) of 0.5s; the broker answers: the service's workers "
+            "did not reply in time",
+        ),
+        (["nobody"], NO_WORKERS, "NoWorkers", "no_workers", "no worker serves 'nobody' ("),
+    ]
+    assert len({case[1] for case in cases} | {0, 1, 2}) == 6  # all distinct
+    for call, status, kind, code, message in cases:
+        assert main([*argv, *call]) == status
+        plain = capsys.readouterr()
+        assert plain.out == ""
+        assert plain.err.startswith("dcp call: ") and plain.err.count("\n") == 1, plain.err
+        assert main([*argv, "--json", *call]) == status
+        captured = capsys.readouterr()
+        assert captured.err == plain.err
+        error = json.loads(captured.out)["error"]
+        assert (error["type"], error["code"]) == (kind, code)
+        assert error["message"].startswith(message)
+        assert captured.out.count("\n") == 1
+
+
+def test_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["call", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for line in [
+        "4 no worker serves the service",
+        "5 an error reply: the worker's handler failed",
+        "6 no reply in time",
+    ]:
+        assert line in text

@@ -16,6 +16,7 @@ import zmq
 
 import dcp
 from dcp._cli import main
+from dcp._cli._call import ERROR_REPLY, TIMED_OUT
 from dcp.wire import mdp
 from dcp.wire.messages import Reconnect, Register, Reply, Request
 from tests.cli.procs import HANDLER, Proc, run, start, start_broker
@@ -96,24 +97,54 @@ def test_worker_and_call_with_type_width_4_through_a_dagbox_broker(procs: list[P
     assert len(dagbox.received(Request)) == 1
 
 
-def test_worker_finishes_its_request_on_sigterm(procs: list[Proc], tmp_path: Path) -> None:
-    """SIGTERM is a graceful stop: the request in progress is answered, then it leaves
-    (once it is answered: not at the end of its --grace)."""
+def wait_for_file(path: Path, proc: Proc, timeout: float = 30.0) -> str:
+    """``path``'s text once it exists (fails after ``timeout`` s, or if ``proc`` exits)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.popen.poll() is None, proc.finish(5)
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_worker_says_when_it_serves_and_finishes_its_request_on_sigterm(
+    procs: list[Proc], tmp_path: Path, backend: str
+) -> None:
+    """Issue 25, finding 8 (:mod:`dcp._cli._worker` Rules CW2 and CW3): at default verbosity
+    the worker says on stderr when it serves and, on SIGTERM, what it is finishing; the
+    ready file is there once the broker has echoed the registration, gone at exit. SIGTERM is
+    a graceful stop: the request in progress is answered, then it leaves (once it is
+    answered: not at the end of its --grace)."""
     _, tcp = start_broker(procs, tmp_path)
+    ready = tmp_path / "worker.ready"
+    ready.write_text("stale\n")  # from a worker killed earlier: removed at start
     worker = start(
-        procs, "worker", "-v", "--connect", tcp, "--service", "slow", "--grace", "120",
-        "tests.cli.handlers:slow_announced",
+        procs, "--backend", backend, "worker", "--connect", tcp,
+        "--service", "slow", "tests.cli.handlers:slow_announced", "--service", "echo", HANDLER,
+        "--grace", "120", "--ready-file", str(ready),
     )  # fmt: skip
-    call = start(
-        procs, "call", "--connect", tcp, "--wait", "--retries", "0", "--timeout", "60", "slow", "2"
+    serving = worker.wait_stderr(b"\n", timeout=30)
+    assert serving.decode() == (
+        f"dcp worker: serving 'slow', 'echo' at {tcp} (concurrency 1 each)\n"
     )
+    doc = json.loads(wait_for_file(ready, worker))
+    assert doc == {"pid": worker.popen.pid, "endpoint": tcp, "services": ["slow", "echo"]}
+    # The file is written after the broker echoed the registration: a call needs no --wait.
+    assert run("call", "--connect", tcp, "echo", "ready")[:2] == (0, "READY\n")
+    call = start(procs, "call", "--connect", tcp, "--retries", "0", "--timeout", "60", "slow", "2")
     # Signal the worker while its handler sleeps (2 s): once the handler says it started.
-    worker.wait_stderr(b"handling", timeout=60)
+    worker.wait_stderr(b"handling\n", timeout=60)
     worker.popen.send_signal(signal.SIGTERM)
     assert call.finish(60)[:2] == (0, "done\n")
     code, _, err = worker.finish(60)  # well before the 120 s of grace
     assert code == 0, err
-    assert "stopping gracefully" in err
+    # (A loaded machine may add the library's blocked-loop warning: not this test's business.)
+    assert err.splitlines()[0] == (
+        "dcp worker: SIGTERM: stopping; finishing 1 request(s), for at most 120 s "
+        "(SIGTERM again to force)"
+    ), err
+    assert not ready.exists()
 
 
 def test_call_wait_to_a_service_nobody_serves_fails_after_its_timeout(
@@ -177,7 +208,7 @@ def test_demo_runs_clean() -> None:
 
 def test_call_timeout_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--backend", "asyncio", "call", "--connect", "tcp://127.0.0.1:1"]
-    assert main([*argv, "--timeout", "0.1", "--retries", "0", "echo", "x"]) == 1
+    assert main([*argv, "--timeout", "0.1", "--retries", "0", "echo", "x"]) == TIMED_OUT
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
@@ -200,7 +231,7 @@ def test_broker_limits_from_the_command_line(procs: list[Proc]) -> None:
     (tcp,) = broker.read_lines(1)
     # No worker, and no client may queue anything: refused at once with an error reply.
     code, out, err = run("call", "--connect", tcp, "--wait", "--retries", "0", "nobody", "x")
-    assert code == 1
+    assert code == ERROR_REPLY
     assert out == ""
     assert "client_limit" in err
 
@@ -228,6 +259,33 @@ def test_broker_mdp_timeout_from_the_command_line(procs: list[Proc]) -> None:
             [b"MDPC01", b"mmi.service", b"200"],
             [b"MDPC01", b"mmi.service", b"404"],
         ]
+    finally:
+        worker.close(0)
+        client.close(0)
+
+
+def test_broker_mdp_work_timeout_from_the_command_line(procs: list[Proc]) -> None:
+    """Finding 12 (b), majordomo Rule M5: a Majordomo worker holding a request past
+    --mdp-work-timeout is sent DISCONNECT."""
+    broker = start(procs, "broker", "--bind", "tcp://127.0.0.1:0", "--mdp-work-timeout", "0.5")
+    (tcp,) = broker.read_lines(1)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    worker, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.REQ)
+    form = mdp.peer(mdp.Form.V01, envelope=True, worker=True)
+    try:
+        for sock in (worker, client):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, 10_000)
+            sock.connect(tcp)
+        worker.send_multipart(form.worker_ready(b"w"))
+        client.send_multipart([b"MDPC01", b"w", b"job"])
+        got = []
+        while form.worker_disconnect() not in got:  # it drops the request, says nothing
+            frames = worker.recv_multipart()
+            if frames != form.worker_heartbeat():
+                got.append(frames)
+        assert [f[4:] for f in got[:1]] == [[b"", b"job"]]
+        assert got[1:] == [form.worker_disconnect()]
     finally:
         worker.close(0)
         client.close(0)
@@ -272,7 +330,7 @@ def test_call_work_timeout(procs: list[Proc], tmp_path: Path) -> None:
         "--work-timeout", "0.5", "slow", "10",
     )  # fmt: skip
     assert time.monotonic() - began < 8  # not the handler's 10 s
-    assert (code, out) == (1, "")
+    assert (code, out) == (ERROR_REPLY, "")
     assert err.startswith("dcp call: RemoteError: redelivery_limit")
     assert err.count("\n") == 1
 

@@ -5,6 +5,7 @@ subprocess (``tests/cli/procs.py``) and compares the whole of stderr."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 import zmq
@@ -164,10 +165,39 @@ def test_usage_error_in_process(
             "tests.cli.handlers:not_callable",
             "dcp worker: 'tests.cli.handlers:not_callable' is not callable",
         ),
+        # Issue 25, finding 5: a handler the worker refuses, and specs that printed a
+        # traceback.
+        (
+            "tests.cli.handlers:gen",
+            "dcp worker: service 's': the handler tests.cli.handlers.gen is a generator "
+            "function (a def with yield): a stream handler is an async def with yield",
+        ),
+        (
+            "tests.cli.handlers:no_parameter",
+            "dcp worker: service 's': the handler tests.cli.handlers.no_parameter() cannot be "
+            "called with one argument, the request (too many positional arguments)",
+        ),
+        (
+            ".handlers:echo",
+            "dcp worker: handler '.handlers:echo': the module must be an absolute name (e.g. "
+            "mypackage.handlers), not a relative one",
+        ),
+        (
+            "tests.cli.failing_module:echo",
+            "dcp worker: cannot load handler 'tests.cli.failing_module:echo': importing "
+            "tests.cli.failing_module raised RuntimeError: this module fails on import (at "
+            f"{Path(__file__).parent / 'failing_module.py'}:4)",
+        ),
     ],
 )
-def test_handler_that_cannot_be_loaded(spec: str, line: str) -> None:
-    assert run(*WORKER, spec) == (1, "", line + "\n")
+def test_handler_that_cannot_be_used_is_a_usage_error(spec: str, line: str) -> None:
+    """:mod:`dcp._cli._worker` Rule CW1: one line, exit status 2, never a traceback."""
+    assert run(*WORKER, spec) == (2, "", line + see("dcp worker") + "\n")
+    assert run(*WORKER[:-2], "--service", "s", spec, "--service", "t", HANDLER) == (
+        2,
+        "",
+        line + see("dcp worker") + "\n",
+    )
 
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])

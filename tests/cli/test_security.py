@@ -86,7 +86,7 @@ def test_secure_broker_worker_and_call(procs: list[Proc], tmp_path: Path) -> Non
         "worker", "--connect", tcp, "--service", "payroll", HANDLER, *peer("worker")
     )
     assert code == 3
-    refused = "dcp worker: RegistrationRefused: the broker refused the registration for b'payroll'"
+    refused = "dcp worker: RegistrationRefused: the broker refused the registration for 'payroll'"
     assert refused in err
     assert "Traceback" not in err
     worker.kill()

@@ -25,7 +25,7 @@ def free_port() -> int:
 async def test_an_abandoned_call_ends_as_no_workers_and_never_runs_later() -> None:
     runs: list[bytes] = []
 
-    async def job(request: dcp.wire.Request) -> bytes:
+    async def job(request: dcp.HandlerRequest) -> bytes:
         runs.append(request.data[0])
         return b"done"
 

@@ -1,6 +1,6 @@
 """The broker core's request options (queues Rules Q1-Q4): the caller's deadline of a queued
-request, retries that replace their queued copy, and no-wait; without sockets, with explicit
-``now``. Also the ``redelivery_limit`` message (routing Rule R5).
+request, retries that replace their queued copy (routing Rule R8 matches them), and no-wait;
+without sockets, with explicit ``now``. Also the ``redelivery_limit`` message (routing Rule R5).
 
 Messages go in as the ROUTER sees them (routing id first).
 """
@@ -208,39 +208,66 @@ def test_a_retry_keeps_its_place_in_the_queue() -> None:
     assert take(core) == [out(W1, Pong()), out(W1, expiring(2, 9.0, client=C1))]
 
 
-def test_a_retry_of_a_held_request_is_queued() -> None:
+def test_a_retry_of_a_held_request_is_not_queued() -> None:
+    """Routing Rule R8 (its own tests: ``tests/core/test_broker_once.py``)."""
     core = BrokerCore(heartbeat_interval=100.0)
     workers(core, W1)
     feed(core, C1, expiring(1, 5.0), now=0.0)
     take(core)
-    feed(core, C1, expiring(1, 3.0), now=2.0)  # W1 may have died: queue it
-    feed(core, C1, expiring(1, 2.0), now=3.0)  # but this one replaces the queued retry
+    feed(core, C1, expiring(1, 3.0), now=2.0)
+    feed(core, C1, expiring(1, 2.0), now=3.0)
+    assert take(core) == []
     stats = core.statistics()
-    assert (stats.requests, stats.replaced) == (2, 1)
-    assert queued(core) == 1
-    # W1 answers: the queued copy is still served (the client drops the duplicate).
-    feed(core, W1, Reply(C1, expiring(1, 5.0).metadata, (b"r",)), now=3.5)
-    assert take(core)[-1] == out(W1, expiring(1, 2.0, client=C1))
+    assert (stats.requests, stats.replaced) == (1, 2)
+    assert queued(core) == 0
 
 
 @pytest.mark.parametrize(
     ("first", "second"),
     [
         (Request(ECHO, None, (rid(1),), (b"d",)), Request(ECHO, None, (rid(1),), (b"d",))),
-        (expiring(1, 5.0), expiring(2, 5.0)),
         (expiring(1, 5.0, b"a"), expiring(1, 5.0, b"b")),
-        (expiring(1, 5.0), Request(OTHER, None, expiring(1, 5.0).metadata, (b"d1",))),
+        (expiring(1, 5.0), Request(ECHO, None, (rid(1), expires_in_option(4.0)), (b"x",))),
     ],
-    ids=["no-expires-in", "other-id", "other-metadata", "other-service"],
+    ids=["no-expires-in", "other-metadata", "other-data"],
 )
-def test_only_retries_carrying_expires_in_and_the_same_metadata_replace(
-    first: Request, second: Request
-) -> None:
+def test_a_retry_is_known_by_its_id(first: Request, second: Request) -> None:
+    core = BrokerCore(heartbeat_interval=100.0)
+    feed(core, C1, first, now=0.0)
+    feed(core, C1, second, now=1.0)
+    stats = core.statistics()
+    assert (stats.requests, stats.replaced) == (1, 1)
+    # The queued copy took the retry's metadata and data.
+    feed(core, W1, Register(ECHO), now=1.0)
+    assert take(core)[-1] == out(W1, Request(ECHO, C1, second.metadata, second.data))
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (expiring(1, 5.0), expiring(2, 5.0)),
+        (Request(ECHO, None, (b"1",), (b"d",)), Request(ECHO, None, (b"1",), (b"d",))),
+    ],
+    ids=["other-id", "not-a-dcp-id"],
+)
+def test_other_requests_are_not_retries(first: Request, second: Request) -> None:
     core = BrokerCore(heartbeat_interval=100.0)
     feed(core, C1, first, now=0.0)
     feed(core, C1, second, now=1.0)
     stats = core.statistics()
     assert (stats.requests, stats.replaced) == (2, 0)
+
+
+def test_a_retry_for_another_service_is_joined_not_replaced() -> None:
+    """The same client and id for another service: the request in flight (a forward chain's
+    next service, routing Rule R9) is not run again, and keeps its own metadata and data."""
+    core = BrokerCore(heartbeat_interval=100.0)
+    feed(core, C1, expiring(1, 5.0), now=0.0)
+    feed(core, C1, Request(OTHER, None, expiring(1, 9.0).metadata, (b"x",)), now=1.0)
+    assert (core.statistics().requests, core.statistics().replaced) == (1, 1)
+    assert core.next_deadline() == 10.0  # its deadline is the retry's
+    feed(core, W1, Register(ECHO), now=1.0)
+    assert take(core)[-1] == out(W1, expiring(1, 5.0, client=C1))
 
 
 def test_another_clients_request_is_not_a_retry() -> None:
@@ -295,7 +322,8 @@ def test_a_forward_with_no_wait_to_an_unserved_service_tells_the_original_client
     take(core)
     feed(core, W1, Request(OTHER, C1, metadata, (b"d2",)))
     sent = take(core)
-    assert error_of(sent[0]) == (C1, "no_workers", metadata)
+    chain = (b"\xffDCP:via=echo", b"\xffDCP:via=other")  # routing Rule R9
+    assert error_of(sent[0]) == (C1, "no_workers", (*metadata, *chain))
     assert core.statistics().clients == 0  # the forward released what W1 held
 
 

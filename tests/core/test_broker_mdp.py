@@ -1,4 +1,4 @@
-"""The broker core with Majordomo peers, in memory (sans-IO): Rules M1-M4 of
+"""The broker core with Majordomo peers, in memory (sans-IO): Rules M1-M5 of
 :mod:`dcp._core.broker.majordomo`, MMI (:mod:`dcp._core.broker.directory`), cross-protocol calls
 and the liveness of busy workers that never beat (peers Rule L3). Time goes by the ``now``
 argument."""
@@ -9,9 +9,11 @@ import pytest
 
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
-from dcp.wire import mdp
+from dcp.wire import mdp, streams
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import Register, Reply, Request, parse_error_reply
+from dcp.wire.options import work_timeout_option
+from dcp.wire.streams import StreamType
 from tests.helpers import feed, take
 
 ECHO = b"echo"
@@ -95,14 +97,142 @@ def test_mdp_client_served_by_dcp_worker_gets_a_final() -> None:
     assert take(core) == [[b"M", *MTC.client_answer(ECHO, [b"X"], final=True)]]
 
 
-def test_a_refused_mdp_request_gets_a_final_with_the_error() -> None:
-    core = BrokerCore(max_queue=0)
-    feed(core, b"M", V02C.client_request(ECHO, [b"x"]))
+@pytest.mark.parametrize("client", [V01C, V02C, MTC])
+@pytest.mark.parametrize(
+    ("limit", "reason"),
+    [
+        ("max_queue", "queue_full"),
+        ("max_client_inflight", "client_limit"),
+        ("max_services", "too_many_services"),
+    ],
+)
+def test_a_refused_mdp_request_gets_no_answer(
+    client: mdp.MdpPeer, limit: str, reason: str
+) -> None:
+    """Finding 12 (c), majordomo Rule M1: MDP has no error reply, so a refusal is counted
+    and the MDP client told nothing (it read a ``\xffDCP-ERROR`` body as a reply: the
+    zguide's mdclient2 counted 12 replies where 5 were real). Its next answer is a real one;
+    a DCP client refused the same way still gets its error reply."""
+    core = BrokerCore(
+        max_queue=0 if limit == "max_queue" else 100_000,
+        max_client_inflight=1 if limit == "max_client_inflight" else 20_000,
+        max_services=1 if limit == "max_services" else 10_000,
+    )
+    feed(core, b"W", serialize(Register(b"other")))
+    take(core)
+    if reason == "client_limit":
+        feed(core, b"M", client.client_request(ECHO, [b"first"]))  # queued: the limit is 1
+    feed(core, b"M", client.client_request(ECHO, [b"x"]))
+    assert take(core) == []
+    assert core.statistics().rejections == {reason: 1}
+    feed(core, b"M", client.client_request(b"other", [b"y"]))
+    if reason == "client_limit":
+        assert take(core) == []  # still at its limit: told nothing again
+        assert core.statistics().rejections == {reason: 2}
+        return
+    [given] = take(core)
+    msg, _ = parse(given[1:])
+    assert isinstance(msg, Request)
+    feed(core, b"W", serialize(Reply(b"M", msg.metadata, (b"Y",))))
+    assert take(core) == [[b"M", *client.client_answer(b"other", [b"Y"], final=True)]]
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid",), (b"x",))))
     [sent] = take(core)
-    assert sent[:4] == [b"M", b"MDPC02", b"\x03", ECHO]
-    error = parse_error_reply(sent[4:])
-    assert error is not None and error[0] == "queue_full"
-    assert core.statistics().rejections == {"queue_full": 1}
+    reply, _ = parse(sent[1:])
+    assert isinstance(reply, Reply)
+    error = parse_error_reply(reply.data)
+    assert error is not None and error[0] == reason
+
+
+def test_a_redelivery_limit_is_not_told_to_an_mdp_client() -> None:
+    """Finding 12 (c): a request given up after its workers kept going away (routing Rule R5)
+    is counted; its MDP client is told nothing, a DCP client gets ``redelivery_limit``."""
+    core = BrokerCore(max_redeliveries=0)
+    mdp_worker(core, b"W1", V02W)
+    feed(core, b"M", V01C.client_request(ECHO, [b"x"]))
+    assert take(core) == [[b"W1", *V02W.worker_request(b"M", [b"x"])]]
+    feed(core, b"W1", V02W.worker_disconnect())
+    assert take(core) == []
+    assert core.statistics().rejections == {"redelivery_limit": 1}
+    mdp_worker(core, b"W2", V02W)
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid",), (b"x",))))
+    take(core)
+    feed(core, b"W2", V02W.worker_disconnect())
+    [sent] = take(core)
+    reply, _ = parse(sent[1:])
+    assert isinstance(reply, Reply)
+    error = parse_error_reply(reply.data)
+    assert error is not None and error[0] == "redelivery_limit"
+
+
+# ------------------------------------------- finding 12: what Majordomo peers receive
+
+#: What each client form gets for no data: its REPLY/FINAL with one empty body frame, written
+#: out by hand from RFC 7 ("4 or more frames": "" MDPC01 service body) and RFC 18 ("4 or
+#: more frames": MDPC02 0x03 service body), and majortomo's FINAL ("" MDPC02 0x04 body).
+EMPTY_FINAL = {
+    V01C: [b"", b"MDPC01", ECHO, b""],
+    V02C: [b"MDPC02", b"\x03", ECHO, b""],
+    MTC: [b"", b"MDPC02", b"\x04", b""],
+}
+
+
+@pytest.mark.parametrize("client", [V01C, V02C, MTC])
+def test_an_answer_with_no_data_has_an_empty_body_frame(client: mdp.MdpPeer) -> None:
+    """Finding 12 (a), majordomo Rule M1: a dcp handler that returns nothing reaches an MDP
+    client as a REPLY/FINAL with one empty body frame, never a bodiless one (the zguide's
+    mdcliapi2.c asserts 4 frames)."""
+    core = BrokerCore()
+    feed(core, b"W", serialize(Register(ECHO)))
+    feed(core, b"M", client.client_request(ECHO, [b"x"]))
+    [_echo, given] = take(core)
+    msg, _ = parse(given[1:])
+    assert isinstance(msg, Request)
+    feed(core, b"W", serialize(Reply(b"M", msg.metadata, ())))
+    [sent] = take(core)
+    assert sent == [b"M", *EMPTY_FINAL[client]]
+    assert len(sent) - 1 >= 4  # RFC 7 and 18: 4 or more frames (routing id aside)
+
+
+def test_the_end_of_a_stream_has_an_empty_body_frame() -> None:
+    """Finding 12 (a): a dcp stream handler's parts reach an MDP/0.2 client as PARTIALs and
+    its end (a reply with no data) as a FINAL with one empty body frame; a part with no data
+    is an empty body frame too (RFC 18: PARTIAL and FINAL have 4 or more frames)."""
+    core = BrokerCore()
+    feed(core, b"W", serialize(Register(ECHO)))
+    feed(core, b"M", V02C.client_request(ECHO, [b"q"]))
+    [_echo, given] = take(core)
+    msg, _ = parse(given[1:])
+    assert isinstance(msg, Request)
+    for data in ((b"p0",), ()):
+        feed(core, b"W", streams.build(StreamType.PARTIAL, b"M", msg.metadata, data))
+    feed(core, b"W", serialize(Reply(b"M", msg.metadata, ())))
+    assert take(core) == [
+        [b"M", b"MDPC02", b"\x02", ECHO, b"p0"],
+        [b"M", b"MDPC02", b"\x02", ECHO, b""],
+        [b"M", b"MDPC02", b"\x03", ECHO, b""],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("worker", "frames"),
+    [
+        (V01W, [b"", b"MDPW01", b"\x02", b"D", b"", b""]),  # RFC 7: 6 or more frames
+        (V02W, [b"MDPW02", b"\x02", b"D", b"", b""]),  # RFC 18: 5 or more frames
+        (MTW, [b"", b"MDPW02", b"\x02", b"D", b"", b""]),  # majortomo: drops fewer
+    ],
+)
+def test_a_request_with_no_data_reaches_mdp_workers_with_an_empty_body_frame(
+    worker: mdp.MdpPeer, frames: list[bytes]
+) -> None:
+    """Finding 12 (b), majordomo Rule M2: ``dcp call svc`` (no data) reaches an MDP worker as a
+    REQUEST with one empty body frame."""
+    core = BrokerCore()
+    mdp_worker(core, b"W", worker)
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid",), ())))
+    assert take(core) == [[b"W", *frames]]
+    # An MDP peer's own message without a body is read as no data.
+    feed(core, b"W", worker.worker_answer(b"D", [], final=True))
+    assert take(core) == [[b"D", *serialize(Reply(b"D", (b"rid",), ()))]]
 
 
 @pytest.mark.parametrize("client", [V01C, V02C, MTC])
@@ -251,3 +381,108 @@ def test_mdp_workers_in_secure_mode_see_and_return_sealed_addresses() -> None:
         [b"C", *V02C.client_answer(ECHO, [b"p"], final=False)],
         [b"C", *V02C.client_answer(ECHO, [b"f"], final=True)],
     ]
+
+
+# ------------------------------------ finding 12 (b): a worker that drops a request
+
+
+@pytest.mark.parametrize("worker", [V01W, V02W, MTW])
+def test_an_mdp_worker_that_drops_a_request_cannot_hold_it_for_ever(
+    worker: mdp.MdpPeer,
+) -> None:
+    """Finding 12 (b), majordomo Rule M5: an MDP worker that drops a request and keeps
+    heartbeating (majortomo's did with a bodiless REQUEST) is removed after the default
+    ``mdp_work_timeout`` (60 s), and the request goes to another worker; before, the broker
+    let it hold the request for ever and the service's later requests all waited."""
+    core = BrokerCore(heartbeat_interval=1.0)
+    mdp_worker(core, b"W1", worker)
+    feed(core, b"C", V01C.client_request(ECHO, [b"job"]))
+    assert take(core) == [[b"W1", *worker.worker_request(b"C", [b"job"])]]
+    mdp_worker(core, b"W2", worker)
+    t = 0.0
+    while t < 59.5:  # W1 heartbeats (alive and idle as far as it knows), never answers
+        t += 0.5
+        for ident in (b"W1", b"W2"):
+            feed(core, ident, worker.worker_heartbeat(), now=t)
+        core.expire(t)
+    take(core)
+    assert core.statistics().work_timeouts == 0
+    due = core.next_deadline()
+    assert due is not None and due <= 60.0
+    feed(core, b"W1", worker.worker_heartbeat(), now=60.0)
+    core.expire(60.0)
+    sent = take(core)
+    assert [b"W1", *worker.worker_disconnect()] in sent
+    assert [b"W2", *worker.worker_request(b"C", [b"job"])] in sent
+    stats = core.statistics()
+    assert (stats.work_timeouts, stats.redeliveries) == (1, 1)
+    feed(core, b"W2", worker.worker_answer(b"C", [b"done"], final=True), now=60.5)
+    assert take(core) == [[b"C", *V01C.client_answer(ECHO, [b"done"], final=True)]]
+
+
+def test_the_mdp_work_timeout_is_the_brokers_to_set() -> None:
+    """Majordomo Rule M5: ``mdp_work_timeout`` sets it (``None``: no limit, as before); a
+    request's own work timeout (a dcp client's) or the broker's ``work_timeout`` come first;
+    dcp workers (which have an error reply) get none by default; an answer in time leaves no
+    deadline."""
+    core = BrokerCore(mdp_work_timeout=5.0)
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"C", V02C.client_request(ECHO, [b"a"]))
+    take(core)
+    assert core.next_deadline() == 0.25  # the first heartbeat tick; the timeout is later
+    core.expire(0.25)
+    assert core.redelivery.next_deadline() == 5.0
+    feed(core, b"W", V02W.worker_answer(b"C", [b"A"], final=True), now=1.0)
+    take(core)
+    assert core.redelivery.next_deadline() is None
+    # A dcp client's own work timeout wins.
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid", work_timeout_option(20.0)), ())))
+    take(core)
+    assert core.redelivery.next_deadline() == 20.0
+    # The broker's work_timeout comes before mdp_work_timeout; a dcp worker gets neither.
+    for core, expected in (
+        (BrokerCore(work_timeout=7.0), 7.0),
+        (BrokerCore(mdp_work_timeout=None), None),
+    ):
+        mdp_worker(core, b"W", V01W)
+        feed(core, b"C", V01C.client_request(ECHO, [b"a"]))
+        assert core.redelivery.next_deadline() == expected
+    core = BrokerCore()
+    feed(core, b"W", serialize(Register(ECHO)))
+    feed(core, b"C", V01C.client_request(ECHO, [b"a"]))
+    assert len(take(core)) == 2
+    assert core.redelivery.next_deadline() is None
+    with pytest.raises(ValueError, match="mdp_work_timeout"):
+        BrokerCore(mdp_work_timeout=0)
+
+
+def test_each_partial_starts_the_mdp_work_timeout_again() -> None:
+    """Majordomo Rule M5: an MDP/0.2 worker that streams for longer than
+    ``mdp_work_timeout`` keeps its request while each PARTIAL comes within it; once it goes
+    quiet (heartbeats only) for that long, it is removed. A request's own work timeout is a
+    limit on the whole, which PARTIALs do not move."""
+    core = BrokerCore(heartbeat_interval=1.0)
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"C", V02C.client_request(ECHO, [b"long"]))
+    take(core)
+    for n in range(5, 305, 5):  # a part every 5 s for 300 s
+        feed(core, b"W", V02W.worker_answer(b"C", [b"%d" % n], final=False), now=float(n))
+        core.expire(float(n))
+    assert core.statistics().work_timeouts == 0
+    assert core.statistics().partials == 60
+    t = 300.0
+    while t < 359.5:  # then heartbeats only
+        t += 0.5
+        feed(core, b"W", V02W.worker_heartbeat(), now=t)
+        core.expire(t)
+    assert core.statistics().work_timeouts == 0
+    core.expire(360.0)
+    assert core.statistics().work_timeouts == 1
+    # A dcp client's own work timeout (20 s) is not moved by parts.
+    core = BrokerCore(heartbeat_interval=1.0)
+    mdp_worker(core, b"W", V02W)
+    feed(core, b"D", serialize(Request(ECHO, None, (b"rid", work_timeout_option(20.0)), ())))
+    for when in (5.0, 10.0, 15.0, 20.0):
+        feed(core, b"W", V02W.worker_answer(b"D", [b"p"], final=False), now=when)
+        core.expire(when)
+    assert core.statistics().work_timeouts == 1

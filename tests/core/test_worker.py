@@ -485,17 +485,28 @@ def test_result_message_shapes() -> None:
     assert bare == Request(b"next", CLIENT, r.metadata, ())
 
 
-@pytest.mark.parametrize("bad", [None, "text", 3, [b"ok", "no"], {b"a": 1}])
+@pytest.mark.parametrize("bad", [None, 3, [b"ok", 3], {b"a": 1}])
 def test_result_message_rejects_other_types(bad: object) -> None:
     with pytest.raises(TypeError):
         result_message(req(1), bad)
 
 
+def test_result_message_sends_str_as_utf8() -> None:
+    """Finding 6 of issue 25: ``str`` results and parts are UTF-8, mixed with bytes."""
+    for result, data in [
+        ("héllo", (b"h\xc3\xa9llo",)),
+        (["a", b"b"], (b"a", b"b")),
+        (("a", bytearray(b"b")), (b"a", b"b")),
+    ]:
+        assert result_message(req(1), result) == Reply(CLIENT, req(1).metadata, data)
+
+
 def test_forward_validation() -> None:
     with pytest.raises(TypeError):
-        Forward("s", "text")  # type: ignore[arg-type]
-    f = Forward("s", b"a")
-    assert (f.service, f.data) == (b"s", (b"a",))
+        Forward("s", 3)  # type: ignore[arg-type]
+    f = Forward(b"s", b"a", "é")
+    assert (f.service, f.data) == ("s", (b"a", "é".encode()))
+    assert result_message(req(1), f) == Request(b"s", CLIENT, req(1).metadata, (b"a", b"\xc3\xa9"))
 
 
 def test_error_reply_keeps_client_and_metadata() -> None:

@@ -13,14 +13,14 @@ import pytest
 from dcp._broker.broker import Broker
 from dcp._client.client import Client
 from dcp._errors import RequestTimeout
+from dcp._models import HandlerRequest
 from dcp._worker.worker import Worker
-from dcp.wire.messages import Request
 
 pytestmark = pytest.mark.anyio
 
 
-def slow_handler(started: anyio.Event) -> Callable[[Request], Awaitable[bytes]]:
-    async def slow(request: Request) -> bytes:
+def slow_handler(started: anyio.Event) -> Callable[[HandlerRequest], Awaitable[bytes]]:
+    async def slow(request: HandlerRequest) -> bytes:
         started.set()
         await anyio.sleep(0.5)
         return b"done"

@@ -16,7 +16,7 @@ ROOT = EXAMPLES.parent
 CASES = {
     "broker_trio.py": ["hello -> HELLO", "trio -> TRIO", "requests=3 replies=3"],
     "broker_asyncio.py": ["oicnysa", "oiyna", "pcd"],
-    "worker_function.py": ['{"to": 2, "be": 2, "or": 1, "not": 1}'],
+    "worker_function.py": ["{'to': 2, 'be': 2, 'or': 1, 'not': 1}"],
     "dag.py": [
         "3 x apple = 1.50",
         "2 x pear = 1.50",
@@ -99,10 +99,14 @@ def test_example_runs(name: str) -> None:
         assert expected in proc.stdout, (expected, proc.stdout, proc.stderr)
 
 
-def test_readme_example_runs(tmp_path: Path) -> None:
-    """The README's Python example does what its comment says."""
-    readme = (EXAMPLES.parent / "README.md").read_text()
-    [code] = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_readme_example_runs(tmp_path: Path, page: str) -> None:
+    """The README's Python example (the docs' first page has it too) does what its comment
+    says, and names its service in one spelling, ``str``, in the worker and in the client
+    (issue 25, finding 6)."""
+    text = (ROOT / page).read_text()
+    code = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)[0]
+    assert re.findall(r"""\b(?:Worker|request)\([^)]*?([bB]?)["']shout["']""", code) == ["", ""]
     script = tmp_path / "readme_example.py"
     script.write_text(code)
     proc = subprocess.run(

@@ -74,7 +74,7 @@ def wait_for_count(page: Page, service: str, count: int) -> None:
     )
 
 
-async def echo(request: dcp.wire.Request) -> list[bytes]:
+async def echo(request: dcp.HandlerRequest) -> list[bytes]:
     return [b"echo"]
 
 

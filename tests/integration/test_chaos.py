@@ -54,14 +54,16 @@ def _check(record: dict[str, Any], cycles: int) -> None:
     assert all(f["signal"] == 9 for f in record["faults"] if f["kind"] == "kill_broker")
     assert fig["worker_kills"] >= 2 * cycles
     assert fig["worker_kills_confirmed"] == fig["worker_kills"]
-    # Both hangs happened, and another worker process answered each hung request.
+    # Both hangs happened, and each hung request was answered. The blocking hang stalls its
+    # process: the broker's liveness check drops it and another worker process answers (held
+    # requests are redelivered). The async hang keeps heartbeating: its request stays with
+    # it, the client's retries (after its attempt timeout) join it instead of running it
+    # elsewhere (routing Rule R8), and it answers when its hang ends.
     modes = Counter(h["mode"] for h in fig["hangs"])
     assert modes == {"hang-async": cycles, "hang-block": cycles}
     for hang in fig["hangs"]:
         assert hang["answered"], hang
-        assert hang["elsewhere"], hang
-    # The async hang was rescued by the client's retry (after its attempt timeout), the
-    # blocking one by the broker's liveness check (held requests are redelivered).
+        assert hang["elsewhere"] == (hang["mode"] == "hang-block"), hang
     assert fig["client_retries"] >= 1
     assert fig["broker_last"]["expired_workers"] >= 1
     assert fig["broker_last"]["redeliveries"] >= 1

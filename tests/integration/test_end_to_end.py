@@ -88,7 +88,7 @@ async def start_broker(
 
 
 async def test_many_concurrent_requests_through_one_client() -> None:
-    async def reverse(request: dcp.wire.Request) -> Result:
+    async def reverse(request: dcp.HandlerRequest) -> Result:
         await anyio.lowlevel.checkpoint()
         return [request.data[0][::-1], b"%d" % len(request.data)]
 
@@ -125,7 +125,7 @@ async def test_concurrency_is_respected_exactly_with_a_real_broker() -> None:
     concurrency, n = 3, 30
     running = peak = 0
 
-    async def slow(request: dcp.wire.Request) -> Result:
+    async def slow(request: dcp.HandlerRequest) -> Result:
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
@@ -158,13 +158,13 @@ async def test_concurrency_is_respected_exactly_with_a_real_broker() -> None:
 
 
 async def test_three_service_forwarding_dag() -> None:
-    async def a(request: dcp.wire.Request) -> Result:
+    async def a(request: dcp.HandlerRequest) -> Result:
         return dcp.Forward("b", request.data[0] + b">a")
 
-    async def b(request: dcp.wire.Request) -> Result:
+    async def b(request: dcp.HandlerRequest) -> Result:
         return dcp.Forward("c", request.data[0] + b">b", b"second")
 
-    async def c(request: dcp.wire.Request) -> Result:
+    async def c(request: dcp.HandlerRequest) -> Result:
         return [request.data[0] + b">c", *request.data[1:]]
 
     n = 20
@@ -198,7 +198,7 @@ async def test_three_service_forwarding_dag() -> None:
 
 
 async def test_handler_exception_is_a_remote_error_at_the_client() -> None:
-    async def boom(request: dcp.wire.Request) -> Result:
+    async def boom(request: dcp.HandlerRequest) -> Result:
         raise ValueError(f"cannot handle {request.data[0].decode()}")
 
     with anyio.fail_after(10):
@@ -220,7 +220,7 @@ async def test_handler_exception_is_a_remote_error_at_the_client() -> None:
 async def test_broker_restart_mid_run_answers_every_request_once() -> None:
     executions: Counter[bytes] = Counter()
 
-    async def echo(request: dcp.wire.Request) -> Result:
+    async def echo(request: dcp.HandlerRequest) -> Result:
         executions[request.data[0]] += 1
         await anyio.sleep(0.01)
         return [b"echo:" + request.data[0]]
@@ -283,12 +283,12 @@ async def test_broker_restart_mid_run_answers_every_request_once() -> None:
 async def test_dead_worker_request_is_redelivered_to_another() -> None:
     holding = anyio.Event()
 
-    async def stuck(request: dcp.wire.Request) -> Result:
+    async def stuck(request: dcp.HandlerRequest) -> Result:
         holding.set()
         await anyio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def good(request: dcp.wire.Request) -> Result:
+    async def good(request: dcp.HandlerRequest) -> Result:
         return b"good:" + request.data[0]
 
     scope = anyio.CancelScope()
@@ -328,7 +328,7 @@ async def test_graceful_stop_finishes_in_flight_and_requeues_the_rest() -> None:
     served: list[tuple[str, bytes]] = []
 
     def make_handler(name: str) -> Handler:
-        async def handler(request: dcp.wire.Request) -> Result:
+        async def handler(request: dcp.HandlerRequest) -> Result:
             await anyio.sleep(0.2 if name == "first" else 0)
             served.append((name, request.data[0]))
             return [name.encode(), request.data[0]]
@@ -378,7 +378,7 @@ async def test_graceful_stop_finishes_in_flight_and_requeues_the_rest() -> None:
 
 
 async def test_sync_client_in_a_thread_against_the_same_broker() -> None:
-    async def upper(request: dcp.wire.Request) -> Result:
+    async def upper(request: dcp.HandlerRequest) -> Result:
         if request.data[0] == b"fail":
             raise RuntimeError("asked to")
         return request.data[0].upper()

@@ -14,6 +14,7 @@ import zmq
 
 from dcp import Broker, Client, CurveClient, CurveServer, Worker
 from dcp._io.context import get_context
+from dcp._models import HandlerRequest
 from dcp.wire import Message, Register, Reply, Request, parse, serialize
 
 pytestmark = pytest.mark.anyio
@@ -36,7 +37,7 @@ async def test_work_finished_across_a_broker_restart_is_delivered_once(secure: b
     running = anyio.Event()
     release = anyio.Event()
 
-    async def slow(request: Request) -> bytes:
+    async def slow(request: HandlerRequest) -> bytes:
         runs.append(request.data[0])
         if len(runs) == 3:
             running.set()
@@ -110,7 +111,7 @@ async def test_a_reply_the_dead_broker_never_passed_on_is_delivered_once() -> No
     # the new broker after registering, and the client gets it without a retry.
     runs: list[bytes] = []
 
-    async def echo(request: Request) -> bytes:
+    async def echo(request: HandlerRequest) -> bytes:
         runs.append(request.data[0])
         return request.data[0].upper()
 

@@ -31,6 +31,7 @@ from dcp import (
 from dcp._broker.zap import ZAP_ENDPOINT
 from dcp._io.context import get_context
 from dcp._io.security import configure_client_socket
+from dcp._models import HandlerRequest
 from dcp.wire import Register, Reply, Request, parse, serialize
 from tests.helpers import Peers, wait_for
 
@@ -61,11 +62,11 @@ def keys(pair: tuple[bytes, bytes], server_key: bytes = BROKER[0]) -> CurveClien
     return CurveClient(server_key, pair[0], pair[1])
 
 
-async def upper(request: Request) -> bytes:
+async def upper(request: HandlerRequest) -> bytes:
     return request.data[0].upper()
 
 
-async def front(request: Request) -> Forward:
+async def front(request: HandlerRequest) -> Forward:
     return Forward("echo", *request.data)
 
 
@@ -128,7 +129,7 @@ async def test_a_worker_without_permission_is_refused_and_told(
                 with pytest.raises(RegistrationRefused) as info:
                     async with Worker(endpoint, service, upper, security=keys(pair)):
                         pytest.fail("registered without permission")  # pragma: no cover
-                assert info.value.service == service.encode()
+                assert info.value.service == service
                 assert pair[0].decode() in info.value.message
             # serve() raises too, before it reports readiness.
             worker = Worker(endpoint, "secrets", upper, security=keys(WORKER))
@@ -234,7 +235,7 @@ async def test_another_key_cannot_take_over_a_connected_clients_routing_id() -> 
     is refused while Alice is connected, and Alice gets her reply."""
     started, release = anyio.Event(), anyio.Event()
 
-    async def slow(request: Request) -> bytes:
+    async def slow(request: HandlerRequest) -> bytes:
         started.set()
         await release.wait()
         return b"for alice only"

@@ -189,7 +189,7 @@ async def test_approval_async_and_sync(io_thread: bool) -> None:
         with pytest.raises(RegistrationRefused, match="not on my broker") as refused:
             async with Worker(EP["svc-approve"], "denied", upper):
                 pass  # pragma: no cover
-        assert refused.value.service == b"denied"
+        assert refused.value.service == "denied"
         old = dcp.Service(upper, version="0.1.0")
         with pytest.raises(RegistrationRefused, match="too old"):
             async with Worker(EP["svc-approve"], services={"old": old}):

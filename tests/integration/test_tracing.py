@@ -193,7 +193,7 @@ async def test_tracing_off_puts_nothing_on_the_wire(traced: Traced) -> None:
 
     async def record(request: dcp.HandlerRequest) -> dcp.Forward | bytes:
         seen.append(request)
-        return dcp.Forward("b", b"x") if request.service == b"a" else b"ok"
+        return dcp.Forward("b", b"x") if request.service == "a" else b"ok"
 
     async with (
         fast_broker() as broker,

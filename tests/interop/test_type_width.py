@@ -22,6 +22,7 @@ from dcp._client.client import Client
 from dcp._client.sync_client import SyncClient
 from dcp._core.client.tracker import RequestTracker
 from dcp._core.worker.core import WorkerCore
+from dcp._models import HandlerRequest
 from dcp._worker.worker import Worker
 from dcp.wire import Request
 from dcp.wire.dcp1 import parse, serialize
@@ -34,11 +35,11 @@ UPPER = [(b"%d x" % i,) for i in range(20)]
 FOUR = b"\x04\x00\x00\x00"  # REQUEST, as a 4-byte little-endian int
 
 
-async def upper(request: Request) -> list[bytes]:
+async def upper(request: HandlerRequest) -> list[bytes]:
     return [part.upper() for part in request.data]
 
 
-async def front(request: Request) -> Forward:
+async def front(request: HandlerRequest) -> Forward:
     """Passes the request on to ``upper`` (the reply goes straight to the client)."""
     return Forward(b"upper", *request.data, b"via front")
 

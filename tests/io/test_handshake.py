@@ -13,7 +13,7 @@ import zmq
 
 from dcp import AuthenticationFailed, Broker, Client, CurveClient, CurveServer, SyncClient, Worker
 from dcp._io.handshake import NO_DETAIL_LIMIT, HandshakeWatch
-from dcp.wire import Request
+from dcp._models import HandlerRequest
 
 BROKER = zmq.curve_keypair()
 ALICE = zmq.curve_keypair()
@@ -24,7 +24,7 @@ def server() -> CurveServer:
     return CurveServer(BROKER[0], BROKER[1], clients=[ALICE[0]], workers={"echo": [ALICE[0]]})
 
 
-async def echo(request: Request) -> bytes:
+async def echo(request: HandlerRequest) -> bytes:
     return request.data[0]
 
 

@@ -131,7 +131,7 @@ def services(*, concurrency: int = 64, **broker_options: float) -> Iterator[Serv
             portal.call(portal.stop, True)
 
 
-async def slow_echo(request: dcp.wire.Request) -> bytes:
+async def slow_echo(request: dcp.HandlerRequest) -> bytes:
     """Sleep 5 ms, then reply with the request's first data part, upper-cased."""
     await anyio.sleep(0.005)
     return request.data[0].upper()

@@ -18,6 +18,7 @@ import zmq
 
 import dcp
 from dcp._models import HandlerRequest
+from dcp._worker.services import ServiceTable
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import parse_error_reply
 from dcp.wire.options import (
@@ -73,7 +74,7 @@ async def test_a_blocking_def_handler_runs_once_in_a_thread(
     runs: list[int] = []
     loop_thread = threading.get_ident()
 
-    def crunch(request: dcp.wire.Request) -> bytes:
+    def crunch(request: dcp.HandlerRequest) -> bytes:
         runs.append(threading.get_ident())
         time.sleep(4 * HB)
         return request.data[0].upper()
@@ -94,7 +95,7 @@ class Shout:
     def __init__(self) -> None:
         self.threads: list[int] = []
 
-    async def __call__(self, request: dcp.wire.Request, suffix: bytes = b"") -> bytes:
+    async def __call__(self, request: dcp.HandlerRequest, suffix: bytes = b"") -> bytes:
         self.threads.append(threading.get_ident())
         return request.data[0].upper() + suffix
 
@@ -103,7 +104,7 @@ async def test_handler_kinds_are_told_apart() -> None:
     loop_thread = threading.get_ident()
     threads: list[int] = []
 
-    def plain(request: dcp.wire.Request, suffix: bytes) -> bytes:
+    def plain(request: dcp.HandlerRequest, suffix: bytes) -> bytes:
         threads.append(threading.get_ident())
         return request.data[0] + suffix
 
@@ -126,7 +127,7 @@ async def test_def_handlers_run_concurrently_up_to_the_concurrency() -> None:
     most = 0
     lock = threading.Lock()
 
-    def slow(request: dcp.wire.Request) -> bytes:
+    def slow(request: dcp.HandlerRequest) -> bytes:
         nonlocal running, most
         with lock:
             running += 1
@@ -151,7 +152,7 @@ async def test_def_handlers_run_concurrently_up_to_the_concurrency() -> None:
 async def test_a_blocked_event_loop_is_warned_about_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async def blocking(request: dcp.wire.Request) -> bytes:
+    async def blocking(request: dcp.HandlerRequest) -> bytes:
         time.sleep(4 * HB)  # noqa: ASYNC251 - wrong in an async handler: what the warning is for
         return request.data[0]
 
@@ -163,7 +164,7 @@ async def test_a_blocked_event_loop_is_warned_about_once(
                 await client.request("blocking", b"x", retries=0)
     [warning] = blocked_warnings(caplog)
     assert "test_a_blocked_event_loop_is_warned_about_once.<locals>.blocking" in warning
-    assert "service b'blocking'" in warning
+    assert "worker for 'blocking' (handler " in warning
     assert "make it a plain def" in warning
 
 
@@ -206,11 +207,47 @@ async def test_handler_metadata_is_the_callers_own() -> None:
     assert broker.statistics().unmatched == 0  # the forward and reply released their holds
 
 
+async def test_handlers_see_str_service_names_and_may_answer_str_and_json() -> None:
+    """Finding 6 of issue 25: a handler sees its service's name as ``str``, may return ``str``
+    (UTF-8) and sequences mixing ``str`` and ``bytes``, and answers a
+    :meth:`dcp.Client.request_json` caller with :func:`dcp.json_reply`."""
+    seen: list[object] = []
+
+    async def insp(request: HandlerRequest) -> str:
+        seen.append(request.service)
+        return f"served by {request.service}: {request.text}"
+
+    def mixed(request: HandlerRequest) -> list[str | bytes]:
+        return ["é", b"\xff", request.service]
+
+    async def add(request: HandlerRequest) -> bytes:
+        numbers = request.json()
+        return dcp.json_reply({"sum": numbers["a"] + numbers["b"], "by": request.service})
+
+    async def relay(request: HandlerRequest) -> dcp.Forward:
+        return dcp.Forward("insp", "relayed")
+
+    async with fast_broker() as broker:
+        ep = broker.endpoints[0]
+        services: ServiceTable = {"insp": insp, "mixed": mixed, "add": add, "relay": relay}
+        async with dcp.Worker(ep, services=services), dcp.Client(ep, timeout=10) as client:
+            assert (await client.request("insp", "hé")).text == "served by insp: hé"
+            assert (await client.request("mixed")).data == ("é".encode(), b"\xff", b"mixed")
+            assert await client.request_json("add", {"a": 1, "b": 2}) == {"sum": 3, "by": "add"}
+            assert (await client.request("relay")).text == "served by insp: relayed"
+    assert seen == ["insp", "insp"]
+    # A handler's request made by hand (a unit test of a handler) takes either spelling.
+    assert HandlerRequest(b"insp").service == HandlerRequest("insp").service == "insp"
+    assert dcp.json_reply([1, "é"]) == '[1,"é"]'.encode()
+    with pytest.raises(ValueError, match="not JSON-serialisable"):
+        dcp.json_reply(float("nan"))
+
+
 async def test_a_backlogged_request_past_its_deadline_is_not_run(fake: FakeBroker) -> None:
     release = anyio.Event()
     ran: list[bytes] = []
 
-    async def handler(request: dcp.wire.Request) -> bytes:
+    async def handler(request: dcp.HandlerRequest) -> bytes:
         ran.append(request.data[0])
         await release.wait()
         return request.data[0]
@@ -260,7 +297,7 @@ async def test_no_wait_for_a_service_nobody_serves_fails_at_once() -> None:
 async def test_an_expired_queued_request_is_dropped_before_a_worker_comes() -> None:
     runs: list[bytes] = []
 
-    async def later(request: dcp.wire.Request) -> bytes:
+    async def later(request: dcp.HandlerRequest) -> bytes:
         runs.append(request.data[0])
         return b"done"
 
@@ -283,7 +320,7 @@ async def test_an_expired_queued_request_is_dropped_before_a_worker_comes() -> N
 async def test_a_retry_replaces_its_queued_copy_and_the_job_runs_once() -> None:
     runs: list[bytes] = []
 
-    async def later(request: dcp.wire.Request) -> bytes:
+    async def later(request: dcp.HandlerRequest) -> bytes:
         runs.append(request.data[0])
         return b"done"
 
@@ -291,8 +328,9 @@ async def test_a_retry_replaces_its_queued_copy_and_the_job_runs_once() -> None:
         ep = broker.endpoints[0]
         client = raw_client(ep)
         try:
+            rid = REQUEST_ID_PREFIX + b"1"  # a retry is known by its dcp request id
             for left in (4.0, 3.0, 2.0):  # each attempt carries the time its caller has left
-                send(client, b"later", (b"id-1", expires_in_option(left), b"mine"), b"job")
+                send(client, b"later", (rid, expires_in_option(left), b"mine"), b"job")
             await eventually(lambda: broker.statistics().replaced == 2)
             assert broker.statistics().services[b"later"].queued == 1
             async with fast_worker(ep, "later", later):
@@ -300,7 +338,7 @@ async def test_a_retry_replaces_its_queued_copy_and_the_job_runs_once() -> None:
                 await anyio.sleep(0.1)  # room for a second run, if there were one
         finally:
             client.close(0)
-        assert reply.metadata == (b"id-1", expires_in_option(2.0), b"mine")
+        assert reply.metadata == (rid, expires_in_option(2.0), b"mine")
         assert runs == [b"job"]
         assert broker.statistics().requests == 1
 
@@ -310,11 +348,18 @@ async def test_the_blocked_warning_is_silent_for_a_healthy_worker(
 ) -> None:
     caplog.set_level(logging.WARNING, "dcp.worker")
 
-    async def quick(request: dcp.wire.Request) -> bytes:
+    async def quick(request: dcp.HandlerRequest) -> bytes:
         return b"ok"
 
-    async with fast_broker() as broker, fast_worker(broker.endpoints[0], "quick", quick):
-        await anyio.sleep(6 * HB)
+    # A loaded machine can stall the whole process for a few tenths of a second, which is a
+    # blocked loop as far as the worker can tell (its heartbeats did stop): the interval here
+    # is a second, so only a handler that blocks (or a stall no test survives) would warn.
+    hb = 1.0
+    async with (
+        fast_broker(heartbeat=hb) as broker,
+        fast_worker(broker.endpoints[0], "quick", quick, heartbeat=hb),
+    ):
+        await anyio.sleep(3 * hb)
     assert blocked_warnings(caplog) == []
 
 
@@ -333,10 +378,12 @@ def test_result_message_turns_every_kind_of_sequence_into_bytes_parts() -> None:
         UserList([b"a", b"b"]),
         [bytearray(b"a"), memoryview(b"b")],
         (b"a", bytearray(b"b")),
+        ["a", b"b"],  # str parts are UTF-8 (issue 25, finding 6)
+        UserList(["a", memoryview(b"b")]),
     ):
         reply = result_message(request, result)
         assert isinstance(reply, Reply)
         assert (reply.client, reply.metadata, reply.data) == (b"client", (b"meta",), (b"a", b"b"))
         assert all(type(part) is bytes for part in reply.data)
-    with pytest.raises(TypeError, match="a reply part must be bytes"):
-        result_message(request, [b"a", "b"])
+    with pytest.raises(TypeError, match="returned a list with a part of type int"):
+        result_message(request, [b"a", 3])

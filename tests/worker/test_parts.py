@@ -17,6 +17,7 @@ from dcp._core.worker.core import Run, State, WorkerCore
 from dcp._io.sockets import AsyncSocket
 from dcp._worker.connection import Connection
 from dcp._worker.handlers import Handlers
+from dcp._worker.services import served_services
 from dcp._worker.slots import HandlerSlots
 from dcp._worker.streams import WorkerStreams
 from dcp.wire.dcp1 import serialize
@@ -57,7 +58,7 @@ def parts(
         core,
         streams,
         endpoint=endpoint,
-        service=SVC,
+        services="'echo'",
         context=None,
         security=None,
         wake=woken,
@@ -157,7 +158,8 @@ async def test_handlers_give_the_answer_to_the_core_and_send_it(fake: FakeBroker
 
     core, streams, connection, _ = parts(fake.endpoint)
     woken = Woken()  # the connection's monitor wakes its own
-    handlers = Handlers(core, connection, streams, upper, service=SVC, tracing=None, wake=woken)
+    served = served_services("echo", upper, None, 1)
+    handlers = Handlers(core, connection, streams, served, tracing=None, wake=woken)
     first = Request(SVC, CLIENT, (b"id-1",), (b"a",))
     second = Request(SVC, CLIENT, (b"id-2",), (b"b",))
     async with anyio.create_task_group() as tg:

@@ -142,7 +142,7 @@ async def test_a_job_gets_exceptions_and_cancellation_through_its_slot() -> None
 async def test_a_worker_handler_does_not_see_the_previous_requests_context() -> None:
     seen: list[str] = []
 
-    async def handler(request: dcp.wire.Request) -> bytes:
+    async def handler(request: dcp.HandlerRequest) -> bytes:
         seen.append(VAR.get())
         VAR.set(request.data[0].decode())
         await anyio.lowlevel.checkpoint()

@@ -22,7 +22,7 @@ from dcp._broker.broker import Broker
 from dcp._client.client import Client
 from dcp._errors import RemoteError
 from dcp._io.context import get_context
-from dcp._models import Forward
+from dcp._models import Forward, HandlerRequest
 from dcp._worker.worker import Worker
 from dcp.wire.dcp1 import PROTOCOL, parse, serialize
 from dcp.wire.messages import (
@@ -140,13 +140,13 @@ async def start(tg: anyio.abc.TaskGroup, fake: FakeBroker, worker: Worker) -> by
 
 def worker_for(
     fake: FakeBroker,
-    handler: Callable[[Request], Awaitable[Result]],
+    handler: Callable[[HandlerRequest], Awaitable[Result]],
     **kw: float,
 ) -> Worker:
     return Worker(fake.endpoint, SVC, handler, **kw)  # type: ignore[arg-type]
 
 
-async def upper(request: Request) -> Result:
+async def upper(request: HandlerRequest) -> Result:
     return [part.upper() for part in request.data]
 
 
@@ -194,7 +194,7 @@ async def test_reply_frames_copy_client_and_metadata(fake: FakeBroker) -> None:
 async def test_ping_for_more_while_a_slot_is_free(fake: FakeBroker) -> None:
     release = anyio.Event()
 
-    async def blocked(request: Request) -> Result:
+    async def blocked(request: HandlerRequest) -> Result:
         await release.wait()
         return request.data[0]
 
@@ -222,7 +222,7 @@ async def test_concurrency_is_exactly_n(fake: FakeBroker, collapse: bool) -> Non
     most = 0
     rng = random.Random(7)
 
-    async def handler(request: Request) -> Result:
+    async def handler(request: HandlerRequest) -> Result:
         nonlocal running, most
         running += 1
         most = max(most, running)
@@ -265,7 +265,7 @@ async def test_backlog_never_runs_more_than_n(fake: FakeBroker) -> None:
     running = 0
     most = 0
 
-    async def handler(request: Request) -> Result:
+    async def handler(request: HandlerRequest) -> Result:
         nonlocal running, most
         running += 1
         most = max(most, running)
@@ -294,7 +294,7 @@ async def test_backlog_never_runs_more_than_n(fake: FakeBroker) -> None:
 async def test_pong_keepalive_when_full_ping_when_free(fake: FakeBroker) -> None:
     release = anyio.Event()
 
-    async def blocked(request: Request) -> Result:
+    async def blocked(request: HandlerRequest) -> Result:
         await release.wait()
         return b"ok"
 
@@ -314,7 +314,7 @@ async def test_pong_keepalive_when_full_ping_when_free(fake: FakeBroker) -> None
 async def test_broker_silence_reconnects_on_a_new_socket(fake: FakeBroker) -> None:
     release = anyio.Event()
 
-    async def blocked(request: Request) -> Result:
+    async def blocked(request: HandlerRequest) -> Result:
         await release.wait()
         return b"late"
 
@@ -392,7 +392,7 @@ async def test_reconnect_message_reregisters_at_once(fake: FakeBroker) -> None:
 async def test_handler_exception_is_an_error_reply(
     fake: FakeBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def boom(request: Request) -> Result:
+    async def boom(request: HandlerRequest) -> Result:
         raise ValueError("no such thing")
 
     worker = worker_for(fake, boom)
@@ -411,9 +411,9 @@ async def test_handler_exception_is_an_error_reply(
     assert worker.statistics().errors == 1
 
 
-@pytest.mark.parametrize("bad", [None, "text", 42, [b"ok", 3]])
+@pytest.mark.parametrize("bad", [None, 42, [b"ok", 3], {"a": 1}])
 async def test_bad_handler_result_is_an_error_reply(fake: FakeBroker, bad: object) -> None:
-    async def wrong(request: Request) -> Result:
+    async def wrong(request: HandlerRequest) -> Result:
         return bad  # type: ignore[return-value]
 
     worker = worker_for(fake, wrong)
@@ -430,7 +430,7 @@ async def test_bad_handler_result_is_an_error_reply(fake: FakeBroker, bad: objec
 
 
 async def test_forward_frames_keep_client_and_metadata(fake: FakeBroker) -> None:
-    async def forward(request: Request) -> Result:
+    async def forward(request: HandlerRequest) -> Result:
         if request.data[0] == b"other":
             return Forward(b"other", b"p")
         return Forward("next", b"p", b"")
@@ -453,7 +453,7 @@ async def test_graceful_stop_finishes_in_flight_then_leaves(fake: FakeBroker) ->
     release = anyio.Event()
     ran: list[bytes] = []
 
-    async def blocked(request: Request) -> Result:
+    async def blocked(request: HandlerRequest) -> Result:
         ran.append(request.data[0])
         await release.wait()
         return b"done-" + request.data[0]
@@ -483,7 +483,7 @@ async def test_graceful_stop_finishes_in_flight_then_leaves(fake: FakeBroker) ->
 async def test_stop_grace_cancels_slow_handlers(fake: FakeBroker) -> None:
     cancelled = anyio.Event()
 
-    async def forever(request: Request) -> Result:
+    async def forever(request: HandlerRequest) -> Result:
         try:
             await anyio.sleep_forever()
         finally:
@@ -535,7 +535,7 @@ async def test_async_with_body_error_is_not_wrapped(fake: FakeBroker) -> None:
 async def test_cancelling_the_task_group_closes_the_socket_promptly(fake: FakeBroker) -> None:
     handler_cancelled = anyio.Event()
 
-    async def forever(request: Request) -> Result:
+    async def forever(request: HandlerRequest) -> Result:
         try:
             await anyio.sleep_forever()
         finally:
@@ -622,13 +622,13 @@ async def test_end_to_end_with_broker_and_raw_client() -> None:
 
 
 async def test_forwarding_dag_of_three_services() -> None:
-    async def a(request: Request) -> Result:
+    async def a(request: HandlerRequest) -> Result:
         return Forward("b", request.data[0] + b"-a")
 
-    async def b(request: Request) -> Result:
+    async def b(request: HandlerRequest) -> Result:
         return Forward("c", request.data[0] + b"-b")
 
-    async def c(request: Request) -> Result:
+    async def c(request: HandlerRequest) -> Result:
         return [request.data[0] + b"-c", request.metadata[0]]
 
     async with anyio.create_task_group() as tg:
@@ -690,15 +690,15 @@ async def test_broker_restart_on_the_same_port() -> None:
 
 
 async def test_handler_calls_another_service_through_a_client() -> None:
-    async def front(request: Request) -> Result:
+    async def front(request: HandlerRequest) -> Result:
         async with Client(endpoint, timeout=5) as client:
             response = await client.request("back", request.data[0])
         return [b"front:" + response.data[0]]
 
-    async def back(request: Request) -> Result:
+    async def back(request: HandlerRequest) -> Result:
         return request.data[0][::-1]
 
-    async def failing(request: Request) -> Result:
+    async def failing(request: HandlerRequest) -> Result:
         raise RuntimeError("nope")
 
     async with anyio.create_task_group() as tg:
@@ -729,7 +729,7 @@ async def test_cancelling_the_async_with_body_closes_at_once(fake: FakeBroker) -
 
     handler_cancelled = anyio.Event()
 
-    async def forever(request: Request) -> Result:
+    async def forever(request: HandlerRequest) -> Result:
         try:
             await anyio.sleep_forever()
         finally:
@@ -754,7 +754,7 @@ async def test_cancelling_the_async_with_body_closes_at_once(fake: FakeBroker) -
 async def test_stop_while_the_broker_is_gone_waits_for_handlers(fake: FakeBroker) -> None:
     release = anyio.Event()
 
-    async def blocked(request: Request) -> Result:
+    async def blocked(request: HandlerRequest) -> Result:
         await release.wait()
         return b"never delivered"
 

@@ -13,7 +13,7 @@ another's state:
 
 - one handler per dialect behind one interface (:class:`Handler`), chosen by the sniffed
   family (:mod:`dcp.wire.sniff`): DCP v1 (:mod:`.dcp1`: Rules R3, R4), Majordomo
-  (:mod:`.majordomo`: Rules M1-M4), DBP (:mod:`.dbp`: Rules DB1-DB3), mc0 (:mod:`.mc0`: Rules
+  (:mod:`.majordomo`: Rules M1-M5), DBP (:mod:`.dbp`: Rules DB1-DB3), mc0 (:mod:`.mc0`: Rules
   C1-C4); each parses with its codec (:mod:`dcp.wire`);
 - the protocol-blind routing (:mod:`.routing`: Rules R1, R2; it admits requests,
   :mod:`.admission`, reads their options and keeps its queues' deadlines, :mod:`.queues`:
@@ -153,6 +153,9 @@ class BrokerCore:
         (queued or held by a worker); more get a ``client_limit`` error reply
     :param work_timeout: seconds a worker may hold a request that does not carry its own
         work timeout (``None``: no limit); past it the worker is treated as lost (Rule R7)
+    :param mdp_work_timeout: seconds a Majordomo worker (MDP has no error reply) may hold a
+        request that has no work timeout from the two above (``None``: no limit; majordomo
+        Rule M5); the same as ``busy_timeout`` by default
     :param busy_timeout: seconds a busy worker that does not beat while busy may be silent
         (peers Rule L3); it is probed meanwhile, so a dead connection is noticed sooner
     :param reply_grace: seconds a reply whose client is not connected is kept and sent
@@ -186,6 +189,7 @@ class BrokerCore:
         max_client_queued: int = 10_000,
         max_client_inflight: int = 20_000,
         work_timeout: float | None = None,
+        mdp_work_timeout: float | None = 60.0,
         busy_timeout: float = 60.0,
         mdp_timeout: float = 10.0,
         reply_grace: float | None = None,
@@ -196,8 +200,12 @@ class BrokerCore:
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
-        if work_timeout is not None and not 0 < work_timeout < float("inf"):
-            raise ValueError("work_timeout must be None or a positive finite number")
+        for timeout_name, value in (
+            ("work_timeout", work_timeout),
+            ("mdp_work_timeout", mdp_work_timeout),
+        ):
+            if value is not None and not 0 < value < float("inf"):
+                raise ValueError(f"{timeout_name} must be None or a positive finite number")
         if not 0 < busy_timeout < float("inf") or not 0 < mdp_timeout < float("inf"):
             raise ValueError("busy_timeout and mdp_timeout must be positive finite numbers")
         timeout = heartbeat_interval * liveness
@@ -239,6 +247,7 @@ class BrokerCore:
             guard=guard,
             approvals=self.approvals,
             work_timeout=work_timeout,
+            mdp_work_timeout=mdp_work_timeout,
         )
         #: Workers removed, and what they held.
         self.redelivery = redelivery = Redelivery(

@@ -32,9 +32,9 @@ from dcp._core.broker.directory import Mmi
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.peers import Sessions
 from dcp._core.broker.pubsub_peers import PUBSUB_PREFIX, PubSubPeers
-from dcp._core.broker.records import Session
+from dcp._core.broker.records import Pending, Session
 from dcp._core.broker.redelivery import Redelivery
-from dcp._core.broker.routing import Routing
+from dcp._core.broker.routing import Routing, chain_of, with_chain
 from dcp._core.broker.streams import Streams
 from dcp._core.broker.unreachable import EarlyReplies
 from dcp._errors import RemoteProtocolError
@@ -168,7 +168,7 @@ class DcpPeers:
         self, peer: bytes, worker: Session | None, msg: Request, dialect: Dialect, now: float
     ) -> None:
         client = msg.client
-        released = False
+        upstream = None
         origin = dialect
         if client is None:
             client = peer
@@ -176,7 +176,7 @@ class DcpPeers:
             forwarded = self.forwarded(peer, worker, client, msg.metadata, now)
             if forwarded is None:
                 return
-            client, origin, released = forwarded
+            client, origin, upstream = forwarded
         elif client != peer:
             if not self.allow_foreign_address:
                 self._out.refuse(
@@ -195,14 +195,31 @@ class DcpPeers:
             self._mmi.answer(client, origin, name, msg.metadata, msg.data, now)
         else:
             forward = msg.client is not None and worker is not None
-            refused = routing.submit(
-                client, origin, name, msg.metadata, msg.data, now, forward=forward
-            )
+            metadata = msg.metadata
+            if forward:
+                refused = routing.submit(
+                    client,
+                    origin,
+                    name,
+                    metadata,
+                    msg.data,
+                    now,
+                    forward=True,
+                    upstream=upstream,
+                    sender=peer,
+                )
+            else:
+                refused = routing.submit(
+                    client, origin, name, metadata, msg.data, now, forward=False
+                )
             if refused is not None:
-                # The error reply goes to the request's client: for a forward, the original.
-                self._out.refuse(client, origin, name, msg.metadata, *refused)
+                # The error reply goes to the request's client: for a forward, the original,
+                # with the chain (routing Rule R9).
+                if forward:
+                    metadata = with_chain(metadata, chain_of(upstream, name))
+                self._out.refuse(client, origin, name, metadata, *refused)
         if worker is not None:
-            routing.credit(worker, now, released=released)
+            routing.credit(worker, now, released=upstream is not None)
 
     def forwarded(
         self,
@@ -211,18 +228,18 @@ class DcpPeers:
         client: bytes,
         metadata: tuple[bytes, ...],
         now: float,
-    ) -> tuple[bytes, Dialect, bool] | None:
+    ) -> tuple[bytes, Dialect, Pending | None] | None:
         """A worker's forward names ``client``: the client's real address, its dialect, and
-        whether the forward finished a request the worker held (matched exactly; a worker
-        naming an address without holding its request releases nothing); ``None`` if the
-        address is not one the broker gave (security Rule S4)."""
+        the request the forward finished, which the worker held (matched as a reply is; a
+        worker naming an address without holding its request releases nothing: ``None``);
+        ``None`` if the address is not one the broker gave (security Rule S4)."""
         answered = self._routing.answered(peer, worker, client, metadata, now)
         if answered is None:
             return None
         client, finished = answered
         if finished is not None:
-            return client, finished.origin, True
-        return client, self._sessions.dialect_of(client), False
+            return client, finished.origin, finished
+        return client, self._sessions.dialect_of(client), None
 
     def _on_reply(self, peer: bytes, worker: Session | None, msg: Reply, now: float) -> None:
         if worker is None:
@@ -243,14 +260,18 @@ class DcpPeers:
             return
         client, pending = answered
         self._counters.replies += 1
+        metadata = msg.metadata
         if pending is not None:
             origin, name = pending.origin, pending.service.name
             data = msg.data
             if data and data[0] == ERROR_MARKER:
                 pending.service.errors += 1  # directory Rule D5
+                if pending.chain:
+                    # Routing Rule R9: where in the chain it failed.
+                    metadata = with_chain(metadata, (*pending.chain, name))
         else:
             origin, name = self._sessions.dialect_of(client), b""
-        self._streams.answer(client, origin.reply(client, name, msg.metadata, msg.data))
+        self._streams.answer(client, origin.reply(client, name, metadata, msg.data))
         routing.credit(worker, now, released=pending is not None)
 
     def _on_stream(
@@ -304,15 +325,17 @@ class DcpPeers:
             self._sessions.remember(peer, dialect)
         client = msg.client
         origin: Dialect = dialect
-        released = False
+        upstream = None
+        metadata = msg.metadata
         if worker is not None and client is not None:
             # A worker forwarding a request it holds: its client is the one to tell.
-            forwarded = self.forwarded(peer, worker, client, msg.metadata, now)
+            forwarded = self.forwarded(peer, worker, client, metadata, now)
             if forwarded is None:
                 return
-            client, origin, released = forwarded
+            client, origin, upstream = forwarded
+            metadata = with_chain(metadata, chain_of(upstream, msg.service))
         elif client is None or (client != peer and not self.allow_foreign_address):
             client = peer
-        self._out.refuse(client, origin, msg.service, msg.metadata, reason, detail)
+        self._out.refuse(client, origin, msg.service, metadata, reason, detail)
         if worker is not None:
-            self._routing.credit(worker, now, released=released)
+            self._routing.credit(worker, now, released=upstream is not None)

@@ -5,6 +5,10 @@ request to that worker, answer that client, probe or expel a worker); the peer's
 :class:`Dialect` turns it into frames (routing id first), using the codecs in :mod:`dcp.wire`.
 One instance per wire form, shared by every peer that speaks it, so remembering a peer's
 dialect costs one reference (DBP: one per broker core, which gives it its clock).
+
+Majordomo has no error reply (RFC 7 and RFC 18 have no error command, and a body is opaque
+data): :meth:`MdpDialect.error` is ``None``, and :attr:`Dialect.errors` says so (majordomo
+Rules M1 and M5).
 """
 
 from __future__ import annotations
@@ -30,15 +34,18 @@ __all__ = [
 class Dialect:
     """What the broker can say to a peer (base class; one subclass per dialect family)."""
 
-    __slots__ = ("beats", "name", "partials")
+    __slots__ = ("beats", "errors", "name", "partials")
 
-    def __init__(self, name: str, *, partials: bool, beats: bool) -> None:
+    def __init__(self, name: str, *, partials: bool, beats: bool, errors: bool = True) -> None:
         #: Shown in logs and ``docs/protocol.md``: ``DCP/1``, ``DCP/1 (4-byte types)``, ...
         self.name = name
         #: Whether a client of this dialect can be sent partial replies.
         self.partials = partials
         #: Whether the broker heartbeats this dialect's workers itself (MDP: both sides beat).
         self.beats = beats
+        #: Whether this dialect has an error reply: a client can be told of a refusal, a
+        #: worker can answer a request with an error (MDP: neither, majordomo Rules M1, M5).
+        self.errors = errors
 
     def request(
         self,
@@ -66,9 +73,10 @@ class Dialect:
 
     def error(
         self, ident: bytes, service: bytes, metadata: tuple[bytes, ...], code: str, message: str
-    ) -> list[bytes]:
+    ) -> list[bytes] | None:
         """A dcp error reply to client ``ident`` (an ordinary reply whose data is the error:
-        marker, code, message)."""
+        marker, code, message); ``None`` if the dialect has none (:attr:`errors`): the
+        client is told nothing."""
         return self.reply(ident, service, metadata, error_reply_data(code, message))
 
     def registered(self, ident: bytes, service: bytes) -> list[bytes] | None:
@@ -131,6 +139,12 @@ class DcpDialect(Dialect):
         # The client address is kept in a reply (protocol.md #4).
         return [ident, b"", PROTOCOL, self._reply, ident, b"", *metadata, b"", *data]
 
+    def error(
+        self, ident: bytes, service: bytes, metadata: tuple[bytes, ...], code: str, message: str
+    ) -> list[bytes]:
+        """A dcp error reply (DCP always has one)."""
+        return self.reply(ident, service, metadata, error_reply_data(code, message))
+
     def registered(self, ident: bytes, service: bytes) -> list[bytes] | None:
         """The echo that confirms a registration."""
         return [ident, b"", PROTOCOL, self._register, service]
@@ -164,7 +178,7 @@ class MdpDialect(Dialect):
 
     def __init__(self, peer: mdp.MdpPeer) -> None:
         name = peer.form.value + (" (majortomo)" if peer.envelope and not peer.worker else "")
-        super().__init__(name, partials=peer.partials, beats=True)
+        super().__init__(name, partials=peer.partials, beats=True, errors=False)
         self.peer = peer
 
     def request(
@@ -187,6 +201,13 @@ class MdpDialect(Dialect):
         final: bool = True,
     ) -> list[bytes]:
         return [ident, *self.peer.client_answer(service, data, final=final)]
+
+    def error(
+        self, ident: bytes, service: bytes, metadata: tuple[bytes, ...], code: str, message: str
+    ) -> None:
+        """None: MDP has no error reply, and any body would read as data (majordomo Rule
+        M1)."""
+        return None
 
     def beat(self, ident: bytes) -> list[bytes]:
         return [ident, *self.peer.worker_heartbeat()]

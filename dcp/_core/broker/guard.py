@@ -48,9 +48,6 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESSIV
-
 __all__ = ["Guard"]
 
 _TAG = 16
@@ -83,6 +80,12 @@ class Guard:
         #: Rule S5: ``may_connect`` per principal seen since the last reload.
         self._connect: dict[str, bool] = {}
         self.max_bound = max_bound
+        # cryptography is imported when a Guard is made (CURVE on), not with dcp.
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+
+        #: What a forged or altered sealed address raises (Rule S4).
+        self._forged: type[Exception] = InvalidTag
         # A 64-byte key (AES-256-SIV), derived from the secret for this one use.
         self._siv = AESSIV(hashlib.blake2b(b"dcp seal aes-siv", key=seal_key[:64]).digest())
         self._owners: OrderedDict[bytes, str] = OrderedDict()
@@ -169,5 +172,5 @@ class Guard:
             return None
         try:
             return self._siv.decrypt(sealed, None)
-        except InvalidTag:
+        except self._forged:
             return None

@@ -2,13 +2,19 @@
 broker core's dialect handlers (:class:`~.core.Handler`).
 
 Rule M1 - Clients. An MDP request is a request with no metadata; the client is answered in
-  the form it used (:mod:`dcp.wire.mdp`). A refusal (queue full, client limit, ...) is a
-  FINAL whose body is a dcp error reply's three parts (MDP has no error command).
+  the form it used (:mod:`dcp.wire.mdp`), always with a body frame (an empty one where there
+  is no data: a handler that returned nothing, the end of a stream). A refusal (queue full,
+  client limit, too many services, redelivery limit, a broken stream, ...) is counted and
+  logged like any (core Rule R6), and the MDP client is told nothing: RFC 7 and RFC 18 have
+  no error command and a body is the service's data, so any answer would read as a reply;
+  their clients treat silence as failure (retry, then give up). An error reply a dcp worker
+  sends is its answer, and reaches the client as its body.
 Rule M2 - Workers. READY registers the worker for one service (a second READY, or a command
   MDP does not know, gets DISCONNECT and the worker is removed). Any command but READY from a
   peer that is not a registered worker gets DISCONNECT (RFC 7), except DISCONNECT itself.
   Registered MDP workers hold one request at a time: READY and each FINAL (REPLY in MDP/0.1)
-  give one credit; HEARTBEAT asks for no work. An answer is matched by client address alone.
+  give one credit; HEARTBEAT asks for no work. A REQUEST always has a body frame (an empty
+  one for a request with no data). An answer is matched by client address alone.
 Rule M3 - Partials. A PARTIAL is a part of a stream (:mod:`.streams`): it goes to the client
   of the request the worker holds for that address if the client's dialect has partials
   (MDP/0.2 and majortomo clients) or it asked for a stream (a dcp client); otherwise it is
@@ -16,6 +22,14 @@ Rule M3 - Partials. A PARTIAL is a part of a stream (:mod:`.streams`): it goes t
 Rule M4 - Heartbeats. The broker sends HEARTBEAT to every MDP worker each
   ``heartbeat_interval`` (the first a tick, ``heartbeat_interval / 4``, after the first such
   worker registered); an MDP worker's own heartbeats keep it alive (peers Rule L1).
+Rule M5 - Work timeouts. An MDP worker cannot answer a request with an error, so one that
+  drops a request (majortomo's drops one it cannot parse) and keeps heartbeating would hold
+  it for ever: a request with no work timeout of its own and none from the broker's
+  ``work_timeout`` gets ``mdp_work_timeout`` (60 s, as ``busy_timeout``) while an MDP worker
+  holds it, past which the worker is removed and the request redelivered (routing Rule R7).
+  Each PARTIAL the worker sends for it starts that timeout again (a stream may last).
+  The zguide's and majortomo's workers do not beat while they work, so a silent busy one was
+  already removed after ``busy_timeout`` (peers Rule L3).
 
 What this module does NOT do: credit or cancel towards MDP workers (MDP has neither, streams
 Rule ST4), or carry metadata (MDP has none: a DCP client's stays in the broker and comes back
@@ -112,7 +126,7 @@ class MdpPeers:
                 peer, dialect, name, metadata, event.body, now, forward=False
             )
             if refused is not None:
-                self._out.refuse(peer, dialect, name, (), *refused)
+                self._out.refuse(peer, dialect, name, (), *refused)  # Rule M1: told nothing
             return
         if worker is None:
             if isinstance(event, mdp.WorkerReady):
@@ -146,6 +160,9 @@ class MdpPeers:
         if not event.final:
             client = routing.unsealed(peer, event.client)
             if client is not None:
+                held = worker.held_for(client)
+                if held is not None:
+                    routing.progress(held, now)  # Rule M5: it is working on it
                 self._streams.mdp_partial(worker, client, event.body)  # streams Rules ST1, ST4
             return
         answered = routing.answered(peer, worker, event.client, None, now)

@@ -111,9 +111,12 @@ class Outputs:
         code: str,
         message: str,
     ) -> None:
-        """Refuse a request: count, log once, and tell its client with an error reply."""
+        """Refuse a request: count, log once, and tell its client with an error reply (if
+        its dialect has one: an MDP client is told nothing, majordomo Rule M1)."""
         self.reject(client, code, message)
-        self.outbox.append(origin.error(client, name, metadata, code, message))
+        frames = origin.error(client, name, metadata, code, message)
+        if frames is not None:
+            self.outbox.append(frames)
 
     def note(self, level: int, msg: str, *args: object) -> None:
         """A line for the operators' log (an event; the driver writes it)."""

@@ -29,15 +29,18 @@ What this module does NOT do: route, buffer or expire (:mod:`.pubsub` does), or 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
-from dcp._core.broker.dialects import DcpDialect
-from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.pubsub import Overflow, PubSub, Writer
 from dcp._core.broker.subjects import SubjectError, check_pattern, check_subject, matches
-from dcp.wire.messages import Request
 from dcp.wire.options import OPTION_PREFIX
+
+if TYPE_CHECKING:  # annotations only: the clients import this module's names
+    from dcp._core.broker.dialects import DcpDialect
+    from dcp._core.broker.outputs import Outputs
+    from dcp.wire.messages import Request
 
 __all__ = ["PUBSUB_PREFIX", "PubSubOptions", "PubSubPeers", "covers"]
 

@@ -9,21 +9,20 @@ Rule Q1 - Options. A request's dcp options (metadata parts starting with ``\\xff
 Rule Q2 - No-wait. A request carrying the no-wait option for a service no registered worker
   provides is refused at once (``no_workers``) instead of being queued.
 Rule Q3 - Deadlines. A request carrying expires-in (the time its caller has left) expires
-  that long after it arrived at the broker. A request still *queued* past its expiry is
-  dropped without a reply (its caller gave up) and counted (``expired_in_queue``). A request
-  held by a worker is not affected (work timeouts govern those, routing Rule R7); one its
-  worker gives back (routing Rule R5) is queued again under the same expiry, and dropped at
-  once if that has passed. Expiries live in one :class:`~dcp._util.DeadlineHeap`; a queue is
-  never scanned: an expired request stays in its deque as a *tombstone* (its payload freed),
-  skipped when it reaches the front (a queue's front is never a tombstone) and swept out
-  when tombstones outnumber the live requests.
-Rule Q4 - Replacement. A request carrying expires-in whose service, client address and
-  metadata (all of it but the expires-in part, which each attempt sets anew) equal those of
-  a *queued* request is a retry of it: it replaces that request in place (its metadata,
-  data, dialect and expiry; its place in the queue is kept) instead of queueing a copy, and
-  is counted (``replaced``), not accepted anew. A retry of a request a worker holds is queued
-  as a new request (that worker may have died). Requests without expires-in are never
-  matched, so plain DCP traffic pays nothing for this.
+  that long after it arrived at the broker; a forward keeps the deadline of the request it
+  passes on (routing Rule R9), and a retry moves it (Rule Q4). A request still *queued* past
+  its expiry is dropped without a reply (its caller gave up) and counted
+  (``expired_in_queue``). A request held by a worker is not affected (work timeouts govern
+  those, routing Rule R7); one its worker gives back (routing Rule R5) is queued again under
+  the same expiry, and dropped at once if that has passed. Expiries live in one
+  :class:`~dcp._util.DeadlineHeap`; a queue is never scanned: an expired request stays in its
+  deque as a *tombstone* (its payload freed), skipped when it reaches the front (a queue's
+  front is never a tombstone) and swept out when tombstones outnumber the live requests.
+Rule Q4 - Replacement. A retry (routing Rule R8: the same client address and dcp request id)
+  of a request still *queued* for the same service replaces it in place (its metadata, data,
+  dialect and expiry; its place in the queue is kept) instead of queueing a copy, and is
+  counted (``replaced``), not accepted anew. A retry of a request held by a worker, or passed
+  on by a forward, changes only its expiry (Rule Q3): routing Rule R8.
 """
 
 from __future__ import annotations
@@ -83,53 +82,54 @@ def _queued_live(pending: Pending, token: int) -> bool:
 
 
 class QueueDeadlines:
-    """The expiries of queued requests (Rule Q3) and the index retries are matched by (Rule
-    Q4). Only requests that carry expires-in are ever in either.
+    """The expiries of queued requests (Rule Q3) and what a retry changes (Rule Q4). Only
+    requests that carry expires-in (or whose retry did) are ever in the heap.
 
-    :param counters: the broker's counters (``expired_in_queue``, ``replaced``)
+    :param counters: the broker's counters (``expired_in_queue``)
     :param loads: the routing part's per-client loads (an expired request leaves its load)
     :param services: the routing part's services (one nobody serves is forgotten once its
         queue is empty)
+    :param inflight: the routing part's requests in flight (routing Rule R8): one that
+        expires leaves it
     """
 
     def __init__(
-        self, counters: BrokerCounters, loads: dict[bytes, Load], services: dict[bytes, Service]
+        self,
+        counters: BrokerCounters,
+        loads: dict[bytes, Load],
+        services: dict[bytes, Service],
+        inflight: dict[Key, Pending],
     ) -> None:
         self._counters = counters
         self._loads = loads
         self._services = services
+        self._inflight = inflight
         self._heap: DeadlineHeap[Pending] = DeadlineHeap(_queued_live)
-        #: Queued requests by key (Rule Q4).
-        self._index: dict[Key, Pending] = {}
-
-    @staticmethod
-    def key(name: bytes, client: bytes, metadata: tuple[bytes, ...]) -> Key:
-        """What a retry of this request is matched by (Rule Q4)."""
-        return name, client, tuple(p for p in metadata if request_expires_in((p,)) is None)
 
     def replace(
-        self,
-        key: Key,
-        origin: Dialect,
-        metadata: tuple[bytes, ...],
-        data: Sequence[bytes],
-        when: float,
-    ) -> bool:
-        """Rule Q4: whether a queued request matches ``key`` (then it takes the retry's
-        dialect, metadata, data and expiry ``when``)."""
-        queued = self._index.get(key)
-        if queued is None:
-            return False
+        self, queued: Pending, origin: Dialect, metadata: tuple[bytes, ...], data: Sequence[bytes]
+    ) -> None:
+        """Rule Q4: queued request ``queued`` takes its retry's dialect, metadata and data
+        (its expiry: :meth:`extend`)."""
         queued.origin = origin
         queued.metadata = metadata
         queued.data = data
-        expiry = queued.expiry
-        assert expiry is not None and expiry.queued
+
+    def extend(self, pending: Pending, when: float) -> None:
+        """Rules Q3 and Q4: ``pending``'s caller now gives up at ``when`` (a retry's
+        expires-in); ``pending`` is queued, or held (then it matters if it is given back,
+        routing Rule R5)."""
+        expiry = pending.expiry
+        if expiry is None:
+            pending.expiry = expiry = Expiry(when)
+            if pending.holder is None:
+                expiry.queued = True
+                self._push(pending, expiry)
+            return
         expiry.when = when
-        self._heap.live -= 1
-        self._push(queued, expiry)
-        self._counters.replaced += 1
-        return True
+        if expiry.queued:
+            self._heap.live -= 1
+            self._push(pending, expiry)
 
     def queued(self, pending: Pending) -> None:
         """``pending`` (carrying an expiry) entered its queue."""
@@ -137,7 +137,6 @@ class QueueDeadlines:
         assert expiry is not None
         expiry.queued = True
         self._push(pending, expiry)
-        self._index.setdefault(expiry.key, pending)
 
     def take(self, service: Service, now: float) -> Pending | None:
         """The request at the front of ``service``'s queue, taken out of it for a worker
@@ -178,6 +177,9 @@ class QueueDeadlines:
         """Rule Q3: ``pending``, no longer counted as queued or held, expired unanswered."""
         self._counters.expired_in_queue += 1
         pending.data = ()
+        key = pending.key
+        if key is not None and self._inflight.get(key) is pending:
+            del self._inflight[key]  # routing Rule R8
         load = pending.load
         load.inflight -= 1
         if not load.inflight:
@@ -206,8 +208,6 @@ class QueueDeadlines:
         expiry.queued = False
         expiry.dead = dead
         self._heap.live -= 1
-        if self._index.get(expiry.key) is pending:
-            del self._index[expiry.key]
 
     def _push(self, pending: Pending, expiry: Expiry) -> None:
         expiry.token += 1

@@ -1,9 +1,10 @@
 """The records the broker core's parts share: a registered worker (:class:`Session`), a
 service (:class:`Service`), a request (:class:`Pending`) and a queued request's deadline
 (:class:`Expiry`). Plain slotted state, no behaviour: the parts that own the collections
-apply the rules (:mod:`.peers`: liveness, Rules L1-L4; :mod:`.routing`: credit, queues and
-held requests, Rules R1-R2; :mod:`.queues`: options, expiries and retries, Rules Q1-Q4;
-:mod:`.redelivery`: Rules R5 and R7). They refer to one another, hence one module.
+apply the rules (:mod:`.peers`: liveness, Rules L1-L4; :mod:`.routing`: credit, queues, held
+requests, requests in flight and forward chains, Rules R1-R2, R8-R9; :mod:`.queues`: options,
+expiries and retries, Rules Q1-Q4; :mod:`.redelivery`: Rules R5 and R7). They refer to one
+another, hence one module.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from dcp._stats import DURATION_BUCKETS
 
 __all__ = ["Expiry", "Key", "Pending", "Service", "Session"]
 
-#: What a retry is matched by (queues Rule Q4): service, client address, metadata minus
-#: expires-in.
-Key: TypeAlias = "tuple[bytes, bytes, tuple[bytes, ...]]"
+#: What a request in flight is known by (routing Rule R8): its client's address and its dcp
+#: request id.
+Key: TypeAlias = "tuple[bytes, bytes]"
 
 
 class Session:
@@ -67,13 +68,12 @@ class Session:
 
 
 class Expiry:
-    """When a request's caller gives up, and its bookkeeping (queues Rules Q3 and Q4)."""
+    """When a request's caller gives up, and its bookkeeping (queues Rule Q3)."""
 
-    __slots__ = ("dead", "key", "queued", "token", "when")
+    __slots__ = ("dead", "queued", "token", "when")
 
-    def __init__(self, when: float, key: Key) -> None:
+    def __init__(self, when: float) -> None:
         self.when = when
-        self.key = key
         #: In a queue now (its latest heap entry stands).
         self.queued = False
         #: Dropped from its queue (a tombstone until it reaches the front or is swept).
@@ -86,10 +86,12 @@ class Pending:
     """A request in a queue or held by a worker."""
 
     __slots__ = (
+        "chain",
         "client",
         "data",
         "expiry",
         "holder",
+        "key",
         "load",
         "metadata",
         "origin",
@@ -115,6 +117,8 @@ class Pending:
         work_timeout: float | None,
         expiry: Expiry | None,
         since: float,
+        key: Key | None = None,
+        chain: tuple[bytes, ...] = (),
     ) -> None:
         #: Arrival order, to serve a multi-service worker the oldest request first.
         self.seq = seq
@@ -137,6 +141,12 @@ class Pending:
         self.token = 0
         #: When it was queued or last dispatched (directory Rule D5: queue age, timing).
         self.since = since
+        #: Its client's address and dcp request id, if it has one: it is in the routing
+        #: part's index of requests in flight under this key (routing Rule R8).
+        self.key = key
+        #: The services it passed through before this one, oldest first (a forward's;
+        #: empty for a client's own request; routing Rule R9).
+        self.chain = chain
 
 
 class Service:

@@ -11,7 +11,8 @@ Rule R5 - Redelivery. A worker that leaves, or is removed (liveness, unreachable
   that keeps going away, or several, look the same to the broker). A request whose caller's
   deadline passed while it was held is not put back (queues Rule Q3).
 Rule R7 - Work timeouts. A request may carry a work timeout (a metadata option, see
-  :func:`~dcp.wire.messages.work_timeout_option`; else the broker's ``work_timeout``, if any).
+  :func:`~dcp.wire.messages.work_timeout_option`; else the broker's ``work_timeout``, if any;
+  else, held by an MDP worker, the broker's ``mdp_work_timeout``: majordomo Rule M5).
   A worker that holds it longer than that is treated as lost, as in Rule R5: it is expelled
   and removed, and what it held is redelivered. The same peer may register again at once but
   gets no work for ``liveness x heartbeat_interval`` (quarantine, peers Rule L4), so a worker
@@ -169,7 +170,7 @@ class Redelivery:
                 "worker %s held a request for %r past its work timeout (%.3f s): removing it",
                 PeerId(worker.ident),
                 pending.service.name[:64],
-                pending.work_timeout,
+                routing.held_timeout(pending),
             )
             out.counters.work_timeouts += 1
             quarantine[worker.ident] = now + self._quarantine_for

@@ -26,6 +26,36 @@ Rule R2 - Queues. Each service has a FIFO queue of requests. A worker with credi
   context, ``docs/tracing.md``); an answer that matches nothing releases
   nothing (guessing could release a request the worker is still running, which would then
   not be redelivered if it died).
+Rule R8 - At most once while the worker lives. A request whose first metadata part is a dcp
+  request id (:data:`~dcp.wire.options.REQUEST_ID_PREFIX`: a dcp client's) is *in flight*
+  from when the broker accepts it until it ends (answered, refused, failed, dropped at its
+  expiry or given up): queued, held by a worker, or passed on by a forward (which carries the
+  same client address and id, so a chain is one request in flight). The broker indexes these
+  by (client address, request id). A request that arrives with the key of one in flight is a
+  retry (its client's attempt timed out) and is never queued or run again: a queued copy for
+  the same service takes its metadata, data and dialect (queues Rule Q4); one held or passed
+  on keeps running, and its answer, when it comes, answers the retry too (the client matches
+  replies by id), once. In every case the retry's expires-in, if any, becomes the request's
+  deadline (queues Rule Q3: it applies if the request is queued again, Rule R5) and its
+  dialect the one answered in; it is counted (``replaced``), not accepted anew. So a request
+  is run again only when the broker gives it back from a worker that went away (Rule R5) or
+  timed out (Rule R7), never because a client's timer fired. A forward that carries the key
+  of a request in flight held by another worker or queued (its sender is a worker the broker
+  gave up on, and the request was given back) is dropped and counted
+  (``duplicate_forward``); one whose sender holds that request but changed its metadata (so
+  it matched nothing, Rule R2) is passed on as before, not indexed. The index holds
+  only requests the broker keeps anyway (bounded by the queue and held limits), and an entry
+  leaves it when its request ends. Requests without a dcp id (MDP, DBP and plain DCP
+  clients) are not indexed.
+Rule R9 - Forward chains. A forward that finishes a request its sender holds continues that
+  request's *chain*: the services it went through (the last ``MAX_CHAIN``), and its
+  deadline (its expiry, queues Rule Q3, not one counted afresh from the forward's arrival).
+  A forward to a service no registered worker provides fails the chain at once with a
+  ``no_workers`` error reply (as no-wait does for a client, queues Rule Q2: a forward cannot
+  usefully wait for a worker that may never come). An error reply to a request that came by a
+  forward (refused here, failed at the broker, or a worker's error reply) reaches a dcp
+  client with the chain after its metadata, one :data:`~dcp.wire.options.VIA_PREFIX` part per
+  service, the last the one where it failed (``docs/protocol.md``).
 Rules R5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
 :mod:`.redelivery`. Registration (its refusals, approval, security Rule S3): here.
 """
@@ -45,13 +75,49 @@ from dcp._core.broker.guard import Guard
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.peers import Sessions
 from dcp._core.broker.queues import QueueDeadlines, read_options
-from dcp._core.broker.records import Expiry, Pending, Service, Session
+from dcp._core.broker.records import Expiry, Key, Pending, Service, Session
 from dcp._core.broker.streams import Streams
 from dcp._stats import DURATION_BUCKETS
 from dcp._util import DeadlineHeap, PeerId
-from dcp.wire.options import without_options
+from dcp.wire.options import REQUEST_ID_PREFIX, via_parts, without_options
 
-__all__ = ["Routing", "work_deadline_live"]
+__all__ = [
+    "MAX_CHAIN",
+    "Routing",
+    "chain_of",
+    "error_metadata",
+    "with_chain",
+    "work_deadline_live",
+]
+
+#: Services of a forward chain the broker remembers per request, the latest (Rule R9).
+MAX_CHAIN = 16
+_ID = REQUEST_ID_PREFIX
+_ID_LEN = len(REQUEST_ID_PREFIX)
+
+
+def chain_of(upstream: Pending | None, name: bytes) -> tuple[bytes, ...]:
+    """Rule R9: the chain of a forward to ``name`` that finished ``upstream`` (``None``: it
+    finished nothing), ``name`` last."""
+    if upstream is None:
+        return (name,)
+    return (*upstream.chain, upstream.service.name, name)[-MAX_CHAIN:]
+
+
+def with_chain(metadata: tuple[bytes, ...], chain: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """Rule R9: an error reply's ``metadata`` with ``chain`` after it, if its client is a dcp
+    client (its first part a dcp request id)."""
+    if metadata and metadata[0][:_ID_LEN] == _ID:
+        return (*metadata, *via_parts(chain[-MAX_CHAIN:]))
+    return metadata
+
+
+def error_metadata(pending: Pending) -> tuple[bytes, ...]:
+    """Rule R9: the metadata of an error reply to ``pending``: its own, and its chain if it
+    came by a forward."""
+    if pending.chain:
+        return with_chain(pending.metadata, (*pending.chain, pending.service.name))
+    return pending.metadata
 
 
 def work_deadline_live(pending: Pending, token: int) -> bool:
@@ -74,6 +140,9 @@ class Routing:
     :param approvals: registrations waiting for the approver (``None``: no approver)
     :param work_timeout: seconds a worker may hold a request that carries no work timeout
         (``None``: no limit; Rule R7)
+    :param mdp_work_timeout: seconds a worker of a dialect with no error reply (MDP) may hold
+        a request that has no work timeout after ``work_timeout`` (``None``: no limit;
+        majordomo Rule M5)
     """
 
     def __init__(
@@ -87,9 +156,11 @@ class Routing:
         guard: Guard | None,
         approvals: Approvals | None,
         work_timeout: float | None,
+        mdp_work_timeout: float | None = None,
     ) -> None:
         self.limits = limits
         self.work_timeout = work_timeout
+        self.mdp_work_timeout = mdp_work_timeout
         self._sessions = sessions
         self._out = outputs
         self._outbox = outputs.outbox
@@ -105,8 +176,10 @@ class Routing:
         self.loads: dict[bytes, Load] = {}
         #: Work-timeout deadlines of held requests (Rule R7).
         self.work_deadlines: DeadlineHeap[Pending] = DeadlineHeap(work_deadline_live)
-        #: Expiries of queued requests, and retries' matches (queues Rules Q3 and Q4).
-        self.queues = QueueDeadlines(self._counters, self.loads, self.services)
+        #: Requests in flight by (client address, dcp request id) (Rule R8).
+        self.inflight: dict[Key, Pending] = {}
+        #: Expiries of queued requests, and what retries change (queues Rules Q3 and Q4).
+        self.queues = QueueDeadlines(self._counters, self.loads, self.services, self.inflight)
 
     # -------------------------------------------------------------- requests
 
@@ -120,26 +193,58 @@ class Routing:
         now: float,
         *,
         forward: bool,
+        upstream: Pending | None = None,
+        sender: bytes = b"",
     ) -> tuple[str, str] | None:
         """Queue or dispatch a request (admission rules in :mod:`.admission`, options in
-        :mod:`.queues`); on refusal, return ``(code, message)`` (the caller tells the
-        client)."""
+        :mod:`.queues`), or join it to the one in flight it retries (Rule R8); on refusal,
+        return ``(code, message)`` (the caller tells the client).
+
+        :param forward: it comes from a registered worker on behalf of ``client``
+        :param upstream: the request a forward finished (Rule R9), if any
+        :param sender: the forwarding worker's address (for a forward's log line)
+        """
+        key = None
+        if metadata and metadata[0][:1] == b"\xff" and metadata[0].startswith(_ID):
+            key = (client, metadata[0])
+            running = self.inflight.get(key)
+            if running is not None:
+                if not forward:
+                    self._retried(running, origin, name, metadata, data, now)
+                    return None
+                holder = running.holder
+                if holder is None or holder.ident != sender:
+                    self._out.reject(
+                        sender,
+                        "duplicate_forward",
+                        "a forward of a request in flight elsewhere (for %s)",
+                        Name(running.service.name),
+                    )
+                    return None
+                key = None  # its sender holds it but changed its metadata (Rule R2)
         limits = self.limits
         service = self.services.get(name)
         work_timeout = expiry = None
         options = read_options(metadata)
         if options is not None:
-            # Queues Rules Q2 and Q4 (only requests carrying options get here).
+            # Queues Rules Q2 and Q3 (only requests carrying options get here).
             if options.no_wait and (service is None or not service.workers):
                 return "no_workers", f"no worker serves {name[:64]!r}"
             work_timeout = options.work_timeout
             if options.expires_in is not None:
-                queues = self.queues
-                key = queues.key(name, client, metadata)
-                when = now + options.expires_in
-                if queues.replace(key, origin, metadata, data, when):
-                    return None
-                expiry = Expiry(when, key)
+                expiry = Expiry(now + options.expires_in)
+        chain: tuple[bytes, ...] = ()
+        if forward:
+            if service is None or not service.workers:
+                return "no_workers", f"no worker serves {name[:64]!r}"  # Rule R9
+            if upstream is not None:
+                chain = (*upstream.chain, upstream.service.name)[-MAX_CHAIN:]
+                if upstream.expiry is not None:
+                    when = upstream.expiry.when
+                    if when <= now:
+                        self._counters.expired_in_queue += 1  # its caller gave up
+                        return None
+                    expiry = Expiry(when)
         if service is None:
             refused = admission.new_service_refusal(limits, len(self.services), name)
             if refused is not None:
@@ -183,7 +288,11 @@ class Routing:
             work_timeout,
             expiry,
             now,
+            key,
+            chain,
         )
+        if key is not None:
+            self.inflight[key] = pending
         service.requests += 1
         if idle:
             self.dispatch(next(iter(idle.values())), pending, now)
@@ -193,6 +302,25 @@ class Routing:
             if expiry is not None:
                 self.queues.queued(pending)
         return None
+
+    def _retried(
+        self,
+        running: Pending,
+        origin: Dialect,
+        name: bytes,
+        metadata: tuple[bytes, ...],
+        data: Sequence[bytes],
+        now: float,
+    ) -> None:
+        """Rule R8: a client's retry of ``running``, which is in flight."""
+        self._counters.replaced += 1
+        running.origin = origin
+        queues = self.queues
+        if running.holder is None and not running.chain and running.service.name == name:
+            queues.replace(running, origin, metadata, data)  # queues Rule Q4
+        options = read_options(metadata)
+        if options is not None and options.expires_in is not None:
+            queues.extend(running, now + options.expires_in)
 
     def release(
         self, worker: Session, client: bytes, metadata: tuple[bytes, ...] | None, now: float
@@ -261,12 +389,13 @@ class Routing:
         return client
 
     def error_reply(self, pending: Pending, code: str, message: str) -> None:
-        """An error reply to ``pending``'s client, in its dialect."""
-        self._outbox.append(
-            pending.origin.error(
-                pending.client, pending.service.name, pending.metadata, code, message
-            )
+        """An error reply to ``pending``'s client, in its dialect, with its chain (Rule R9;
+        none to an MDP client, majordomo Rule M1)."""
+        frames = pending.origin.error(
+            pending.client, pending.service.name, error_metadata(pending), code, message
         )
+        if frames is not None:
+            self._outbox.append(frames)
 
     # ---------------------------------------------------------------- credit
 
@@ -325,11 +454,14 @@ class Routing:
         held.append(pending)
         pending.holder = worker
         pending.since = now
-        if pending.work_timeout is not None:
+        timeout = pending.work_timeout
+        if timeout is None and not worker.dialect.errors:
+            timeout = self.mdp_work_timeout  # majordomo Rule M5
+        if timeout is not None:
             pending.token += 1
             deadlines = self.work_deadlines
             deadlines.live += 1
-            deadlines.push(now + pending.work_timeout, pending.token, pending)
+            deadlines.push(now + timeout, pending.token, pending)
         self._counters.dispatched += 1
         self._outbox.append(
             worker.dialect.request(
@@ -339,16 +471,41 @@ class Routing:
 
     def unhold(self, pending: Pending) -> None:
         """``pending`` is no longer held by a worker."""
-        pending.holder = None
-        if pending.work_timeout is not None:
+        if self.held_timeout(pending) is not None:
             self.work_deadlines.live -= 1
+        pending.holder = None
+
+    def progress(self, pending: Pending, now: float) -> None:
+        """Majordomo Rule M5: held ``pending`` had a part answered at ``now``: its
+        ``mdp_work_timeout`` (not a work timeout of its own) starts again."""
+        timeout = self.mdp_work_timeout
+        if timeout is not None and pending.work_timeout is None:
+            pending.token += 1  # the older deadline is stale; live stays one
+            self.work_deadlines.push(now + timeout, pending.token, pending)
+
+    def held_timeout(self, pending: Pending) -> float | None:
+        """Rule R7: the work timeout of ``pending`` while it is held: its own (or the
+        broker's), else ``mdp_work_timeout`` if its worker's dialect has no error reply
+        (majordomo Rule M5)."""
+        timeout = pending.work_timeout
+        if timeout is None:
+            holder = pending.holder
+            if holder is not None and not holder.dialect.errors:
+                return self.mdp_work_timeout
+        return timeout
 
     def finish(self, pending: Pending) -> None:
         """The broker is done with held ``pending`` (answered, or no longer tracked): its
         client's load drops, its stream (if any) ends (streams Rule ST7)."""
+        holder = pending.holder
         pending.holder = None
-        if pending.work_timeout is not None:
+        if pending.work_timeout is not None or (
+            holder is not None and not holder.dialect.errors and self.mdp_work_timeout is not None
+        ):
             self.work_deadlines.live -= 1
+        key = pending.key
+        if key is not None and self.inflight.get(key) is pending:
+            del self.inflight[key]  # Rule R8
         load = pending.load
         load.inflight -= 1
         if not load.inflight:

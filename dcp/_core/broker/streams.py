@@ -292,12 +292,14 @@ class Streams:
         self._outbox.append([worker.ident, *frames])
 
     def _error(self, pending: Pending, code: str, message: str) -> None:
-        """An error reply ending ``pending``'s stream (after what is held, Rule ST3)."""
+        """An error reply ending ``pending``'s stream (after what is held, Rule ST3; none to
+        an MDP client, majordomo Rule M1)."""
         client = pending.client
-        self.answer(
-            client,
-            pending.origin.error(client, pending.service.name, pending.metadata, code, message),
+        frames = pending.origin.error(
+            client, pending.service.name, pending.metadata, code, message
         )
+        if frames is not None:
+            self.answer(client, frames)
 
     # ------------------------------------------------------------ for the other parts
 

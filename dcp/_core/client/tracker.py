@@ -93,7 +93,7 @@ from dcp._stats import ClientStatistics
 from dcp._util import DeadlineHeap
 from dcp.wire.dcp1 import check_type_width, parse, serialize
 from dcp.wire.messages import Reply, Request, parse_error_reply
-from dcp.wire.options import OPTION_PREFIX, REQUEST_ID_PREFIX, expires_in_option
+from dcp.wire.options import OPTION_PREFIX, REQUEST_ID_PREFIX, expires_in_option, via_services
 
 __all__ = ["RequestTracker"]
 
@@ -347,11 +347,16 @@ class RequestTracker:
         error = parse_error_reply(data)
         if error is not None:
             code, message = error
+            via = via_services(metadata)  # routing Rule R9: a forward chain's
+            chain = tuple(_text(service) for service in via)
             if code == "no_workers":
                 self._no_workers += 1
+                if via:
+                    text = f"no worker serves {_name(via[-1])} ({' -> '.join(chain)})"
+                    return rid, NoWorkers(via[-1], text, chain)
                 return rid, NoWorkers(p.service, f"no worker serves {_name(p.service)}: {message}")
             self._errors += 1
-            return rid, RemoteError(code, message)
+            return rid, RemoteError(code, message, chain)
         self._replies += 1
         user = metadata[1:]
         if user and user[0][:5] == OPTION_PREFIX:
@@ -541,6 +546,11 @@ class RequestTracker:
         order.append(rid)
 
 
+def _text(service: bytes) -> str:
+    """A service name as text (UTF-8; other bytes escaped)."""
+    return service.decode("utf-8", "backslashreplace")
+
+
 def _name(service: bytes) -> str:
     """A service name for messages: its text if it is UTF-8, quoted."""
-    return repr(service.decode("utf-8", "backslashreplace"))
+    return repr(_text(service))
