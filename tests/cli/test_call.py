@@ -161,8 +161,8 @@ def test_json_errors_and_an_exit_status_for_each_failure(
             TIMED_OUT,
             "RequestTimeout",
             "timeout",
-            "no reply after 1 attempt(s) of 0.5s; the broker answers: the service's workers "
-            "did not reply in time",
+            "no reply after 0.5s (1 attempt sent); the broker answers, and a worker serves "
+            "'slow': it did not reply in time",
         ),
         (["nobody"], NO_WORKERS, "NoWorkers", "no_workers", "no worker serves 'nobody' ("),
     ]
