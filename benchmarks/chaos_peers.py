@@ -261,6 +261,8 @@ def _client_options(args: argparse.Namespace) -> dict[str, Any]:
         "backoff": args.backoff,
         "backoff_max": args.backoff_max,
         "work_timeout": args.work_timeout,
+        # Through broker restarts: a new broker has no workers until they re-register.
+        "wait_for_worker": True,
     }
 
 

@@ -72,6 +72,7 @@ def run_round(
                     timeout=attempt_timeout * 3,
                     attempt_timeout=attempt_timeout,
                     retries=2,
+                    wait_for_worker=True,  # a restarted broker has no workers for a moment
                 ) as client,
                 anyio.create_task_group() as tg,
             ):

@@ -35,7 +35,7 @@ from dcp._http import http_options
 from dcp._http import require as require_http
 from dcp._io.beacon import send_beacons
 from dcp._io.context import get_context
-from dcp._io.lifecycle import Lifecycle
+from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveServer, configure_server_socket
 from dcp._io.sockets import AsyncSocket
 from dcp._stats import BrokerStatistics
@@ -374,10 +374,12 @@ class Broker:
             self._beacon, port, address=self._beacon_address, key=key, task_status=task_status
         )
 
+    @ki_protected  # dcp._io.lifecycle Rule E6
     async def __aenter__(self) -> Broker:
         await self._lifecycle.enter(self.serve)
         return self
 
+    @ki_protected
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,

@@ -3,16 +3,18 @@
 Rules:
 
 Rule CL1 - By default a call fails at once when no worker serves its service, as NATS's ``nats
-   req`` answers "no responders": a plain call carries the no-wait option (the broker answers
-   ``no_workers`` at once), a ``--stream`` call asks ``mmi.service`` first. ``--wait``
-   queues the call until a worker comes or ``--timeout`` passes. Either way, "no worker
-   serves it" is one line and exit status :data:`NO_WORKERS`.
+   req`` answers "no responders": the library's default (:mod:`dcp._client.options` Rule
+   CO4: the call carries the no-wait option, the broker answers ``no_workers`` at once).
+   ``--wait`` (``wait_for_worker=True``) queues the call until a worker comes or
+   ``--timeout`` passes. Either way, "no worker serves it" is one line and exit status
+   :data:`NO_WORKERS`.
 Rule CL2 - ``-v`` (INFO on ``dcp.cli``): the broker it talks to, what it sent (service, parts,
    bytes), each resend as it happens, and the reply (parts, bytes, time). ``-vv`` adds the
    client's DEBUG lines (each message from the broker).
-Rule CL3 - A call that timed out (not "no worker") asks the broker ``mmi.service`` for half a
-   second more, and its error line says whether the broker answered: no answer is most likely no
-   broker at that endpoint.
+Rule CL3 - A call that timed out (not "no worker") says whether the broker answered: the
+   library's :exc:`~dcp.RequestTimeout` says so (:mod:`dcp._core.client.tracker` Rule RT7:
+   "nothing heard from ...: is a dcp broker running there?", or "the broker answers, and a
+   worker serves ...").
 Rule CL4 - Exit statuses: 0 a reply; :data:`NO_WORKERS` (4) no worker serves the service;
    :data:`ERROR_REPLY` (5) an error reply (the worker's handler failed, or the broker refused
    the request: its code says which); :data:`TIMED_OUT` (6) no reply in time; 1 any other
@@ -131,18 +133,18 @@ def _no_workers(exc: NoWorkers, service: str, waited: bool) -> CallFailed:
     return CallFailed(message, NO_WORKERS, kind="NoWorkers", error="no_workers", detail=message)
 
 
-def _failed(exc: DCPError, why: str) -> CallFailed:
+def _failed(exc: DCPError) -> CallFailed:
     """Rule CL4: a call's error (not "no worker"), its exit status and ``--json`` form."""
     from dcp._errors import RemoteError, RequestTimeout
 
     kind = type(exc).__name__
-    line = f"{kind}: {exc}{why}"
+    line = f"{kind}: {exc}"
     if isinstance(exc, RemoteError):
         return CallFailed(line, ERROR_REPLY, kind=kind, error=exc.code, detail=exc.message)
     if isinstance(exc, RequestTimeout):
-        return CallFailed(line, TIMED_OUT, kind=kind, error="timeout", detail=f"{exc}{why}")
+        return CallFailed(line, TIMED_OUT, kind=kind, error="timeout", detail=str(exc))
     error = "".join(f"_{c.lower()}" if c.isupper() else c for c in kind).lstrip("_")
-    return CallFailed(line, 1, kind=kind, error=error, detail=f"{exc}{why}")
+    return CallFailed(line, 1, kind=kind, error=error, detail=str(exc))
 
 
 def _connected(client: Client, args: argparse.Namespace) -> None:
@@ -154,27 +156,6 @@ def _connected(client: Client, args: argparse.Namespace) -> None:
         attempt = args.timeout / (args.retries + 1)
         limits = f"timeout {args.timeout:g} s, {args.retries} resend(s) after {attempt:.3g} s"
     logger.info("broker %s%s; %s", client.endpoint, heard, limits)
-
-
-#: Seconds ``dcp call`` waits for the broker's answer to ``mmi.service`` after a timeout.
-HEALTH_TIMEOUT = 0.5
-
-
-async def _why_no_reply(client: Client, args: argparse.Namespace) -> str:
-    """Rule CL3: after a timeout, whether the broker itself answers (``mmi.service``), as a
-    hint to append to the error line: a new user's first timeout is a broker that is not
-    there. A broker of ``--type-width 4`` (the DagBox C++ one) has no ``mmi.service``."""
-    from dcp._errors import DCPError
-
-    if args.type_width != 1:
-        return ""
-    try:
-        await client.request(
-            "mmi.service", args.service, timeout=HEALTH_TIMEOUT, retries=0, no_wait=False
-        )
-    except DCPError:
-        return f"; no answer from {client.endpoint} either: is a dcp broker running there?"
-    return "; the broker answers: the service's workers did not reply in time"
 
 
 async def _watch_resends(client: Client, attempts: int) -> None:
@@ -204,7 +185,7 @@ async def _request(
                 *data,
                 metadata=metadata,
                 work_timeout=args.work_timeout,
-                no_wait=not args.wait,
+                wait_for_worker=args.wait,
             )
         except DCPError as exc:
             outcome = exc
@@ -228,7 +209,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def _call(args: argparse.Namespace) -> int:
     from dcp._client.client import Client
-    from dcp._errors import DCPError, NoWorkers, RequestTimeout
+    from dcp._errors import DCPError, NoWorkers
 
     metadata = [part.encode() for part in args.metadata]
     if not all(metadata):
@@ -266,8 +247,7 @@ def _call(args: argparse.Namespace) -> int:
             except DCPError as exc:
                 took = _ms(anyio.current_time() - began)
                 logger.info("no reply: %s (after %s)", type(exc).__name__, took)
-                why = await _why_no_reply(client, args) if type(exc) is RequestTimeout else ""
-                raise _failed(exc, why) from None
+                raise _failed(exc) from None
             logger.info(
                 "reply after %s: data %s, metadata %s",
                 _ms(anyio.current_time() - began),
@@ -300,26 +280,20 @@ async def call_stream(
     client: Client, args: argparse.Namespace, data: list[bytes], metadata: list[bytes]
 ) -> None:
     """``--stream``: print each part as it arrives (one line per data part, or one JSON
-    object per part with ``--json``). Without ``--wait``, ask ``mmi.service`` first (Rule CL1).
+    object per part with ``--json``). Without ``--wait`` it fails at once when no worker
+    serves the service (Rule CL1).
 
     :raises dcp.NoWorkers: the broker says nobody serves the service (without ``--wait``)
     """
-    from dcp._errors import NoWorkers, RequestTimeout
-
     service = args.service.encode()
-    if not args.wait:
-        try:
-            answer = await client.request(
-                "mmi.service", service, timeout=min(1.0, args.timeout), retries=0
-            )
-        except RequestTimeout:
-            answer = None  # no answer: a broker without mmi.service; the stream will tell
-        if answer is not None and answer.data == (b"404",):
-            raise NoWorkers(service, "mmi.service answered 404")
     out = sys.stdout.buffer
     parts = 0
     async with client.stream(
-        service, *data, metadata=metadata, work_timeout=args.work_timeout
+        service,
+        *data,
+        metadata=metadata,
+        work_timeout=args.work_timeout,
+        wait_for_worker=args.wait,
     ) as stream:
         async for part in stream:
             parts += 1

@@ -42,7 +42,7 @@ from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
-from dcp._io.lifecycle import Lifecycle
+from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._json import encode_json
@@ -68,7 +68,9 @@ class Client(ClientOptions):
             async for response in client.map("echo", payloads, window=64):
                 ...
 
-    Requests are matched to replies by an id dcp puts first in the metadata. ``timeout``
+    A call to a service that no worker serves fails at once with :exc:`~dcp.NoWorkers`,
+    unless ``wait_for_worker=True`` (for the client or the call) queues it until a worker
+    comes. Requests are matched to replies by an id dcp puts first in the metadata. ``timeout``
     bounds each whole call; within it, an attempt left unanswered for ``attempt_timeout`` is
     resent with the same id, at most ``retries`` times (see
     :class:`~dcp._core.client.tracker.RequestTracker` for the exact rule). Each attempt tells
@@ -91,9 +93,12 @@ class Client(ClientOptions):
     :param attempt_timeout: default seconds per attempt before a resend (``None``: each
         call's ``timeout / (retries + 1)``, 10 s with the defaults)
     :param retries: default resends after a timed-out attempt
-    :param no_wait: default of :meth:`request`'s ``no_wait``: ask the broker to answer at
-        once, with :exc:`~dcp.NoWorkers`, when no worker serves the service, instead of
-        queueing the request (a dcp broker does; another broker queues it as usual)
+    :param wait_for_worker: default of :meth:`request`'s ``wait_for_worker``. ``False``
+        (the default): a call to a service no worker serves fails at once with
+        :exc:`~dcp.NoWorkers` (a dcp broker answers so; another broker queues it as usual).
+        ``True``: the broker queues the call until a worker comes or its time is up.
+    :param no_wait: the old spelling of ``wait_for_worker``, inverted (``no_wait=True`` is
+        ``wait_for_worker=False``); still accepted
     :param backoff: delay cap before the first resend (seconds)
     :param backoff_factor: growth of the delay cap per resend
     :param backoff_max: largest delay cap (seconds)
@@ -119,7 +124,8 @@ class Client(ClientOptions):
         (``docs/tracing.md``): ``True`` (the global tracer provider) or a
         ``TracerProvider``; needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError``
         naming it otherwise)
-    :raises ValueError: a bad option (e.g. ``type_width`` not 1 or 4), before any socket
+    :raises ValueError: a bad option (e.g. ``type_width`` not 1 or 4, or a malformed
+        ``endpoint``, named: ``bad endpoint 'tcp://*:5555': ...``), before any socket
         exists
     """
 
@@ -148,6 +154,7 @@ class Client(ClientOptions):
 
     # ------------------------------------------------------------------ lifecycle
 
+    @ki_protected  # dcp._io.lifecycle Rule E6
     async def __aenter__(self) -> Client:
         receiver = self._receiver
         if receiver.socket is not None or receiver.closed:
@@ -155,6 +162,7 @@ class Client(ClientOptions):
         await self._lifecycle.enter(self._serve, stop=self._close)
         return self
 
+    @ki_protected
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -170,10 +178,11 @@ class Client(ClientOptions):
         receive task and the handshake watch until cancelled; ready once connecting began
         (zmq connects in the background). The socket is closed when it returns."""
         receiver = self._receiver
+        mon = None
         try:
             if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon
                 key = None if self._security is None else self._security.server_key
-                self.endpoint = await resolve(self.endpoint, key=key)
+                self.endpoint = self._tracker.endpoint = await resolve(self.endpoint, key=key)
             sock, mon = connect_dealer(
                 self._context, self.routing_id, self._security, self.endpoint
             )
@@ -187,6 +196,10 @@ class Client(ClientOptions):
                 await anyio.sleep_forever()
         finally:
             receiver.shutdown(None)
+            if mon is not None:
+                # Closed by watch_handshakes, unless a Ctrl-C kept that task from starting
+                # (dcp._io.lifecycle Rule E6); closing twice is harmless.
+                mon.close(0)
 
     def _close(self) -> None:
         self._receiver.shutdown(None)
@@ -209,6 +222,7 @@ class Client(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> Response:
         """Send a request and wait for its reply.
@@ -225,10 +239,13 @@ class Client(ClientOptions):
             client's, else ``timeout / (retries + 1)``)
         :param retries: resends after timed-out attempts (default: the client's)
         :param work_timeout: seconds a worker may hold it (default: the client's)
-        :param no_wait: fail at once with :exc:`NoWorkers` if no worker serves the service
-            (default: the client's; needs a dcp broker)
+        :param wait_for_worker: ``True``: queue the request until a worker serves the
+            service; ``False``: fail at once with :exc:`NoWorkers` if none does (default: the
+            client's, ``False``; needs a dcp broker)
+        :param no_wait: the old spelling of ``wait_for_worker``, inverted
         :raises TypeError: a part that is not ``bytes`` or ``str`` (nothing is sent)
-        :raises ValueError: an empty metadata part, a bad option (nothing is sent)
+        :raises ValueError: an empty metadata part, a bad option (``wait_for_worker`` and
+            ``no_wait`` disagreeing too; nothing is sent)
         :raises NoWorkers: no worker serves the service (the broker said so)
         :raises RequestTimeout: no reply within ``timeout``, or after the last attempt
         :raises RemoteError: a dcp error reply (from a worker or the broker)
@@ -237,7 +254,7 @@ class Client(ClientOptions):
         """
         service = service_bytes(service)
         parts = data_parts(data)
-        metadata = self._metadata(metadata, work_timeout, no_wait)
+        metadata = self._metadata(metadata, work_timeout, wait_for_worker, no_wait)
         timing = self._tracker.timing(timeout, attempt_timeout, retries)
         receiver = self._receiver
         if self._tracing is None:
@@ -266,6 +283,7 @@ class Client(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> Any:
         """Send ``obj`` as one JSON data part (UTF-8) and return the reply's one data part
@@ -285,6 +303,7 @@ class Client(ClientOptions):
             attempt_timeout=attempt_timeout,
             retries=retries,
             work_timeout=work_timeout,
+            wait_for_worker=wait_for_worker,
             no_wait=no_wait,
         )
         return response.json()
@@ -349,6 +368,7 @@ class Client(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> AsyncGenerator[Response, None]:
         """Request ``service`` once per payload; yield the replies in input order.
@@ -372,7 +392,15 @@ class Client(ClientOptions):
         :raises ValueError: ``window`` < 1 or another bad option (at once, not on iteration)
         """
         checked, meta, timing = self._map_options(
-            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+            window,
+            service,
+            metadata,
+            timeout,
+            attempt_timeout,
+            retries,
+            work_timeout,
+            wait_for_worker,
+            no_wait,
         )
         return self._map(
             checked,
@@ -396,12 +424,21 @@ class Client(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> AsyncGenerator[tuple[int, Response], None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive (``index``
         is the payload's position in ``payloads``)."""
         checked, meta, timing = self._map_options(
-            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+            window,
+            service,
+            metadata,
+            timeout,
+            attempt_timeout,
+            retries,
+            work_timeout,
+            wait_for_worker,
+            no_wait,
         )
         return self._map(
             checked,
@@ -425,6 +462,7 @@ class Client(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> AsyncGenerator[Outcome, None]:
         """Like :meth:`map`, but yield every request's outcome instead of raising failures:
@@ -433,7 +471,15 @@ class Client(ClientOptions):
         the others (e.g. to keep per-row errors). The client closing still raises.
         """
         checked, meta, timing = self._map_options(
-            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+            window,
+            service,
+            metadata,
+            timeout,
+            attempt_timeout,
+            retries,
+            work_timeout,
+            wait_for_worker,
+            no_wait,
         )
         return self._map(
             checked,
@@ -455,6 +501,7 @@ class Client(ClientOptions):
         timeout: float | None = None,
         stall_timeout: float | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
     ) -> Stream:
         """Request ``service`` and read its answer part by part (``docs/streams.md``)::
 
@@ -468,13 +515,15 @@ class Client(ClientOptions):
 
         :param timeout: seconds for the whole stream (default: the client's)
         :param stall_timeout: seconds to wait for each next part (default: no limit)
+        :param wait_for_worker: as :meth:`request`'s (no worker: :exc:`~dcp.NoWorkers`
+            while reading, at once, unless ``True``)
         :raises ValueError: a bad option (at once, nothing is sent)
         :raises StreamBroken: (while reading) the worker went away mid-stream
         :raises RemoteError: (while reading) the stream ended with an error reply
         :raises RequestTimeout: (while reading) ``timeout`` or ``stall_timeout`` passed
         """
         checked, parts, meta, timing = self._stream_options(
-            service, data, metadata, timeout, stall_timeout, work_timeout
+            service, data, metadata, timeout, stall_timeout, work_timeout, wait_for_worker
         )
         on_close = None
         if self._tracing is not None:
@@ -567,5 +616,7 @@ class Client(ClientOptions):
         timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> Any:
         """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer."""
-        response = await self.request(question, *mmi_args(name), timeout=timeout, retries=0)
+        response = await self.request(
+            question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
+        )
         return mmi_answer(question, response)

@@ -6,14 +6,22 @@ Rules:
 
 Rule CO1 - Every option is checked by ``__init__`` before the client makes a socket: a bad one
    raises (``ValueError``, or ``ImportError`` for tracing without OpenTelemetry) and nothing
-   is left open. The order: routing id, tracing, work timeout, the tracker's options; then
+   is left open. The order: the endpoint (a malformed one is a ``ValueError`` naming the
+   mistake, :func:`~dcp._io.endpoints.check_peer_endpoint`, never zmq's bare ``EINVAL``),
+   routing id, tracing, work timeout, the tracker's options; then
    the client's own :meth:`ClientOptions._setup` (the sync client connects there).
-Rule CO2 - A request that sets no metadata, work timeout or ``no_wait`` of its own gets the
-   metadata built once per (``work_timeout``, ``no_wait``) setting of the client (both are
-   public attributes a caller may change between requests), not once per request.
+Rule CO2 - A request that sets no metadata, work timeout or ``wait_for_worker`` of its own gets
+   the metadata built once per (``work_timeout``, ``wait_for_worker``) setting of the client
+   (both are public attributes a caller may change between requests), not once per request.
 Rule CO3 - The per-request path (``request``) calls the helpers here no more than it did when
    each client had its own copy: options of a whole ``map`` or ``stream`` are checked by one
    helper, once per call.
+Rule CO4 - Fail fast by default (as NATS answers "no responders"): every request, map and
+   stream carries the no-wait option (a dcp broker answers :exc:`~dcp.NoWorkers` at once when
+   no worker serves the service) unless ``wait_for_worker`` is true, for the call or the
+   client; then it is queued until a worker comes or its time is up. ``no_wait`` is the old,
+   inverted spelling, still accepted: ``no_wait=True`` is ``wait_for_worker=False``; both
+   given and disagreeing is a :exc:`ValueError`. The ``mmi.*`` questions never carry it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from dcp._core.client.calls import (
     service_bytes,
 )
 from dcp._core.client.tracker import RequestTracker
+from dcp._io.endpoints import check_peer_endpoint
 from dcp._io.security import CurveClient
 from dcp._stats import ClientStatistics
 from dcp.wire.options import work_timeout_option
@@ -55,7 +64,8 @@ class ClientOptions:
         timeout: float = 30.0,
         attempt_timeout: float | None = None,
         retries: int = 2,
-        no_wait: bool = False,
+        wait_for_worker: bool = False,
+        no_wait: bool | None = None,
         backoff: float = 0.1,
         backoff_factor: float = 2.0,
         backoff_max: float = 5.0,
@@ -70,6 +80,7 @@ class ClientOptions:
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
     ) -> None:
+        check_peer_endpoint(endpoint)
         routing_id = checked_routing_id(routing_id)
         if tracing:  # docs/tracing.md: spans of the requests; off costs nothing
             self._trace(tracing, endpoint)
@@ -77,8 +88,9 @@ class ClientOptions:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
         self.work_timeout = work_timeout
-        #: Default of :meth:`request`'s ``no_wait``.
-        self.no_wait = no_wait
+        wait = wait_for_option(wait_for_worker or None, no_wait)  # False: the default
+        #: Default of :meth:`request`'s ``wait_for_worker`` (Rule CO4).
+        self.wait_for_worker = bool(wait_for_worker if wait is None else wait)
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
@@ -95,6 +107,7 @@ class ClientOptions:
             type_width=type_width,
             probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
         )
+        self._tracker.endpoint = endpoint  # named in timeout messages (tracker Rule RT7)
         self._batch = batch
         #: (work_timeout, no_wait) and the request metadata they give with no other option.
         self._plain_metadata: tuple[tuple[float | None, bool], tuple[bytes, ...]] | None = None
@@ -114,21 +127,38 @@ class ClientOptions:
         """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""
         return self._tracker.statistics()
 
+    @property
+    def no_wait(self) -> bool:
+        """``not wait_for_worker``: the old spelling of the option (Rule CO4)."""
+        return not self.wait_for_worker
+
+    @no_wait.setter
+    def no_wait(self, value: bool) -> None:
+        self.wait_for_worker = not value
+
     def _metadata(
-        self, metadata: Sequence[Part], work_timeout: float | None, no_wait: bool | None
+        self,
+        metadata: Sequence[Part],
+        work_timeout: float | None,
+        wait_for_worker: bool | None,
+        no_wait: bool | None = None,
     ) -> tuple[bytes, ...]:
-        if metadata == () and work_timeout is None and no_wait is None:
+        if metadata == () and work_timeout is None and wait_for_worker is None and no_wait is None:
             # Rule CO2: the client's own options only, built once per setting.
-            key = (self.work_timeout, self.no_wait)
+            key = (self.work_timeout, not self.wait_for_worker)
             plain = self._plain_metadata
             if plain is None or plain[0] != key:
-                plain = self._plain_metadata = (key, self._metadata((), key[0], key[1]))
+                plain = self._plain_metadata = (
+                    key,
+                    request_metadata((), None, key[0], no_wait=key[1]),
+                )
             return plain[1]
+        wait = wait_for_option(wait_for_worker, no_wait)
         return request_metadata(
             metadata,
             work_timeout,
             self.work_timeout,
-            no_wait=self.no_wait if no_wait is None else no_wait,
+            no_wait=not (self.wait_for_worker if wait is None else wait),
         )
 
     def _map_options(
@@ -140,12 +170,13 @@ class ClientOptions:
         attempt_timeout: float | None,
         retries: int | None,
         work_timeout: float | None,
+        wait_for_worker: bool | None,
         no_wait: bool | None,
     ) -> tuple[bytes, tuple[bytes, ...], Timing]:
         """A ``map``'s service, metadata and time limits, checked before it starts."""
         check_window(window)
         checked = service_bytes(service)
-        meta = self._metadata(metadata, work_timeout, no_wait)
+        meta = self._metadata(metadata, work_timeout, wait_for_worker, no_wait)
         return checked, meta, self._tracker.timing(timeout, attempt_timeout, retries)
 
     def _stream_options(
@@ -156,11 +187,28 @@ class ClientOptions:
         timeout: float | None,
         stall_timeout: float | None,
         work_timeout: float | None,
+        wait_for_worker: bool | None,
     ) -> tuple[bytes, tuple[bytes, ...], tuple[bytes, ...], Timing]:
         """A ``stream``'s service, data, metadata and time limits (one attempt), checked."""
         if stall_timeout is not None and not stall_timeout > 0:
             raise ValueError("stall_timeout must be positive")
         checked = service_bytes(service)
         parts = tuple(data_parts(data))
-        meta = self._metadata(metadata, work_timeout, False)
+        meta = self._metadata(metadata, work_timeout, wait_for_worker)
         return checked, parts, meta, stream_timing(self._tracker.timing(timeout, None, 0))
+
+
+def wait_for_option(wait_for_worker: bool | None, no_wait: bool | None) -> bool | None:
+    """``wait_for_worker`` from it or its old, inverted spelling ``no_wait`` (Rule CO4);
+    ``None``: neither given.
+
+    :raises ValueError: both given, and they disagree
+    """
+    if no_wait is None:
+        return wait_for_worker
+    if wait_for_worker is not None and wait_for_worker == no_wait:
+        raise ValueError(
+            f"wait_for_worker={wait_for_worker} and no_wait={no_wait} disagree "
+            "(no_wait is the old spelling of wait_for_worker=False)"
+        )
+    return not no_wait

@@ -35,6 +35,7 @@ from dcp._errors import AuthenticationFailed
 from dcp._io.clock import loop_clock
 from dcp._io.errors import socket_errors
 from dcp._io.handshake import HandshakeWatch
+from dcp._io.lifecycle import ki_protected
 from dcp._io.sockets import AsyncSocket
 from dcp._models import Outcome, Response
 from dcp.wire.streams import is_stream
@@ -184,6 +185,7 @@ class Receiver:
 
     # ------------------------------------------------------------------ the receive task
 
+    @ki_protected  # dcp._io.lifecycle Rule E6
     async def run(self) -> None:
         """The receive task (Rules RX2 and RX3); ends when the socket is closed."""
         asock = self.socket

@@ -31,7 +31,7 @@ from dcp._client.services import (
     summaries,
 )
 from dcp._client.streams import DEFAULT_WINDOW, SyncStream
-from dcp._client.sync_receive import SyncReceiver
+from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
 from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve_blocking
 from dcp._io.handshake import HandshakeWatch, connect_dealer
@@ -84,9 +84,10 @@ class SyncClient(ClientOptions):
     def _setup(
         self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
     ) -> None:
+        refuse_in_event_loop()  # Rule SX4, before a socket exists
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if security is None else security.server_key
-            self.endpoint = resolve_blocking(self.endpoint, key=key)
+            self.endpoint = self._tracker.endpoint = resolve_blocking(self.endpoint, key=key)
         sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
         watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
         #: The socket and what arrived on it (dcp._client.sync_receive).
@@ -129,6 +130,7 @@ class SyncClient(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> Response:
         """Send a request and block until its reply (see :meth:`dcp.Client.request`: the
@@ -144,7 +146,7 @@ class SyncClient(ClientOptions):
         """
         service = service_bytes(service)
         parts = data_parts(data)
-        metadata = self._metadata(metadata, work_timeout, no_wait)
+        metadata = self._metadata(metadata, work_timeout, wait_for_worker, no_wait)
         timing = self._tracker.timing(timeout, attempt_timeout, retries)
         receiver = self._receiver
         rid = receiver.start(service, parts, metadata, timing)
@@ -167,6 +169,7 @@ class SyncClient(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> Any:
         """Send ``obj`` as one JSON data part (UTF-8) and return the reply's one data part
@@ -186,6 +189,7 @@ class SyncClient(ClientOptions):
             attempt_timeout=attempt_timeout,
             retries=retries,
             work_timeout=work_timeout,
+            wait_for_worker=wait_for_worker,
             no_wait=no_wait,
         )
         return response.json()
@@ -236,6 +240,7 @@ class SyncClient(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> Generator[Response, None, None]:
         """Request ``service`` once per payload; yield replies in input order.
@@ -248,7 +253,15 @@ class SyncClient(ClientOptions):
             data parts; each is checked before it is sent
         """
         checked, meta, timing = self._map_options(
-            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+            window,
+            service,
+            metadata,
+            timeout,
+            attempt_timeout,
+            retries,
+            work_timeout,
+            wait_for_worker,
+            no_wait,
         )
         return map_sync(
             self._receiver,
@@ -273,6 +286,7 @@ class SyncClient(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> Generator[Outcome, None, None]:
         """Like :meth:`map`, but yield every request's outcome instead of raising failures:
@@ -281,7 +295,15 @@ class SyncClient(ClientOptions):
         the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
         """
         checked, meta, timing = self._map_options(
-            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+            window,
+            service,
+            metadata,
+            timeout,
+            attempt_timeout,
+            retries,
+            work_timeout,
+            wait_for_worker,
+            no_wait,
         )
         return map_sync(
             self._receiver,
@@ -306,11 +328,20 @@ class SyncClient(ClientOptions):
         attempt_timeout: float | None = None,
         retries: int | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
         no_wait: bool | None = None,
     ) -> Generator[tuple[int, Response], None, None]:
         """Like :meth:`map`, but yield ``(index, response)`` as replies arrive."""
         checked, meta, timing = self._map_options(
-            window, service, metadata, timeout, attempt_timeout, retries, work_timeout, no_wait
+            window,
+            service,
+            metadata,
+            timeout,
+            attempt_timeout,
+            retries,
+            work_timeout,
+            wait_for_worker,
+            no_wait,
         )
         return map_sync(
             self._receiver,
@@ -333,6 +364,7 @@ class SyncClient(ClientOptions):
         timeout: float | None = None,
         stall_timeout: float | None = None,
         work_timeout: float | None = None,
+        wait_for_worker: bool | None = None,
     ) -> SyncStream:
         """Request ``service`` and iterate over its answer part by part, as
         :meth:`dcp.Client.stream` (the same options and errors)::
@@ -346,7 +378,7 @@ class SyncClient(ClientOptions):
         part). The request is sent when this is called.
         """
         checked, parts, meta, timing = self._stream_options(
-            service, data, metadata, timeout, stall_timeout, work_timeout
+            service, data, metadata, timeout, stall_timeout, work_timeout, wait_for_worker
         )
         return SyncStream(self._receiver, checked, parts, meta, timing, window, stall_timeout)
 
@@ -392,5 +424,7 @@ class SyncClient(ClientOptions):
 
     def _mmi(self, question: str, name: str | bytes | None, timeout: float | None) -> Any:
         """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer."""
-        response = self.request(question, *mmi_args(name), timeout=timeout, retries=0)
+        response = self.request(
+            question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
+        )
         return mmi_answer(question, response)

@@ -11,6 +11,10 @@ Rule SX1 - A send that finds the queue full waits for room until the attempt's d
    it full is not made (``resends_dropped``). While a send waits, replies are not read.
 Rule SX2 - The socket belongs to the process that made it (a forked child refuses to use it) and to
    the first thread that sends or waits on it (any other thread is refused at once).
+Rule SX4 - Not in an event loop. A thread running an asyncio or trio event loop is refused at
+   once (:exc:`RuntimeError` naming :class:`dcp.Client`), when the client is made and when a
+   request starts: a blocking wait there would stall the loop, and the broker's replies
+   with it, until the call timed out.
 Rule SX3 - Handshakes Rule H5: resends due on a connection the broker has not answered since it
    reconnected make a new connection first (a secure broker ignores the old one).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -131,7 +136,8 @@ class SyncReceiver:
 
         :returns: the request id
         :raises anyio.ClosedResourceError: the client is closed
-        :raises RuntimeError: a forked child, or another thread (Rule SX2)
+        :raises RuntimeError: a forked child, or another thread (Rule SX2), or a thread running
+            an event loop (Rule SX4)
         """
         if self.closed:
             raise self.closed_error()
@@ -139,6 +145,7 @@ class SyncReceiver:
             raise RuntimeError("a SyncClient cannot be used in a forked child; create one there")
         if threading.get_ident() != self._owner:
             self._claim()
+        refuse_in_event_loop()
         tracker = self.tracker
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
@@ -287,3 +294,27 @@ class SyncReceiver:
         done = self.done
         for event in events:
             done[event.request_id] = event.error
+
+
+def refuse_in_event_loop() -> None:
+    """Rule SX4: raise :exc:`RuntimeError` if this thread runs an asyncio or trio event loop
+    (neither is imported for it).
+
+    :raises RuntimeError: it does
+    """
+    asyncio = sys.modules.get("asyncio")
+    # asyncio's own exception-free check (get_running_loop raises): this is per request.
+    if asyncio is not None and asyncio._get_running_loop() is not None:  # noqa: SLF001
+        running = "an asyncio event loop"
+    else:
+        # trio.run names itself in sniffio's thread-local (trio depends on sniffio): cheaper
+        # than trio.lowlevel.in_trio_run().
+        sniffio = sys.modules.get("sniffio") if "trio" in sys.modules else None
+        if sniffio is None or sniffio.thread_local.name != "trio":
+            return
+        running = "trio"
+    raise RuntimeError(
+        f"dcp.SyncClient blocks, and this thread runs {running}: use dcp.Client "
+        "(async with dcp.Client(...) as client: await client.request(...)) here, or the "
+        "SyncClient from another thread (e.g. anyio.to_thread.run_sync)"
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-__all__ = ["SCHEMES", "check_endpoint"]
+__all__ = ["SCHEMES", "check_endpoint", "check_peer_endpoint"]
 
 #: The transports dcp's peers use.
 SCHEMES = ("tcp", "ipc", "inproc")
@@ -51,6 +51,24 @@ def check_endpoint(endpoint: str, *, bind: bool) -> str:
     if reason is not None:
         raise ValueError(f"bad endpoint {endpoint!r}: {reason}")
     return endpoint
+
+
+def check_peer_endpoint(endpoint: str) -> str:
+    """Return ``endpoint`` if a client or worker can connect to it: a well-formed endpoint
+    (:func:`check_endpoint` with ``bind=False``) or a broker's beacon (``beacon://[HOST]:PORT``,
+    ``docs/services.md``); raise :class:`ValueError` naming the mistake otherwise, before any
+    socket exists.
+
+    :raises ValueError: not such an endpoint (``TypeError`` if it is not a ``str``)
+    """
+    if not isinstance(endpoint, str):
+        raise TypeError(f"endpoint must be a str such as 'tcp://127.0.0.1:5555', not {endpoint!r}")
+    from dcp._io.beacon import BEACON_SCHEME, beacon_port  # (beacon imports anyio and socket)
+
+    if endpoint.startswith(BEACON_SCHEME):
+        beacon_port(endpoint)
+        return endpoint
+    return check_endpoint(endpoint, bind=False)
 
 
 def _tcp_problem(address: str, bind: bool) -> str | None:

@@ -40,6 +40,7 @@ import zmq
 from dcp._errors import AuthenticationFailed
 from dcp._io.context import get_context
 from dcp._io.errors import socket_errors
+from dcp._io.lifecycle import ki_protected
 from dcp._io.security import CurveClient, configure_client_socket
 from dcp._io.sockets import AsyncSocket
 
@@ -200,6 +201,7 @@ def read_events(mon: zmq.Socket[bytes]) -> list[tuple[int, int]]:
         events.append((int(parsed["event"]), int(parsed["value"])))
 
 
+@ki_protected  # a part's own task (dcp._io.lifecycle Rule E6)
 async def watch_handshakes(
     sock: zmq.Socket[bytes],
     mon: zmq.Socket[bytes],

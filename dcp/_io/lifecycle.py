@@ -30,14 +30,24 @@ Rule E4 - One real error is never handed out inside an ``ExceptionGroup`` (trio-
 Rule E5 - A part is entered once at a time: entering it again before it has exited raises
   :exc:`RuntimeError` and leaves the first entry running. Exiting without entering does
   nothing; after an exit it may be entered again (if its ``serve`` allows that).
+Rule E6 - Ctrl-C. On trio, a ``KeyboardInterrupt`` never lands inside entering or exiting
+  (:meth:`Lifecycle.enter`, :meth:`Lifecycle.exit`, the parts' ``__aenter__`` and
+  ``__aexit__``, marked :func:`ki_protected`), nor inside the serving task (its own task
+  groups are exited as the part's is; the client's receive task and handshake watch are
+  marked too): trio delivers it at the main task's next checkpoint instead, as it does for
+  its own code, so a task group is never left half entered or half exited (trio's "Nursery
+  stack corrupted"). The marks
+  are handed to trio (``trio.lowlevel.enable_ki_protection``) the first time a part is
+  entered while trio is imported: nothing imports trio for it. On asyncio, Ctrl-C cancels
+  the main task (``asyncio.run``), which exiting handles as any cancellation (Rule E2).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 import anyio
 
@@ -46,7 +56,40 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["BaseExceptionGroup", "Lifecycle", "single_error"]
+__all__ = ["BaseExceptionGroup", "Lifecycle", "ki_protected", "single_error"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Rule E6: the functions trio must not interrupt with ``KeyboardInterrupt``, and whether
+#: trio has been told (once it is imported and a part is entered).
+_KI_PROTECTED: list[Callable[..., Any]] = []
+_ki_told = False
+
+
+def ki_protected(function: _F) -> _F:
+    """Mark ``function`` (a part's ``__aenter__`` or ``__aexit__``) for trio's
+    ``KeyboardInterrupt`` protection (Rule E6); returns it unchanged."""
+    _KI_PROTECTED.append(function)
+    if _ki_told:
+        _tell_trio((function,))
+    return function
+
+
+def _protect_on_trio() -> None:
+    """Rule E6: hand the marks to trio, if it is imported (a part is entered under trio, or
+    trio is at least loaded; the marks do nothing elsewhere). Once."""
+    global _ki_told
+    if not _ki_told and "trio" in sys.modules:
+        _ki_told = True
+        _tell_trio(_KI_PROTECTED)
+
+
+def _tell_trio(functions: Iterable[Callable[..., Any]]) -> None:
+    import trio.lowlevel  # loaded already (see _protect_on_trio)
+
+    for function in functions:
+        # trio >= 0.28 records the code object: the function itself stays as it is.
+        trio.lowlevel.enable_ki_protection(function)
 
 
 def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -78,6 +121,7 @@ class Lifecycle:
         """Whether the part is entered (or being entered) and not exited yet."""
         return self._entering or self._stack is not None
 
+    @ki_protected
     async def enter(
         self,
         serve: Callable[..., Coroutine[Any, Any, object]],
@@ -95,11 +139,12 @@ class Lifecycle:
         """
         if self.entered:
             raise RuntimeError(self._busy)
+        _protect_on_trio()
         self._entering = True
         try:
             async with contextlib.AsyncExitStack() as stack:
                 tg = await stack.enter_async_context(anyio.create_task_group())
-                started = await tg.start(serve)
+                started = await tg.start(_serving, serve)
                 self._stack = stack.pop_all()
         except BaseExceptionGroup as group:
             raise single_error(group) from None
@@ -110,6 +155,7 @@ class Lifecycle:
         self._cancel = cancel
         return started
 
+    @ki_protected
     async def exit(self, exc: BaseException | None) -> None:
         """Stop ``serve`` and wait until it has returned (Rules E2, E3); call from
         ``__aexit__`` with the body's exception. Does nothing unless entered.
@@ -133,3 +179,13 @@ class Lifecycle:
                 await stack.aclose()
             except BaseExceptionGroup as group:
                 raise single_error(group) from None
+
+
+@ki_protected
+async def _serving(
+    serve: Callable[..., Coroutine[Any, Any, object]],
+    *,
+    task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+) -> object:
+    """The serving task: ``serve``, protected from ``KeyboardInterrupt`` on trio (Rule E6)."""
+    return await serve(task_status=task_status)

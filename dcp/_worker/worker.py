@@ -33,7 +33,8 @@ from dcp._core.worker.core import BrokerLost, Event, Malformed, Refused, Run, St
 from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
-from dcp._io.lifecycle import Lifecycle
+from dcp._io.endpoints import check_peer_endpoint
+from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._models import Handler, service_name
@@ -121,7 +122,8 @@ class Worker:
     requeue what I hold") and close the socket. Cancelling the task that runs :meth:`serve`
     cancels the handlers and closes the socket at once, without telling the broker.
 
-    :param endpoint: the broker's zmq endpoint
+    :param endpoint: the broker's zmq endpoint (a malformed one: :exc:`ValueError` naming
+        the mistake, here)
     :param service: the service name (UTF-8 on the wire; ``bytes`` are accepted)
     :param handler: the function (``async def``, plain ``def`` or async generator) that
         serves one request
@@ -177,7 +179,7 @@ class Worker:
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
     ) -> None:
-        self.endpoint = endpoint
+        self.endpoint = check_peer_endpoint(endpoint)  # a ValueError now, not zmq's EINVAL
         # Spans of the handlers (docs/tracing.md); None: tracing off (costs one test).
         traced: WorkerTracing | None = None
         if tracing:
@@ -280,10 +282,12 @@ class Worker:
         if self._done is not None:
             await self._done.wait()
 
+    @ki_protected  # dcp._io.lifecycle Rule E6
     async def __aenter__(self) -> Worker:
         await self._lifecycle.enter(self.serve, stop=self.stop, cancel=False)
         return self
 
+    @ki_protected
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,

@@ -18,7 +18,7 @@ import zmq
 import dcp
 from dcp._io.context import get_context
 from dcp._models import HandlerRequest
-from dcp.wire.options import OPTION_PREFIX, work_timeout_option
+from dcp.wire.options import NO_WAIT_OPTION, OPTION_PREFIX, work_timeout_option
 from tests.integration.test_end_to_end import HB, eventually, fast_worker
 
 pytestmark = pytest.mark.anyio
@@ -114,7 +114,8 @@ async def test_limits_answer_the_client_with_error_replies() -> None:
                 max_frames=16,
                 max_client_queued=3,
             ) as broker,
-            dcp.Client(broker.endpoints[0], timeout=5, retries=0) as client,
+            # Its requests wait for a worker (the queue is what is tested).
+            dcp.Client(broker.endpoints[0], timeout=5, retries=0, wait_for_worker=True) as client,
         ):
             cases = [
                 ("message_too_large", [b"x" * 400] * 3),
@@ -246,9 +247,15 @@ async def test_every_request_path_carries_the_work_timeout() -> None:
 
     async def record(request: HandlerRequest) -> bytes:
         # After dcp's request id (dcp's parts are in dcp_metadata, the caller's in metadata);
-        # not the deadline (expires-in), tested on its own.
+        # not the deadline (expires-in) nor no-wait, tested on their own.
         own, ours = request.dcp_metadata, request.metadata
-        seen.append(tuple(m for m in (*own[1:], *ours) if not m.startswith(_EXPIRES_IN)))
+        seen.append(
+            tuple(
+                m
+                for m in (*own[1:], *ours)
+                if not m.startswith(_EXPIRES_IN) and m != NO_WAIT_OPTION
+            )
+        )
         return b"ok"
 
     option = work_timeout_option(1.5)

@@ -93,7 +93,8 @@ async def test_a_revoked_worker_is_removed_told_and_its_request_served_elsewhere
 
         async with (
             anyio.create_task_group() as tg,
-            Client(endpoint, security=keys(ALICE), timeout=10) as alice,
+            # The call may start before w1 has registered: it waits for it.
+            Client(endpoint, security=keys(ALICE), timeout=10, wait_for_worker=True) as alice,
         ):
             w1 = Worker(endpoint, "echo", stuck, security=keys(W1))
             outcome: list[BaseException] = []

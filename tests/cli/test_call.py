@@ -71,7 +71,8 @@ def test_call_to_nobody_fails_at_once_and_verbose_says_so(
     waiting = ["--timeout", "0.9", "--retries", "2", "--wait"]
     assert main([*argv[:-3], *waiting, "nobody"]) == NO_WORKERS
     assert capsys.readouterr().err == (
-        "dcp call: no worker serves 'nobody' (the broker says so; no reply after 3 attempt(s))\n"
+        "dcp call: no worker serves 'nobody' (the broker says so; no reply after 0.9s "
+        "(3 attempts sent))\n"
     )
     assert "no reply yet: resent the request (attempt 2 of 3)" in _lines(caplog)
 
@@ -104,7 +105,8 @@ def test_stream_to_a_silent_endpoint_times_out(capsys: pytest.CaptureFixture[str
 def test_a_timeout_says_whether_the_broker_answers(
     procs: list[Proc], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Rule CL3: after a timeout, ``mmi.service`` tells a missing broker from a slow worker."""
+    """Rule CL3: the client's probe (``mmi.service``) tells a missing broker from a slow
+    worker."""
     _, tcp = start_broker(procs, tmp_path)
     start(procs, "worker", "--connect", tcp, "--service", "slow", "tests.cli.handlers:slow")
     assert main(["call", "--connect", tcp, "--wait", "--timeout", "30", "slow", "0"]) == 0
@@ -112,14 +114,15 @@ def test_a_timeout_says_whether_the_broker_answers(
     argv = ["call", "--connect", tcp, "--retries", "0", "--timeout", "0.5"]
     assert main([*argv, "slow", "10"]) == TIMED_OUT
     assert capsys.readouterr().err == (
-        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.5s; the broker answers: "
-        "the service's workers did not reply in time\n"
+        "dcp call: RequestTimeout: no reply after 0.5s (1 attempt sent); the broker answers, "
+        "and a worker serves 'slow': it did not reply in time\n"
     )
-    # A DagBox C++ broker (--type-width 4) has no mmi.service: nothing to ask.
+    # A DagBox C++ broker (--type-width 4) has no mmi.service: nothing to ask; nothing heard.
     silent = ["call", "--connect", "tcp://127.0.0.1:1", "--type-width", "4", "--retries", "0"]
     assert main([*silent, "--timeout", "0.1", "x"]) == TIMED_OUT
     assert capsys.readouterr().err == (
-        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s\n"
+        "dcp call: RequestTimeout: no reply after 0.1s (1 attempt sent); nothing heard from "
+        "tcp://127.0.0.1:1: is a dcp broker running there?\n"
     )
 
 
@@ -158,8 +161,8 @@ def test_json_errors_and_an_exit_status_for_each_failure(
             TIMED_OUT,
             "RequestTimeout",
             "timeout",
-            "no reply after 1 attempt(s) of 0.5s; the broker answers: the service's workers "
-            "did not reply in time",
+            "no reply after 0.5s (1 attempt sent); the broker answers, and a worker serves "
+            "'slow': it did not reply in time",
         ),
         (["nobody"], NO_WORKERS, "NoWorkers", "no_workers", "no worker serves 'nobody' ("),
     ]

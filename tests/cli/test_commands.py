@@ -163,7 +163,8 @@ def test_call_wait_to_a_service_nobody_serves_fails_after_its_timeout(
     assert time.monotonic() - began >= 5
     assert (code, out) == (4, "")
     assert err == (
-        "dcp call: no worker serves 'nobody' (the broker says so; no reply after 1 attempt(s))\n"
+        "dcp call: no worker serves 'nobody' (the broker says so; no reply after 5s "
+        "(1 attempt sent))\n"
     )
 
 
@@ -211,8 +212,8 @@ def test_call_timeout_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        "dcp call: RequestTimeout: no reply after 1 attempt(s) of 0.1s; no answer from "
-        "tcp://127.0.0.1:1 either: is a dcp broker running there?\n"
+        "dcp call: RequestTimeout: no reply after 0.1s (1 attempt sent); nothing heard from "
+        "tcp://127.0.0.1:1: is a dcp broker running there?\n"
     )
 
 

@@ -261,9 +261,10 @@ def test_through_the_real_broker() -> None:
     payloads = [b"p%d" % i for i in range(300)]
     with (
         broker_in_thread() as endpoint,
-        RawWorker(endpoint, b"upper", _upper),
+        RawWorker(endpoint, b"upper", _upper) as worker,
         SyncClient(endpoint, timeout=5.0) as client,
     ):
+        assert worker.registered.wait(10)
         assert client.request("upper", b"abc", metadata=[b"m"]) == Response((b"ABC",), (b"m",))
         assert [r.data[0] for r in client.map("upper", payloads)] == _upper(tuple(payloads))
         got = dict(client.map_unordered("upper", payloads, window=16))
@@ -273,7 +274,10 @@ def test_through_the_real_broker() -> None:
 
 
 def test_real_broker_queue_full_is_a_remote_error() -> None:
-    with broker_in_thread(max_queue=0) as endpoint, SyncClient(endpoint) as client:
+    with (
+        broker_in_thread(max_queue=0) as endpoint,
+        SyncClient(endpoint, wait_for_worker=True) as client,
+    ):
         with pytest.raises(RemoteError) as info:
             client.request("nobody", b"refused")
         assert info.value.code == "queue_full"
@@ -371,7 +375,11 @@ def test_no_broker_fails_within_the_timeout() -> None:
 
 
 def test_a_service_nobody_serves_raises_no_workers_within_the_timeout() -> None:
-    with broker_in_thread() as endpoint, SyncClient(endpoint, timeout=1.0) as client:
+    # A call that waits for a worker (a failing-at-once one is test_first_contact.py's).
+    with (
+        broker_in_thread() as endpoint,
+        SyncClient(endpoint, timeout=1.0, wait_for_worker=True) as client,
+    ):
         start = time.monotonic()
         with pytest.raises(NoWorkers, match="no worker serves 'nobody'"):
             client.request("nobody", b"x")

@@ -32,7 +32,7 @@ async def test_an_abandoned_call_ends_as_no_workers_and_never_runs_later() -> No
     async with dcp.Broker("tcp://127.0.0.1:0", heartbeat_interval=0.1) as broker:
         endpoint = broker.endpoints[0]
         # 3 s: the broker is asked 0.3 s before the end (10%), time for it to answer.
-        async with dcp.Client(endpoint, timeout=3, retries=3) as client:
+        async with dcp.Client(endpoint, timeout=3, retries=3, wait_for_worker=True) as client:
             started = anyio.current_time()
             with anyio.fail_after(30), pytest.raises(dcp.NoWorkers) as info:
                 await client.request("later", b"abandoned")

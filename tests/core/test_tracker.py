@@ -261,7 +261,7 @@ def test_timeout_retry_schedule_without_jitter() -> None:
     assert resend == []
     assert [r for r, _ in failed] == [rid]
     assert isinstance(failed[0][1], RequestTimeout)
-    assert "3 attempt(s)" in str(failed[0][1])
+    assert "(3 attempts sent)" in str(failed[0][1])  # Rule RT7
     assert t.next_deadline() is None
     s = t.statistics()
     assert (s.retries, s.timeouts, s.pending) == (2, 1, 0)
@@ -488,7 +488,12 @@ def test_timeout_bounds_the_whole_call_and_each_attempt_carries_the_time_left() 
     assert resend_ == []
     assert [r for r, _ in failed] == [rid]
     assert type(failed[0][1]) is RequestTimeout
-    assert str(failed[0][1]) == "no reply after 2 attempt(s) of 1s"
+    # Rule RT7: the time waited and the attempts sent (not "3 attempts of 1 s"), and nothing
+    # was ever heard from the broker.
+    assert str(failed[0][1]) == (
+        "no reply after 3s (2 attempts sent); nothing heard from the endpoint: "
+        "is a dcp broker running there?"
+    )
     s = t.statistics()
     assert (s.retries, s.timeouts, s.no_workers, s.pending) == (1, 1, 0, 0)
 
@@ -538,8 +543,13 @@ def test_a_probe_before_the_end_tells_no_workers_from_a_timeout(
     if error is NoWorkers:
         assert isinstance(exc, NoWorkers)
         assert exc.service == b"echo"
-        assert (
-            str(exc) == "no worker serves 'echo' (the broker says so; no reply after 1 attempt(s))"
+        assert str(exc) == (
+            "no worker serves 'echo' (the broker says so; no reply after 20s (1 attempt sent))"
+        )
+    else:  # Rule RT7: the broker is there, and so is a worker
+        assert str(exc) == (
+            "no reply after 20s (1 attempt sent); the broker answers, and a worker serves "
+            "'echo': it did not reply in time"
         )
     assert (s.unknown, s.late, s.duplicates) == (0, 0, 0)
 
@@ -647,3 +657,26 @@ def test_the_client_core_reads_no_clock_and_does_no_io() -> None:
             else:
                 continue
             assert not {n.split(".")[0] for n in names} & banned, (path.name, names)
+
+
+def test_a_timeout_says_whether_the_broker_was_ever_heard() -> None:
+    """Rule RT7: nothing ever heard names the endpoint; heard before, but the probe unanswered,
+    says the broker did not answer it either."""
+    t = make(timeout=20.0, attempt_timeout=None, retries=0, probe=True)
+    t.endpoint = "tcp://broker:5555"
+    request(t, b"echo", [b"x"], 0.0)
+    expire(t, 19.0)  # the probe, never answered
+    [(_, exc)] = expire(t, 20.0).failed
+    assert str(exc) == (
+        "no reply after 20s (1 attempt sent); nothing heard from tcp://broker:5555: "
+        "is a dcp broker running there?"
+    )
+    _, frames = request(t, b"echo", [b"x"], 30.0)
+    assert t.receive(reply_frames(frames, b"ok")) is not None  # the broker was there
+    request(t, b"echo", [b"x"], 40.0)
+    expire(t, 59.0)
+    [(_, exc)] = expire(t, 60.0).failed
+    assert str(exc) == (
+        "no reply after 20s (1 attempt sent); no answer from the broker at "
+        "tcp://broker:5555 to mmi.service either"
+    )

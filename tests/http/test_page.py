@@ -91,7 +91,8 @@ async def test_status_page_renders_and_updates(tmp_path: Path) -> None:
 
             async def traffic(count: int) -> None:
                 for _ in range(count):
-                    await client.request("echo", b"x")
+                    # The worker registers in the background: wait for it.
+                    await client.request("echo", b"x", wait_for_worker=True)
 
             await traffic(3)
             url = f"http://{broker.http_address}/?token={token}"

@@ -242,6 +242,7 @@ async def test_broker_restart_mid_run_answers_every_request_once() -> None:
                 retries=12,
                 backoff=0.05,
                 backoff_max=0.2,
+                wait_for_worker=True,  # the new broker has no worker until it re-registers
             ) as client:
 
                 async def one(payload: bytes) -> None:

@@ -519,8 +519,11 @@ async def test_calls_on_a_closed_client_end_their_spans(traced: Traced) -> None:
                 pass  # pragma: no cover - closed
         with pytest.raises(anyio.ClosedResourceError):
             await client.request("svc", b"x")
-        with dcp.SyncClient(broker.endpoints[0], tracing=traced.provider) as sync_client:
-            pass
+        # Made in another thread: a SyncClient refuses a thread that runs an event loop.
+        sync_client = await anyio.to_thread.run_sync(
+            lambda: dcp.SyncClient(broker.endpoints[0], tracing=traced.provider)
+        )
+        sync_client.close()
         with pytest.raises(anyio.ClosedResourceError):
             sync_client.request("svc", b"x")
     spans = traced.exporter.get_finished_spans()

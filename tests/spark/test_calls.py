@@ -73,7 +73,8 @@ def test_a_work_timeout_travels_with_every_request(rec: Services) -> None:
     call = ServiceCall(rec.endpoint, "svc", work_timeout=2.5)
     out = list(call_arrays(call, chunks([b"a", b"b", b"c"], 2, pa.binary())))
     assert pa.concat_arrays([v for v, _ in out]).to_pylist() == [b"A", b"B", b"C"]
-    assert rec.recorder.options == [(b"\xffDCP:work-timeout=2500",)] * 3
+    # (And the no-wait option: a call fails at once when nobody serves the service.)
+    assert rec.recorder.options == [(b"\xffDCP:work-timeout=2500", b"\xffDCP:no-wait")] * 3
     with pytest.raises(ValueError, match="work_timeout"):
         ServiceCall(rec.endpoint, "svc", work_timeout=0)
 
@@ -176,15 +177,13 @@ def test_timeouts_follow_on_error() -> None:
         [(values, errors)] = call_arrays(nobody, [pa.array([b"x", b"y"])])
         assert values.to_pylist() == [None, None]
         assert errors is not None
-        # The broker said nobody serves it (asked before the last attempt ended).
-        assert (
-            errors.to_pylist()
-            == [
-                "no_workers: no worker serves 'nobody' (the broker says so; no reply after 2 "
-                "attempt(s))"
-            ]
-            * 2
-        )
+        # The broker said nobody serves it, at once (the no-wait option, sent by default).
+        assert [
+            e.startswith("no_workers: no worker serves 'nobody'") for e in errors.to_pylist()
+        ] == [
+            True,
+            True,
+        ]
         with pytest.raises(dcp.RequestTimeout):
             fast = attrs_evolve(nobody, on_error="raise", timeout=0.05)
             list(call_arrays(fast, [pa.array([b"x"])]))

@@ -248,8 +248,8 @@ class PendingCall:
         #: When to send the mmi.service probe (``inf``: not, or already sent).
         self.probe_at = math.inf
         self.probe_id: bytes | None = None
-        #: The latest probe answer was 404.
-        self.no_workers = False
+        #: The latest probe answer was 404 (``True``) or 200 (``False``); ``None``: none yet.
+        self.no_workers: bool | None = None
         #: The heap entry standing for this request: when, and its generation.
         self.deadline = math.inf
         self.gen = 0

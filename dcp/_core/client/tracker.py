@@ -57,6 +57,14 @@ Rule RT5 - No workers. Shortly before a request's end (``min(1 s, 10%)`` of its 
   :class:`~dcp.RequestTimeout`. The answer itself completes nothing.
 Rule RT6 - Cancel. :meth:`RequestTracker.cancel` forgets a request at once; a later reply to it
   is late.
+Rule RT7 - Honest timeouts. A :class:`~dcp.RequestTimeout` says what happened: the time the
+  request waited and the attempts actually sent (``no reply after 0.05s (1 attempt sent)``),
+  then what the broker said, from the probe (Rule RT5) and from whether this tracker has
+  heard anything at all: the probe answered ``200``: the broker is there and a worker serves
+  the service, but did not reply in time; nothing ever heard: no broker at ``endpoint``
+  (``is a dcp broker running at ...?``, as ``dcp call`` says); heard before, but the probe
+  unanswered: the broker did not answer it either. Knowing costs the receive path nothing:
+  the counters it keeps already say whether anything arrived.
 
 Deadlines live in a heap with lazy deletion: finishing a request does not touch the heap; a
 stale entry is skipped when it reaches the top. The heap is rebuilt from the pending requests
@@ -166,6 +174,8 @@ class RequestTracker:
         self.type_width = type_width
         #: Whether to probe ``mmi.service`` before a request fails (Rule RT5).
         self.probe = probe
+        #: The broker's endpoint, named in timeout messages only (Rule RT7; the driver sets it).
+        self.endpoint = ""
         #: Frames to send, in order (the contract in the module docstring): first attempts
         #: from :meth:`request`, resends and probes from :meth:`expire`.
         self.outbox: list[list[bytes]] = []
@@ -188,7 +198,7 @@ class RequestTracker:
         self._remember = remember
         self._requests = self._replies = self._errors = self._retries = 0
         self._timeouts = self._cancelled = self._no_workers = self._probes_sent = 0
-        self._duplicates = self._late = self._unknown = 0
+        self._duplicates = self._late = self._unknown = self._probe_answers = 0
         self._malformed: dict[str, int] = {}
         self._default_timing = Timing.resolve(
             (self.timeout, self.attempt_timeout, self.retries), None, None, None
@@ -321,6 +331,7 @@ class RequestTracker:
         if p is None:
             asked = self._probes.pop(rid, None)
             if asked is not None:  # a probe's answer: note it, complete nothing
+                self._probe_answers += 1
                 self._pending[asked].no_workers = msg.data == _NOT_SERVED
                 return None
             answered = self._finished.get(rid)
@@ -462,17 +473,42 @@ class RequestTracker:
         self.outbox.append(serialize(probe, width=self.type_width))
 
     def _ended(self, p: PendingCall) -> RequestTimeout:
-        timing = p.timing
+        """The error of a request that timed out (Rules RT5 and RT7)."""
+        sent = f"{p.attempt} attempt{'' if p.attempt == 1 else 's'} sent"
+        # The time it waited: until its end (Rule RT3), not the moment the driver woke up.
+        waited = f"no reply after {p.end - p.start:.3g}s ({sent})"
         if p.no_workers:
             self._no_workers += 1
             return NoWorkers(
-                p.service,
-                f"no worker serves {_name(p.service)} (the broker says so; no reply after "
-                f"{p.attempt} attempt(s))",
+                p.service, f"no worker serves {_name(p.service)} (the broker says so; {waited})"
             )
         self._timeouts += 1
-        return RequestTimeout(
-            f"no reply after {p.attempt} attempt(s) of {timing.attempt_timeout:.3g}s"
+        where = self.endpoint or "the endpoint"
+        if p.no_workers is False:  # the probe's answer was 200
+            why = (
+                f"; the broker answers, and a worker serves {_name(p.service)}: "
+                "it did not reply in time"
+            )
+        elif not self._heard():
+            why = f"; nothing heard from {where}: is a dcp broker running there?"
+        elif p.probe_id is not None:
+            why = f"; no answer from the broker at {where} to mmi.service either"
+        else:
+            why = ""
+        return RequestTimeout(waited + why)
+
+    def _heard(self) -> bool:
+        """Whether anything ever arrived from the broker (Rule RT7): a reply, an error, a
+        duplicate, late or unknown reply, a probe's answer or a malformed message."""
+        return bool(
+            self._replies
+            or self._errors
+            or self._no_workers
+            or self._duplicates
+            or self._late
+            or self._unknown
+            or self._probe_answers
+            or self._malformed
         )
 
     def _count_malformed(self, reason: str) -> None:
