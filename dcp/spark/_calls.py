@@ -244,6 +244,9 @@ def call_arrays(
             attempt_timeout=call.timeout,
             retries=call.retries,
             work_timeout=call.work_timeout,
+            # a batch job rides through a worker's restart: its rows wait for a worker
+            # (within their attempts) instead of failing at once as interactive calls do
+            wait_for_worker=True,
         ) as client,
         contextlib.closing(
             client.map_outcomes(call.service, payloads(), window=call.window)

@@ -73,8 +73,8 @@ def test_a_work_timeout_travels_with_every_request(rec: Services) -> None:
     call = ServiceCall(rec.endpoint, "svc", work_timeout=2.5)
     out = list(call_arrays(call, chunks([b"a", b"b", b"c"], 2, pa.binary())))
     assert pa.concat_arrays([v for v, _ in out]).to_pylist() == [b"A", b"B", b"C"]
-    # (And the no-wait option: a call fails at once when nobody serves the service.)
-    assert rec.recorder.options == [(b"\xffDCP:work-timeout=2500", b"\xffDCP:no-wait")] * 3
+    # (And no no-wait option: a row waits for a worker, so a job rides through a restart.)
+    assert rec.recorder.options == [(b"\xffDCP:work-timeout=2500",)] * 3
     with pytest.raises(ValueError, match="work_timeout"):
         ServiceCall(rec.endpoint, "svc", work_timeout=0)
 
