@@ -90,6 +90,12 @@ def test_verbose_stream_logs_each_part(
 ) -> None:
     _, tcp = start_broker(procs, tmp_path)
     start(procs, "worker", "--connect", tcp, "--service", "trickle", "tests.cli.handlers:trickle")
+    # The worker has registered once a call is answered (its process may take longer to
+    # start on a loaded machine than the call below waits).
+    warm = ["call", "--connect", tcp, "--wait", "--timeout", "60", "--stream", "trickle", "1"]
+    assert main(warm) == 0
+    capsys.readouterr()
+    caplog.clear()
     assert main(["call", "-v", "--connect", tcp, "--wait", "--stream", "trickle", "2"]) == 0
     assert capsys.readouterr().out == "part 0\npart 1\n"
     lines = _lines(caplog)
