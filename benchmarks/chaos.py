@@ -10,13 +10,16 @@ Processes (all on ``tcp://127.0.0.1``, each started by :class:`benchmarks.procs.
 killed by its PID whatever happens):
 
 - the broker: ``python -m dcp broker --bind tcp://127.0.0.1:PORT`` (a port picked free
-  first, so a restarted broker comes back on the same address);
+  first, so a restarted broker comes back on the same address); each successor is started
+  with the others, parked (:mod:`benchmarks.chaos_peers` ``broker``), and only woken at its
+  restart, so a restart does not wait for a new process to start;
 - ``--workers`` echo workers (:mod:`benchmarks.chaos_peers` ``worker``, one
   :class:`dcp.Worker` each, trio and asyncio in turn);
 - ``--clients`` load generators (:mod:`benchmarks.chaos_peers` ``client``: even ones
   :class:`dcp.Client` on trio or asyncio with ``--window`` tasks calling ``request()``, odd
   ones :class:`dcp.SyncClient` ``map_unordered``), every request with a unique payload, every
-  reply checked.
+  reply checked. The load (and the schedule below) starts ``client_start`` seconds after
+  every client is ready, however long their processes took to start.
 
 The run is ``--cycles`` cycles (default: one per 20 s), each split into phases:
 
@@ -31,7 +34,9 @@ The run is ``--cycles`` cycles (default: one per 20 s), each split into phases:
    Rule R8; with ``--work-timeout`` the broker gives it to another worker), ``hang-block``
    stalls its process (its heartbeats
    stop and the broker drops it and redelivers the request). Both leave at the end of the
-   cycle.
+   cycle. Their processes are started with the others and wait, parked, for their moment
+   (``chaos_peers worker --park``): a process that is slow to start (a loaded machine) would
+   otherwise join after the load ended and never hang.
 
 Figures: requests sent, replies received (each checked against its payload), lost
 (``RequestTimeout`` or not answered by the end of the drain), wrong replies, duplicates
@@ -101,7 +106,7 @@ class Config:
     work: float = 0.001
     #: Seconds the clients get, after the load stops, for their last replies.
     drain: float = 20.0
-    #: Seconds between starting the clients and the start of the load.
+    #: Seconds between the clients being ready and the start of the load.
     client_start: float = 1.5
     bucket: float = 0.01
     #: ``dcp``: every worker is a :class:`dcp.Worker`; ``mixed``: the workers take turns
@@ -180,6 +185,10 @@ class _Run:
     t0: float = 0.0
     broker: Proc | None = None
     slots: list[Proc] = field(default_factory=list)
+    #: Brokers parked until their ``start_broker`` event, in the events' order.
+    spare_brokers: list[Proc] = field(default_factory=list)
+    #: The hanging workers, parked until their ``hang`` event, in the events' order.
+    parked: list[tuple[str, Proc]] = field(default_factory=list)
     hangers: list[Proc] = field(default_factory=list)
     clients: list[Proc] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
@@ -194,11 +203,10 @@ class _Run:
         self.pids.append(proc.pid)
         return proc
 
-    def start_broker(self) -> Proc:
+    def broker_args(self) -> list[str]:
+        """The arguments of ``dcp broker``."""
         cfg = self.cfg
-        argv = [
-            "dcp",
-            "broker",
+        return [
             "-v",  # INFO: its counters are logged when it stops
             "--bind",
             self.endpoint,
@@ -208,6 +216,9 @@ class _Run:
             str(cfg.liveness),
             *cfg.broker_args,
         ]
+
+    def start_broker(self) -> Proc:
+        argv = ["dcp", "broker", *self.broker_args()]
         # The dead broker's port is normally free at once; retry briefly if it is not.
         for attempt in range(50):
             proc = self.start("broker", *argv)
@@ -222,7 +233,7 @@ class _Run:
             return proc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def start_worker(self, mode: str = "normal") -> Proc:
+    def start_worker(self, mode: str = "normal", *, park: bool = False) -> Proc:
         cfg = self.cfg
         index = self.workers_started
         self.workers_started += 1
@@ -236,10 +247,37 @@ class _Run:
             heartbeat=cfg.heartbeat,
             liveness=cfg.liveness,
             kind=_KINDS[index % 3] if cfg.peers == "mixed" and mode == "normal" else "dcp",
+            park=park,
         )
         return self.start(f"worker-{index}-{mode}", *argv)
 
-    def start_client(self, index: int, start: float) -> Proc:
+    def park_hanger(self, mode: str) -> None:
+        """Start a hanging worker now, to join at its ``hang`` event (:meth:`do`)."""
+        proc = self.start_worker(mode, park=True)
+        _wait_parked(proc)
+        self.parked.append((mode, proc))
+
+    def park_broker(self) -> None:
+        """Start a broker now, to run at a ``start_broker`` event (:meth:`restart_broker`)."""
+        proc = self.start("broker", "benchmarks.chaos_peers", "broker", *self.broker_args())
+        _wait_parked(proc)
+        self.spare_brokers.append(proc)
+
+    def restart_broker(self) -> Proc:
+        """Wake the next parked broker; a new one if that one could not bind (its port not
+        free yet)."""
+        proc = self.spare_brokers.pop(0)
+        os.kill(proc.pid, signal.SIGUSR1)
+        try:
+            proc.wait_ready(START_TIMEOUT)
+        except ProcessFailed:
+            if proc.popen.poll() is None:
+                raise
+            return self.start_broker()
+        self.broker = proc
+        return proc
+
+    def start_client(self, index: int, start_file: Path) -> Proc:
         cfg = self.cfg
         mode = "sync" if index % 2 else "async"
         backend = ("trio", "asyncio")[(index // 2) % 2]
@@ -255,10 +293,10 @@ class _Run:
             f"c{index}",
             "--mode",
             mode,
-            "--start",
-            repr(start),
-            "--until",
-            repr(start + cfg.duration),
+            "--start-file",
+            str(start_file),
+            "--run-for",
+            str(cfg.duration),
             "--drain",
             str(cfg.drain),
             "--window",
@@ -303,7 +341,7 @@ class _Run:
             self.faults.append({"kind": ev.kind, "t": t, "pid": self.broker.pid, "signal": sig})
             self.broker = None
         elif ev.kind == "start_broker":
-            proc = self.start_broker()
+            proc = self.restart_broker()
             self.faults.append({"kind": ev.kind, "t": self.now(), "pid": proc.pid})
         elif ev.kind == "kill_worker":
             slot = int(ev.arg)
@@ -320,7 +358,9 @@ class _Run:
                 }
             )
         elif ev.kind == "hang":
-            proc = self.start_worker(ev.arg)
+            mode, proc = self.parked.pop(0)
+            assert mode == ev.arg, (mode, ev)
+            os.kill(proc.pid, signal.SIGUSR1)  # join now
             self.hangers.append(proc)
             self.faults.append({"kind": ev.kind, "t": t, "pid": proc.pid, "mode": ev.arg})
         elif ev.kind == "end_hangs":
@@ -330,6 +370,13 @@ class _Run:
             self.hangers.clear()
         else:  # pragma: no cover
             raise ValueError(ev.kind)
+
+
+def _wait_parked(proc: Proc) -> None:
+    """Wait for ``proc``'s ``PARKED`` line (:mod:`benchmarks.chaos_peers` ``--park``)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while proc.read_line(max(0.0, deadline - time.monotonic())).split()[:1] != ["PARKED"]:
+        pass
 
 
 def _sleep_until(t: float) -> None:
@@ -348,8 +395,10 @@ def run(cfg: Config) -> dict[str, Any]:
     else:
         log_dir = Path(cfg.logs)
         log_dir.mkdir(parents=True, exist_ok=True)
-        # Workers append to it: a --logs directory reused from an earlier run starts afresh.
+        # Workers append to it, clients read it: a --logs directory reused from an earlier
+        # run starts afresh.
         (log_dir / "events.jsonl").unlink(missing_ok=True)
+        (log_dir / "start").unlink(missing_ok=True)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     try:
         with Procs(log_dir) as procs:
@@ -408,10 +457,19 @@ def _drive(state: _Run, events: list[Event]) -> tuple[list[dict[str, Any]], str]
     state.slots = [state.start_worker() for _ in range(cfg.workers)]
     for proc in state.slots:
         proc.wait_ready(START_TIMEOUT)
-    start = time.monotonic() + cfg.client_start
-    state.clients = [state.start_client(i, start) for i in range(cfg.clients)]
+    for ev in events:
+        if ev.kind == "hang":
+            state.park_hanger(ev.arg)
+        elif ev.kind == "start_broker":
+            state.park_broker()
+    start_file = state.log_dir / "start"
+    state.clients = [state.start_client(i, start_file) for i in range(cfg.clients)]
     for proc in state.clients:
         proc.wait_ready(START_TIMEOUT)
+    # The load starts once every client is ready, however long they took to start.
+    start = time.monotonic() + cfg.client_start
+    (state.log_dir / "start.tmp").write_text(repr(start))
+    os.replace(state.log_dir / "start.tmp", start_file)
     state.t0 = start
     for ev in events:
         _sleep_until(start + ev.t)

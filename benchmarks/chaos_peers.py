@@ -8,12 +8,16 @@ keeps sending keep-alives and the broker keeps it), ``hang-block`` calls :func:`
 (the whole process stalls, heartbeats stop, the broker drops the worker). Every handler run
 and every hang is appended to the ``--events`` file with one ``write`` each (``O_APPEND``), so
 the lines survive a SIGKILL. It prints ``READY <pid>`` once the broker has echoed its
-registration and stops gracefully on SIGTERM.
+registration and stops gracefully on SIGTERM. With ``--park`` it first prints
+``PARKED <pid>`` once started and connects only on SIGUSR1 (so the chaos run can have it
+join at a given moment however long the process took to start).
 
 ``python -m benchmarks.chaos_peers client --endpoint E --name c0 --start T --until T
 [--mode async|sync]`` sends requests with unique payloads ``<name>:<seq>`` from
 ``time.monotonic()`` ``--start`` until ``--until`` (the clock is shared by every process on
-the machine), ``--window`` at a time, with the client's retries, and checks every reply: it
+the machine); with ``--start-file F --run-for S`` instead, from the time the orchestrator
+writes to ``F`` once every client is ready (``READY``) for ``S`` seconds. It sends
+``--window`` at a time, with the client's retries, and checks every reply: it
 must carry its own payload (else *wrong*), and no payload may reach the application twice
 (else *duplicate*). ``async`` runs :class:`dcp.Client` with ``window`` tasks calling
 ``request()``; ``sync`` runs :class:`dcp.SyncClient.map_unordered`. After ``--until`` the
@@ -21,6 +25,10 @@ requests in flight get ``--drain`` more seconds; those still open then are *unfi
 last stdout line is a JSON record (counts, the client's ``statistics()``, replies per
 ``--bucket`` of time since ``--start``, a latency histogram in ms, replies per worker pid and
 the slow replies).
+
+``python -m benchmarks.chaos_peers broker ARGS...`` is a parked ``dcp broker ARGS...``: it
+imports dcp, prints ``PARKED <pid>`` and runs the broker only on SIGUSR1 (so the chaos run
+restarts a broker at once, whatever a new process takes to start on a loaded machine).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -95,6 +104,7 @@ def worker_argv(
     heartbeat: float = 1.0,
     liveness: int = 3,
     kind: str = "dcp",
+    park: bool = False,
 ) -> list[str]:
     """The arguments of ``python -m`` for a worker process."""
     return [
@@ -124,10 +134,19 @@ def worker_argv(
         str(liveness),
         "--kind",
         kind,
+        *(["--park"] if park else []),
     ]
 
 
 async def _serve_workers(args: argparse.Namespace) -> None:
+    if args.park:
+        with anyio.open_signal_receiver(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT) as sigs:
+            sys.stdout.write(f"PARKED {os.getpid()}\n")
+            sys.stdout.flush()
+            async for signum in sigs:
+                if signum != signal.SIGUSR1:
+                    return  # stopped before it joined
+                break
     log = EventLog(args.events)
     pid = os.getpid()
     pid_bytes = str(pid).encode()
@@ -272,12 +291,33 @@ async def _wait_until(t: float) -> None:
         await anyio.sleep(delay)
 
 
+#: Seconds a client waits for its ``--start-file`` (a hang guard).
+START_FILE_WAIT = 300.0
+
+
+def _start_known(args: argparse.Namespace) -> bool:
+    """Whether the start time is known: given (``--start``), or written to ``--start-file``
+    (then ``args.start`` and ``args.until`` are set from it)."""
+    if args.start_file is None:
+        return True
+    try:
+        text = Path(args.start_file).read_text()
+    except FileNotFoundError:
+        return False
+    args.start = float(text)
+    args.until = args.start + args.run_for
+    return True
+
+
 async def _run_async_client(args: argparse.Namespace) -> dict[str, Any]:
-    tally = Tally(args.name, args.start, args.bucket, args.slow)
     service = args.service.encode()
     seq = itertools.count()
     async with dcp.Client(args.endpoint, **_client_options(args)) as client:
         ready(args.name)
+        with anyio.fail_after(START_FILE_WAIT):
+            while not _start_known(args):  # noqa: ASYNC110 - polling a file
+                await anyio.sleep(0.01)
+        tally = Tally(args.name, args.start, args.bucket, args.slow)
         await _wait_until(args.start)
 
         async def loop() -> None:
@@ -301,11 +341,16 @@ async def _run_async_client(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_sync_client(args: argparse.Namespace) -> dict[str, Any]:
-    tally = Tally(args.name, args.start, args.bucket, args.slow)
     service = args.service.encode()
     seq = itertools.count()
     with dcp.SyncClient(args.endpoint, **_client_options(args)) as client:
         ready(args.name)
+        give_up = time.monotonic() + START_FILE_WAIT
+        while not _start_known(args):
+            if time.monotonic() > give_up:
+                raise SystemExit(f"chaos_peers client: nothing in {args.start_file}")
+            time.sleep(0.01)
+        tally = Tally(args.name, args.start, args.bucket, args.slow)
         time.sleep(max(0.0, args.start - time.monotonic()))
         while time.monotonic() < args.until:
             batch: list[tuple[bytes, float]] = []
@@ -401,6 +446,23 @@ async def _run_deadline_client(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- main
 
 
+def _parked_broker(dcp_args: list[str]) -> int:
+    """``dcp broker dcp_args`` once SIGUSR1 comes (the module docstring); 0 if SIGTERM or
+    SIGINT came first."""
+    wake = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
+    # Blocked before anything starts a thread, so that sigwait() gets them all.
+    signal.pthread_sigmask(signal.SIG_BLOCK, wake)
+    from dcp._cli import main as dcp_main
+
+    sys.stdout.write(f"PARKED {os.getpid()}\n")
+    sys.stdout.flush()
+    received = signal.sigwait(wake)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, wake)
+    if received != signal.SIGUSR1:
+        return 0
+    return dcp_main(["broker", *dcp_args])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.chaos_peers",
@@ -428,14 +490,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="dcp",
         help="dcp.Worker, or a worker that is silent while busy (benchmarks.chaos_silent)",
     )
+    p.add_argument(
+        "--park", action="store_true", help="print PARKED, connect only on SIGUSR1 (dcp only)"
+    )
 
     p = sub.add_parser("client")
     p.add_argument("--endpoint", required=True)
     p.add_argument("--service", default="chaos")
     p.add_argument("--name", required=True, help="prefix of this client's payloads")
     p.add_argument("--mode", choices=["async", "sync"], default="async")
-    p.add_argument("--start", type=float, required=True, help="time.monotonic() to start at")
-    p.add_argument("--until", type=float, required=True, help="time.monotonic() to stop at")
+    p.add_argument("--start", type=float, help="time.monotonic() to start at")
+    p.add_argument("--until", type=float, help="time.monotonic() to stop at")
+    p.add_argument("--start-file", help="instead of --start: a file to read it from, once ready")
+    p.add_argument("--run-for", type=float, help="with --start-file: seconds of load")
     p.add_argument("--drain", type=float, default=20.0, help="seconds for the last replies")
     p.add_argument("--window", type=int, default=16, help="requests in flight")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds per attempt")
@@ -459,7 +526,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--fast-work-timeout", type=float, required=True)
     p.add_argument("--fast-timeout", type=float, required=True)
 
-    args = parser.parse_args(argv)
+    sub.add_parser("broker", help="a parked `dcp broker` (the arguments that follow)")
+
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "broker":
+        sys.exit(_parked_broker(rest))
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "worker":
         if args.kind == "dcp":
             anyio.run(_serve_workers, args, backend=args.backend)
@@ -472,7 +545,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             }
             serve[args.kind](args, EventLog(args.events).write)
         return
-    if not math.isfinite(args.until) or args.until < args.start:
+    if getattr(args, "start_file", None) is not None:
+        if args.run_for is None or args.run_for < 0:
+            raise SystemExit("chaos_peers client: --start-file needs --run-for seconds")
+    elif args.start is None or args.until is None:
+        raise SystemExit("chaos_peers client: give --start and --until, or --start-file")
+    elif not math.isfinite(args.until) or args.until < args.start:
         raise SystemExit("chaos_peers client: --until must be a time after --start")
     if args.command == "deadline-client":
         record = anyio.run(_run_deadline_client, args, backend=args.backend)

@@ -9,8 +9,9 @@ worker --kind majortomo|dagbox``), as the broker meets them from other libraries
 
 Both answer ``[b"ok:" + payload, pid]`` after ``--work`` seconds and append a ``run`` event
 per request to the ``--events`` file, like the dcp workers of :mod:`benchmarks.chaos_peers`.
-They print ``READY <pid>`` once registered (majortomo: once connected; MDP has no echo) and
-end on SIGTERM (the default action).
+They print ``READY <pid>`` once registered (majortomo: once connected; MDP has no echo),
+connect again when the broker forgot them (majortomo: a DISCONNECT; dagbox: a RECONNECT),
+and end on SIGTERM (the default action).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def _ready(pid: int) -> None:
 
 def serve_majortomo(args: argparse.Namespace, log: Callable[..., Any]) -> None:
     from majortomo import Worker as MtWorker
+    from majortomo.error import Disconnected
 
     pid = os.getpid()
     worker = MtWorker(
@@ -48,7 +50,14 @@ def serve_majortomo(args: argparse.Namespace, log: Callable[..., Any]) -> None:
     worker.connect()
     _ready(pid)
     while True:
-        client, body = worker.wait_for_request()
+        try:
+            client, body = worker.wait_for_request()
+        except Disconnected:
+            # The broker dropped it for silence (a process descheduled past the liveness on
+            # a loaded machine) and answered its next command with DISCONNECT: an MDP
+            # worker connects again (RFC 7), as an application of majortomo's would.
+            worker.connect()
+            continue
         payload = body[0] if body else b""
         log(
             ev="run",

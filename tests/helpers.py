@@ -19,7 +19,7 @@ closes them all (linger 0) on exit.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -181,17 +181,25 @@ class RawPeer:
     def send_frames(self, frames: Sequence[bytes]) -> None:
         self.sock.send_multipart(list(frames), zmq.NOBLOCK)
 
-    async def recv_frames(self, within: float = 5.0) -> list[bytes]:
+    async def recv_frames(
+        self, within: float = 5.0, *, skip: Collection[Sequence[bytes]] = ()
+    ) -> list[bytes]:
         """The next message's frames (DEALER side, starting with the empty delimiter).
 
-        :raises TimeoutError: nothing arrived within ``within`` seconds
+        :param skip: messages to pass over, frame for frame (those the protocol allows in
+            between at any time, such as the broker's heartbeats)
+        :raises TimeoutError: nothing else arrived within ``within`` seconds
         """
+        skipped = [list(frames) for frames in skip]
         with anyio.fail_after(within):
             while True:
                 try:
-                    return self.sock.recv_multipart(zmq.NOBLOCK)
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     await anyio.sleep(POLL)
+                    continue
+                if frames not in skipped:
+                    return frames
 
     async def recv(self, within: float = 5.0) -> tuple[Message, int]:
         """The next message, parsed, with its type-frame width."""

@@ -8,6 +8,9 @@ Rule CP1 - Credit. A subscription starts with ``window`` credit at the broker; e
   the caller has taken is owed back, and once half a window is owed (or every ``refresh``
   seconds, even with nothing owed) the client grants it. So at most ``window`` messages sit
   in the client, and the rest wait in the broker's bounded buffer (its overflow policy).
+  A grant is sent once, never resent (``retries=0``): the broker adds every copy it
+  receives, so a resent grant whose answer was merely late would let more than ``window``
+  messages out.
 Rule CP3 - Re-subscribing. A grant the broker answers ``unknown_subscription`` (it restarted,
   or it ended the subscription for silence) makes the client subscribe again with the same
   id, options and pattern (counted in :attr:`Subscription.resubscribed`); messages published
@@ -27,7 +30,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Protocol
 
 import anyio
@@ -75,6 +78,7 @@ class Requests(Protocol):
         service: str | bytes,
         *data: Part,
         timeout: float | None = None,  # noqa: ASYNC109 (the request's own)
+        retries: int | None = None,
     ) -> Response: ...
 
 
@@ -179,7 +183,9 @@ async def _grant_credit(
                 await state.owing.wait()
         grant, state.owed = state.owed, 0
         try:
-            await client.request(CREDIT, state.sid, b"%d" % grant, timeout=max(refresh, 1))
+            await client.request(
+                CREDIT, state.sid, b"%d" % grant, timeout=max(refresh, 1), retries=0
+            )
         except RemoteError as exc:
             if exc.code != "unknown_subscription":
                 logger.warning("credit refused for %s: %s", pattern, exc)
@@ -262,9 +268,19 @@ async def subscribe(
 
 # --------------------------------------------------------------------------- blocking
 
-#: Starts a request with the client's defaults without waiting for it (its outcome lands in
-#: the receiver's ``done``): service, data -> the request id.
-StartPlain = Callable[[bytes, Sequence[bytes]], bytes]
+
+class StartPlain(Protocol):
+    """Starts a request without waiting for it (its outcome lands in the receiver's
+    ``done``): service, data -> the request id."""
+
+    def __call__(
+        self,
+        service: bytes,
+        data: Sequence[bytes],
+        *,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> bytes: ...
 
 
 class SyncSubscription:
@@ -343,7 +359,9 @@ class SyncSubscription:
         if state.owed * 2 >= state.window or now >= self._next_refresh:
             grant, state.owed = state.owed, 0
             self._next_refresh = now + self._refresh
-            self._grant = self._start(CREDIT, [state.sid, b"%d" % grant])
+            # Sent once (Rule CP1), bounded as the async client's grants are.
+            data = [state.sid, b"%d" % grant]
+            self._grant = self._start(CREDIT, data, timeout=max(self._refresh, 1), retries=0)
 
 
 def publish_sync(

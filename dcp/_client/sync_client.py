@@ -416,10 +416,21 @@ class SyncClient(ClientOptions):
 
     # ------------------------------------------------------------------ internals
 
-    def _start_plain(self, service: bytes, data: Sequence[bytes]) -> bytes:
-        """Start a request with the client's defaults, without waiting for it (its outcome
-        lands in the receiver's ``done``): a subscription's credit."""
-        timing = self._tracker.timing(None, None, None)
+    def _start_plain(
+        self,
+        service: bytes,
+        data: Sequence[bytes],
+        *,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> bytes:
+        """Start a request without waiting for it (its outcome lands in the receiver's
+        ``done``): a subscription's credit.
+
+        :param timeout: seconds for the whole call (default: the client's)
+        :param retries: resends (default: the client's)
+        """
+        timing = self._tracker.timing(timeout, None, retries)
         return self._receiver.start(service, data, self._metadata((), None, None), timing)
 
     def _mmi(self, question: str, name: str | bytes | None, timeout: float | None) -> Any:

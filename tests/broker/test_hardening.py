@@ -152,6 +152,12 @@ async def small_hwm_broker() -> AsyncIterator[dcp.Broker]:
         yield broker
 
 
+def matched_replies(broker: dcp.Broker) -> int:
+    """Replies that answered a request their worker held (each request at most once)."""
+    stats = broker.statistics()
+    return stats.replies - stats.unmatched
+
+
 def stalled_dealer(endpoint: str, ident: bytes) -> zmq.Socket[bytes]:
     """A DEALER that will never read (a receive high-water mark of 1)."""
     sock: zmq.Socket[bytes] = get_context().socket(zmq.DEALER)
@@ -169,7 +175,7 @@ async def test_a_client_that_stops_reading_loses_only_its_own_replies(
     endpoint = broker.endpoints[0]
     n = 2000
     payload = b"p" * 4096
-    with anyio.fail_after(20):
+    with anyio.fail_after(50):  # a hang guard: seconds of work under coverage and load
         async with anyio.create_task_group() as tg:
             await tg.start(fast_worker(endpoint, "echo", echo, concurrency=4).serve)
             stalled = stalled_dealer(endpoint, b"STALLED")
@@ -184,11 +190,14 @@ async def test_a_client_that_stops_reading_loses_only_its_own_replies(
                             break
                         except zmq.Again:
                             await anyio.sleep(0.001)
-                # Everything it sent is answered; replies beyond its buffers are dropped.
-                await eventually(lambda: broker.statistics().replies == n, limit=15)
+                # Everything it sent is answered, each request once by the worker that held
+                # it; replies beyond its buffers are dropped. (A worker the broker dropped
+                # for silence on a loaded machine, its requests redelivered, may answer one
+                # again: such a reply is unmatched, still routed and counted in replies.)
+                await eventually(lambda: matched_replies(broker) == n)
                 # A reply that found the queue full is dropped at once; one sent after that
                 # in the same flush is kept a moment (Rule U1) and dropped after the grace.
-                await eventually(lambda: broker.statistics().dropped_replies > n // 2, limit=15)
+                await eventually(lambda: broker.statistics().dropped_replies > n // 2)
                 stats = broker.statistics()
                 assert stats.clients == 0  # nothing is kept for it
                 # Meanwhile a well-behaved client is served normally.

@@ -164,19 +164,25 @@ async def test_duplicate_reply_is_dropped_and_counted() -> None:
 
 async def test_timeout_after_the_last_retry() -> None:
     """Attempts shorter than the call: the last one's end ends the call (the timeout is
-    the whole call's since issue 15; this test used to set 0.05 s per attempt as timeout)."""
+    the whole call's since issue 15; this test used to set 0.05 s per attempt as timeout).
+
+    The probe goes 10% of the call's time before its end (Rule RT5): attempts of 1 s give
+    it 0.3 s, so that a loaded machine that wakes the client late still sends it (with
+    attempts of 0.05 s, 15 ms late was too late: the end came first)."""
     with FakeBroker(silent) as broker:
         async with Client(
-            broker.endpoint, timeout=5.0, attempt_timeout=0.05, retries=2, backoff=0.01
+            broker.endpoint, timeout=10.0, attempt_timeout=1.0, retries=2, backoff=0.01
         ) as client:
             start = time.monotonic()
-            with anyio.fail_after(5), pytest.raises(RequestTimeout) as info:
+            with anyio.fail_after(10), pytest.raises(RequestTimeout) as info:
                 await client.request("echo", b"x")
             elapsed = time.monotonic() - start
             s = client.statistics()
             assert_clean(client)
+            # The probe was sent before the end; the fake broker's thread takes it in.
+            await eventually(lambda: len(broker.requests) >= 4)
     assert type(info.value) is RequestTimeout  # the fake broker did not say 404
-    assert 0.15 <= elapsed < 2  # three attempts of 0.05 s
+    assert 3.0 <= elapsed < 10  # three attempts of 1 s, well before the call's 10 s
     assert [r.service for r in broker.requests] == [b"echo"] * 3 + [b"mmi.service"]
     assert broker.requests[-1].data == (b"echo",)  # the question asked before the end
     assert (s.retries, s.timeouts, s.probes) == (2, 1, 1)

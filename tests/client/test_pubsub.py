@@ -1,11 +1,13 @@
 """Pub/sub on a live broker (real sockets, both anyio backends): fan-out, wildcards, queue
 groups, leaving the block, a stalled subscriber, the disconnect policy, acknowledgements,
-last values, re-subscribing after a broker restart, the blocking client."""
+last values, re-subscribing after a broker restart, the blocking client; grants sent once
+(against a fake broker that never answers them)."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -13,6 +15,9 @@ import anyio
 import pytest
 
 import dcp
+from dcp._core.broker.pubsub_peers import CREDIT
+from dcp.wire import Request
+from tests.fakes import FakeBroker
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.anyio
@@ -104,6 +109,9 @@ async def test_leaving_the_block_unsubscribes() -> None:
         assert await c.publish("a.b", b"x", ack=True) == 0
 
 
+# 100,000 messages take 5-10 s alone, and minutes under coverage on a loaded 2-core machine:
+# the hang guards are sized for that, and the per-test timeout is their sum.
+@pytest.mark.timeout(420)
 async def test_stalled_subscriber_is_bounded_and_told() -> None:
     total = 100_000
     async with (
@@ -124,11 +132,18 @@ async def test_stalled_subscriber_is_bounded_and_told() -> None:
                     return
 
         peak = 0
-        with anyio.fail_after(120):
+        with anyio.fail_after(300):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(read)
                 for i in range(total):
                     await pub.publish("load", b"%d" % i)
+                    if i % 100 == 0:
+                        # A publish without ack that zmq takes at once does not yield: let
+                        # the reader and both subscriptions' refreshers run. Without this the
+                        # loop holds the event loop for the whole burst, which on a loaded
+                        # machine outlasts the broker's subscription timeout (Rule P5: ten
+                        # refreshes) and ends both subscriptions mid-burst.
+                        await anyio.lowlevel.checkpoint()
                     if i % 5000 == 0:
                         peak = max(peak, broker.pubsub_statistics().pending)
         assert got == total
@@ -270,3 +285,39 @@ async def test_closing_the_client_ends_iteration() -> None:
             await anyio.sleep(0.1)  # the refresher notices and stops
         with pytest.raises(anyio.ClosedResourceError):
             await c.publish("z", b"late")
+
+
+# ------------------------------------------------------------------ grants (Rule CP1)
+
+
+def grants_unanswered(req: Request, attempt: int) -> Sequence[tuple[float, Sequence[bytes]]]:
+    """A broker whose answers to grants are late (never come); everything else is ``ok``."""
+    return [] if req.service == CREDIT else [(0.0, [b"ok"])]
+
+
+def grant_attempts(broker: FakeBroker) -> list[int]:
+    """How often each grant the fake broker received was sent, in order."""
+    ids = dict.fromkeys(r.metadata[0] for r in broker.requests if r.service == CREDIT)
+    return [broker.attempts[rid] for rid in ids]
+
+
+async def test_a_grant_is_sent_once() -> None:
+    # The broker adds every copy of a grant it receives: a resend of one whose answer is
+    # late would let more than the window out. Each grant waits out its second, unanswered.
+    with FakeBroker(grants_unanswered) as broker:
+        async with dcp.Client(broker.endpoint) as c, c.subscribe("x", refresh=0.1):
+            await wait_for(lambda: len(grant_attempts(broker)) >= 3, within=30)
+    assert set(grant_attempts(broker)) == {1}
+
+
+def test_a_blocking_grant_is_sent_once() -> None:
+    with (
+        FakeBroker(grants_unanswered) as broker,
+        dcp.SyncClient(broker.endpoint) as c,
+        c.subscribe("x", refresh=0.1) as sub,
+    ):
+        end = time.monotonic() + 30  # a hang guard
+        while len(grant_attempts(broker)) < 3 and time.monotonic() < end:
+            assert sub.next(timeout=0.1) is None
+    assert len(grant_attempts(broker)) >= 3
+    assert set(grant_attempts(broker)) == {1}

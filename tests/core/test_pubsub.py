@@ -198,6 +198,29 @@ def test_broker_refusals() -> None:
     assert core.outbox[0][-2] == b"forbidden_address"
 
 
+def test_a_dcp_delivery_the_driver_cannot_send_is_lost_and_told() -> None:
+    # Rule P4 on the DCP wire (routing id first): counted as lost, not as a dropped reply;
+    # its credit given back; the subscriber told in a gap notice before the next message.
+    core = BrokerCore()
+    opts = [b"max-pending=10", b"overflow=drop-oldest", b"window=1"]
+    assert dcp_req(core, b"c", b"sub", [b"r1"], [b"s", b"t", b"", *opts])[0][-1] == b"ok"
+    [delivery] = dcp_req(core, b"p", b"pub", [], [b"t", b"1"])
+    assert delivery[6:] == [b"\xffDCP:msg=s", b"", b"t", b"1"]
+    core.undeliverable(delivery, "full")
+    stats = core.pubsub.statistics()
+    assert (stats.delivered, stats.lost) == (0, 1)
+    assert core.statistics().dropped_replies == 0
+    [gap, message] = dcp_req(core, b"p", b"pub", [], [b"t", b"2"])
+    assert gap[6:] == [b"\xffDCP:gap=s", b"", b"1", b"drop-oldest"]
+    assert message[6:] == [b"\xffDCP:msg=s", b"", b"t", b"2"]
+    # A gap notice the driver cannot send is told again, as soon as there is credit.
+    core.undeliverable(gap, "gone")
+    [ok, gap] = dcp_req(core, b"c", b"credit", [b"g1"], [b"s", b"1"])
+    assert ok[-1] == b"ok"
+    assert gap[6:] == [b"\xffDCP:gap=s", b"", b"1", b"drop-oldest"]
+    assert core.pubsub.statistics().lost == 1  # counted once, where it was lost
+
+
 def test_permissions() -> None:
     opts = PubSubOptions(publishers={"news.>": ["K1"]}, subscribers={"news.*": ["*"]})
     core = BrokerCore(pubsub=opts)

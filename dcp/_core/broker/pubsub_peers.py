@@ -338,14 +338,15 @@ class PubSubPeers:
         """A pub/sub message the driver could not send (zmq's queue to the subscriber is
         full, or it is gone): a lost message, told in the subscription's next gap notice, its
         credit given back (pubsub Rule P4). Whether ``frames`` was one."""
-        head = frames[5] if len(frames) > 7 else b""
+        # Rule PS2 with the routing id first: id "" DGBX type client "" head "" ...
+        head = frames[6] if len(frames) > 8 else b""
         if head.__class__ is not bytes:
             return False
         kind = head[:9]
         if kind == MSG_PREFIX:
             self.pubsub.undelivered(frames[0], head[9:], 1, counted=False)
         elif kind == GAP_PREFIX:
-            lost = frames[7]
+            lost = frames[8]
             if lost.__class__ is bytes and lost.isdigit():
                 self.pubsub.undelivered(frames[0], head[9:], int(lost), counted=True)
         else:
