@@ -59,6 +59,7 @@ def _tree(rev: str | None) -> Iterator[Path]:
         path = Path(tmp) / "tree"
         git = ["git", "-C", str(ROOT)]
         subprocess.run([*git, "worktree", "add", "--detach", "-q", str(path), rev], check=True)
+        print(f"{rev} checked out in {path}", file=sys.stderr)
         try:
             yield path
         finally:
