@@ -78,7 +78,7 @@ def test_call_to_nobody_fails_at_once_and_verbose_says_so(
     waiting = ["--timeout", "6", "--retries", "2", "--wait"]
     assert main([*argv[:-3], *waiting, "nobody"]) == NO_WORKERS
     assert capsys.readouterr().err == (
-        "dcp call: no worker serves 'nobody' (the broker says so; no reply after 0.9s "
+        "dcp call: no worker serves 'nobody' (the broker says so; no reply after 6s "
         "(3 attempts sent))\n"
     )
     assert "no reply yet: resent the request (attempt 2 of 3)" in _lines(caplog)
