@@ -66,20 +66,23 @@ def _exit_interrupted(
     what the run raised, the client, the tracer, and the lines the exit ran."""
     client = Client(NOWHERE, timeout=1)
     tracer = Interrupter(at)
+    # The trace function in place (coverage's, under scripts/test) comes back afterwards:
+    # leaving None would stop coverage measuring the rest of the run.
+    previous = sys.gettrace()
     counted: list[int] = []
 
     async def main() -> None:
         async with client:
             sys.settrace(tracer)
         counted.append(tracer.lines)
-        sys.settrace(None)
+        sys.settrace(previous)
 
     try:
         run(main)
     except BaseException as exc:  # what the run ended with is the result
         return exc, client, tracer, counted[0] if counted else tracer.lines
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     return None, client, tracer, counted[0]
 
 
