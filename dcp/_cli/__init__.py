@@ -1,61 +1,30 @@
 """The ``dcp`` command line: ``dcp broker``, ``dcp worker``, ``dcp call``, ``dcp demo``,
 ``dcp keys``.
 
-Layout: :mod:`._parser` (arguments, checked as they are parsed), :mod:`._commands`,
-:mod:`._worker` and :mod:`._call` (one ``cmd_*`` function per command), :mod:`._security`
-(the CURVE options read into settings), :mod:`._run` (one-line user errors, signals, exit
-codes; its rules are at its top).
+Layout: :mod:`._main` (the run: parse, dispatch, one-line errors), :mod:`._parser`
+(arguments, checked as they are parsed), :mod:`._commands`, :mod:`._worker` and
+:mod:`._call` (one ``cmd_*`` function per command), :mod:`._security` (the CURVE options read
+into settings), :mod:`._run` (one-line user errors, signals, exit codes; its rules are at its
+top). This module imports none of them until a command needs them: ``dcp --version`` is
+answered before (issue 25, finding 9: it loads no part of the command, nor anyio or zmq).
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
-from collections.abc import Callable, Sequence
-
-from dcp._cli._parser import build_parser
-from dcp._cli._run import INTERRUPTED, USAGE, CLIError, interrupted
-from dcp._io.lifecycle import BaseExceptionGroup
+from collections.abc import Sequence
 
 __all__ = ["main"]
 
 
-def _log_level(verbose: int) -> int:
-    """The ``dcp.*`` loggers' level: WARNING, INFO with ``-v``, DEBUG with ``-vv``."""
-    if verbose > 1:
-        return logging.DEBUG
-    return logging.INFO if verbose == 1 else logging.WARNING
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dcp`` command; returns its exit status (see ``dcp --help``)."""
-    try:
-        args = build_parser().parse_args(argv)
-        # The global options may come before or after the command.
-        args.backend = args.sub_backend or args.backend
-        args.verbose += args.sub_verbose
-        if getattr(args, "log_summary", None) is not None:
-            args.verbose = max(args.verbose, 1)  # the summary is an INFO line: show it
-        logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        # The level goes on the dcp loggers only (other libraries stay at WARNING), for
-        # this command's run only (main may be called again in the same process).
-        dcp_logger = logging.getLogger("dcp")
-        saved = dcp_logger.level
-        dcp_logger.setLevel(_log_level(args.verbose))
-        func: Callable[[argparse.Namespace], int] = args.func
-        try:
-            return func(args)
-        finally:
-            dcp_logger.setLevel(saved)
-    except CLIError as exc:
-        prog = f"dcp {args.command}"
-        hint = f" (see '{prog} --help')" if exc.code == USAGE else ""
-        print(f"{prog}: {exc.message}{hint}", file=sys.stderr, flush=True)
-        return exc.code
-    except KeyboardInterrupt:
-        return INTERRUPTED
-    except BaseExceptionGroup as group:
-        if interrupted(group):
-            return INTERRUPTED
-        raise
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args == ["--version"]:
+        from dcp._version import DISTRIBUTION, __version__
+
+        print(f"dcp ({DISTRIBUTION}) {__version__}")  # as argparse's version action says it
+        return 0
+    from dcp._cli._main import run
+
+    return run(argv)

@@ -14,12 +14,9 @@ from dcp._cli._run import USAGE
 from dcp._cli._services import add_broker_beacon, add_commands
 from dcp._io.beacon import BEACON_SCHEME, beacon_port
 from dcp._io.endpoints import check_endpoint
-from dcp._version import __version__
+from dcp._version import DISTRIBUTION, __version__
 
 __all__ = ["DISTRIBUTION", "build_parser"]
-
-#: The name dcp is published under on PyPI (``dcp`` itself is another project's).
-DISTRIBUTION = "dagbox-dcp"
 
 _EPILOG = f"""\
 global options (--backend, -v) may also follow the command: dcp broker -v --bind ...

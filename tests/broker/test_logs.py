@@ -208,7 +208,7 @@ def _record_levels(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             sub.set_defaults(func=record)
         return parser
 
-    monkeypatch.setattr("dcp._cli.build_parser", build_recording)
+    monkeypatch.setattr("dcp._cli._main.build_parser", build_recording)
     return levels
 
 
