@@ -71,6 +71,7 @@ from typing import Any, Protocol
 
 from dcp._core.broker.admission import Limits
 from dcp._core.broker.approval import Approval, ApprovalRequest, Approvals
+from dcp._core.broker.budget import DEFAULT_MAX_MEMORY, Memory
 from dcp._core.broker.dbp import DbpPeers
 from dcp._core.broker.dcp1 import DcpPeers
 from dcp._core.broker.directory import Directory, Mmi, broker_entry, text
@@ -171,6 +172,8 @@ class BrokerCore:
     :param dbp_clock: epoch seconds, for the time frame DBP puts in every command (the
         driver's ``time.time``; ``None``: the core's own ``now``, for a driver that has no
         wall clock to give)
+    :param max_memory: bytes the broker may hold on its peers' behalf, split into accounts
+        (:mod:`dcp._core.broker.budget`, Rules MB1-MB4; ``None``: no byte budget)
     """
 
     def __init__(
@@ -197,6 +200,7 @@ class BrokerCore:
         pubsub: PubSubOptions | None = None,
         approve: bool = False,
         dbp_clock: Callable[[], float] | None = None,
+        max_memory: int | None = DEFAULT_MAX_MEMORY,
     ) -> None:
         if heartbeat_interval <= 0 or liveness < 1:
             raise ValueError("heartbeat_interval must be > 0 and liveness >= 1")
@@ -224,6 +228,8 @@ class BrokerCore:
         self.busy_timeout = busy_timeout
         #: The broker's counters.
         self.counters = BrokerCounters()
+        #: The byte budget: one account per kind of thing kept for peers (Rules MB1-MB4).
+        self.memory = Memory(max_memory)
         self._out = out = Outputs(self.counters)
         #: The registered workers and other peers' dialects.
         self.sessions = sessions = Sessions(
