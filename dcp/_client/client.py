@@ -33,6 +33,7 @@ from dcp._client.services import (
     ServiceWatch,
     mmi_answer,
     mmi_args,
+    mmi_page,
     service_info,
     service_stats,
     summaries,
@@ -314,11 +315,22 @@ class Client(ClientOptions):
         timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> list[ServiceSummary]:
         """Every service the broker knows, with workers, queue and version (``mmi.services``,
-        ``docs/services.md``).
+        ``docs/services.md``): asked a page at a time (``docs/services.md``, "Pages"), so
+        a listing taken while services come and go lists every service known throughout.
 
+        :param timeout: seconds for each page's request (default: the client's)
         :raises RuntimeError: the broker does not answer it (not a dcp broker)
         """
-        return summaries(await self._mmi("mmi.services", None, timeout))
+        listing: list[dict[str, Any]] = []
+        after: bytes | None = None
+        while True:  # directory Rule D6: one page per request, until the last
+            response = await self.request(
+                "mmi.services", *mmi_args(after), timeout=timeout, retries=0, wait_for_worker=True
+            )
+            page, after = mmi_page("mmi.services", response, after)
+            listing += page
+            if after is None:
+                return summaries(listing)
 
     async def service_info(
         self,

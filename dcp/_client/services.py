@@ -23,6 +23,7 @@ __all__ = [
     "ServiceWatch",
     "mmi_answer",
     "mmi_args",
+    "mmi_page",
     "service_info",
     "service_stats",
     "summaries",
@@ -106,6 +107,32 @@ def mmi_answer(question: str, response: Response) -> Any:
     if response.data == (b"501",):
         raise RuntimeError(f"the broker does not answer {question} (not a dcp broker?)")
     return decode_json(response.bytes, name=f"{question} answer")
+
+
+def mmi_page(
+    question: str, response: Response, after: bytes | None
+) -> tuple[list[dict[str, Any]], bytes | None]:
+    """One page of the broker's listing answering ``question`` (directory Rule D6): its
+    entries, and the cursor to ask for the next page with (``None``: the last page).
+
+    :param after: the cursor this page was asked with (``None``: the first page)
+    :raises RuntimeError: the broker does not answer it (not a dcp broker)
+    :raises ValueError: the answer is not a listing, or its cursor does not move on
+    """
+    data = response.data
+    if data == (b"501",):
+        raise RuntimeError(f"the broker does not answer {question} (not a dcp broker?)")
+    if len(data) not in (1, 2):
+        raise ValueError(f"{question} answer: {len(data)} data parts; expected 1 or 2")
+    listing = decode_json(data[0], name=f"{question} answer")
+    if not isinstance(listing, list):
+        raise ValueError(f"{question} answer is not a JSON list")
+    if len(data) == 1:
+        return listing, None
+    cursor = bytes(data[1])
+    if after is not None and cursor <= after:
+        raise ValueError(f"{question} answer: its cursor does not move on")
+    return listing, cursor
 
 
 def _known(cls: type[Any], doc: dict[str, Any]) -> dict[str, Any]:

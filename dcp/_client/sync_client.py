@@ -26,6 +26,7 @@ from dcp._client.services import (
     ServiceWatch,
     mmi_answer,
     mmi_args,
+    mmi_page,
     service_info,
     service_stats,
     summaries,
@@ -196,11 +197,23 @@ class SyncClient(ClientOptions):
 
     def services(self, *, timeout: float | None = None) -> list[ServiceSummary]:
         """Every service the broker knows, with workers, queue and version (``mmi.services``,
-        ``docs/services.md``); :meth:`dcp.Client.services`, blocking.
+        ``docs/services.md``); :meth:`dcp.Client.services`, blocking. Asked a page at a time
+        (``docs/services.md``, "Pages"), so a listing taken while services come and go lists
+        every service known throughout.
 
+        :param timeout: seconds for each page's request (default: the client's)
         :raises RuntimeError: the broker does not answer it (not a dcp broker)
         """
-        return summaries(self._mmi("mmi.services", None, timeout))
+        listing: list[dict[str, Any]] = []
+        after: bytes | None = None
+        while True:  # directory Rule D6: one page per request, until the last
+            response = self.request(
+                "mmi.services", *mmi_args(after), timeout=timeout, retries=0, wait_for_worker=True
+            )
+            page, after = mmi_page("mmi.services", response, after)
+            listing += page
+            if after is None:
+                return summaries(listing)
 
     def service_info(
         self, name: str | bytes, *, timeout: float | None = None

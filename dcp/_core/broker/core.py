@@ -240,7 +240,9 @@ class BrokerCore:
         #: Registrations waiting for the approver (``None``: no approver).
         self.approvals = Approvals(out.events.append) if approve else None
         #: What workers said about their services.
-        self.directory = directory = Directory()
+        self.directory = directory = Directory(
+            account=self.memory.account("directory"), outputs=out
+        )
         #: dcp streams: partial replies, credit and cancels.
         self.streams = streams = Streams(out)
         #: Queues, credit, held requests and registrations.
@@ -270,7 +272,14 @@ class BrokerCore:
         #: The subscriptions (pub/sub for DCP and mc0 peers).
         self.pubsub: PubSub = pubsub_peers.pubsub
         self._pubsub_peers = pubsub_peers
-        mmi = Mmi(out, directory, sessions, routing.services, self.overview)
+        self._mmi = mmi = Mmi(
+            out,
+            directory,
+            sessions,
+            routing.services,
+            self.overview,
+            account=self.memory.account("directory"),
+        )
         grace = liveness * heartbeat_interval if reply_grace is None else reply_grace
         #: Replies whose client is not connected yet, sent again for a while (Rules U1-U3).
         self.unreachable = Unreachable(grace)
@@ -493,6 +502,7 @@ class BrokerCore:
         self._mdp.beat(now)
         self.pubsub.expire(now)
         self._mc0.expire(now)
+        self._mmi.expire(now)
         self.streams.retry(now)
 
     def next_deadline(self) -> float | None:
@@ -516,6 +526,9 @@ class BrokerCore:
         if due is not None and (when is None or due < when):
             when = due
         due = self.streams.next_retry()
+        if due is not None and (when is None or due < when):
+            when = due
+        due = self._mmi.next_deadline()
         if due is not None and (when is None or due < when):
             when = due
         if self.unreachable.kept and (when is None or self._next_resend < when):

@@ -2,9 +2,12 @@
 part. Sans-IO: one of the broker core's dialect handlers (:class:`~.core.Handler`).
 
 Rule DB1 - Info. ``u_U name`` is answered ``o_O json``: the service's info and live figures
-  (``mmi.info`` and ``mmi.stats`` merged), or for an empty name the list ``mmi.services``
-  gives; a service the broker does not know gets ``{"name": ..., "status": "inactive"}``.
-  Any peer may ask, registered or not.
+  (``mmi.info`` and ``mmi.stats`` merged), or for an empty name the first page of the list
+  ``mmi.services`` gives, ended by a ``truncated`` marker entry if there is more (directory
+  Rule D6: DBP cannot page); a service the broker does not know gets ``{"name": ...,
+  "status": "inactive"}``. Any peer may ask, registered or not; an answer over the peer's
+  share of the directory budget is not sent (directory Rule D7, counted as
+  ``memory_budget``).
 Rule DB2 - Registration. ``UwU json`` with a ``name`` registers the peer for that service,
   with the JSON's ``version``, ``description``, ``metadata`` and schemas as the service's
   info (directory Rule D3; its other fields, such as the draft's address, port and
@@ -93,7 +96,9 @@ class DbpPeers:
         outbox = self._outbox
         dialect = self.dialect
         if isinstance(event, dbp.InfoRequest):
-            outbox.append(dialect.reply(peer, b"", (), (self._info(event.name, now),)))
+            found = (self._info(event.name, now),)
+            if self._mmi.charge(peer, found, now):  # directory Rule D7
+                outbox.append(dialect.reply(peer, b"", (), found))
             return
         if isinstance(event, dbp.Ack):
             return
@@ -165,7 +170,7 @@ class DbpPeers:
     def _info(self, name: bytes, now: float) -> bytes:
         """Rule DB1: the JSON answering an info request."""
         if not name:
-            return self._mmi.listing(b"mmi.services", (), now)[0]
+            return self._mmi.capped()  # directory Rule D6
         service = self._routing.services.get(name)
         if service is None:
             return encode_json({"name": directory.text(name), "status": "inactive"})
