@@ -25,8 +25,9 @@ from dcp import (
     Worker,
 )
 from dcp._client.sync_client import SyncClient
+from dcp._core.broker.directory import PAGE_ENTRIES
 from dcp._models import Response
-from dcp.wire import Request
+from dcp.wire import Request, serialize
 from dcp.wire.messages import error_reply_data
 from dcp.wire.options import NO_WAIT_OPTION, REQUEST_ID_PREFIX
 from tests.fakes import (
@@ -282,6 +283,27 @@ def test_real_broker_queue_full_is_a_remote_error() -> None:
             client.request("nobody", b"refused")
         assert info.value.code == "queue_full"
         assert_clean(client)
+
+
+def test_services_lists_every_service_page_by_page() -> None:
+    """More services than one page holds (directory Rule D6): ``SyncClient.services()``
+    asks page after page and returns each service once."""
+    names = [f"made-up-{n:04d}" for n in range(PAGE_ENTRIES + 20)]
+    with broker_in_thread() as endpoint, SyncClient(endpoint, timeout=5.0) as client:
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(endpoint)
+            for n, name in enumerate(names):  # one queued request makes each known
+                sock.send_multipart(serialize(Request(name.encode(), None, (b"%d" % n,), ())))
+            deadline = time.monotonic() + 10
+            while client.request("mmi.broker").json()["services"] < len(names):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert len(client.request("mmi.services").data) == 2  # there is more
+            assert [s.name for s in client.services()] == names
+        finally:
+            sock.close()
 
 
 def test_infinite_timeout() -> None:

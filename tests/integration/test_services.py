@@ -15,8 +15,11 @@ import zmq
 import dcp
 from dcp._broker.broker import Broker
 from dcp._client.client import Client
+from dcp._core.broker.directory import PAGE_ENTRIES
 from dcp._errors import RegistrationRefused
 from dcp._worker.worker import Worker
+from dcp.wire import Request, serialize
+from tests.helpers import Peers
 
 pytestmark = pytest.mark.anyio
 
@@ -276,3 +279,25 @@ async def test_discovery_from_a_plain_broker_fails_clearly() -> None:
         # mmi.describe with bad info: 400, counted.
         assert (await client.request("mmi.describe", b"s", b"[]")).data == (b"400",)
         assert (await client.request("mmi.describe", b"s")).data == (b"400",)
+
+
+async def test_services_lists_every_service_page_by_page() -> None:
+    """More services than one page holds (directory Rule D6): ``Client.services()`` asks
+    page after page and returns each service once."""
+    names = [f"made-up-{n:04d}" for n in range(PAGE_ENTRIES + 20)]
+    async with (
+        Broker(EP["svc-pages"]) as broker,
+        Client(EP["svc-pages"], timeout=5) as client,
+    ):
+        with Peers(EP["svc-pages"]) as peers:
+            queuer = peers(b"queuer")
+            for n, name in enumerate(names):  # one queued request makes each known
+                queuer.send_frames(serialize(Request(name.encode(), None, (b"%d" % n,), ())))
+            with anyio.fail_after(10):
+                while len(broker.statistics().services) < len(names):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            first = await client.request("mmi.services")
+            assert len(first.data) == 2  # a page and its cursor: there is more
+            listed = await client.services()
+        assert [s.name for s in listed] == names
+        assert all(s.queued == 1 and s.workers == 0 for s in listed)
