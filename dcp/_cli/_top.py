@@ -202,6 +202,24 @@ async def _ask(client: Client, name: str, timeout: float) -> Any:
     return decode_json(response.bytes, name=f"{name} answer")
 
 
+async def _pages(client: Client, timeout: float) -> list[Any] | None:
+    """Every ``mmi.stats`` entry, a page at a time (directory Rule D6); ``None``: not
+    answered."""
+    from dcp._client.services import mmi_page
+
+    listing: list[Any] = []
+    after: bytes | None = None
+    while True:
+        data = () if after is None else (b"", after)
+        response = await client.request("mmi.stats", *data, timeout=timeout, retries=0)
+        if response.data == (b"501",):
+            return None
+        page, after = mmi_page("mmi.stats", response, after)
+        listing += page
+        if after is None:
+            return listing
+
+
 async def poll(client: Client, timeout: float) -> Snapshot:
     """One :class:`Snapshot` (``mmi.stats``, then ``mmi.broker``).
 
@@ -210,7 +228,7 @@ async def poll(client: Client, timeout: float) -> Snapshot:
     """
     import anyio
 
-    services = await _ask(client, "mmi.stats", timeout)
+    services = await _pages(client, timeout)
     if services is None:
         raise RuntimeError("the broker does not answer mmi.stats (not a dcp broker?)")
     at = anyio.current_time()

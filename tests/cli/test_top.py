@@ -19,8 +19,11 @@ from dcp._broker.broker import Broker
 from dcp._cli import main
 from dcp._cli._top import Row, Snapshot, cells, header, poll, render, rows, sort_rows
 from dcp._client.client import Client
+from dcp._core.broker.directory import PAGE_ENTRIES
 from dcp._worker.worker import Worker
+from dcp.wire import Request, serialize
 from tests.cli.procs import HANDLER, Proc, start, start_broker
+from tests.helpers import Peers
 
 
 def _service_line(out: str, name: str) -> list[str]:
@@ -106,6 +109,23 @@ async def _answer(request: dcp.HandlerRequest) -> bytes:
     if request.data[0] == b"fail":
         raise RuntimeError("no")
     return b"ok"
+
+
+@pytest.mark.anyio
+async def test_poll_reads_every_page_of_stats() -> None:
+    """More services than one ``mmi.stats`` page holds (directory Rule D6): all shown."""
+    ep = f"inproc://top-{uuid.uuid4().hex}"
+    names = [f"s{n:04d}" for n in range(PAGE_ENTRIES + 5)]
+    async with Broker(ep) as broker, Client(ep, timeout=5) as client:
+        with Peers(ep) as peers:
+            queuer = peers(b"queuer")
+            for n, name in enumerate(names):  # one queued request makes each known
+                queuer.send_frames(serialize(Request(name.encode(), None, (b"%d" % n,), ())))
+            with anyio.fail_after(10):
+                while len(broker.statistics().services) < len(names):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            snap = await poll(client, 5.0)
+    assert [s["name"] for s in snap.services] == names
 
 
 @pytest.mark.anyio
