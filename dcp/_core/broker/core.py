@@ -465,7 +465,8 @@ class BrokerCore:
         (queues Rule Q3), replies kept for unreachable clients (Rule U2) and from peers not
         registered (Rule U4), liveness (peers Rules L2-L3: expire, or probe a busy worker),
         the broker's heartbeats to MDP and DBP workers (Rule M4), pub/sub expiries (pubsub
-        Rule P5) and mc0 TTLs (Rule MC3), and messages held for full sockets (streams Rule
+        Rule P5) and mc0 TTLs (Rule MC3), listing answers held and descriptions waiting too
+        long (directory Rules D3, D7), and messages held for full sockets (streams Rule
         T3)."""
         out = self._out
         out.now = now
