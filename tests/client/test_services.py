@@ -11,6 +11,7 @@ from dcp._client.services import (
     ServiceWatch,
     mmi_answer,
     mmi_args,
+    mmi_page,
     service_info,
     service_stats,
     summaries,
@@ -63,3 +64,19 @@ def test_answers() -> None:
     )
     assert stats is not None
     assert (stats.processing_time, stats.average_processing_time) == (3.0, 1.5)  # seconds
+
+
+def test_pages() -> None:
+    """directory Rule D6: a page, and the cursor of the next (none on the last page)."""
+    assert mmi_page("mmi.services", Response((b"[]",)), None) == ([], None)
+    assert mmi_page("mmi.services", Response((b'[{"name":"a"}]', b"a")), None) == (
+        [{"name": "a"}],
+        b"a",
+    )
+    with pytest.raises(RuntimeError, match=r"does not answer mmi\.services"):
+        mmi_page("mmi.services", Response((b"501",)), None)
+    with pytest.raises(ValueError, match="cursor does not move on"):
+        mmi_page("mmi.services", Response((b"[]", b"a")), b"b")
+    for bad in ((), (b"[]", b"a", b"b"), (b"{}",)):
+        with pytest.raises(ValueError, match=r"data parts|not a JSON list"):
+            mmi_page("mmi.services", Response(bad), None)
