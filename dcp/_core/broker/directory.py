@@ -12,7 +12,8 @@ Rule D1 - A request for a name starting with ``mmi.`` is answered by the broker,
   ``mmi.describe`` (Rule D3). ``mmi.broker``: one JSON object of broker-wide figures
   (:func:`broker_entry`: uptime, peers, counters, refusals by reason; what ``dcp top``
   shows). Any other ``mmi.*`` name: ``501``.
-Rule D2 - Workers may not register ``mmi.*`` names (refused: ``reserved_service``).
+Rule D2 - Workers may not register ``mmi.*`` names (refused: ``reserved_service``; with the
+  other reserved names, admission Rule AD4).
 Rule D3 - Descriptions. A peer describes a service with a request to ``mmi.describe`` whose
   data is ``[service, info]`` (*info*: one JSON object, :func:`parse_info`). It is answered
   ``200`` if the info is valid, else ``400`` and the description is ignored (counted as
@@ -61,7 +62,6 @@ __all__ = [
     "Mmi",
     "answer",
     "broker_entry",
-    "is_reserved",
     "parse_info",
     "service_entry",
 ]
@@ -84,11 +84,6 @@ _SEMVER = re.compile(
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
 _NS = 1_000_000_000
-
-
-def is_reserved(name: bytes) -> bool:
-    """Rule D2: whether ``name`` is the broker's own."""
-    return name[:4] == PREFIX
 
 
 def text(name: bytes) -> str:
