@@ -16,16 +16,16 @@ Rule TP3 - The first poll that gets no answer within ``--timeout`` is an error (
    nothing is shown until the broker has answered once. Ctrl-C stops at once (exit 130).
 Rule TP4 - A broker that does not answer ``mmi.broker`` (an older dcp broker) still gets its
    services table; the broker-wide line says what is missing.
-Rule TP6 - The byte budget (``mmi.broker``'s ``memory``, ``dcp._core.broker.budget``): one line
-   with the bytes held in every account together, of ``max_memory``, and the refusals
-   (``memory_budget``) of each account that refused any; then the accounts that hold
-   something, as ``name used/limit``. A broker that does not say (older) shows no line.
 Rule TP5 - The broker-wide counters count since the broker started, the rows since their service
    became known (a service nobody serves and nothing waits for is forgotten, with its
    counts). The header says so and reconciles them: ``requests`` = the listed services'
    requests + those of forgotten services (``mmi.broker``'s ``forgotten_requests``, taken at
    the same instant); ``errors`` is the rows' sum; refusals and retries that replaced a
    queued copy are not requests (docs/operations.md, "Reading the figures").
+Rule TP6 - The byte budget (``mmi.broker``'s ``memory``, ``dcp._core.broker.budget``): one line
+   with the bytes held in every account together, of ``max_memory``, and the refusals
+   (``memory_budget``) of each account that refused any; then the accounts that hold
+   something, as ``name used/limit``. A broker that does not say (older) shows no line.
 
 ``rich`` (the ``top`` extra) is imported only by :func:`cmd_top`.
 """
