@@ -11,6 +11,7 @@ import attrs
 
 __all__ = [
     "DURATION_BUCKETS",
+    "AccountFigures",
     "BrokerCounters",
     "BrokerSnapshot",
     "BrokerStatistics",
@@ -126,6 +127,27 @@ class QueueStatistics:
 
 
 @attrs.frozen
+class AccountFigures:
+    """One account of the broker's byte budget (``dcp._core.broker.budget``), as
+    :meth:`dcp.Broker.statistics`, ``/metrics``, ``/status`` and ``dcp top`` show it."""
+
+    #: the account's name (a key of :data:`SHARES`)
+    name: str
+    #: bytes held now
+    used: int
+    #: the most bytes held at once
+    peak: int
+    #: the account's limit (``None``: no budget)
+    limit: int | None
+    #: the most one peer may hold (``None``: no budget)
+    peer_limit: int | None
+    #: peers holding something
+    peers: int
+    #: charges refused (Rule MB1, MB2)
+    refused: int
+
+
+@attrs.frozen
 class BrokerStatistics:
     """Counters and gauges of a broker, as returned by ``statistics()``."""
 
@@ -169,6 +191,9 @@ class BrokerStatistics:
     replaced: int = 0
     #: dcp streams (``docs/streams.md``).
     streams: StreamStatistics = StreamStatistics()
+    #: The byte budget: ``max_memory`` (``None``: no budget) and every account's figures.
+    max_memory: int | None = None
+    memory: tuple[AccountFigures, ...] = ()
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ import anyio.abc
 import anyio.from_thread
 
 from dcp._core.broker.approval import Approval, ApprovalRequest, to_approval
+from dcp._util import PeerId
 
 __all__ = ["Approver", "ApproverRunner"]
 
@@ -69,7 +70,7 @@ class ApproverRunner:
         except Exception as exc:
             logger.error(
                 "approver failed for worker %s, service %r: %s: %s (denied)",
-                question.routing_id.hex(),
+                PeerId(question.routing_id),
                 question.service[:64],
                 type(exc).__name__,
                 exc,

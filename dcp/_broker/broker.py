@@ -12,8 +12,10 @@ broker`` runs :meth:`Broker.serve` through :class:`dcp._io.lifecycle.Lifecycle`.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -49,6 +51,41 @@ _ZERO_COPY_THRESHOLD = 65_536
 
 
 logger = logging.getLogger("dcp.broker")
+
+
+#: The docs site's page on the security modes (``dcp._cli._docs.doc_url("security")``).
+_SECURITY_DOCS = "https://dagbox.github.io/dcp/security.html#modes"
+
+
+def plaintext_notice(bound: Sequence[str], *, beacon: bool = False) -> tuple[int, str]:
+    """What a broker without CURVE says once at start (``docs/security.md``, "Modes"): a
+    WARNING when an endpoint is reachable from other hosts, an INFO when every one is
+    loopback, ``ipc://`` or ``inproc://`` (only local processes can reach it)."""
+    exposed = [e for e in bound if not _local(e)]
+    if not exposed:
+        return logging.INFO, (
+            "no CURVE: any process on this host can register any service and answer its "
+            f"requests (local endpoints only; {_SECURITY_DOCS})"
+        )
+    return logging.WARNING, (
+        f"no CURVE: anyone who can reach {', '.join(exposed)} can register any service and "
+        "answer its requests, and forge replies to Majordomo clients"
+        + (", and spoof this broker's beacons" if beacon else "")
+        + f"; turn CURVE on unless the network is yours alone: {_SECURITY_DOCS}"
+    )
+
+
+def _local(endpoint: str) -> bool:
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = rest.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Broker:
@@ -127,10 +164,19 @@ class Broker:
         ``http`` extra; ``docs/operations.md``). Off by default
     :param http_token: a bearer token every HTTP request must carry
     :param http_public: allow an ``http`` host that is not a loopback address
+    :param http_hosts: further names the ``Host`` header of an HTTP request may give
+        (``NAME``: any port, or ``NAME:PORT``), besides the bound address, its IP, and
+        ``localhost`` for a loopback one; a request under any other gets ``421`` (DNS
+        rebinding; ``docs/security.md``)
     :param log_summary: seconds between one-line INFO summaries on the ``dcp.broker``
         logger (requests/s, replies/s, errors, queue depth, workers idle/busy, clients;
         ``docs/operations.md``); ``None``: none
-    :param core_options: further :class:`~dcp._core.broker.core.BrokerCore` keyword arguments
+    :param core_options: further :class:`~dcp._core.broker.core.BrokerCore` keyword
+        arguments, among them ``max_memory``: bytes the broker may hold on its peers' behalf
+        (queued requests, held replies, subscription buffers, last values, stream parts,
+        descriptions, peer state), split into accounts with per-peer shares (default 512 MiB;
+        ``None``: no budget; ``docs/security.md``). A message past its account's room is
+        refused with ``memory_budget``; :meth:`statistics` shows every account's figures
     """
 
     def __init__(
@@ -157,6 +203,7 @@ class Broker:
         http: str | None = None,
         http_token: str | None = None,
         http_public: bool = False,
+        http_hosts: Sequence[str] = (),
         log_summary: float | None = None,
         **core_options: Any,
     ) -> None:
@@ -210,7 +257,9 @@ class Broker:
         self._beacon = beacon
         self._beacon_address = beacon_address
         self._http = (
-            None if http is None else http_options(http, token=http_token, public=http_public)
+            None
+            if http is None
+            else http_options(http, token=http_token, public=http_public, hosts=http_hosts)
         )
         if self._http is not None:
             require_http()
@@ -329,6 +378,9 @@ class Broker:
                 logger.info(
                     "broker bound to %s%s", ", ".join(bound), " (CURVE)" if security else ""
                 )
+                if security is None:
+                    level, text = plaintext_notice(bound, beacon=self._beacon is not None)
+                    logger.log(level, "%s", text)
                 async with anyio.create_task_group() as tg:
                     if zap is not None:
                         tg.start_soon(zap.serve)

@@ -45,6 +45,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             max_service_name=args.max_service_name,
             max_services=args.max_services,
             max_services_per_worker=args.max_services_per_worker,
+            max_memory=args.max_memory,
             busy_timeout=args.busy_timeout,
             mdp_timeout=args.mdp_timeout,
             mdp_work_timeout=args.mdp_work_timeout or None,

@@ -1,5 +1,5 @@
-"""``dcp broker --http HOST:PORT [--http-token TOKEN | --http-token-file FILE] [--http-public]``
-(the broker's HTTP endpoint, ``docs/operations.md``)."""
+"""``dcp broker --http HOST:PORT [--http-token TOKEN | --http-token-file FILE] [--http-public]
+[--http-host NAME]...`` (the broker's HTTP endpoint, ``docs/operations.md``)."""
 
 from __future__ import annotations
 
@@ -37,13 +37,24 @@ def add_broker_http(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow a --http host that is not a loopback address",
     )
+    g.add_argument(
+        "--http-host",
+        metavar="NAME[:PORT]",
+        action="append",
+        default=[],
+        help="a further name HTTP requests may give in their Host header (repeatable; "
+        "besides the bound address, its IP, and localhost for loopback): others get 421",
+    )
 
 
 def broker_http(args: argparse.Namespace) -> dict[str, Any]:
     """The ``Broker`` keyword arguments for the HTTP options (none without ``--http``)."""
     if args.http is None:
-        if args.http_token or args.http_token_file or args.http_public:
-            raise CLIError("--http-token, --http-token-file and --http-public need --http", USAGE)
+        if args.http_token or args.http_token_file or args.http_public or args.http_host:
+            raise CLIError(
+                "--http-token, --http-token-file, --http-public and --http-host need --http",
+                USAGE,
+            )
         return {}
     token = args.http_token
     if args.http_token_file is not None:
@@ -54,4 +65,9 @@ def broker_http(args: argparse.Namespace) -> dict[str, Any]:
             raise CLIError(f"cannot read --http-token-file: {exc}", USAGE) from None
         if not token:
             raise CLIError(f"--http-token-file {args.http_token_file} is empty", USAGE)
-    return {"http": args.http, "http_token": token, "http_public": args.http_public}
+    return {
+        "http": args.http,
+        "http_token": token,
+        "http_public": args.http_public,
+        "http_hosts": args.http_host,
+    }

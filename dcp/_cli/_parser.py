@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -105,6 +106,27 @@ def _seconds(*, zero: bool = False) -> Callable[[str], float]:
 
     parse.__name__ = "float"
     return parse
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def memory_size(text: str) -> int | None:
+    """``--max-memory``: bytes (``512M``, ``1G``, ``1.5g``, ``64KiB``, plain bytes; units
+    are powers of 1024), or ``None`` for ``0`` / ``none`` (no budget)."""
+    spoken = text.strip().lower()
+    if spoken in ("0", "none"):
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(?:([kmgt])i?)?b?", spoken)
+    value = 0 if match is None else int(float(match[1]) * _UNITS[match[2] or ""])
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected bytes such as 512M, 1G or 1048576 (0 or none: no budget), not {text!r}"
+        )
+    return value
+
+
+memory_size.__name__ = "size"
 
 
 def _endpoint(*, bind: bool) -> Callable[[str], str]:
@@ -500,6 +522,15 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     ]
     for flag, kind, default, metavar, text in limits:
         g.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
+    g.add_argument(
+        "--max-memory",
+        type=memory_size,
+        default="512M",  # dcp._core.broker.budget.DEFAULT_MAX_MEMORY
+        metavar="SIZE",
+        help="bytes the broker may hold on its peers' behalf (queued requests, held "
+        "replies, subscription buffers, ...), e.g. 512M, 1G, plain bytes; 0 or none: no "
+        f"budget ({doc_url('security')})",
+    )
 
 
 def _add_server_security(p: argparse.ArgumentParser) -> None:

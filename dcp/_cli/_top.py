@@ -22,6 +22,10 @@ Rule TP5 - The broker-wide counters count since the broker started, the rows sin
    requests + those of forgotten services (``mmi.broker``'s ``forgotten_requests``, taken at
    the same instant); ``errors`` is the rows' sum; refusals and retries that replaced a
    queued copy are not requests (docs/operations.md, "Reading the figures").
+Rule TP6 - The byte budget (``mmi.broker``'s ``memory``, ``dcp._core.broker.budget``): one line
+   with the bytes held in every account together, of ``max_memory``, and the refusals
+   (``memory_budget``) of each account that refused any; then the accounts that hold
+   something, as ``name used/limit``. A broker that does not say (older) shows no line.
 
 ``rich`` (the ``top`` extra) is imported only by :func:`cmd_top`.
 """
@@ -295,6 +299,7 @@ def header(endpoint: str, previous: Snapshot | None, current: Snapshot, stale: s
     lines.append(
         f"rows: since each service became known; their errors {_delta(doc, old, 'errors')}"
     )
+    lines.extend(memory_lines(doc))
     refused: Mapping[str, int] = doc.get("rejections") or {}
     if refused:
         old_refused: Mapping[str, int] = (old or {}).get("rejections") or {}
@@ -304,6 +309,38 @@ def header(endpoint: str, previous: Snapshot | None, current: Snapshot, stale: s
             + ", ".join(f"{reason} {_delta(refused, old_refused, reason)}" for reason, _ in shown)
         )
     return "\n".join(lines)
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def memory_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Rule TP6: the byte budget's lines (none if the broker does not say)."""
+    accounts: Mapping[str, Mapping[str, Any]] | None = doc.get("memory")
+    if not isinstance(accounts, Mapping):
+        return []
+    limit = doc.get("max_memory")
+    used = sum(int(a.get("used", 0)) for a in accounts.values())
+    refused = [(name, int(a.get("refused", 0))) for name, a in accounts.items()]
+    line = f"memory {_size(used)} held of " + (_size(limit) if limit is not None else "no budget")
+    shown = [f"{name} {count:,}" for name, count in refused if count]
+    line += "  refused: " + (", ".join(shown) if shown else "none")
+    lines = [line]
+    held = [
+        f"{name} {_size(a.get('used', 0))}/{_size(a.get('limit'))}"
+        for name, a in accounts.items()
+        if a.get("used")
+    ]
+    if held:
+        lines.append("  " + "  ".join(held))
+    return lines
 
 
 _COLUMNS = (

@@ -7,6 +7,12 @@ Rule HM2 - Prometheus conventions: base units (seconds), ``_total`` counters tha
   (peers are counted by kind and dialect). A service's series start when the broker learns
   of it and end when it forgets it (no worker provides it, nothing is queued): a service that
   comes back starts from zero, which Prometheus treats as a counter reset.
+Rule HM3 - The byte budget (``dcp._core.broker.budget``), one series per account (label
+  ``account``): ``dcp_broker_memory_bytes`` (held now), ``dcp_broker_memory_peak_bytes``,
+  ``dcp_broker_memory_limit_bytes`` and ``dcp_broker_memory_peer_limit_bytes`` (absent
+  without a budget), ``dcp_broker_memory_refused_total``; ``dcp_broker_max_memory_bytes``
+  (absent without a budget). The endpoint's own refusals: ``dcp_http_refused_total`` by
+  ``reason`` (app Rule HA3).
 """
 
 from __future__ import annotations
@@ -54,10 +60,17 @@ class SnapshotCollector(Collector):
     :param started: when the broker's endpoint started (Unix time)
     """
 
-    def __init__(self, snap: BrokerSnapshot, version: str, started: float) -> None:
+    def __init__(
+        self,
+        snap: BrokerSnapshot,
+        version: str,
+        started: float,
+        http: dict[str, int] | None = None,
+    ) -> None:
         self._snap = snap
         self._version = version
         self._started = started
+        self._http = http or {}
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snap
@@ -97,7 +110,58 @@ class SnapshotCollector(Collector):
             "Clients with requests accepted and not yet answered.",
             value=stats.clients,
         )
+        yield from self._memory()
+        refused = CounterMetricFamily(
+            "dcp_http_refused",
+            "HTTP requests this endpoint refused, by reason.",
+            labels=["reason"],
+        )
+        for reason in ("misdirected", "unauthorized"):
+            refused.add_metric([reason], self._http.get(reason, 0))
+        yield refused
         yield from self._services()
+
+    def _memory(self) -> Iterator[Metric]:
+        """Rule HM3."""
+        stats = self._snap.statistics
+        if stats.max_memory is not None:
+            yield GaugeMetricFamily(
+                "dcp_broker_max_memory_bytes",
+                "Bytes the broker may hold on its peers' behalf (max_memory).",
+                value=stats.max_memory,
+            )
+        label = ["account"]
+        used = GaugeMetricFamily(
+            "dcp_broker_memory_bytes", "Bytes held on peers' behalf, by account.", labels=label
+        )
+        peak = GaugeMetricFamily(
+            "dcp_broker_memory_peak_bytes",
+            "The most bytes held at once, by account.",
+            labels=label,
+        )
+        limit = GaugeMetricFamily(
+            "dcp_broker_memory_limit_bytes", "Each account's share of max_memory.", labels=label
+        )
+        peer_limit = GaugeMetricFamily(
+            "dcp_broker_memory_peer_limit_bytes",
+            "The most one peer may hold in each account.",
+            labels=label,
+        )
+        refused = CounterMetricFamily(
+            "dcp_broker_memory_refused",
+            "Charges refused for want of room in the account (memory_budget).",
+            labels=label,
+        )
+        for a in stats.memory:
+            name = [a.name]
+            used.add_metric(name, a.used)
+            peak.add_metric(name, a.peak)
+            if a.limit is not None:
+                limit.add_metric(name, a.limit)
+            if a.peer_limit is not None:
+                peer_limit.add_metric(name, a.peer_limit)
+            refused.add_metric(name, a.refused)
+        yield from (used, peak, limit, peer_limit, refused)
 
     def _services(self) -> Iterator[Metric]:
         label = ["service"]
@@ -159,8 +223,13 @@ def _bound(seconds: float) -> str:
     return repr(float(seconds))
 
 
-def render(snap: BrokerSnapshot, version: str, started: float) -> tuple[bytes, str]:
-    """The exposition of ``snap`` and its content type."""
+def render(
+    snap: BrokerSnapshot, version: str, started: float, *, http: dict[str, int] | None = None
+) -> tuple[bytes, str]:
+    """The exposition of ``snap`` and its content type.
+
+    :param http: requests the endpoint refused, by reason (Rule HM3)
+    """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snap, version, started))
+    registry.register(SnapshotCollector(snap, version, started, http))
     return generate_latest(registry), CONTENT_TYPE_LATEST

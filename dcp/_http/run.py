@@ -31,12 +31,19 @@ async def run_http(
     :param endpoints: the broker's bound zmq endpoints (shown by ``/status``)
     :raises OSError: the address could not be bound
     """
+    from dcp._http.address import HostCheck
     from dcp._http.app import StatusApp
     from dcp._http.server import bind, serve_http
     from dcp._version import __version__
 
     sock, address = bind(options)
-    app = StatusApp(take, token=options.token, version=__version__, endpoints=endpoints)
+    app = StatusApp(
+        take,
+        token=options.token,
+        version=__version__,
+        endpoints=endpoints,
+        hosts=HostCheck(options, address),
+    )
     bound(address)
     logger.info(
         "HTTP endpoint on http://%s/ (/metrics, /status)%s",

@@ -12,10 +12,20 @@ Rule HS1 - Lists (``services``, ``workers``, ``clients``) are pages: ``{"total",
   that every second, so a broker with many clients does not list them all each time.
 Rule HS2 - Default order: services and workers by name / id, clients by most requests in
   flight first.
+Rule HS3 - No routing id is shown whole (a peer that learns another's id may connect under it
+  once that one's connection drops, and get its replies; ``docs/security.md``). A worker's or
+  client's ``id`` is a tag (:class:`PeerTags`): 8 hex digits of a BLAKE2b of the id keyed
+  with a random key the endpoint draws when it starts, enough to tell peers apart, of no use
+  to connect with, and not comparable across brokers or restarts.
+Rule HS4 - The byte budget (``dcp._core.broker.budget``): every account's figures, as
+  ``memory`` (``{"max_memory", "accounts": [{"name", "used", "peak", "limit",
+  "peer_limit", "peers", "refused"}]}``; limits ``null`` without a budget).
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import time
 from typing import Any
 
@@ -23,7 +33,16 @@ import attrs
 
 from dcp._stats import DURATION_BUCKETS, BrokerSnapshot
 
-__all__ = ["DEFAULT_LIMIT", "LISTS", "MAX_LIMIT", "Paging", "document", "list_page"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "LISTS",
+    "MAX_LIMIT",
+    "Paging",
+    "PeerTags",
+    "document",
+    "list_page",
+    "memory",
+]
 
 DEFAULT_LIMIT = 1024
 MAX_LIMIT = 100_000
@@ -54,6 +73,26 @@ class Paging:
         return cls(sort or None, limit, _whole(query, "offset", 0), bool(peers))
 
 
+class PeerTags:
+    """Rule HS3: routing ids as the endpoint shows them.
+
+    :param key: the BLAKE2b key (default: 16 random bytes, drawn once)
+    """
+
+    #: Hex digits of a tag.
+    DIGITS = 8
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = secrets.token_bytes(16) if key is None else key
+
+    def tag(self, ident_hex: str) -> str:
+        """The tag of the routing id ``ident_hex`` (hex, as snapshots carry it)."""
+        digest = hashlib.blake2b(
+            bytes.fromhex(ident_hex), key=self._key, digest_size=self.DIGITS // 2
+        )
+        return digest.hexdigest()
+
+
 def _whole(query: dict[str, list[str]], name: str, default: int) -> int:
     if name not in query:
         return default
@@ -63,7 +102,7 @@ def _whole(query: dict[str, list[str]], name: str, default: int) -> int:
     return int(text)
 
 
-def _items(snap: BrokerSnapshot, kind: str) -> list[dict[str, Any]]:
+def _items(snap: BrokerSnapshot, kind: str, tags: PeerTags) -> list[dict[str, Any]]:
     if kind == "services":
         items = []
         for s in snap.services:
@@ -76,7 +115,10 @@ def _items(snap: BrokerSnapshot, kind: str) -> list[dict[str, Any]]:
             items.append(item)
         return items
     rows = snap.workers if kind == "workers" else snap.clients
-    return [attrs.asdict(r, value_serializer=_lists) for r in rows]
+    items = [attrs.asdict(r, value_serializer=_lists) for r in rows]
+    for item in items:
+        item["id"] = tags.tag(item["id"])  # Rule HS3
+    return items
 
 
 def _lists(_: object, __: object, value: Any) -> Any:
@@ -134,12 +176,21 @@ _FIELDS = {
 }
 
 
-def list_page(snap: BrokerSnapshot, kind: str, paging: Paging) -> dict[str, Any]:
-    """``/status/<kind>``: one list's page (Rule HS1).
+def list_page(snap: BrokerSnapshot, kind: str, paging: Paging, tags: PeerTags) -> dict[str, Any]:
+    """``/status/<kind>``: one list's page (Rules HS1, HS3).
 
     :raises ValueError: the list has no such field to sort by
     """
-    return _page(_items(snap, kind), kind, paging, strict=True)
+    return _page(_items(snap, kind, tags), kind, paging, strict=True)
+
+
+def memory(snap: BrokerSnapshot) -> dict[str, Any]:
+    """Rule HS4: the byte budget's figures."""
+    stats = snap.statistics
+    return {
+        "max_memory": stats.max_memory,
+        "accounts": [attrs.asdict(a) for a in stats.memory],
+    }
 
 
 def document(
@@ -149,8 +200,13 @@ def document(
     version: str,
     started: float,
     endpoints: list[str],
+    tags: PeerTags,
+    http: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """``/status``: the whole document (schema in ``docs/operations.md``).
+
+    :param tags: how routing ids are shown (Rule HS3)
+    :param http: requests the endpoint refused, by reason
 
     :raises ValueError: no list has the field to sort by
     """
@@ -185,13 +241,15 @@ def document(
         "endpoints": list(endpoints),
         "counters": counters,
         "rejections": dict(sorted(stats.rejections.items())),
+        "http_refused": dict(sorted((http or {}).items())),
+        "memory": memory(snap),
         "peers": [
             {"kind": kind, "dialect": dialect, "count": count}
             for (kind, dialect), count in sorted(snap.peers.items())
         ],
-        "services": _page(_items(snap, "services"), "services", paging, strict=False),
+        "services": _page(_items(snap, "services", tags), "services", paging, strict=False),
         **{
-            kind: _page(_items(snap, kind), kind, paging, strict=False)
+            kind: _page(_items(snap, kind, tags), kind, paging, strict=False)
             if paging.peers
             else {"total": total, "offset": 0, "limit": 0, "sort": LISTS[kind], "items": []}
             for kind, total in (("workers", stats.workers), ("clients", stats.clients))

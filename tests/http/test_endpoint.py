@@ -216,6 +216,8 @@ async def test_status_schema_and_paging() -> None:
             "endpoints",
             "counters",
             "rejections",
+            "http_refused",
+            "memory",
             "peers",
             "services",
             "workers",

@@ -97,7 +97,7 @@ async def test_status_page_renders_and_updates(tmp_path: Path) -> None:
             await traffic(3)
             url = f"http://{broker.http_address}/?token={token}"
 
-            def browse(more: Callable[[int], None]) -> tuple[str, str, object]:
+            def browse(more: Callable[[int], None]) -> tuple[str, str, object, str]:
                 with chromium_page(tmp_path / "profile") as page:
                     page.goto(url)
                     wait_for_count(page, "echo", 3)
@@ -106,18 +106,20 @@ async def test_status_page_renders_and_updates(tmp_path: Path) -> None:
                     more(4)
                     wait_for_count(page, "echo", 7)
                     workers = page.locator('tr[data-service="echo"] td.workers').inner_text()
+                    limit = page.locator("#account-queued td.limit").inner_text()
                     state = page.evaluate("[window.notReloaded, location.search]")
                     # A reload works without ?token=: the tab keeps it (sessionStorage).
                     page.reload()
                     wait_for_count(page, "echo", 7)
-                    return title, workers, state
+                    return title, workers, state, limit
 
             def more(count: int) -> None:
                 anyio.from_thread.run(traffic, count)
 
-            title, workers, state = await anyio.to_thread.run_sync(browse, more)
+            title, workers, state, limit = await anyio.to_thread.run_sync(browse, more)
         tg.cancel_scope.cancel()
     assert title == "dcp broker"
     assert workers == "1"
+    assert limit == "179.2 MiB"  # the byte budget's queued account: 35% of 512 MiB
     # Updated in place (no reload); the token left the URL for sessionStorage.
     assert state == [True, ""]

@@ -9,6 +9,13 @@ Rule AD2 - A request that would wait (no idle worker) in a queue of ``max_queue`
 Rule AD3 - Per client address, at most ``max_client_inflight`` requests are accepted and
   unanswered (queued or held by workers), and at most ``max_client_queued`` wait in queues;
   past either: ``client_limit``.
+Rule AD4 - Reserved names (:func:`is_reserved`): ``mmi.*`` (the broker's own services,
+  directory Rule D1), names starting ``\\xffDCP`` (dcp's verbs and options: pub/sub, error
+  markers), and every dialect's own command words (DBP's, mc0's, the Majordomo headers) are
+  never services. A registration of one is refused in the worker's dialect, with or without
+  CURVE (``reserved_service``, routing); a request to one that no verb of the broker answers
+  is refused before a service is made for it (``reserved_service``), so it never reaches a
+  worker.
 
 Each refusal is a ``(code, message)`` pair; the caller counts it and tells the client with an
 error reply.
@@ -18,7 +25,38 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["Limits", "Load", "refusal"]
+from dcp.wire import dbp, mc0, mdp
+from dcp.wire.options import OPTION_PREFIX
+
+__all__ = ["RESERVED_NAMES", "Limits", "Load", "is_reserved", "refusal"]
+
+#: Whole names reserved by Rule AD4: the command words of the dialects the broker speaks
+#: (a service named like one could be taken for a command by a peer or a capture).
+RESERVED_NAMES = frozenset(
+    {
+        *dbp.COMMANDS,
+        dbp.INFO_REPLY,
+        dbp.APPROVED,
+        dbp.DENIED,
+        dbp.DENIED_DRAFT,
+        dbp.REQUEST,
+        *mc0.VERBS,
+        b"OK",
+        b"ERROR",
+        b"MESSAGE",
+        mdp.C01,
+        mdp.W01,
+        mdp.C02,
+        mdp.W02,
+    }
+)
+#: Prefixes reserved by Rule AD4: the broker's ``mmi.*`` and dcp's own ``\xffDCP``.
+RESERVED_PREFIXES = (b"mmi.", OPTION_PREFIX[:4])
+
+
+def is_reserved(name: bytes) -> bool:
+    """Rule AD4: whether ``name`` is the broker's or a dialect's own, never a service."""
+    return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)
 
 
 @attrs.frozen
@@ -60,7 +98,9 @@ def refusal(
 
 
 def new_service_refusal(limits: Limits, known: int, name: bytes) -> tuple[str, str] | None:
-    """Rule AD1 for a request naming a service not known yet."""
+    """Rules AD1 and AD4 for a request naming a service not known yet."""
+    if is_reserved(name):
+        return "reserved_service", f"{name[:64]!r} is not a service name (reserved)"
     if len(name) > limits.max_service_name:
         return "service_name_too_long", f"service name of {len(name)} bytes"
     if known >= limits.max_services:

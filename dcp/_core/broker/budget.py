@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import attrs
+from dcp._stats import AccountFigures
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -68,26 +68,6 @@ def cost(frames: Iterable[bytes]) -> int:
     for frame in frames:
         n += len(frame) + FRAME_OVERHEAD
     return n
-
-
-@attrs.frozen
-class AccountFigures:
-    """One account's figures, as ``/metrics`` and ``dcp top`` show them."""
-
-    #: the account's name (a key of :data:`SHARES`)
-    name: str
-    #: bytes held now
-    used: int
-    #: the most bytes held at once
-    peak: int
-    #: the account's limit (``None``: no budget)
-    limit: int | None
-    #: the most one peer may hold (``None``: no budget)
-    peer_limit: int | None
-    #: peers holding something
-    peers: int
-    #: charges refused (Rule MB1, MB2)
-    refused: int
 
 
 class Account:

@@ -576,6 +576,8 @@ class BrokerCore:
             expired_in_queue=c.expired_in_queue,
             replaced=c.replaced,
             streams=self.streams.statistics(),
+            max_memory=self.memory.max_memory,
+            memory=tuple(self.memory.figures()),
         )
 
     def snapshot(self, now: float, *, peers: bool = False) -> BrokerSnapshot:

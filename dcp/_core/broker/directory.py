@@ -12,7 +12,8 @@ Rule D1 - A request for a name starting with ``mmi.`` is answered by the broker,
   pages (Rule D6). ``mmi.describe`` (Rule D3). ``mmi.broker``: one JSON object of
   broker-wide figures (:func:`broker_entry`: uptime, peers, counters, refusals by reason;
   what ``dcp top`` shows). Any other ``mmi.*`` name: ``501``.
-Rule D2 - Workers may not register ``mmi.*`` names (refused: ``reserved_service``).
+Rule D2 - Workers may not register ``mmi.*`` names (refused: ``reserved_service``; with the
+  other reserved names, admission Rule AD4).
 Rule D3 - Descriptions. A peer describes a service with a request to ``mmi.describe`` whose
   data is ``[service, info]`` (*info*: one JSON object, :func:`parse_info`). It is answered
   ``200`` if the info is valid and the budget takes it (Rule D7), else ``400`` and the
@@ -92,7 +93,6 @@ __all__ = [
     "broker_entry",
     "capped",
     "footprint",
-    "is_reserved",
     "page",
     "parse_info",
     "service_entry",
@@ -133,11 +133,6 @@ _SEMVER = re.compile(
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
 _NS = 1_000_000_000
-
-
-def is_reserved(name: bytes) -> bool:
-    """Rule D2: whether ``name`` is the broker's own."""
-    return name[:4] == PREFIX
 
 
 def text(name: bytes) -> str:
@@ -300,6 +295,11 @@ def broker_entry(
         "forgotten_requests": stats.requests - listed,
         "expired_in_queue": stats.expired_in_queue,
         "replaced": stats.replaced,
+        "max_memory": stats.max_memory,
+        "memory": {
+            a.name: {"used": a.used, "peak": a.peak, "limit": a.limit, "refused": a.refused}
+            for a in stats.memory
+        },
     }
 
 

@@ -70,7 +70,7 @@ from dcp._core.broker import admission
 from dcp._core.broker.admission import Limits, Load
 from dcp._core.broker.approval import Approval, Approvals
 from dcp._core.broker.dialects import Dialect
-from dcp._core.broker.directory import Directory, Name, is_reserved
+from dcp._core.broker.directory import Directory, Name
 from dcp._core.broker.guard import Guard
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.peers import Sessions
@@ -578,7 +578,7 @@ class Routing:
             if worker is None and dialect.beats:
                 self._outbox.append(dialect.expel(peer))
             return None
-        if is_reserved(name):
+        if admission.is_reserved(name):  # admission Rule AD4
             self.refuse_registration(
                 peer, dialect, name, "reserved_service", f"{name[:64]!r} is the broker's own"
             )
