@@ -26,7 +26,9 @@ Run it with ``scripts/bench`` (or ``python -m benchmarks.run``); it writes
 - :mod:`benchmarks.spark`: ``dcp.spark`` rows/s against the plain ``SyncClient`` loop
   outside Spark (``python -m benchmarks.spark``; its own section of the page);
 - :mod:`benchmarks.sections`: page sections written by another benchmark, kept when the page
-  is regenerated.
+  is regenerated;
+- :mod:`benchmarks.attacks`: the adversarial suite (not a benchmark: each attack of issue 26
+  against a broker process, its table in ``docs/security.md``).
 
 Every process is started by :mod:`benchmarks.procs` and killed by its PID when the step that
 started it ends, whatever happens.
