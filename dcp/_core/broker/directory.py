@@ -36,7 +36,6 @@ persist anything.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -46,7 +45,7 @@ from dcp._core.broker.dialects import Dialect
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.peers import Sessions
 from dcp._core.broker.records import Service
-from dcp._json import encode_json
+from dcp._json import decode_json_limited, encode_json
 
 if TYPE_CHECKING:
     from dcp._stats import BrokerStatistics
@@ -55,6 +54,8 @@ __all__ = [
     "BROKER",
     "DESCRIBE",
     "MAX_INFO",
+    "MAX_INFO_DEPTH",
+    "MAX_INFO_ITEMS",
     "MAX_WAITING",
     "PREFIX",
     "Directory",
@@ -74,6 +75,10 @@ DESCRIBE = b"mmi.describe"
 BROKER = b"mmi.broker"
 #: Largest info document, in bytes.
 MAX_INFO = 65_536
+#: The deepest nesting of arrays and objects in an info document.
+MAX_INFO_DEPTH = 32
+#: The most elements (values and containers, all levels together) in an info document.
+MAX_INFO_ITEMS = 10_000
 #: Descriptions waiting for their registration (Rule D3).
 MAX_WAITING = 1024
 
@@ -118,12 +123,10 @@ def parse_info(raw: bytes) -> dict[str, Any]:
 
     :raises ValueError: it is not such a document (the message says why)
     """
-    if len(raw) > MAX_INFO:
-        raise ValueError(f"info is {len(raw)} bytes; the limit is {MAX_INFO}")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"info is not a UTF-8 JSON document: {exc}") from None
+    # Size, depth and element count before anything is parsed (dcp._json).
+    doc = decode_json_limited(
+        raw, max_bytes=MAX_INFO, max_depth=MAX_INFO_DEPTH, max_items=MAX_INFO_ITEMS, name="info"
+    )
     if not isinstance(doc, dict):
         raise ValueError("info must be a JSON object")
     info: dict[str, Any] = {}
