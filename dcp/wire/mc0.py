@@ -68,8 +68,8 @@ def parse(frames: Sequence[bytes]) -> Command:
     """Parse one mc0 command (frames as a DEALER sent them).
 
     :raises BadMc0Message: saying what is wrong
-    :raises HeaderTooLong: a header key or value is over :data:`MAX_HEADER` (nothing of it
-        is copied)
+    :raises ~dcp.RemoteProtocolError: a header key or value is over :data:`MAX_HEADER`
+        (reason ``header_too_long``; nothing of it is copied)
     """
     if not frames:
         raise BadMc0Message("empty message")
