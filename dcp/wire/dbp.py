@@ -34,8 +34,7 @@ import typing
 
 import attrs
 
-from dcp import _errors
-from dcp._json import JsonLimitError, decode_json_limited
+from dcp import _errors, _json
 
 if typing.TYPE_CHECKING:
     from collections.abc import Sequence
@@ -51,9 +50,9 @@ __all__ = [
     "INFO_REPLY",
     "INFO_REQUEST",
     "MAX_DOCUMENT",
-    "MAX_HEADER",
     "MAX_DOCUMENT_DEPTH",
     "MAX_DOCUMENT_ITEMS",
+    "MAX_HEADER",
     "REGISTER",
     "REPLY",
     "REQUEST",
@@ -162,14 +161,14 @@ def _document(frames: Sequence[bytes], what: str) -> dict[str, typing.Any]:
         raise _errors.TooFewFrames(f"DBP {what} without its JSON frame")
     try:
         # Size, depth and element count are checked before anything is parsed or copied.
-        doc = decode_json_limited(
+        doc = _json.decode_json_limited(
             frames[3],
             max_bytes=MAX_DOCUMENT,
             max_depth=MAX_DOCUMENT_DEPTH,
             max_items=MAX_DOCUMENT_ITEMS,
             name=f"DBP {what}",
         )
-    except JsonLimitError as exc:
+    except _json.JsonLimitError as exc:
         raise _errors.JsonTooLarge(str(exc)) from None
     except ValueError as exc:
         raise _errors.RemoteProtocolError(f"DBP {what}: not UTF-8 JSON: {exc}") from None
