@@ -16,6 +16,8 @@ __all__ = [
     "BadProtocolFrame",
     "BadTypeFrame",
     "DCPError",
+    "HeaderTooLong",
+    "JsonTooLarge",
     "LocalProtocolError",
     "MessageTooLarge",
     "MissingClientDelimiter",
@@ -78,6 +80,20 @@ class MessageTooLarge(RemoteProtocolError):
     """The message has more bytes, all frames together, than the receiver's limit."""
 
     reason = "message_too_large"
+
+
+class JsonTooLarge(RemoteProtocolError):
+    """A JSON document in the message is over the receiver's limits (bytes, nesting depth
+    or elements); it was refused before it was parsed."""
+
+    reason = "json_too_large"
+
+
+class HeaderTooLong(RemoteProtocolError):
+    """A header field of the message (a dcp option part, an mc0 header) is longer than the
+    receiver's limit for it."""
+
+    reason = "header_too_long"
 
 
 class MissingEnvelopeDelimiter(RemoteProtocolError):

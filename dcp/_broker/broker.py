@@ -48,6 +48,11 @@ __all__ = ["Broker"]
 #: a copy into ``bytes`` is cheaper than a ``zmq.Frame`` object. (pyzmq's own default
 #: ``copy_threshold`` for sends is 64 KiB too.)
 _ZERO_COPY_THRESHOLD = 65_536
+#: The default ``max_message_size``: 64 MiB, all frames together; also zmq's per-frame
+#: ``MAXMSGSIZE``. Above the largest message dcp's own tools send (4 MiB replies in the
+#: benchmarks; "several megabytes" in seed 002) and below the byte budget's queued account
+#: (35 % of 512 MiB), so a few such messages fit in it.
+DEFAULT_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
 
 
 logger = logging.getLogger("dcp.broker")
@@ -124,8 +129,11 @@ class Broker:
         address (off by default: a client could steer replies to another peer)
     :param max_queue: requests queued per service before ``queue_full`` error replies
     :param max_message_size: largest message accepted, all frames together, in bytes
-        (-1: no limit). Larger messages are counted (``message_too_large``) and dropped;
-        a single frame over it makes zmq drop the sender's connection (``MAXMSGSIZE``).
+        (-1: no limit; default 64 MiB). Larger messages are counted (``message_too_large``)
+        and dropped; a single frame over it makes zmq drop the sender's connection
+        (``MAXMSGSIZE``, set to this value). zmq limits each frame, not the message, and
+        buffers a message whole before the broker sees it: what one message of many
+        frames costs before it is refused is in ``docs/security.md``.
     :param max_frames: frames per message; longer messages are counted and dropped (a
         request whose metadata survived the cut gets an error reply, as for the size limit)
     :param max_client_queued: requests of one client waiting in queues before
@@ -186,7 +194,7 @@ class Broker:
         liveness: int = 3,
         allow_foreign_address: bool = False,
         max_queue: int = 100_000,
-        max_message_size: int = 256 * 1024 * 1024,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_frames: int = 4096,
         max_client_queued: int = 10_000,
         max_client_inflight: int = 20_000,

@@ -497,7 +497,7 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
         (
             "--max-message-size",
             _integer(-1),
-            256 << 20,
+            64 << 20,
             "BYTES",
             "largest message, all frames together (-1: no limit)",
         ),

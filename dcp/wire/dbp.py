@@ -30,12 +30,11 @@ The draft does not say how a registered service receives work; ``REQ`` and ``REP
 
 from __future__ import annotations
 
-import json
 import typing
 
 import attrs
 
-from dcp import _errors
+from dcp import _errors, _json
 
 if typing.TYPE_CHECKING:
     from collections.abc import Sequence
@@ -50,6 +49,10 @@ __all__ = [
     "HEARTBEAT",
     "INFO_REPLY",
     "INFO_REQUEST",
+    "MAX_DOCUMENT",
+    "MAX_DOCUMENT_DEPTH",
+    "MAX_DOCUMENT_ITEMS",
+    "MAX_HEADER",
     "REGISTER",
     "REPLY",
     "REQUEST",
@@ -85,6 +88,19 @@ DISCONNECT = b"</3"
 ACK = b"u.u"
 REQUEST = b"REQ"
 REPLY = b"REP"
+
+#: The largest ``UwU``/``UoU`` JSON document, in bytes: checked before it is parsed (a larger
+#: one is refused ``json_too_large``). Twice the largest service info the broker keeps
+#: (the broker core's ``MAX_INFO``), for the draft's other fields.
+MAX_DOCUMENT = 131_072
+#: The deepest nesting of arrays and objects in such a document.
+MAX_DOCUMENT_DEPTH = 32
+#: The most elements (values and containers, all levels together) in such a document.
+MAX_DOCUMENT_ITEMS = 10_000
+
+#: The longest name (``u_U``) or client address (``REP``) frame, in bytes; a longer one is
+#: refused (``header_too_long``) before it is copied.
+MAX_HEADER = 4096
 
 #: Every command frame a peer may send (what sniffing looks for).
 COMMANDS = frozenset({INFO_REQUEST, REGISTER, UPDATE, HEARTBEAT, DISCONNECT, ACK, REPLY})
@@ -144,8 +160,17 @@ def _document(frames: Sequence[bytes], what: str) -> dict[str, typing.Any]:
     if len(frames) < 4:
         raise _errors.TooFewFrames(f"DBP {what} without its JSON frame")
     try:
-        doc = json.loads(bytes(frames[3]).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        # Size, depth and element count are checked before anything is parsed or copied.
+        doc = _json.decode_json_limited(
+            frames[3],
+            max_bytes=MAX_DOCUMENT,
+            max_depth=MAX_DOCUMENT_DEPTH,
+            max_items=MAX_DOCUMENT_ITEMS,
+            name=f"DBP {what}",
+        )
+    except _json.JsonLimitError as exc:
+        raise _errors.JsonTooLarge(str(exc)) from None
+    except ValueError as exc:
         raise _errors.RemoteProtocolError(f"DBP {what}: not UTF-8 JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise _errors.RemoteProtocolError(f"DBP {what}: the JSON is not an object")
@@ -162,6 +187,8 @@ def parse(frames: Sequence[bytes]) -> Event:
     if frames[0]:
         raise _errors.MissingEnvelopeDelimiter("DBP: the first frame must be empty")
     command = bytes(frames[1])
+    if command in (INFO_REQUEST, REPLY) and len(frames) > 3 and len(frames[3]) > MAX_HEADER:
+        raise _errors.HeaderTooLong(f"DBP {command[:8]!r}: a frame over {MAX_HEADER} bytes")
     if command == INFO_REQUEST:
         return InfoRequest(bytes(frames[3]) if len(frames) > 3 else b"")
     if command == REGISTER:

@@ -7,6 +7,8 @@ after an empty frame, positional parts (DEALER view: no envelope delimiter). Pee
 as positionals), ``PUT`` (header ``TOPIC``, the body as positionals) and ``NOOP``; any may
 carry an ``ID`` header, which asks for ``OK``/``ERROR`` with that ``ID``. The broker sends
 ``MESSAGE`` (``TOPIC`` header, body), ``OK``, ``ERROR`` (``MESSAGE`` header) and ``NOOP``.
+A header key or value longer than :data:`MAX_HEADER` bytes is refused (reason
+``header_too_long``), as are more than 32 headers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if typing.TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = [
+    "MAX_HEADER",
     "VERBS",
     "BadMc0Message",
     "Command",
@@ -34,6 +37,8 @@ __all__ = [
 #: Verbs a peer may send.
 VERBS = frozenset({b"CONNECT", b"DISCONNECT", b"SUB", b"UNSUB", b"PUT", b"NOOP"})
 _MAX_HEADERS = 32
+#: The longest header key or value a peer may send, in bytes (a ``TOPIC`` is at most 1,024).
+MAX_HEADER = 4096
 
 
 class BadMc0Message(_errors.RemoteProtocolError):
@@ -63,9 +68,15 @@ def parse(frames: Sequence[bytes]) -> Command:
     """Parse one mc0 command (frames as a DEALER sent them).
 
     :raises BadMc0Message: saying what is wrong
+    :raises ~dcp.RemoteProtocolError: a header key or value is over :data:`MAX_HEADER`
+        (reason ``header_too_long``; nothing of it is copied)
     """
     if not frames:
         raise BadMc0Message("empty message")
+    if len(frames[0]) > 16:
+        raise BadMc0Message(
+            f"verb {bytes(memoryview(frames[0])[:16])!r}... is not one a peer sends"
+        )
     verb = bytes(frames[0])
     if verb not in VERBS:
         raise BadMc0Message(f"verb {verb[:16]!r} is not one a peer sends")
@@ -74,9 +85,13 @@ def parse(frames: Sequence[bytes]) -> Command:
     n = len(frames)
     while i < n and frames[i]:
         if i + 1 >= n:
-            raise BadMc0Message(f"header {bytes(frames[i])[:16]!r} has no value")
+            raise BadMc0Message(f"header {bytes(memoryview(frames[i])[:16])!r} has no value")
         if len(headers) >= _MAX_HEADERS:
             raise BadMc0Message(f"more than {_MAX_HEADERS} headers")
+        if len(frames[i]) > MAX_HEADER or len(frames[i + 1]) > MAX_HEADER:
+            raise _errors.HeaderTooLong(
+                f"header {bytes(memoryview(frames[i])[:16])!r} longer than {MAX_HEADER} bytes"
+            )
         headers.setdefault(bytes(frames[i]), bytes(frames[i + 1]))
         i += 2
     positional = tuple(frames[i + 1 :]) if i < n else ()

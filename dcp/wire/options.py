@@ -7,6 +7,7 @@ reply of a forward chain (``via``). Pure.
 from __future__ import annotations
 
 __all__ = [
+    "MAX_OPTION",
     "NO_WAIT_OPTION",
     "OPTION_PREFIX",
     "REQUEST_ID_PREFIX",
@@ -27,6 +28,12 @@ __all__ = [
 OPTION_PREFIX = b"\xffDCP:"
 _WORK_TIMEOUT = OPTION_PREFIX + b"work-timeout="
 
+
+#: The longest metadata part starting with :data:`OPTION_PREFIX` (an option or a request id,
+#: prefix included) a dcp broker takes, in bytes: a request carrying a longer one is refused
+#: (``header_too_long``) before anything of it is kept. Room for a ``via=`` part naming the
+#: longest service name a broker allows by default (1,024 bytes), four times over.
+MAX_OPTION = 4096
 
 #: A dcp client's request id (the first metadata part) starts with this, so a worker can tell
 #: it, like the options, from the caller's own metadata.

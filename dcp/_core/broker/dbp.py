@@ -13,8 +13,11 @@ Rule DB2 - Registration. ``UwU json`` with a ``name`` registers the peer for tha
   info (directory Rule D3; its other fields, such as the draft's address, port and
   heartbeat timing, are not used). It goes through every registration rule (reserved names,
   allow-lists, approval): APPROVED is ``OwO``, a refusal is ``(O_O) reason``. Info that
-  does not validate is refused the same way. A registered DBP service holds one request at
-  a time (``REQ``; it answers with ``REP``, which asks for the next), like an MDP worker.
+  does not validate is refused the same way, and so is a registration that does not parse:
+  its JSON is checked for size, depth and element count before it is parsed
+  (:data:`dcp.wire.dbp.MAX_DOCUMENT`; ``json_too_large``). A registered DBP service holds
+  one request at a time (``REQ``; it answers with ``REP``, which asks for the next), like an
+  MDP worker.
 Rule DB3 - ``UoU json`` from a registered service replaces its info (answered ``u.u``);
   ``<3`` keeps it alive (peers Rule L1; the broker beats DBP services itself, as MDP ones);
   ``</3`` removes it (its request is redelivered). Any of these from a peer that is not a
@@ -92,6 +95,10 @@ class DbpPeers:
             event = dbp.parse(body)
         except RemoteProtocolError as exc:
             self._out.reject(peer, exc.reason, str(exc))
+            if len(body) > 1 and body[1] == dbp.REGISTER:  # Rule DB2: told why
+                self._outbox.append(
+                    self.dialect.refused(peer, b"", exc.reason, f"{exc.reason}: {exc}")
+                )
             return
         outbox = self._outbox
         dialect = self.dialect

@@ -58,7 +58,6 @@ persist anything.
 from __future__ import annotations
 
 import heapq
-import json
 import re
 import sys
 from collections import OrderedDict, deque
@@ -70,7 +69,7 @@ from dcp._core.broker.dialects import Dialect
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.peers import Sessions
 from dcp._core.broker.records import Service
-from dcp._json import encode_json
+from dcp._json import decode_json_limited, encode_json
 
 if TYPE_CHECKING:
     from dcp._stats import BrokerStatistics
@@ -82,6 +81,8 @@ __all__ = [
     "LISTING_HOLD",
     "MAX_INFO",
     "MAX_INFO_FOOTPRINT",
+    "MAX_INFO_DEPTH",
+    "MAX_INFO_ITEMS",
     "MAX_WAITING",
     "PAGE_BYTES",
     "PAGE_ENTRIES",
@@ -110,6 +111,10 @@ MAX_INFO = 65_536
 #: A 64 KiB JSON Schema of objects and text takes about 0.3 MB parsed; 64 KiB of empty
 #: lists takes 1.4 MB, and is refused.
 MAX_INFO_FOOTPRINT = 16 * MAX_INFO
+#: The deepest nesting of arrays and objects in an info document.
+MAX_INFO_DEPTH = 32
+#: The most elements (values and containers, all levels together) in an info document.
+MAX_INFO_ITEMS = 10_000
 #: Descriptions waiting for their registration (Rule D3).
 MAX_WAITING = 1024
 #: Seconds a description waits for its registration (Rule D3): longer than an approver
@@ -162,14 +167,10 @@ def parse_info(raw: bytes) -> dict[str, Any]:
 
     :raises ValueError: it is not such a document (the message says why)
     """
-    if len(raw) > MAX_INFO:
-        raise ValueError(f"info is {len(raw)} bytes; the limit is {MAX_INFO}")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"info is not a UTF-8 JSON document: {exc}") from None
-    except RecursionError:
-        raise ValueError("info is nested too deeply") from None
+    # Size, depth and element count before anything is parsed (dcp._json).
+    doc = decode_json_limited(
+        raw, max_bytes=MAX_INFO, max_depth=MAX_INFO_DEPTH, max_items=MAX_INFO_ITEMS, name="info"
+    )
     if not isinstance(doc, dict):
         raise ValueError("info must be a JSON object")
     info: dict[str, Any] = {}

@@ -5,7 +5,9 @@ it; a queue itself is its :class:`~.records.Service`'s).
 Rule Q1 - Options. A request's dcp options (metadata parts starting with ``\\xffDCP:``, see
   :mod:`dcp.wire.messages`; a dcp request id, ``\\xffDCP:id=...``, is not one) are read once, in
   one pass, when it arrives (:func:`read_options`); a request with none (plain DCP traffic)
-  costs one byte comparison per metadata part.
+  costs one byte comparison per metadata part. A request carrying such a part (request id
+  included) longer than :data:`dcp.wire.options.MAX_OPTION` is refused (``header_too_long``)
+  before anything of it is kept or looked up.
 Rule Q2 - No-wait. A request carrying the no-wait option for a service no registered worker
   provides is refused at once (``no_workers``) instead of being queued.
 Rule Q3 - Deadlines. A request carrying expires-in (the time its caller has left) expires
@@ -36,6 +38,7 @@ from dcp._core.broker.records import Expiry, Key, Pending, Service
 from dcp._stats import BrokerCounters
 from dcp._util import DeadlineHeap
 from dcp.wire.options import (
+    MAX_OPTION,
     NO_WAIT_OPTION,
     REQUEST_ID_PREFIX,
     parse_work_timeout,
@@ -51,20 +54,28 @@ _SWEEP_SLACK = 1024
 class Options:
     """The dcp options a request carries (Rule Q1)."""
 
-    __slots__ = ("expires_in", "no_wait", "work_timeout")
+    __slots__ = ("expires_in", "no_wait", "too_long", "work_timeout")
 
     def __init__(self) -> None:
         self.work_timeout: float | None = None
         self.expires_in: float | None = None
         self.no_wait = False
+        #: The length of a part over :data:`~dcp.wire.options.MAX_OPTION` (0: none is).
+        self.too_long = 0
 
 
 def read_options(metadata: tuple[bytes, ...]) -> Options | None:
     """Rule Q1: the options in ``metadata`` (the first valid one of each kind), or ``None``
-    if it carries none."""
+    if it carries none (and no part is too long)."""
     options = None
     for part in metadata:
-        if part[:1] == b"\xff" and not part.startswith(REQUEST_ID_PREFIX):
+        if part[:1] != b"\xff":
+            continue
+        if len(part) > MAX_OPTION:
+            if options is None:
+                options = Options()
+            options.too_long = len(part)
+        elif not part.startswith(REQUEST_ID_PREFIX):
             if options is None:
                 options = Options()
             if part == NO_WAIT_OPTION:

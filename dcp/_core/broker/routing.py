@@ -204,6 +204,9 @@ class Routing:
         :param upstream: the request a forward finished (Rule R9), if any
         :param sender: the forwarding worker's address (for a forward's log line)
         """
+        options = read_options(metadata)
+        if options is not None and options.too_long:  # queues Rule Q1
+            return "header_too_long", f"a dcp option part of {options.too_long} bytes"
         key = None
         if metadata and metadata[0][:1] == b"\xff" and metadata[0].startswith(_ID):
             key = (client, metadata[0])
@@ -225,7 +228,6 @@ class Routing:
         limits = self.limits
         service = self.services.get(name)
         work_timeout = expiry = None
-        options = read_options(metadata)
         if options is not None:
             # Queues Rules Q2 and Q3 (only requests carrying options get here).
             if options.no_wait and (service is None or not service.workers):
