@@ -23,14 +23,24 @@ Rule Q4 - Replacement. A retry (routing Rule R8: the same client address and dcp
   dialect and expiry; its place in the queue is kept) instead of queueing a copy, and is
   counted (``replaced``), not accepted anew. A retry of a request held by a worker, or passed
   on by a forward, changes only its expiry (Rule Q3): routing Rule R8.
+Rule Q5 - Longest wait. The broker cannot tell that a client has gone (ROUTER says nothing),
+  so a request that carries no expires-in (MDP, DBP, a raw DCP peer, a dcp call without a
+  timeout) gets the broker's ``max_queue_wait`` (default 300 s) as its expiry whenever it
+  enters a queue (again, after a redelivery: the wait starts anew). One still queued past
+  it is dropped as in Rule Q3 and its client gets an error reply ``queue_timeout`` (counted
+  by that reason; its caller did not give up, so it is told). A retry that carries
+  expires-in replaces this expiry with its own (Rule Q4). So requests of departed clients
+  leave the queues, and a service nobody provides is forgotten when its queue empties
+  (admission Rule AD5 counts it for its maker until then).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dcp._core.broker.admission import Load
+from dcp._core.broker.budget import Account
 from dcp._core.broker.dialects import Dialect
 from dcp._core.broker.records import Expiry, Key, Pending, Service
 from dcp._stats import BrokerCounters
@@ -91,6 +101,10 @@ class QueueDeadlines:
         queue is empty)
     :param inflight: the routing part's requests in flight (routing Rule R8): one that
         expires leaves it
+    :param memory: the ``queued`` account, which an expired request's bytes go back to
+        (routing Rule R10)
+    :param forget: forgets a service nobody provides once its queue is empty (routing's)
+    :param wait_over: tells the client of a request dropped at ``max_queue_wait`` (Rule Q5)
     """
 
     def __init__(
@@ -99,11 +113,18 @@ class QueueDeadlines:
         loads: dict[bytes, Load],
         services: dict[bytes, Service],
         inflight: dict[Key, Pending],
+        *,
+        memory: Account,
+        forget: Callable[[Service], None],
+        wait_over: Callable[[Pending], None],
     ) -> None:
         self._counters = counters
         self._loads = loads
         self._services = services
         self._inflight = inflight
+        self._memory = memory
+        self._forget = forget
+        self._wait_over = wait_over
         self._heap: DeadlineHeap[Pending] = DeadlineHeap(_queued_live)
 
     def replace(
@@ -127,6 +148,7 @@ class QueueDeadlines:
                 self._push(pending, expiry)
             return
         expiry.when = when
+        expiry.waited = False  # Rule Q5: the caller's deadline from now on
         if expiry.queued:
             self._heap.live -= 1
             self._push(pending, expiry)
@@ -168,14 +190,18 @@ class QueueDeadlines:
             service = pending.service
             service.dead += 1
             self.sweep(service)
-            services = self._services
-            if not service.queue and not service.workers and services.get(service.name) is service:
+            if not service.queue and not service.workers:
                 # Nobody provides it and nothing waits for it: forget it (bounds memory).
-                del services[service.name]
+                self._forget(service)
 
     def drop(self, pending: Pending) -> None:
-        """Rule Q3: ``pending``, no longer counted as queued or held, expired unanswered."""
+        """Rule Q3: ``pending``, no longer counted as queued or held, expired unanswered
+        (Rule Q5: its client is told if only the broker's wait was over)."""
         self._counters.expired_in_queue += 1
+        expiry = pending.expiry
+        if expiry is not None and expiry.waited:
+            self._wait_over(pending)
+        self._memory.release(pending.client, pending.charged)  # routing Rule R10
         pending.data = ()
         key = pending.key
         if key is not None and self._inflight.get(key) is pending:

@@ -70,10 +70,12 @@ class Session:
 class Expiry:
     """When a request's caller gives up, and its bookkeeping (queues Rule Q3)."""
 
-    __slots__ = ("dead", "queued", "token", "when")
+    __slots__ = ("dead", "queued", "token", "waited", "when")
 
-    def __init__(self, when: float) -> None:
+    def __init__(self, when: float, *, waited: bool = False) -> None:
         self.when = when
+        #: Not its caller's deadline but the broker's ``max_queue_wait`` (queues Rule Q5).
+        self.waited = waited
         #: In a queue now (its latest heap entry stands).
         self.queued = False
         #: Dropped from its queue (a tombstone until it reaches the front or is swept).
@@ -87,6 +89,7 @@ class Pending:
 
     __slots__ = (
         "chain",
+        "charged",
         "client",
         "data",
         "expiry",
@@ -119,6 +122,7 @@ class Pending:
         since: float,
         key: Key | None = None,
         chain: tuple[bytes, ...] = (),
+        charged: int = 0,
     ) -> None:
         #: Arrival order, to serve a multi-service worker the oldest request first.
         self.seq = seq
@@ -147,6 +151,8 @@ class Pending:
         #: The services it passed through before this one, oldest first (a forward's;
         #: empty for a client's own request; routing Rule R9).
         self.chain = chain
+        #: Bytes charged for it to its client in the ``queued`` account (routing Rule R10).
+        self.charged = charged
 
 
 class Service:
@@ -156,6 +162,7 @@ class Service:
     __slots__ = (
         "answered",
         "busy_time",
+        "creator",
         "dead",
         "durations",
         "errors",
@@ -169,6 +176,9 @@ class Service:
 
     def __init__(self, name: bytes) -> None:
         self.name = name
+        #: The client whose request made it, while no worker has provided it (admission
+        #: Rule AD5; ``None``: a worker made it, or has provided it since).
+        self.creator: bytes | None = None
         self.queue: deque[Pending] = deque()
         #: Tombstones in :attr:`queue` (queues Rule Q3).
         self.dead = 0

@@ -112,12 +112,14 @@ class Redelivery:
                 continue
             routing.unhold(pending)
             expiry = pending.expiry
-            if expiry is not None and expiry.when <= now:
+            if expiry is not None and not expiry.waited and expiry.when <= now:
                 routing.queues.drop(pending)  # queues Rule Q3: its caller gave up
                 continue
-            routing.requeue(pending, now)
+            routing.requeue(pending, now)  # queues Rule Q5: a wait of its own starts anew
         for pending in held:
-            routing.refill(pending.service, now)
+            service = pending.service
+            routing.refill(service, now)
+            routing.forget_if_unused(service)
 
     def _log_removal(self, worker: Session, why: str) -> None:
         held = worker.held

@@ -56,6 +56,16 @@ Rule R9 - Forward chains. A forward that finishes a request its sender holds con
   forward (refused here, failed at the broker, or a worker's error reply) reaches a dcp
   client with the chain after its metadata, one :data:`~dcp.wire.options.VIA_PREFIX` part per
   service, the last the one where it failed (``docs/protocol.md``).
+Rule R10 - Bytes. A request accepted (queued, or given to a worker at once) is charged to its
+  client in the byte budget's ``queued`` account (:mod:`.budget`: its frames, Rule MB4, with
+  one entry's overhead that also pays for its Rule R8 index entry, which only requests
+  queued or held have), before anything is kept; a charge refused (the account is full, or
+  the client holds its share, Rules MB1-MB2) refuses the request with ``memory_budget``
+  (admission Rule AD6). The charge stays while the request is queued, held, given back
+  (Rule R5) or replaced by a retry (then the retry's bytes are charged instead, if they
+  fit; else the queued copy keeps its own), and is released exactly once, when the request
+  ends: answered, expired (queues Rules Q3 and Q5), given up (``redelivery_limit``, streams
+  Rule ST6) or no longer tracked (``held_overflow``).
 Rules R5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
 :mod:`.redelivery`. Registration (its refusals, approval, security Rule S3): here.
 """
@@ -69,6 +79,7 @@ from collections.abc import Sequence
 from dcp._core.broker import admission
 from dcp._core.broker.admission import Limits, Load
 from dcp._core.broker.approval import Approval, Approvals
+from dcp._core.broker.budget import ENTRY_OVERHEAD, FRAME_OVERHEAD, Account
 from dcp._core.broker.dialects import Dialect
 from dcp._core.broker.directory import Directory, Name, is_reserved
 from dcp._core.broker.guard import Guard
@@ -94,6 +105,17 @@ __all__ = [
 MAX_CHAIN = 16
 _ID = REQUEST_ID_PREFIX
 _ID_LEN = len(REQUEST_ID_PREFIX)
+
+
+def request_cost(metadata: Sequence[bytes], data: Sequence[bytes]) -> int:
+    """Rule R10: what keeping a request costs (:func:`~.budget.cost` of its metadata and
+    data parts, Rule MB4), in C-level sums (the hot path)."""
+    return (
+        ENTRY_OVERHEAD
+        + FRAME_OVERHEAD * (len(metadata) + len(data))
+        + sum(map(len, metadata))
+        + sum(map(len, data))
+    )
 
 
 def chain_of(upstream: Pending | None, name: bytes) -> tuple[bytes, ...]:
@@ -143,6 +165,8 @@ class Routing:
     :param mdp_work_timeout: seconds a worker of a dialect with no error reply (MDP) may hold
         a request that has no work timeout after ``work_timeout`` (``None``: no limit;
         majordomo Rule M5)
+    :param memory: the byte budget's ``queued`` account (Rule R10; ``None``: one without a
+        limit)
     """
 
     def __init__(
@@ -157,6 +181,7 @@ class Routing:
         approvals: Approvals | None,
         work_timeout: float | None,
         mdp_work_timeout: float | None = None,
+        memory: Account | None = None,
     ) -> None:
         self.limits = limits
         self.work_timeout = work_timeout
@@ -178,8 +203,21 @@ class Routing:
         self.work_deadlines: DeadlineHeap[Pending] = DeadlineHeap(work_deadline_live)
         #: Requests in flight by (client address, dcp request id) (Rule R8).
         self.inflight: dict[Key, Pending] = {}
-        #: Expiries of queued requests, and what retries change (queues Rules Q3 and Q4).
-        self.queues = QueueDeadlines(self._counters, self.loads, self.services, self.inflight)
+        #: Bytes of requests kept, by client (Rule R10).
+        self.memory = Account("queued", None, None) if memory is None else memory
+        #: Services without a worker, by the client whose request made them (admission
+        #: Rule AD5); only clients that made one are here.
+        self.made: dict[bytes, int] = {}
+        #: Expiries of queued requests, and what retries change (queues Rules Q3-Q5).
+        self.queues = QueueDeadlines(
+            self._counters,
+            self.loads,
+            self.services,
+            self.inflight,
+            memory=self.memory,
+            forget=self.forget,
+            wait_over=self._wait_over,
+        )
 
     # -------------------------------------------------------------- requests
 
@@ -239,17 +277,20 @@ class Routing:
                 return "no_workers", f"no worker serves {name[:64]!r}"  # Rule R9
             if upstream is not None:
                 chain = (*upstream.chain, upstream.service.name)[-MAX_CHAIN:]
-                if upstream.expiry is not None:
+                if upstream.expiry is not None and not upstream.expiry.waited:
                     when = upstream.expiry.when
                     if when <= now:
                         self._counters.expired_in_queue += 1  # its caller gave up
                         return None
                     expiry = Expiry(when)
+        made = service is None
         if service is None:
-            refused = admission.new_service_refusal(limits, len(self.services), name)
+            refused = admission.new_service_refusal(
+                limits, len(self.services), name, self.made.get(client, 0)
+            )
             if refused is not None:
                 return refused
-            service = self.services[name] = Service(name)
+            service = Service(name)  # kept only once the request is accepted
         idle = service.idle
         load = self.loads.get(client)
         if load is None:
@@ -266,6 +307,13 @@ class Routing:
             )
             if refused is not None:
                 return refused
+        charged = request_cost(metadata, data)
+        if not self.memory.charge(client, charged):  # Rule R10
+            return "memory_budget", f"the broker holds too many bytes of requests ({name[:64]!r})"
+        if made:
+            self.services[name] = service
+            service.creator = client
+            self.made[client] = self.made.get(client, 0) + 1
         if not load.inflight:
             self.loads[client] = load
         if work_timeout is None:
@@ -290,6 +338,7 @@ class Routing:
             now,
             key,
             chain,
+            charged,
         )
         if key is not None:
             self.inflight[key] = pending
@@ -299,9 +348,33 @@ class Routing:
         else:
             service.queue.append(pending)
             load.queued += 1
+            if expiry is None:
+                expiry = self._wait(pending, now)
             if expiry is not None:
                 self.queues.queued(pending)
         return None
+
+    def _wait(self, pending: Pending, now: float) -> Expiry | None:
+        """Queues Rule Q5: ``pending`` enters a queue: without an expiry of its caller's, it
+        gets (again) the broker's longest wait."""
+        wait = self.limits.max_queue_wait
+        expiry = pending.expiry
+        if wait is None:
+            return expiry
+        if expiry is None:
+            expiry = pending.expiry = Expiry(now + wait, waited=True)
+        elif expiry.waited:
+            expiry.when = now + wait
+        return expiry
+
+    def _wait_over(self, pending: Pending) -> None:
+        """Queues Rule Q5: ``pending`` was dropped at the broker's longest wait."""
+        self._counters.count("queue_timeout")
+        self.error_reply(
+            pending,
+            "queue_timeout",
+            f"no worker took it within {self.limits.max_queue_wait} s (max_queue_wait)",
+        )
 
     def _retried(
         self,
@@ -317,7 +390,16 @@ class Routing:
         running.origin = origin
         queues = self.queues
         if running.holder is None and not running.chain and running.service.name == name:
-            queues.replace(running, origin, metadata, data)  # queues Rule Q4
+            # Queues Rule Q4, if the retry's bytes fit in place of the copy's (Rule R10).
+            memory = self.memory
+            client = running.client
+            charged = request_cost(metadata, data)
+            memory.release(client, running.charged)
+            if memory.charge(client, charged):
+                running.charged = charged
+                queues.replace(running, origin, metadata, data)
+            else:
+                memory.charge(client, running.charged)  # it held them: room again
         options = read_options(metadata)
         if options is not None and options.expires_in is not None:
             queues.extend(running, now + options.expires_in)
@@ -506,6 +588,7 @@ class Routing:
         key = pending.key
         if key is not None and self.inflight.get(key) is pending:
             del self.inflight[key]  # Rule R8
+        self.memory.release(pending.client, pending.charged)  # Rule R10
         load = pending.load
         load.inflight -= 1
         if not load.inflight:
@@ -522,7 +605,7 @@ class Routing:
         pending.since = now
         service.queue.appendleft(pending)
         pending.load.queued += 1
-        if pending.expiry is not None:
+        if self._wait(pending, now) is not None:
             self.queues.queued(pending)
 
     def refill(self, service: Service, now: float) -> None:
@@ -540,6 +623,8 @@ class Routing:
         service = self.services.get(name)
         if service is None:
             service = self.services[name] = Service(name)
+        elif service.creator is not None:
+            self._unmake(service)  # admission Rule AD5: a worker provides it now
         if service not in worker.services:
             worker.services.append(service)
             service.workers += 1
@@ -550,13 +635,37 @@ class Routing:
         and nothing waits for is forgotten (bounds memory), unless the worker was
         ``holding`` requests (they go back to the queues)."""
         ident = worker.ident
-        services = self.services
         for service in worker.services:
             service.workers -= 1
             service.idle.pop(ident, None)
             if not service.workers and not service.queue and not holding:
-                del services[service.name]
+                self.forget(service)
         worker.services = []
+
+    def forget(self, service: Service) -> None:
+        """Forget ``service``: nobody provides it and nothing waits for it (bounds memory;
+        admission Rule AD5: it no longer counts for its maker)."""
+        services = self.services
+        if services.get(service.name) is service:
+            del services[service.name]
+        if service.creator is not None:
+            self._unmake(service)
+
+    def forget_if_unused(self, service: Service) -> None:
+        """Forget ``service`` if nobody provides it and nothing waits for it."""
+        if not service.workers and not service.queue:
+            self.forget(service)
+
+    def _unmake(self, service: Service) -> None:
+        creator = service.creator
+        assert creator is not None
+        service.creator = None
+        made = self.made
+        left = made.get(creator, 0) - 1
+        if left > 0:
+            made[creator] = left
+        else:
+            made.pop(creator, None)
 
     def register(
         self,
