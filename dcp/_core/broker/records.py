@@ -70,12 +70,10 @@ class Session:
 class Expiry:
     """When a request's caller gives up, and its bookkeeping (queues Rule Q3)."""
 
-    __slots__ = ("dead", "queued", "token", "waited", "when")
+    __slots__ = ("dead", "queued", "token", "when")
 
-    def __init__(self, when: float, *, waited: bool = False) -> None:
+    def __init__(self, when: float) -> None:
         self.when = when
-        #: Not its caller's deadline but the broker's ``max_queue_wait`` (queues Rule Q5).
-        self.waited = waited
         #: In a queue now (its latest heap entry stands).
         self.queued = False
         #: Dropped from its queue (a tombstone until it reaches the front or is swept).

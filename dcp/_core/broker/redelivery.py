@@ -112,10 +112,10 @@ class Redelivery:
                 continue
             routing.unhold(pending)
             expiry = pending.expiry
-            if expiry is not None and not expiry.waited and expiry.when <= now:
+            if expiry is not None and expiry.when <= now:
                 routing.queues.drop(pending)  # queues Rule Q3: its caller gave up
                 continue
-            routing.requeue(pending, now)  # queues Rule Q5: a wait of its own starts anew
+            routing.requeue(pending, now)  # queues Rule Q5: its wait starts anew
         for pending in held:
             service = pending.service
             routing.refill(service, now)
