@@ -297,3 +297,18 @@ def test_credit_releases_a_readers_parts() -> None:
     sent = take(core)
     assert sum(1 for f in sent if f[0] == C1) == 30
     assert core.statistics().rejections.get("memory_budget") is None
+
+
+def test_a_retry_too_large_for_the_share_leaves_the_queued_copy() -> None:
+    """Rule R10 with queues Rule Q4: a retry whose bytes do not fit does not replace the
+    queued copy, which keeps its own charge."""
+    core = BrokerCore(max_memory=400 * KB)  # queued: 35 KiB per client
+    rid = REQUEST_ID_PREFIX + b"1"
+    feed(core, C1, Request(ECHO, None, (rid,), (b"x" * KB,)))
+    feed(core, C2, big(2, 10 * KB))  # C1's first charge is small: the account has room
+    first = core.memory.account("queued").held(C1)
+    feed(core, C1, Request(ECHO, None, (rid,), (b"y" * (40 * KB),)))
+    assert core.memory.account("queued").held(C1) == first
+    assert core.statistics().replaced == 1
+    workers(core, W1)  # it gets the oldest request: C1's copy, unchanged
+    assert [p.data for p in core.sessions.workers[W1].held] == [(b"x" * KB,)]

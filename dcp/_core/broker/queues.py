@@ -234,7 +234,8 @@ class QueueDeadlines:
                 front.load.queued -= 1
                 self.drop(front, waited=True)
                 if service.dead:
-                    self.sweep(service)
+                    self.sweep(service)  # it may rebuild the queue
+                    queue = service.queue
             if not queue and not service.workers:
                 forget.append(service)
             elif queue and oldest is None:

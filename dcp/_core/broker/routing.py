@@ -397,12 +397,15 @@ class Routing:
             memory = self.memory
             client = running.client
             charged = request_cost(metadata, data)
-            memory.release(client, running.charged)
-            if memory.charge(client, charged):
+            more = charged - running.charged
+            if more <= 0:
+                memory.release(client, -more)
+                fits = True
+            else:
+                fits = memory.charge(client, more)  # if not, the copy keeps its own
+            if fits:
                 running.charged = charged
                 queues.replace(running, origin, metadata, data)
-            else:
-                memory.charge(client, running.charged)  # it held them: room again
         options = read_options(metadata)
         if options is not None and options.expires_in is not None:
             queues.extend(running, now + options.expires_in)
