@@ -46,7 +46,8 @@ async def test_made_up_services_of_a_departed_client_lock_nobody_out() -> None:
                     lambda: broker.statistics().rejections.get("too_many_services", 0) == 90
                 )
                 attacker.close()
-            assert len(broker.statistics().services) == 10
+            # (fewer once their wait is over, on a slow machine)
+            assert len(broker.statistics().services) <= 10
             async with dcp.Client(endpoint, timeout=10, retries=0) as client:
                 async with anyio.create_task_group() as calls:
                     answers: list[dcp.Response] = []
