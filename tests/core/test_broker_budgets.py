@@ -7,6 +7,8 @@ Pure core, real frames, explicit ``now``, a small ``max_memory``.
 
 from __future__ import annotations
 
+import pytest
+
 from dcp._core.broker.budget import ENTRY_OVERHEAD, FRAME_OVERHEAD, cost
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.routing import request_cost
@@ -312,3 +314,39 @@ def test_a_retry_too_large_for_the_share_leaves_the_queued_copy() -> None:
     assert core.statistics().replaced == 1
     workers(core, W1)  # it gets the oldest request: C1's copy, unchanged
     assert [p.data for p in core.sessions.workers[W1].held] == [(b"x" * KB,)]
+
+
+def test_the_new_options_are_checked() -> None:
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="max_queue_wait"):
+            BrokerCore(max_queue_wait=bad)
+    with pytest.raises(ValueError, match="max_client_services"):
+        BrokerCore(max_client_services=0)
+
+
+def test_a_front_with_a_caller_deadline_is_left_to_it() -> None:
+    """Queues Rule Q5: the wait is checked at the fronts; a front with its caller's own
+    expiry is left to Rule Q3, and the requests behind it are looked at again later."""
+    core = BrokerCore(max_queue_wait=30.0, heartbeat_interval=100.0)
+    feed(core, C1, Request(ECHO, None, (b"m1", expires_in_option(100.0)), (b"d",)), now=0.0)
+    feed(core, C1, big(2, 1), now=1.0)
+    assert core.next_deadline() == 31.0
+    core.expire(31.0)
+    assert take(core) == []  # behind a front that is not its to drop
+    assert core.next_deadline() == 61.0  # looked at again a wait later
+    core.expire(100.0)  # the front's caller gives up (Rule Q3): it goes, silently;
+    # the request behind it, now at the front, is past its wait
+    assert [error_of(f)[:2] for f in take(core)] == [(C1, "queue_timeout")]
+    assert core.routing.services == {}
+    assert queued(core) == 0
+
+
+def test_replies_of_other_peers_stay_kept_when_one_registers() -> None:
+    core = BrokerCore(max_memory=400 * KB)
+    feed(core, W1, Reply(C1, (b"m1",), (b"r",)), now=0.0)
+    feed(core, b"X", Reply(C1, (b"m2",), (b"r",)), now=0.0)
+    replies = core.memory.account("replies")
+    kept = replies.held(b"X")
+    feed(core, W1, Register(ECHO), now=0.1)
+    assert replies.used == kept
+    assert len(core.early) == 1

@@ -198,10 +198,8 @@ class QueueDeadlines:
             self.check_at = now + self._max_wait
 
     def expire(self, now: float) -> None:
-        """Rules Q3 and Q5: drop every queued request past its expiry, or its wait."""
-        check_at = self.check_at
-        if check_at is not None and check_at <= now:
-            self._check_fronts(now)
+        """Rules Q3 and Q5: drop every queued request past its expiry, then those past their
+        wait at the fronts."""
         while (pending := self._heap.pop(now)) is not None:
             self._dequeued(pending, True)
             pending.load.queued -= 1
@@ -212,6 +210,9 @@ class QueueDeadlines:
             if not service.queue and not service.workers:
                 # Nobody provides it and nothing waits for it: forget it (bounds memory).
                 self._forget(service)
+        check_at = self.check_at
+        if check_at is not None and check_at <= now:
+            self._check_fronts(now)
 
     def _check_fronts(self, now: float) -> None:
         """Rule Q5: drop the requests without an expiry at the queues' fronts whose wait is
