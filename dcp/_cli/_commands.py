@@ -49,6 +49,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             busy_timeout=args.busy_timeout,
             mdp_timeout=args.mdp_timeout,
             mdp_work_timeout=args.mdp_work_timeout or None,
+            max_client_services=args.max_client_services or None,
+            max_queue_wait=args.max_queue_wait or None,
             security=security,
             beacon=args.beacon,
             beacon_address=args.beacon_address,

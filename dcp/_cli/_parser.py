@@ -477,6 +477,14 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="silence allowed from an idle Majordomo worker",
     )
+    g.add_argument(
+        "--max-queue-wait",
+        type=_seconds(zero=True),
+        default=300.0,
+        metavar="SECONDS",
+        help="time a request that carries no expiry of its caller's may wait in a queue "
+        "before its client gets a queue_timeout error (0: for ever)",
+    )
     limits: list[tuple[str, Callable[[str], int], int, str, str]] = [
         (
             "--max-redeliveries",
@@ -504,6 +512,14 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
         ("--max-frames", _POSITIVE, 4096, "N", "frames per message"),
         ("--max-service-name", _POSITIVE, 1024, "BYTES", "longest service name"),
         ("--max-services", _NATURAL, 10_000, "N", "services that requests may create"),
+        (
+            "--max-client-services",
+            _NATURAL,
+            0,
+            "N",
+            "services without a worker one client's requests may create (0: a tenth of "
+            "--max-services)",
+        ),
         ("--max-services-per-worker", _NATURAL, 256, "N", "services one worker may register"),
         (
             "--send-hwm",

@@ -407,11 +407,13 @@ def test_broker_limit_flags_reach_the_broker(monkeypatch: pytest.MonkeyPatch) ->
         "--max-client-queued", "12", "--max-client-inflight", "13", "--max-redeliveries", "14",
         "--work-timeout", "1.5", "--send-hwm", "15", "--receive-hwm", "16",
         "--max-memory", "17M",
+        "--max-client-services", "18", "--max-queue-wait", "19",
     ]  # fmt: skip
     assert main(["broker", "--bind", "tcp://127.0.0.1:0", *flags]) == 2
     assert {k: options[k] for k in options if k.startswith(("max_", "work_", "send_", "rec"))} == {
         "max_message_size": -1, "max_frames": 7, "max_service_name": 8, "max_services": 9,
         "max_services_per_worker": 10, "max_queue": 11, "max_client_queued": 12,
         "max_client_inflight": 13, "max_redeliveries": 14, "work_timeout": 1.5,
-        "send_hwm": 15, "receive_hwm": 16, "max_memory": 17 << 20,
+        "send_hwm": 15, "receive_hwm": 16, "max_memory": 17 << 20, "max_client_services": 18,
+        "max_queue_wait": 19.0,
     }  # fmt: skip

@@ -452,7 +452,9 @@ def test_silent_worker_expires_and_its_request_goes_to_another() -> None:
     core.expire(5.5)
     assert take(core) == [out(W2, Pong())]  # W2 never beat while busy: probed (Rule L3)
     core.expire(2.5 + 60.0)  # silent for the whole busy timeout
-    assert core.next_deadline() is None
+    # Queues Rule Q5: the queues' fronts are checked max_queue_wait (300 s) after a
+    # request without an expiry was first queued (given back at 3.0).
+    assert core.next_deadline() == 3.0 + 300.0
     assert core.statistics().services == {ECHO: QueueStatistics(0, 0, 1)}
 
 

@@ -137,7 +137,7 @@ def test_a_retry_without_expires_in_keeps_the_deadline() -> None:
 def test_a_retry_without_expires_in_gets_a_deadline_from_a_later_one() -> None:
     core = BrokerCore(heartbeat_interval=100.0)
     feed(core, C1, Request(ECHO, None, (rid(1),), (b"d1",)), now=0.0)
-    assert core.next_deadline() is None
+    assert core.next_deadline() == 300.0  # queues Rule Q5: the broker's longest wait
     feed(core, C1, call(1, 2.0), now=1.0)
     assert core.next_deadline() == 3.0
     core.expire(3.0)

@@ -16,6 +16,15 @@ Rule AD4 - Reserved names (:func:`is_reserved`): ``mmi.*`` (the broker's own ser
   CURVE (``reserved_service``, routing); a request to one that no verb of the broker answers
   is refused before a service is made for it (``reserved_service``), so it never reaches a
   worker.
+Rule AD5 - Per-client share of services. A client may have made at most
+  ``max_client_services`` of the services that exist without a worker (by default a tenth of
+  ``max_services``): a request that would make one more is refused (``too_many_services``),
+  so a few clients cannot fill ``max_services`` with made-up names. A service counts for the
+  client whose request made it until a worker provides it or it is forgotten (nobody
+  provides it and nothing waits for it: routing, queues Rule Q5).
+Rule AD6 - Bytes. A request accepted is charged, until it ends, to its client in the byte
+  budget's ``queued`` account (:mod:`.budget`, Rules MB1-MB2; routing Rule R10); one the
+  budget refuses gets ``memory_budget``.
 
 Each refusal is a ``(code, message)`` pair; the caller counts it and tells the client with an
 error reply.
@@ -71,6 +80,17 @@ class Limits:
     max_services_per_worker: int = 256
     max_client_queued: int = 10_000
     max_client_inflight: int = 20_000
+    #: Rule AD5 (``None``: a tenth of ``max_services``, at least 1).
+    max_client_services: int | None = None
+    #: Queues Rule Q5: seconds a request without an expiry may wait in a queue (``None``:
+    #: for ever).
+    max_queue_wait: float | None = 300.0
+
+    def client_services(self) -> int:
+        """Rule AD5: services without a worker one client may have made."""
+        if self.max_client_services is not None:
+            return self.max_client_services
+        return max(1, self.max_services // 10)
 
 
 class Load:
@@ -97,12 +117,17 @@ def refusal(
     return None
 
 
-def new_service_refusal(limits: Limits, known: int, name: bytes) -> tuple[str, str] | None:
-    """Rules AD1 and AD4 for a request naming a service not known yet."""
+def new_service_refusal(
+    limits: Limits, known: int, name: bytes, made: int = 0
+) -> tuple[str, str] | None:
+    """Rules AD1, AD4 and AD5 for a request naming a service not known yet, from a client
+    that has ``made`` services no worker provides."""
     if is_reserved(name):
         return "reserved_service", f"{name[:64]!r} is not a service name (reserved)"
     if len(name) > limits.max_service_name:
         return "service_name_too_long", f"service name of {len(name)} bytes"
     if known >= limits.max_services:
         return "too_many_services", f"{known} services already known"
+    if made >= limits.client_services():
+        return "too_many_services", f"this client made {made} services no worker provides"
     return None

@@ -87,17 +87,19 @@ class Account:
     def charge(self, peer: bytes, n: int) -> bool:
         """Take ``n`` bytes for ``peer`` if the budget allows (Rules MB1, MB2): ``True`` if
         taken, ``False`` (and the refusal counted) if not."""
+        # On the request path (routing Rule R10): few lookups, one branch when taken.
         held = self._held.get(peer, 0)
-        if self.limit is not None:
-            over_account = self.used + n > self.limit
-            over_peer = held > 0 and self.peer_limit is not None and held + n > self.peer_limit
-            if over_account or over_peer:
-                self.refused += 1
-                return False
+        used = self.used + n
+        limit = self.limit
+        if limit is not None and (
+            used > limit or (held and self.peer_limit is not None and held + n > self.peer_limit)
+        ):
+            self.refused += 1
+            return False
         self._held[peer] = held + n
-        self.used += n
-        if self.used > self.peak:
-            self.peak = self.used
+        self.used = used
+        if used > self.peak:
+            self.peak = used
         return True
 
     def release(self, peer: bytes, n: int) -> None:
@@ -105,12 +107,12 @@ class Account:
         held = self._held.get(peer)
         if held is None:
             return
-        n = min(n, held)
-        if held - n <= 0:
+        if n >= held:
             del self._held[peer]
+            self.used -= held
         else:
             self._held[peer] = held - n
-        self.used -= n
+            self.used -= n
 
     def forget(self, peer: bytes) -> int:
         """Drop everything ``peer`` holds (Rule MB3); returns the bytes released."""

@@ -152,6 +152,12 @@ class BrokerCore:
         ``client_limit`` error reply
     :param max_client_inflight: requests of one client accepted and not yet answered
         (queued or held by a worker); more get a ``client_limit`` error reply
+    :param max_client_services: services without a worker one client's requests may have
+        made (``None``: a tenth of ``max_services``); a request for one more gets a
+        ``too_many_services`` error reply (admission Rule AD5)
+    :param max_queue_wait: seconds a request that carries no expiry of its caller's may wait
+        in a queue; then it is dropped and its client gets a ``queue_timeout`` error reply
+        (queues Rule Q5; ``None``: for ever)
     :param work_timeout: seconds a worker may hold a request that does not carry its own
         work timeout (``None``: no limit); past it the worker is treated as lost (Rule R7)
     :param mdp_work_timeout: seconds a Majordomo worker (MDP has no error reply) may hold a
@@ -191,6 +197,8 @@ class BrokerCore:
         max_services_per_worker: int = 256,
         max_client_queued: int = 10_000,
         max_client_inflight: int = 20_000,
+        max_client_services: int | None = None,
+        max_queue_wait: float | None = 300.0,
         work_timeout: float | None = None,
         mdp_work_timeout: float | None = 60.0,
         busy_timeout: float = 60.0,
@@ -210,6 +218,10 @@ class BrokerCore:
         ):
             if value is not None and not 0 < value < float("inf"):
                 raise ValueError(f"{timeout_name} must be None or a positive finite number")
+        if max_queue_wait is not None and not 0 < max_queue_wait < float("inf"):
+            raise ValueError("max_queue_wait must be None or a positive finite number")
+        if max_client_services is not None and max_client_services < 1:
+            raise ValueError("max_client_services must be None or at least 1")
         if not 0 < busy_timeout < float("inf") or not 0 < mdp_timeout < float("inf"):
             raise ValueError("busy_timeout and mdp_timeout must be positive finite numbers")
         timeout = heartbeat_interval * liveness
@@ -222,6 +234,8 @@ class BrokerCore:
             max_services_per_worker=max_services_per_worker,
             max_client_queued=max_client_queued,
             max_client_inflight=max_client_inflight,
+            max_client_services=max_client_services,
+            max_queue_wait=max_queue_wait,
         )
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
@@ -244,7 +258,7 @@ class BrokerCore:
             account=self.memory.account("directory"), outputs=out
         )
         #: dcp streams: partial replies, credit and cancels.
-        self.streams = streams = Streams(out)
+        self.streams = streams = Streams(out, self.memory.account("streams"))
         #: Queues, credit, held requests and registrations.
         self.routing = routing = Routing(
             limits=limits,
@@ -256,6 +270,7 @@ class BrokerCore:
             approvals=self.approvals,
             work_timeout=work_timeout,
             mdp_work_timeout=mdp_work_timeout,
+            memory=self.memory.account("queued"),
         )
         #: Workers removed, and what they held.
         self.redelivery = redelivery = Redelivery(
@@ -282,9 +297,10 @@ class BrokerCore:
         )
         grace = liveness * heartbeat_interval if reply_grace is None else reply_grace
         #: Replies whose client is not connected yet, sent again for a while (Rules U1-U3).
-        self.unreachable = Unreachable(grace)
-        #: Replies from peers that may be about to register (Rules U4-U5).
-        self.early = EarlyReplies(grace)
+        replies = self.memory.account("replies")
+        self.unreachable = Unreachable(grace, memory=replies)
+        #: Replies from peers that may be about to register (Rules U4-U6).
+        self.early = EarlyReplies(grace, memory=replies)
         self._dcp = DcpPeers(
             outputs=out,
             sessions=sessions,

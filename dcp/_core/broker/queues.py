@@ -25,14 +25,29 @@ Rule Q4 - Replacement. A retry (routing Rule R8: the same client address and dcp
   dialect and expiry; its place in the queue is kept) instead of queueing a copy, and is
   counted (``replaced``), not accepted anew. A retry of a request held by a worker, or passed
   on by a forward, changes only its expiry (Rule Q3): routing Rule R8.
+Rule Q5 - Longest wait. The broker cannot tell that a client has gone (ROUTER says nothing),
+  so a request that carries no expires-in (MDP, DBP, a raw DCP peer, a dcp call without a
+  timeout) waits in a queue at most the broker's ``max_queue_wait`` (default 300 s) from when
+  it entered it (again, after a redelivery: the wait starts anew). Then it is dropped as in
+  Rule Q3 and its client gets an error reply ``queue_timeout`` (counted by that reason; its
+  caller did not give up, so it is told). Not to cost the hot path a deadline per request,
+  this is checked at the fronts of the queues (requests behind a front are younger, but for
+  one given back, Rule R5, which waits anew) when the oldest front's wait is over, at most
+  every sixteenth of ``max_queue_wait``: a request may wait that much longer, or up to
+  ``max_queue_wait`` longer behind a front with an expiry of its caller's or a redelivered
+  one. A retry that carries expires-in gives the queued copy that
+  deadline (Rule Q4). So requests of departed clients leave the queues, and a service
+  nobody provides is forgotten when its queue empties (admission Rule AD5 counts it for its
+  maker until then).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dcp._core.broker.admission import Load
+from dcp._core.broker.budget import Account
 from dcp._core.broker.dialects import Dialect
 from dcp._core.broker.records import Expiry, Key, Pending, Service
 from dcp._stats import BrokerCounters
@@ -102,6 +117,11 @@ class QueueDeadlines:
         queue is empty)
     :param inflight: the routing part's requests in flight (routing Rule R8): one that
         expires leaves it
+    :param memory: the ``queued`` account, which an expired request's bytes go back to
+        (routing Rule R10)
+    :param forget: forgets a service nobody provides once its queue is empty (routing's)
+    :param wait_over: tells the client of a request dropped at ``max_queue_wait`` (Rule Q5)
+    :param max_queue_wait: Rule Q5's longest wait (``None``: for ever)
     """
 
     def __init__(
@@ -110,11 +130,23 @@ class QueueDeadlines:
         loads: dict[bytes, Load],
         services: dict[bytes, Service],
         inflight: dict[Key, Pending],
+        *,
+        memory: Account,
+        forget: Callable[[Service], None],
+        wait_over: Callable[[Pending], None],
+        max_queue_wait: float | None = None,
     ) -> None:
         self._counters = counters
         self._loads = loads
         self._services = services
         self._inflight = inflight
+        self._memory = memory
+        self._forget = forget
+        self._wait_over = wait_over
+        self._max_wait = max_queue_wait
+        #: When the fronts of the queues are next checked (Rule Q5; ``None``: no request
+        #: without an expiry may be queued).
+        self.check_at: float | None = None
         self._heap: DeadlineHeap[Pending] = DeadlineHeap(_queued_live)
 
     def replace(
@@ -170,8 +202,15 @@ class QueueDeadlines:
                 return False
         return True
 
+    def waiting(self, now: float) -> None:
+        """Rule Q5: a request without an expiry entered a queue at ``now`` (call only while
+        :attr:`check_at` is ``None``)."""
+        if self._max_wait is not None:
+            self.check_at = now + self._max_wait
+
     def expire(self, now: float) -> None:
-        """Rule Q3: drop every queued request past its expiry."""
+        """Rules Q3 and Q5: drop every queued request past its expiry, then those past their
+        wait at the fronts."""
         while (pending := self._heap.pop(now)) is not None:
             self._dequeued(pending, True)
             pending.load.queued -= 1
@@ -179,14 +218,52 @@ class QueueDeadlines:
             service = pending.service
             service.dead += 1
             self.sweep(service)
-            services = self._services
-            if not service.queue and not service.workers and services.get(service.name) is service:
+            if not service.queue and not service.workers:
                 # Nobody provides it and nothing waits for it: forget it (bounds memory).
-                del services[service.name]
+                self._forget(service)
+        check_at = self.check_at
+        if check_at is not None and check_at <= now:
+            self._check_fronts(now)
 
-    def drop(self, pending: Pending) -> None:
-        """Rule Q3: ``pending``, no longer counted as queued or held, expired unanswered."""
+    def _check_fronts(self, now: float) -> None:
+        """Rule Q5: drop the requests without an expiry at the queues' fronts whose wait is
+        over; check again when the oldest remaining front's is."""
+        wait = self._max_wait
+        assert wait is not None
+        oldest = None
+        forget = []
+        for service in self._services.values():
+            queue = service.queue
+            while queue:
+                front = queue[0]
+                if front.expiry is not None:
+                    break
+                if front.since + wait > now:
+                    if oldest is None or front.since < oldest:
+                        oldest = front.since
+                    break
+                queue.popleft()
+                front.load.queued -= 1
+                self.drop(front, waited=True)
+                if service.dead:
+                    self.sweep(service)  # it may rebuild the queue
+                    queue = service.queue
+            if not queue and not service.workers:
+                forget.append(service)
+            elif queue and oldest is None:
+                oldest = now  # a front with an expiry: look again a wait later
+        for service in forget:
+            self._forget(service)  # nobody provides it and nothing waits for it
+        # At most every sixteenth of the wait: a scan costs one look per service.
+        self.check_at = None if oldest is None else max(oldest + wait, now + wait / 16)
+
+    def drop(self, pending: Pending, *, waited: bool = False) -> None:
+        """Rule Q3: ``pending``, no longer counted as queued or held, expired unanswered
+        (Rule Q5, ``waited``: the broker's wait was over: its client is told)."""
         self._counters.expired_in_queue += 1
+        if waited:
+            self._wait_over(pending)
+        self._memory.release(pending.client, pending.charged)  # routing Rule R10
         pending.data = ()
         key = pending.key
         if key is not None and self._inflight.get(key) is pending:
@@ -197,9 +274,14 @@ class QueueDeadlines:
             self._loads.pop(pending.client, None)
 
     def next_due(self) -> float | None:
-        """The earliest expiry of a queued request (``None``: none)."""
+        """The earliest expiry of a queued request, or check of the queues' fronts (Rule Q5;
+        ``None``: none)."""
         heap = self._heap
-        return heap.next_due() if heap.live else None
+        when = heap.next_due() if heap.live else None
+        check_at = self.check_at
+        if check_at is not None and (when is None or check_at < when):
+            when = check_at
+        return when
 
     @staticmethod
     def sweep(service: Service) -> None:

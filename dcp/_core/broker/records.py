@@ -87,6 +87,7 @@ class Pending:
 
     __slots__ = (
         "chain",
+        "charged",
         "client",
         "data",
         "expiry",
@@ -119,6 +120,7 @@ class Pending:
         since: float,
         key: Key | None = None,
         chain: tuple[bytes, ...] = (),
+        charged: int = 0,
     ) -> None:
         #: Arrival order, to serve a multi-service worker the oldest request first.
         self.seq = seq
@@ -147,6 +149,8 @@ class Pending:
         #: The services it passed through before this one, oldest first (a forward's;
         #: empty for a client's own request; routing Rule R9).
         self.chain = chain
+        #: Bytes charged for it to its client in the ``queued`` account (routing Rule R10).
+        self.charged = charged
 
 
 class Service:
@@ -156,6 +160,7 @@ class Service:
     __slots__ = (
         "answered",
         "busy_time",
+        "creator",
         "dead",
         "durations",
         "errors",
@@ -169,6 +174,9 @@ class Service:
 
     def __init__(self, name: bytes) -> None:
         self.name = name
+        #: The client whose request made it, while no worker has provided it (admission
+        #: Rule AD5; ``None``: a worker made it, or has provided it since).
+        self.creator: bytes | None = None
         self.queue: deque[Pending] = deque()
         #: Tombstones in :attr:`queue` (queues Rule Q3).
         self.dead = 0

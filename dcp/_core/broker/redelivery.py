@@ -115,9 +115,11 @@ class Redelivery:
             if expiry is not None and expiry.when <= now:
                 routing.queues.drop(pending)  # queues Rule Q3: its caller gave up
                 continue
-            routing.requeue(pending, now)
+            routing.requeue(pending, now)  # queues Rule Q5: its wait starts anew
         for pending in held:
-            routing.refill(pending.service, now)
+            service = pending.service
+            routing.refill(service, now)
+            routing.forget_if_unused(service)
 
     def _log_removal(self, worker: Session, why: str) -> None:
         held = worker.held

@@ -56,6 +56,16 @@ Rule R9 - Forward chains. A forward that finishes a request its sender holds con
   forward (refused here, failed at the broker, or a worker's error reply) reaches a dcp
   client with the chain after its metadata, one :data:`~dcp.wire.options.VIA_PREFIX` part per
   service, the last the one where it failed (``docs/protocol.md``).
+Rule R10 - Bytes. A request accepted (queued, or given to a worker at once) is charged to its
+  client in the byte budget's ``queued`` account (:mod:`.budget`: its frames, Rule MB4, with
+  one entry's overhead that also pays for its Rule R8 index entry, which only requests
+  queued or held have), before anything is kept; a charge refused (the account is full, or
+  the client holds its share, Rules MB1-MB2) refuses the request with ``memory_budget``
+  (admission Rule AD6). The charge stays while the request is queued, held, given back
+  (Rule R5) or replaced by a retry (then the retry's bytes are charged instead, if they
+  fit; else the queued copy keeps its own), and is released exactly once, when the request
+  ends: answered, expired (queues Rules Q3 and Q5), given up (``redelivery_limit``, streams
+  Rule ST6) or no longer tracked (``held_overflow``).
 Rules R5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
 :mod:`.redelivery`. Registration (its refusals, approval, security Rule S3): here.
 """
@@ -69,6 +79,7 @@ from collections.abc import Sequence
 from dcp._core.broker import admission
 from dcp._core.broker.admission import Limits, Load
 from dcp._core.broker.approval import Approval, Approvals
+from dcp._core.broker.budget import ENTRY_OVERHEAD, FRAME_OVERHEAD, Account
 from dcp._core.broker.dialects import Dialect
 from dcp._core.broker.directory import Directory, Name
 from dcp._core.broker.guard import Guard
@@ -94,6 +105,18 @@ __all__ = [
 MAX_CHAIN = 16
 _ID = REQUEST_ID_PREFIX
 _ID_LEN = len(REQUEST_ID_PREFIX)
+_BASE_COST = ENTRY_OVERHEAD
+
+
+def request_cost(metadata: Sequence[bytes], data: Sequence[bytes]) -> int:
+    """Rule R10: what keeping a request costs (:func:`~.budget.cost` of its metadata and
+    data parts, Rule MB4), inlined for the hot path."""
+    n = ENTRY_OVERHEAD + FRAME_OVERHEAD * (len(metadata) + len(data))
+    for part in metadata:
+        n += len(part)
+    for part in data:
+        n += len(part)
+    return n
 
 
 def chain_of(upstream: Pending | None, name: bytes) -> tuple[bytes, ...]:
@@ -143,6 +166,8 @@ class Routing:
     :param mdp_work_timeout: seconds a worker of a dialect with no error reply (MDP) may hold
         a request that has no work timeout after ``work_timeout`` (``None``: no limit;
         majordomo Rule M5)
+    :param memory: the byte budget's ``queued`` account (Rule R10; ``None``: one without a
+        limit)
     """
 
     def __init__(
@@ -157,6 +182,7 @@ class Routing:
         approvals: Approvals | None,
         work_timeout: float | None,
         mdp_work_timeout: float | None = None,
+        memory: Account | None = None,
     ) -> None:
         self.limits = limits
         self.work_timeout = work_timeout
@@ -178,8 +204,24 @@ class Routing:
         self.work_deadlines: DeadlineHeap[Pending] = DeadlineHeap(work_deadline_live)
         #: Requests in flight by (client address, dcp request id) (Rule R8).
         self.inflight: dict[Key, Pending] = {}
-        #: Expiries of queued requests, and what retries change (queues Rules Q3 and Q4).
-        self.queues = QueueDeadlines(self._counters, self.loads, self.services, self.inflight)
+        #: Bytes of requests kept, by client (Rule R10).
+        self.memory = Account("queued", None, None) if memory is None else memory
+        self._charge = self.memory.charge
+        self._release = self.memory.release
+        #: Services without a worker, by the client whose request made them (admission
+        #: Rule AD5); only clients that made one are here.
+        self.made: dict[bytes, int] = {}
+        #: Expiries of queued requests, and what retries change (queues Rules Q3-Q5).
+        self.queues = QueueDeadlines(
+            self._counters,
+            self.loads,
+            self.services,
+            self.inflight,
+            memory=self.memory,
+            forget=self.forget,
+            wait_over=self._wait_over,
+            max_queue_wait=limits.max_queue_wait,
+        )
 
     # -------------------------------------------------------------- requests
 
@@ -247,11 +289,14 @@ class Routing:
                         self._counters.expired_in_queue += 1  # its caller gave up
                         return None
                     expiry = Expiry(when)
+        made = service is None
         if service is None:
-            refused = admission.new_service_refusal(limits, len(self.services), name)
+            refused = admission.new_service_refusal(
+                limits, len(self.services), name, self.made.get(client, 0)
+            )
             if refused is not None:
                 return refused
-            service = self.services[name] = Service(name)
+            service = Service(name)  # kept only once the request is accepted
         idle = service.idle
         load = self.loads.get(client)
         if load is None:
@@ -268,6 +313,24 @@ class Routing:
             )
             if refused is not None:
                 return refused
+        # request_cost, inlined: most requests have one metadata part and one data part.
+        charged = _BASE_COST + FRAME_OVERHEAD * (len(metadata) + len(data))
+        if len(metadata) == 1:
+            charged += len(metadata[0])
+        else:
+            for part in metadata:
+                charged += len(part)
+        if len(data) == 1:
+            charged += len(data[0])
+        else:
+            for part in data:
+                charged += len(part)
+        if not self._charge(client, charged):  # Rule R10
+            return "memory_budget", f"the broker holds too many bytes of requests ({name[:64]!r})"
+        if made:
+            self.services[name] = service
+            service.creator = client
+            self.made[client] = self.made.get(client, 0) + 1
         if not load.inflight:
             self.loads[client] = load
         if work_timeout is None:
@@ -292,6 +355,7 @@ class Routing:
             now,
             key,
             chain,
+            charged,
         )
         if key is not None:
             self.inflight[key] = pending
@@ -301,9 +365,21 @@ class Routing:
         else:
             service.queue.append(pending)
             load.queued += 1
+            queues = self.queues
             if expiry is not None:
-                self.queues.queued(pending)
+                queues.queued(pending)
+            elif queues.check_at is None:
+                queues.waiting(now)  # Rule Q5
         return None
+
+    def _wait_over(self, pending: Pending) -> None:
+        """Queues Rule Q5: ``pending`` was dropped at the broker's longest wait."""
+        self._counters.count("queue_timeout")
+        self.error_reply(
+            pending,
+            "queue_timeout",
+            f"no worker took it within {self.limits.max_queue_wait} s (max_queue_wait)",
+        )
 
     def _retried(
         self,
@@ -319,7 +395,19 @@ class Routing:
         running.origin = origin
         queues = self.queues
         if running.holder is None and not running.chain and running.service.name == name:
-            queues.replace(running, origin, metadata, data)  # queues Rule Q4
+            # Queues Rule Q4, if the retry's bytes fit in place of the copy's (Rule R10).
+            memory = self.memory
+            client = running.client
+            charged = request_cost(metadata, data)
+            more = charged - running.charged
+            if more <= 0:
+                memory.release(client, -more)
+                fits = True
+            else:
+                fits = memory.charge(client, more)  # if not, the copy keeps its own
+            if fits:
+                running.charged = charged
+                queues.replace(running, origin, metadata, data)
         options = read_options(metadata)
         if options is not None and options.expires_in is not None:
             queues.extend(running, now + options.expires_in)
@@ -508,6 +596,7 @@ class Routing:
         key = pending.key
         if key is not None and self.inflight.get(key) is pending:
             del self.inflight[key]  # Rule R8
+        self._release(pending.client, pending.charged)  # Rule R10
         load = pending.load
         load.inflight -= 1
         if not load.inflight:
@@ -521,11 +610,14 @@ class Routing:
         self._counters.redeliveries += 1
         service = pending.service
         service.redeliveries += 1
-        pending.since = now
+        pending.since = now  # queues Rule Q5: its wait starts anew
         service.queue.appendleft(pending)
         pending.load.queued += 1
+        queues = self.queues
         if pending.expiry is not None:
-            self.queues.queued(pending)
+            queues.queued(pending)
+        elif queues.check_at is None:
+            queues.waiting(now)
 
     def refill(self, service: Service, now: float) -> None:
         """Give ``service``'s queued requests to its idle workers (after a requeue)."""
@@ -542,6 +634,8 @@ class Routing:
         service = self.services.get(name)
         if service is None:
             service = self.services[name] = Service(name)
+        elif service.creator is not None:
+            self._unmake(service)  # admission Rule AD5: a worker provides it now
         if service not in worker.services:
             worker.services.append(service)
             service.workers += 1
@@ -552,13 +646,37 @@ class Routing:
         and nothing waits for is forgotten (bounds memory), unless the worker was
         ``holding`` requests (they go back to the queues)."""
         ident = worker.ident
-        services = self.services
         for service in worker.services:
             service.workers -= 1
             service.idle.pop(ident, None)
             if not service.workers and not service.queue and not holding:
-                del services[service.name]
+                self.forget(service)
         worker.services = []
+
+    def forget(self, service: Service) -> None:
+        """Forget ``service``: nobody provides it and nothing waits for it (bounds memory;
+        admission Rule AD5: it no longer counts for its maker)."""
+        services = self.services
+        if services.get(service.name) is service:
+            del services[service.name]
+        if service.creator is not None:
+            self._unmake(service)
+
+    def forget_if_unused(self, service: Service) -> None:
+        """Forget ``service`` if nobody provides it and nothing waits for it."""
+        if not service.workers and not service.queue:
+            self.forget(service)
+
+    def _unmake(self, service: Service) -> None:
+        creator = service.creator
+        assert creator is not None
+        service.creator = None
+        made = self.made
+        left = made.get(creator, 0) - 1
+        if left > 0:
+            made[creator] = left
+        else:
+            made.pop(creator, None)
 
     def register(
         self,

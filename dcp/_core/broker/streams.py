@@ -43,6 +43,14 @@ Rule ST6 - No redelivery after a part. A worker that goes away holding a request
   error reply ``stream_broken`` naming how many parts were sent. A stream without parts
   yet is redelivered as any request.
 Rule ST7 - End. The final reply ends the stream (it is routed as any reply).
+Rule ST8 - Bytes. The parts written to a DCP reader and not yet credited back sit in the
+  broker's socket queue: each is charged to its reader in the byte budget's ``streams``
+  account (:mod:`.budget`, Rules MB1-MB4) when it is forwarded, and released when the reader
+  credits it back (oldest first) or the stream ends. A part the budget refuses (the account
+  is full, or the reader holds its share) is dropped, the worker is sent CANCEL and the
+  reader an error reply ``memory_budget`` (counted by that reason): the window a reader
+  asks for is a promise the broker keeps only as far as the reader's share allows. (Readers
+  without credit, Rule ST3, are bounded by ``STREAM_WINDOW`` and ``MAX_HELD`` instead.)
 
 What this module does NOT do: buffer parts beyond Rule ST3's bound, time streams (work
 timeouts, routing Rule R7, bound the whole stream), parse or authenticate stream messages (the
@@ -57,6 +65,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 import dcp.wire.streams as wire
+from dcp._core.broker.budget import Account, cost
 from dcp._core.broker.dialects import DcpDialect, Dialect
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.records import Pending, Session
@@ -80,7 +89,16 @@ _MDP_C02 = mdp.C02
 class Stream:
     """A stream the broker knows (Rule ST1)."""
 
-    __slots__ = ("cancelled", "credit", "key", "outstanding", "parts", "pending", "window")
+    __slots__ = (
+        "cancelled",
+        "charges",
+        "credit",
+        "key",
+        "outstanding",
+        "parts",
+        "pending",
+        "window",
+    )
 
     def __init__(self, pending: Pending, window: int, key: tuple[bytes, bytes] | None) -> None:
         self.pending = pending
@@ -95,16 +113,20 @@ class Stream:
         #: ``None`` for a reader without credit (Rule ST3).
         self.key = key
         self.cancelled = False
+        #: Bytes charged for the parts not yet credited back, oldest first (Rule ST8).
+        self.charges: deque[int] = deque()
 
 
 class Streams:
     """The streams the broker relays (the module's rules).
 
     :param outputs: where messages, counts and refusals go
+    :param memory: the ``streams`` account (Rule ST8; ``None``: one without a limit)
     """
 
-    def __init__(self, outputs: Outputs) -> None:
+    def __init__(self, outputs: Outputs, memory: Account | None = None) -> None:
         self._out = outputs
+        self._memory = Account("streams", None, None) if memory is None else memory
         self._outbox = outputs.outbox
         self._counters = outputs.counters
         #: Open streams, by the request they answer (Rules ST1, ST7).
@@ -191,6 +213,11 @@ class Streams:
             return
         stream.credit += msg.credit
         stream.outstanding = max(0, stream.outstanding - msg.credit)
+        charges = stream.charges
+        if charges:
+            release = self._memory.release
+            for _ in range(min(msg.credit, len(charges))):
+                release(peer, charges.popleft())  # Rule ST8
         self._relay_credit(stream, msg.credit)
 
     # ------------------------------------------------------------------ rules
@@ -224,22 +251,31 @@ class Streams:
         pending = stream.pending
         origin = pending.origin
         client = pending.client
-        stream.credit -= 1
-        stream.parts += 1
-        self._counters.partials += 1
         if isinstance(origin, DcpDialect):
-            self._outbox.append(
-                [
-                    client,
-                    *wire.build(
-                        StreamType.PARTIAL, client, pending.metadata, data, width=origin.width
-                    ),
-                ]
-            )
+            frames = [
+                client,
+                *wire.build(
+                    StreamType.PARTIAL, client, pending.metadata, data, width=origin.width
+                ),
+            ]
+            n = cost(frames)
+            if not self._memory.charge(client, n):  # Rule ST8
+                self._out.reject(client, "memory_budget", "stream parts not credited back")
+                self._cancel(stream)
+                self._error(pending, "memory_budget", "stream parts beyond the reader's share")
+                return
+            stream.charges.append(n)
+            stream.credit -= 1
+            stream.parts += 1
+            self._counters.partials += 1
+            self._outbox.append(frames)
             stream.outstanding += 1
             if stream.outstanding > self._stats["outstanding_max"]:
                 self._stats["outstanding_max"] = stream.outstanding
             return
+        stream.credit -= 1
+        stream.parts += 1
+        self._counters.partials += 1
         frames = origin.reply(client, pending.service.name, pending.metadata, data, final=False)
         held = self._held_out.get(client)
         if held is not None:
@@ -315,8 +351,12 @@ class Streams:
         """Rule ST7: the stream (if any) of ``pending`` ends with it (routing released it, or
         stopped tracking it)."""
         stream = self.open.pop(pending, None)
-        if stream is not None and stream.key is not None:
-            self._keys.pop(stream.key, None)
+        if stream is not None:
+            if stream.key is not None:
+                self._keys.pop(stream.key, None)
+            if stream.charges:
+                self._memory.release(pending.client, sum(stream.charges))  # Rule ST8
+                stream.charges.clear()
 
     def lost(self, pending: Pending) -> bool:
         """Rule ST6: the worker holding ``pending`` went away. Whether a part of it was

@@ -21,11 +21,20 @@ Rule U4 - A DCP reply from a peer that is not a registered worker is kept (not r
   worker's. A peer that does not: its replies are refused then (``reply_from_non_worker``,
   as before).
 Rule U5 - Bounded: beyond ``limit`` kept, a reply from a non-worker is refused at once.
+Rule U6 - Bytes. A reply kept under Rule U1 is charged to its client, one kept under Rule U4
+  to its sender, in the byte budget's ``replies`` account (:mod:`.budget`, Rules MB1-MB4);
+  one the budget refuses is not kept (Rule U1: dropped and counted in ``dropped_replies``;
+  Rule U4: refused at once, ``reply_from_non_worker``), and the account counts the refusal.
+  A charge is released when its reply leaves: sent again (Rule U2; a new refusal charges it
+  anew), dropped at its grace, or handled after its sender registered.
 """
 
 from __future__ import annotations
 
 from collections import deque
+
+from dcp._core.broker.budget import Account, cost
+from dcp.wire.messages import Reply
 
 __all__ = ["EarlyReplies", "Unreachable"]
 
@@ -35,15 +44,17 @@ class Unreachable:
 
     :param grace: seconds a reply is kept after its first refusal
     :param limit: the most replies kept at once
+    :param memory: the ``replies`` account (Rule U6; ``None``: one without a limit)
     """
 
-    __slots__ = ("_resent", "grace", "kept", "limit")
+    __slots__ = ("_memory", "_resent", "grace", "kept", "limit")
 
-    def __init__(self, grace: float, limit: int = 10_000) -> None:
+    def __init__(self, grace: float, limit: int = 10_000, memory: Account | None = None) -> None:
         self.grace = grace
         self.limit = limit
-        #: id(frames) -> (deadline, frames): waiting for the next tick.
-        self.kept: dict[int, tuple[float, list[bytes]]] = {}
+        self._memory = Account("replies", None, None) if memory is None else memory
+        #: id(frames) -> (deadline, frames, bytes charged): waiting for the next tick.
+        self.kept: dict[int, tuple[float, list[bytes], int]] = {}
         #: id(frames) -> deadline of the replies sent again at the last tick (a refusal
         #: during that flush keeps the first deadline).
         self._resent: dict[int, float] = {}
@@ -57,7 +68,10 @@ class Unreachable:
             deadline = now + self.grace
         if deadline <= now or len(self.kept) >= self.limit:
             return False
-        self.kept[key] = (deadline, frames)
+        n = cost(frames)
+        if not self._memory.charge(frames[0], n):  # Rule U6
+            return False
+        self.kept[key] = (deadline, frames, n)
         return True
 
     def due(self, now: float) -> tuple[list[list[bytes]], int]:
@@ -67,7 +81,9 @@ class Unreachable:
             return [], 0
         again: list[list[bytes]] = []
         expired = 0
-        for key, (deadline, frames) in self.kept.items():
+        release = self._memory.release
+        for key, (deadline, frames, n) in self.kept.items():
+            release(frames[0], n)  # Rule U6: it leaves (a new refusal charges it anew)
             if deadline <= now:
                 expired += 1
             else:
@@ -82,37 +98,49 @@ class EarlyReplies:
 
     :param grace: seconds a reply is kept for its sender to register
     :param limit: the most replies kept at once
+    :param memory: the ``replies`` account (Rule U6; ``None``: one without a limit)
     """
 
-    __slots__ = ("_by_peer", "_order", "grace", "limit")
+    __slots__ = ("_by_peer", "_memory", "_order", "grace", "limit")
 
-    def __init__(self, grace: float, limit: int = 10_000) -> None:
+    def __init__(self, grace: float, limit: int = 10_000, memory: Account | None = None) -> None:
         self.grace = grace
         self.limit = limit
+        self._memory = Account("replies", None, None) if memory is None else memory
         #: peer -> its kept replies, oldest first.
-        self._by_peer: dict[bytes, list[object]] = {}
-        #: (deadline, peer, reply), oldest first, for expiry.
-        self._order: deque[tuple[float, bytes, object]] = deque()
+        self._by_peer: dict[bytes, list[Reply]] = {}
+        #: (deadline, peer, reply, bytes charged), oldest first, for expiry.
+        self._order: deque[tuple[float, bytes, Reply, int]] = deque()
 
     def __len__(self) -> int:
         return len(self._order)
 
-    def keep(self, peer: bytes, reply: object, now: float) -> bool:
-        """Rule U4/U5: keep ``reply`` from ``peer``; ``False`` if full or the grace is 0
-        (refuse it now)."""
+    def keep(self, peer: bytes, reply: Reply, now: float) -> bool:
+        """Rule U4/U5/U6: keep ``reply`` from ``peer``; ``False`` if full, over the budget or
+        the grace is 0 (refuse it now)."""
         if self.grace <= 0 or len(self._order) >= self.limit:
             return False
+        n = cost((reply.client or b"", *reply.metadata, *reply.data))
+        if not self._memory.charge(peer, n):
+            return False
         self._by_peer.setdefault(peer, []).append(reply)
-        self._order.append((now + self.grace, peer, reply))
+        self._order.append((now + self.grace, peer, reply, n))
         return True
 
-    def registered(self, peer: bytes) -> list[object]:
+    def registered(self, peer: bytes) -> list[Reply]:
         """``peer`` registered: its kept replies, oldest first, to handle now."""
         replies = self._by_peer.pop(peer, None)
         if replies is None:
             return []
         kept = set(map(id, replies))
-        self._order = deque(e for e in self._order if id(e[2]) not in kept)
+        order: deque[tuple[float, bytes, Reply, int]] = deque()
+        release = self._memory.release
+        for entry in self._order:
+            if id(entry[2]) in kept:
+                release(peer, entry[3])  # Rule U6
+            else:
+                order.append(entry)
+        self._order = order
         return replies
 
     def next_due(self) -> float | None:
@@ -125,7 +153,8 @@ class EarlyReplies:
         order = self._order
         out: list[bytes] = []
         while order and order[0][0] <= now:
-            _, peer, reply = order.popleft()
+            _, peer, reply, n = order.popleft()
+            self._memory.release(peer, n)  # Rule U6
             replies = self._by_peer.get(peer)
             if replies is not None:
                 replies.remove(reply)
