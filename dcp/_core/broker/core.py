@@ -266,7 +266,7 @@ class BrokerCore:
             guard=guard,
             quarantine=timeout,
         )
-        pubsub_peers = PubSubPeers(out, pubsub)
+        pubsub_peers = PubSubPeers(out, pubsub, self.memory)
         #: The subscriptions (pub/sub for DCP and mc0 peers).
         self.pubsub: PubSub = pubsub_peers.pubsub
         self._pubsub_peers = pubsub_peers

@@ -15,9 +15,13 @@ Rule P2 - Credit. A subscription may be given messages only while it has *credit
   So what sits in zmq's queue for one subscriber is bounded by its window, and a slow
   subscriber never blocks the broker, the others or the request/reply path.
 Rule P3 - Bounded buffers. Messages a subscription cannot take yet wait in its buffer, at most
-  ``max_pending``. A message that finds it full is handled by the subscription's overflow
-  policy: ``drop-newest`` (the message is lost), ``drop-oldest`` (the oldest waiting one is
-  lost), ``disconnect`` (everything waiting is lost and the subscription ends).
+  ``max_pending`` of them, and their bytes are charged to the ``subscriptions`` account of the
+  broker's byte budget for the subscriber (budget Rules MB1, MB2, MB4). A message that finds
+  the buffer full, by count or by bytes, is handled by the subscription's overflow policy:
+  ``drop-newest`` (the message is lost), ``drop-oldest`` (the oldest waiting ones are lost,
+  as many as it takes to make room), ``disconnect`` (everything waiting is lost and the
+  subscription ends). What a buffer held is released when it is sent, lost or ended (budget
+  Rule MB3), so an ended or expired subscription holds nothing.
 Rule P4 - Gap notices. Lost messages are counted where they were lost, and the subscriber is
   told the count (its writer's gap notice) in order: before the first message after the loss,
   or as soon as it has credit when nothing follows. A notice costs no credit. An ended
@@ -29,7 +33,25 @@ Rule P5 - Liveness. A subscription with a timeout (DCP) ends if its subscriber d
 Rule P6 - Last values. With ``last_values`` > 0 the broker keeps the last message of that
   many subjects (least recently published out); a subscription that asks for them gets, first,
   the last message of every kept subject its pattern matches (a scan of the cache at
-  subscribe time only).
+  subscribe time only). Kept messages are charged to the ``last_values`` account for their
+  publisher: when the account is full the least recently published are evicted to make room
+  (counted, ``last_values_evicted``); one its publisher's share (budget Rule MB2) has no
+  room for is not kept, and the subject's older value is dropped with it (counted,
+  ``last_values_refused``).
+Rule P7 - Shares of the subscription limit. No peer holds more than
+  ``max_subscriptions_per_peer``; and the last tenth of ``max_subscriptions`` is kept for
+  peers holding fewer than :data:`SMALL_PEER` subscriptions, so a few peers at their own
+  limit cannot lock every new subscriber out (``too_many_subscriptions``).
+Rule P8 - Fan-out in slices. A publish is delivered to at most ``fanout_slice`` recipients
+  at once; the rest wait in a backlog (in order: a publish that finds a backlog queues behind
+  it, so each subscription gets messages in the order they were published) and are delivered
+  one slice per later publish or :meth:`PubSub.expire`, which :meth:`PubSub.next_expiry`
+  asks for at once. So a request that arrives during a large fan-out is answered between two
+  slices. Recipients are chosen when the message is published (a subscription that ends
+  meanwhile is skipped; a queue group's member is picked when its turn comes). The backlog
+  holds at most ``max_backlog`` deliveries, and the waiting messages are charged to the
+  ``subscriptions`` account for their publisher: a publish past either is refused
+  (``pubsub_busy``, ``memory_budget``) and delivered to nobody.
 
 What this module does NOT do: persistence, redelivery, exactly-once (pub/sub is at most
 once, and every loss is counted), permissions (the caller checks them before calling).
@@ -43,9 +65,22 @@ from collections.abc import Sequence
 
 import attrs
 
+from dcp._core.broker.budget import ENTRY_OVERHEAD, FRAME_OVERHEAD, Memory
 from dcp._core.broker.subjects import SubjectTrie, matches
 
-__all__ = ["Overflow", "PubSub", "PubSubStatistics", "Subscription", "Writer"]
+__all__ = ["SMALL_PEER", "Overflow", "PubSub", "PubSubStatistics", "Subscription", "Writer"]
+
+#: Peers holding fewer subscriptions than this may use the reserved tenth of
+#: ``max_subscriptions`` (Rule P7).
+SMALL_PEER = 16
+
+
+def _cost(subject: bytes, data: Sequence[bytes]) -> int:
+    """What keeping one message costs (budget Rule MB4)."""
+    n = ENTRY_OVERHEAD + FRAME_OVERHEAD + len(subject)
+    for part in data:
+        n += len(part) + FRAME_OVERHEAD
+    return n
 
 
 class Overflow(enum.Enum):
@@ -79,6 +114,17 @@ class PubSubStatistics:
     subscriptions: int
     #: Messages now waiting in subscription buffers.
     pending: int
+    #: Bytes charged for the messages waiting in subscription buffers and the backlog
+    #: (Rules P3, P8).
+    pending_bytes: int = 0
+    #: Deliveries waiting in the fan-out backlog (Rule P8).
+    backlog: int = 0
+    #: Publishes refused because the backlog or its budget was full (Rule P8).
+    refused: int = 0
+    #: Last values evicted to make room in the ``last_values`` account (Rule P6).
+    last_values_evicted: int = 0
+    #: Last values not kept: their publisher's share was full (Rule P6).
+    last_values_refused: int = 0
 
 
 class Writer:
@@ -100,6 +146,7 @@ class Subscription:
     """One subscription's state (Rules P2-P5)."""
 
     __slots__ = (
+        "alive",
         "credit",
         "expires",
         "max_pending",
@@ -137,8 +184,10 @@ class Subscription:
         self.overflow = overflow
         #: Messages it may still be sent (``None``: no credit accounting).
         self.credit = credit
-        #: Waiting messages: ``[lost just before it, subject, data]``.
+        #: Waiting messages: ``[lost just before it, subject, data, bytes charged]``.
         self.pending: deque[list[object]] = deque()
+        #: Whether it still stands (a fan-out backlog skips ended ones, Rule P8).
+        self.alive = True
         #: Lost after the last waiting message (drop-newest), not yet told.
         self.tail_lost = 0
         self.timeout = timeout
@@ -156,13 +205,38 @@ class _Group:
         self.turn = 0
 
 
+class _Fanout:
+    """One publish waiting in the fan-out backlog (Rule P8)."""
+
+    __slots__ = ("cost", "data", "next", "peer", "recipients", "subject")
+
+    def __init__(
+        self,
+        recipients: list[Subscription | list[_Group]],
+        subject: bytes,
+        data: Sequence[bytes],
+        peer: bytes,
+        cost: int,
+    ) -> None:
+        self.recipients = recipients
+        self.next = 0
+        self.subject = subject
+        self.data = data
+        self.peer = peer
+        self.cost = cost
+
+
 class PubSub:
     """The broker's pub/sub state (the module's rules).
 
-    :param max_subscriptions: subscriptions at once (more are refused)
+    :param max_subscriptions: subscriptions at once (more are refused; Rule P7)
     :param max_subscriptions_per_peer: subscriptions of one peer at once
     :param max_pending: the largest buffer a subscription may ask for
     :param last_values: subjects whose last message is kept (0: none; Rule P6)
+    :param memory: the byte budget whose ``subscriptions`` and ``last_values`` accounts are
+        charged (Rules P3, P6, P8; ``None``: counted, never refused)
+    :param fanout_slice: deliveries of one publish made at once (Rule P8)
+    :param max_backlog: deliveries waiting in the fan-out backlog at most (Rule P8)
     """
 
     def __init__(
@@ -172,11 +246,23 @@ class PubSub:
         max_subscriptions_per_peer: int = 10_000,
         max_pending: int = 100_000,
         last_values: int = 0,
+        memory: Memory | None = None,
+        fanout_slice: int = 1024,
+        max_backlog: int = 1_000_000,
     ) -> None:
+        if fanout_slice < 1 or max_backlog < 1:
+            raise ValueError("fanout_slice and max_backlog must be >= 1")
         self.max_subscriptions = max_subscriptions
         self.max_subscriptions_per_peer = max_subscriptions_per_peer
+        # Rule P7: what peers holding SMALL_PEER or more may fill.
+        self._shared_limit = max_subscriptions - max_subscriptions // 10
         self.max_pending = max_pending
         self.last_values = last_values
+        self.fanout_slice = fanout_slice
+        self.max_backlog = max_backlog
+        memory = memory if memory is not None else Memory(None)
+        self._buffers = memory.account("subscriptions")
+        self._kept = memory.account("last_values")
         self.outbox: list[list[bytes]] = []
         self._trie: SubjectTrie[Subscription | _Group] = SubjectTrie()
         self._groups: dict[tuple[bytes, bytes], _Group] = {}
@@ -185,13 +271,23 @@ class PubSub:
         self._turn = 0
         # Subscriptions with a timeout, least recently refreshed first (Rule P5).
         self._timed: OrderedDict[Subscription, None] = OrderedDict()
-        self._last: OrderedDict[bytes, tuple[list[bytes], Sequence[bytes]]] = OrderedDict()
+        # subject -> (tokens, data, publisher, bytes charged) (Rule P6)
+        self._last: OrderedDict[bytes, tuple[list[bytes], Sequence[bytes], bytes, int]] = (
+            OrderedDict()
+        )
+        # Publishes not yet delivered to all their recipients, oldest first (Rule P8).
+        self._backlog: deque[_Fanout] = deque()
+        self._waiting = 0  # deliveries in the backlog
+        self._now = 0.0
         self.published = 0
         self.routed = 0
         self.delivered = 0
         self.lost = 0
         self.disconnected = 0
         self.expired = 0
+        self.refused = 0
+        self.evicted = 0
+        self.not_kept = 0
 
     # ------------------------------------------------------------ subscriptions
 
@@ -210,16 +306,21 @@ class PubSub:
         timeout: float | None = None,
         last_value: bool = False,
     ) -> str | None:
-        """Add (or, for a known ``sid``, replace) a subscription; an error code if refused."""
+        """Add (or, for a known ``sid``, replace) a subscription; an error code if refused
+        (Rule P7)."""
         if not 1 <= max_pending <= self.max_pending:
             return "bad_subscription"
         known = self._peers.get(peer)
         old = known.get(sid) if known is not None else None
         if old is not None:
             self._remove(old)
-        elif self._count >= self.max_subscriptions or (
-            known is not None and len(known) >= self.max_subscriptions_per_peer
-        ):
+        elif (
+            known is not None
+            and (
+                len(known) >= self.max_subscriptions_per_peer
+                or (len(known) >= SMALL_PEER and self._count >= self._shared_limit)
+            )
+        ) or self._count >= self.max_subscriptions:
             return "too_many_subscriptions"
         sub = Subscription(
             peer,
@@ -248,8 +349,8 @@ class PubSub:
             self._trie.add(tokens, sub)
         if last_value and self._last:
             pattern = b".".join(tokens)
-            for subject, (_, data) in list(self._last.items()):
-                if matches(pattern, subject):
+            for subject, (_, data, _, _) in list(self._last.items()):
+                if matches(pattern, subject) and sub.alive:
                     self._offer(sub, subject, data)
         return None
 
@@ -310,36 +411,119 @@ class PubSub:
 
     # ------------------------------------------------------------ publishing
 
-    def publish(self, tokens: list[bytes], subject: bytes, data: Sequence[bytes]) -> int:
-        """Offer a message to every matching subscription (Rule P1); how many got it."""
-        self.published += 1
-        if self.last_values:
-            last = self._last
-            last[subject] = (tokens, data)
-            last.move_to_end(subject)
-            if len(last) > self.last_values:
-                last.popitem(last=False)
-        routed = 0
+    def publish(
+        self,
+        tokens: list[bytes],
+        subject: bytes,
+        data: Sequence[bytes],
+        *,
+        peer: bytes = b"",
+        now: float | None = None,
+    ) -> int | str:
+        """Offer a message to every matching subscription (Rules P1, P8): how many it is
+        routed to, or why it was refused (``pubsub_busy``, ``memory_budget``; Rule P8).
+
+        :param peer: the publisher (charged for its last value and its backlog, Rules P6, P8)
+        :param now: the time (``None``: the last one given), for :meth:`next_expiry`
+        """
+        if now is not None:
+            self._now = now
+        recipients: list[Subscription | list[_Group]] = []
         groups: dict[bytes, list[_Group]] | None = None
-        for entry in list(self._trie.match(tokens)):  # a disconnect may remove one
+        for entry in self._trie.match(tokens):
             if entry.__class__ is Subscription:
                 assert isinstance(entry, Subscription)
-                routed += 1
-                self._offer(entry, subject, data)
+                recipients.append(entry)
             else:
                 assert isinstance(entry, _Group)
                 if groups is None:
                     groups = {}
-                groups.setdefault(entry.name, []).append(entry)
-        if groups is not None:
-            for same in groups.values():
-                self._offer(self._pick(same), subject, data)
-                routed += 1
+                same = groups.get(entry.name)
+                if same is None:
+                    same = groups[entry.name] = []
+                    recipients.append(same)
+                same.append(entry)
+        routed = len(recipients)
+        if not self._backlog and routed <= self.fanout_slice:
+            for recipient in recipients:
+                self._deliver(recipient, subject, data)
+        elif routed:
+            if self._waiting + routed > self.max_backlog:
+                self.refused += 1
+                return "pubsub_busy"
+            n = _cost(subject, data)
+            if not self._buffers.charge(peer, n):
+                self.refused += 1
+                return "memory_budget"
+            self._backlog.append(_Fanout(recipients, subject, data, peer, n))
+            self._waiting += routed
+            self._fan_out()
+        self.published += 1
         self.routed += routed
+        if self.last_values:
+            self._keep(tokens, subject, data, peer)
         return routed
 
-    def _pick(self, groups: list[_Group]) -> Subscription:
-        """Rule P1: the next member (across ``groups``) that can take a message at once."""
+    def _keep(
+        self, tokens: list[bytes], subject: bytes, data: Sequence[bytes], peer: bytes
+    ) -> None:
+        """Rule P6: keep the subject's last value, charged to its publisher."""
+        last = self._last
+        kept = self._kept
+        old = last.pop(subject, None)
+        if old is not None:
+            kept.release(old[2], old[3])
+        n = _cost(subject, data)
+        if kept.limit is not None:
+            while last and kept.used + n > kept.limit:  # evict for the broker-wide bound
+                _, (_, _, owner, m) = last.popitem(last=False)
+                kept.release(owner, m)
+                self.evicted += 1
+        if not kept.charge(peer, n):  # the publisher's share is full
+            self.not_kept += 1
+            return
+        last[subject] = (tokens, data, peer, n)
+        if len(last) > self.last_values:
+            _, (_, _, owner, m) = last.popitem(last=False)
+            kept.release(owner, m)
+
+    def _deliver(
+        self, recipient: Subscription | list[_Group], subject: bytes, data: Sequence[bytes]
+    ) -> None:
+        if recipient.__class__ is Subscription:
+            assert isinstance(recipient, Subscription)
+            if recipient.alive:
+                self._offer(recipient, subject, data)
+        else:
+            assert isinstance(recipient, list)
+            sub = self._pick(recipient)
+            if sub is not None:
+                self._offer(sub, subject, data)
+
+    def _fan_out(self) -> None:
+        """Rule P8: one slice of the backlog."""
+        backlog = self._backlog
+        budget = self.fanout_slice
+        while backlog and budget > 0:
+            head = backlog[0]
+            recipients = head.recipients
+            start = head.next
+            stop = min(len(recipients), start + budget)
+            subject = head.subject
+            data = head.data
+            for i in range(start, stop):
+                self._deliver(recipients[i], subject, data)
+            done = stop - start
+            budget -= done
+            self._waiting -= done
+            head.next = stop
+            if stop == len(recipients):
+                backlog.popleft()
+                self._buffers.release(head.peer, head.cost)
+
+    def _pick(self, groups: list[_Group]) -> Subscription | None:
+        """Rule P1: the next member (across ``groups``) that can take a message at once
+        (``None``: every group has ended since the message was published)."""
         first: Subscription | None = None
         if len(groups) > 1:  # the groups of one name take turns too
             self._turn += 1
@@ -355,7 +539,6 @@ class PubSub:
                     first = sub
                 if not sub.pending and (sub.credit is None or sub.credit > 0):
                     return sub
-        assert first is not None
         return first
 
     def _offer(self, sub: Subscription, subject: bytes, data: Sequence[bytes]) -> None:
@@ -365,25 +548,36 @@ class PubSub:
             sub.tail_lost = 0
             return
         pending = sub.pending
-        if len(pending) < sub.max_pending:
-            pending.append([sub.tail_lost, subject, data])
+        buffers = self._buffers
+        n = _cost(subject, data)
+        if len(pending) < sub.max_pending and buffers.charge(sub.peer, n):
+            pending.append([sub.tail_lost, subject, data, n])
             sub.tail_lost = 0
             return
-        self.lost += 1
         policy = sub.overflow
         if policy is Overflow.DROP_NEWEST:
+            self.lost += 1
             sub.tail_lost += 1
         elif policy is Overflow.DROP_OLDEST:
-            oldest = pending.popleft()
-            lost = oldest[0]
-            assert isinstance(lost, int)
-            if pending:
-                pending[0][0] += lost + 1  # type: ignore[operator]
-                pending.append([sub.tail_lost, subject, data])
-            else:  # max_pending == 1
-                pending.append([sub.tail_lost + lost + 1, subject, data])
+            # Lose the oldest waiting ones until the new one fits (by count and by bytes).
+            before = sub.tail_lost  # lost just before the new one
             sub.tail_lost = 0
+            while pending:
+                lost, _, _, m = pending.popleft()
+                buffers.release(sub.peer, m)  # type: ignore[arg-type]
+                self.lost += 1
+                k = lost + 1  # type: ignore[operator]
+                if pending:
+                    pending[0][0] += k  # type: ignore[operator]
+                else:
+                    before += k
+                if len(pending) < sub.max_pending and buffers.charge(sub.peer, n):
+                    pending.append([before, subject, data, n])
+                    return
+            self.lost += 1  # no room even with nothing waiting: the new one is lost too
+            sub.tail_lost = before + 1
         else:
+            self.lost += 1
             lost = 1 + len(pending) + sub.tail_lost
             for entry in pending:
                 lost += entry[0]  # type: ignore[operator]
@@ -406,10 +600,12 @@ class PubSub:
             sub.credit -= 1
 
     def _flush(self, sub: Subscription) -> None:
-        """Send what is waiting while credit lasts (Rules P2, P4)."""
+        """Send what is waiting while credit lasts (Rules P2, P3, P4)."""
         pending = sub.pending
+        buffers = self._buffers
         while pending and sub.credit:
-            lost, subject, data = pending.popleft()
+            lost, subject, data, n = pending.popleft()
+            buffers.release(sub.peer, n)  # type: ignore[arg-type]
             self._send(sub, lost, subject, data)  # type: ignore[arg-type]
         if not pending and sub.tail_lost and sub.credit:
             notice = sub.writer.gap(sub.peer, sub.sid, sub.tail_lost, sub.overflow.value)
@@ -423,6 +619,7 @@ class PubSub:
         if not known:
             del self._peers[sub.peer]
         self._count -= 1
+        sub.alive = False
         self._timed.pop(sub, None)
         if sub.queue:
             key = (b".".join(sub.tokens), sub.queue)
@@ -433,12 +630,21 @@ class PubSub:
                 self._trie.remove(sub.tokens, group)
         else:
             self._trie.remove(sub.tokens, sub)
-        sub.pending.clear()
+        if sub.pending:  # Rule P3: a buffer holds nothing once its subscription ends
+            held = 0
+            for entry in sub.pending:
+                held += entry[3]  # type: ignore[operator]
+            self._buffers.release(sub.peer, held)
+            sub.pending.clear()
 
     # ------------------------------------------------------------ time
 
     def expire(self, now: float) -> int:
-        """End subscriptions not refreshed in time (Rule P5); how many."""
+        """End subscriptions not refreshed in time (Rule P5), and deliver one slice of the
+        fan-out backlog (Rule P8); how many subscriptions ended."""
+        self._now = now
+        if self._backlog:
+            self._fan_out()
         timed = self._timed
         ended = 0
         while timed:
@@ -452,6 +658,10 @@ class PubSub:
         return ended
 
     def next_expiry(self) -> float | None:
+        """When :meth:`expire` has something to do: at once (the last time given) while the
+        fan-out backlog is not empty (Rule P8), else the next subscription's timeout."""
+        if self._backlog:
+            return self._now
         if not self._timed:
             return None
         return next(iter(self._timed)).expires
@@ -467,4 +677,9 @@ class PubSub:
             expired=self.expired,
             subscriptions=self._count,
             pending=pending,
+            pending_bytes=self._buffers.used,
+            backlog=self._waiting,
+            refused=self.refused,
+            last_values_evicted=self.evicted,
+            last_values_refused=self.not_kept,
         )
