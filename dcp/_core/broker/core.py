@@ -491,7 +491,7 @@ class BrokerCore:
             self.counters.expired += 1
             redelivery.remove_worker(session, now, "expired")
         self._mdp.beat(now)
-        self.pubsub.expire(now)
+        self._pubsub_peers.expire(now)
         self._mc0.expire(now)
         self.streams.retry(now)
 

@@ -34,9 +34,10 @@ Rule P6 - Last values. With ``last_values`` > 0 the broker keeps the last messag
   many subjects (least recently published out); a subscription that asks for them gets, first,
   the last message of every kept subject its pattern matches (a scan of the cache at
   subscribe time only). Kept messages are charged to the ``last_values`` account for their
-  publisher: when the account is full the least recently published are evicted to make room
-  (counted, ``last_values_evicted``); one its publisher's share (budget Rule MB2) has no
-  room for is not kept, and the subject's older value is dropped with it (counted,
+  publisher: to make room for a new one, the publisher's own least recently published are
+  evicted while its share (budget Rule MB2) is full, then everyone's while the account is
+  (counted, ``last_values_evicted``); one larger than the whole account, or than the room
+  that leaves, is not kept, and the subject's older value is dropped with it (counted,
   ``last_values_refused``).
 Rule P7 - Shares of the subscription limit. No peer holds more than
   ``max_subscriptions_per_peer``; and the last tenth of ``max_subscriptions`` is kept for
@@ -123,7 +124,7 @@ class PubSubStatistics:
     refused: int = 0
     #: Last values evicted to make room in the ``last_values`` account (Rule P6).
     last_values_evicted: int = 0
-    #: Last values not kept: their publisher's share was full (Rule P6).
+    #: Last values not kept: larger than the room there is (Rule P6).
     last_values_refused: int = 0
 
 
@@ -275,6 +276,8 @@ class PubSub:
         self._last: OrderedDict[bytes, tuple[list[bytes], Sequence[bytes], bytes, int]] = (
             OrderedDict()
         )
+        # publisher -> its subjects in _last, least recently published first (Rule P6)
+        self._owned: dict[bytes, OrderedDict[bytes, None]] = {}
         # Publishes not yet delivered to all their recipients, oldest first (Rule P8).
         self._backlog: deque[_Fanout] = deque()
         self._waiting = 0  # deliveries in the backlog
@@ -470,22 +473,39 @@ class PubSub:
         """Rule P6: keep the subject's last value, charged to its publisher."""
         last = self._last
         kept = self._kept
-        old = last.pop(subject, None)
-        if old is not None:
-            kept.release(old[2], old[3])
+        if subject in last:
+            self._forget_last(subject)
         n = _cost(subject, data)
         if kept.limit is not None:
-            while last and kept.used + n > kept.limit:  # evict for the broker-wide bound
-                _, (_, _, owner, m) = last.popitem(last=False)
-                kept.release(owner, m)
+            if n > kept.limit:  # it could never fit: evict nothing for it
+                self.not_kept += 1
+                return
+            assert kept.peer_limit is not None
+            owned = self._owned.get(peer)
+            while owned and kept.held(peer) + n > kept.peer_limit:  # its own oldest out
+                self._forget_last(next(iter(owned)))
                 self.evicted += 1
-        if not kept.charge(peer, n):  # the publisher's share is full
+            while last and kept.used + n > kept.limit:  # everyone's oldest out
+                self._forget_last(next(iter(last)))
+                self.evicted += 1
+        if not kept.charge(peer, n):  # larger than the account or the publisher's share
             self.not_kept += 1
             return
         last[subject] = (tokens, data, peer, n)
+        owned = self._owned.get(peer)
+        if owned is None:
+            owned = self._owned[peer] = OrderedDict()
+        owned[subject] = None
         if len(last) > self.last_values:
-            _, (_, _, owner, m) = last.popitem(last=False)
-            kept.release(owner, m)
+            self._forget_last(next(iter(last)))
+
+    def _forget_last(self, subject: bytes) -> None:
+        _, _, owner, n = self._last.pop(subject)
+        self._kept.release(owner, n)
+        owned = self._owned[owner]
+        del owned[subject]
+        if not owned:
+            del self._owned[owner]
 
     def _deliver(
         self, recipient: Subscription | list[_Group], subject: bytes, data: Sequence[bytes]

@@ -220,6 +220,12 @@ class PubSubPeers:
             self._outbox.extend(ps.outbox)
             ps.outbox.clear()
 
+    def expire(self, now: float) -> None:
+        """Subscriptions not refreshed in time end (pubsub Rule P5), and one slice of the
+        fan-out backlog is delivered (pubsub Rule P8)."""
+        self.pubsub.expire(now)
+        self.flush()
+
     def receive(
         self, peer: bytes, msg: Request, dialect: DcpDialect, now: float, principal: str | None
     ) -> None:
