@@ -285,18 +285,19 @@ class PubSubPeers:
         now: float,
     ) -> None:
         error = self.check_publish(data[0] if data else b"", key)
-        routed: int | str = 0
         if not isinstance(error, tuple):
             routed = self.pubsub.publish(error, bytes(data[0]), data[1:], peer=peer, now=now)
-            if isinstance(routed, str):  # pubsub Rule P8
-                error = routed, "publish refused: pub/sub is busy or over its memory budget"
-        if isinstance(error, tuple):
-            if metadata:
-                self._out.refuse(peer, dialect, PUB, metadata, *error)
-            else:
-                self._out.reject(peer, *error)
-        elif metadata:
-            self._outbox.append(dialect.reply(peer, PUB, metadata, (b"%d" % int(routed),)))
+            if type(routed) is int:
+                if metadata:
+                    self._outbox.append(dialect.reply(peer, PUB, metadata, (b"%d" % routed,)))
+                self.flush()
+                return
+            assert isinstance(routed, str)  # pubsub Rule P8
+            error = routed, "publish refused: pub/sub is busy or over its memory budget"
+        if metadata:
+            self._out.refuse(peer, dialect, PUB, metadata, *error)
+        else:
+            self._out.reject(peer, *error)
         self.flush()
 
     def check_publish(self, subject: bytes, key: bytes | None) -> list[bytes] | tuple[str, str]:
