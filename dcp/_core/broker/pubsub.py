@@ -283,7 +283,7 @@ class PubSub:
         max_pending: int = 100_000,
         last_values: int = 0,
         memory: Memory | None = None,
-        fanout_slice: int = 1024,
+        fanout_slice: int = 256,
         max_backlog: int = 1_000_000,
     ) -> None:
         if fanout_slice < 1 or max_backlog < 1:

@@ -120,7 +120,7 @@ class PubSubOptions:
     max_mc0_peers: int = 65_536
     max_subscription_timeout: float = 120.0
     mc0_idle: float = 60.0
-    fanout_slice: int = 1024
+    fanout_slice: int = 256
     max_backlog: int = 1_000_000
     publishers: Mapping[bytes, frozenset[bytes]] | None = attrs.field(
         default=None, converter=_acl, eq=False
