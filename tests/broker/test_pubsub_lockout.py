@@ -1,6 +1,7 @@
-"""The subscription lockout on a live broker (issue 26, finding 5; both anyio backends):
+"""Pub/sub bounds on a live broker (issue 26, finding 5; both anyio backends): the lockout:
 ten peers, dcp and mc0, at their own subscription limit then gone, and a new
-``Client.subscribe`` and an mc0 ``SUB`` still get in (pubsub Rule P7)."""
+``Client.subscribe`` and an mc0 ``SUB`` still get in (pubsub Rule P7); and a fan-out in
+slices delivered promptly by either driver (pubsub Rule P8)."""
 
 from __future__ import annotations
 
@@ -47,4 +48,26 @@ async def test_a_new_subscriber_gets_in_after_ten_peers_filled_their_limits() ->
                 m = peers(b"new-mc0")
                 m.send_frames([b"SUB", b"ID", b"1", b"", b"news"])
                 assert await m.recv_frames() == [b"OK", b"ID", b"1"]
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("io_thread", [True, False])
+async def test_a_fan_out_in_slices_is_delivered_promptly(io_thread: bool) -> None:
+    # pubsub Rule P8 with either driver: the slices after the first follow at once (the
+    # core's next deadline), not one per timer tick (a quarter of a heartbeat interval).
+    options = dcp.PubSubOptions(fanout_slice=4)
+    broker = dcp.Broker("tcp://127.0.0.1:0", pubsub=options, io_thread=io_thread)
+    async with anyio.create_task_group() as tg:
+        [ep] = await tg.start(broker.serve)
+        with Peers(ep) as peers:
+            s = peers(b"subscriber")
+            for k in range(200):
+                s.send_frames([b"", P, b"\x04", b"\xffDCP:sub", b"", b"", b"%d" % k, b">", b""])
+            for _ in range(200):
+                await s.recv_frames()
+            s.send_frames([b"", P, b"\x04", b"\xffDCP:pub", b"", b"", b"a", b"x"])
+            with anyio.fail_after(3):  # 50 slices: 12.5 s at one per tick
+                for _ in range(200):
+                    frames = await s.recv_frames()
+                    assert frames[5:] == [b"\xffDCP:msg=" + frames[5][9:], b"", b"a", b"x"]
         tg.cancel_scope.cancel()
