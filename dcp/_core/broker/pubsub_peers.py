@@ -118,10 +118,10 @@ class PubSubOptions:
     max_pending: int = 100_000
     last_values: int = 0
     max_mc0_peers: int = 65_536
-    max_subscription_timeout: float = 120.0
-    mc0_idle: float = 60.0
-    fanout_slice: int = 256
-    max_backlog: int = 1_000_000
+    max_subscription_timeout: float = attrs.field(default=120.0, validator=attrs.validators.gt(0))
+    mc0_idle: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
+    fanout_slice: int = attrs.field(default=256, validator=attrs.validators.ge(1))
+    max_backlog: int = attrs.field(default=1_000_000, validator=attrs.validators.ge(1))
     publishers: Mapping[bytes, frozenset[bytes]] | None = attrs.field(
         default=None, converter=_acl, eq=False
     )
