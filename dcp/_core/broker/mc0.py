@@ -9,7 +9,7 @@ Rule MC1 - Topics are subjects. An mc0 topic is an exact subject (no wildcards):
 Rule MC2 - Answers. A command with an ``ID`` header is answered ``OK`` with it, or ``ERROR``
   with it and a ``MESSAGE``; a failed command without ``ID`` gets ``ERROR`` with ``MESSAGE``
   alone. Every failure is also counted by reason (``bad_mc0_message``, ``bad_subject``,
-  ``forbidden_subject``, ``too_many_subscriptions``, ``bad_ttl``, ``mc0_header_too_long``,
+  ``forbidden_subject``, ``too_many_subscriptions``, ``bad_ttl``, ``header_too_long``,
   ``memory_budget``, ``pubsub_busy``).
 Rule MC3 - Liveness. ``CONNECT`` may set ``TTL`` (ms, 100 to 86,400,000): when the broker has
   not heard from the peer for that long it sends ``NOOP`` (again every TTL of silence); a
@@ -22,7 +22,7 @@ Rule MC4 - Flow. mc0 has no credit and no gap notice: deliveries go out at once 
   (``lost`` in the pub/sub statistics), so a slow mc0 peer costs nobody else anything.
 
 Rule MC5 - Peer state. What the broker keeps per mc0 peer is bounded: a ``VERSION`` longer
-  than :data:`MAX_VERSION` bytes is refused (``mc0_header_too_long``) before it is kept, and
+  than :data:`MAX_VERSION` bytes is refused (``header_too_long``) before it is kept, and
   a peer's state (its id, version and bookkeeping, budget Rule MB4) is charged to the
   ``peers`` account of the byte budget; a new peer the account has no room for is refused
   (``memory_budget``), and what a peer was charged is released when it is forgotten.
@@ -48,7 +48,7 @@ from dcp.wire import mc0
 __all__ = ["MAX_VERSION", "Mc0Peers"]
 
 #: The longest ``VERSION`` kept for an mc0 peer, in bytes (Rule MC5).
-MAX_VERSION = 64
+MAX_VERSION = 4096
 
 _MIN_TTL_MS = 100
 _MAX_TTL_MS = 86_400_000
@@ -163,7 +163,7 @@ class Mc0Peers:
             ttl = cmd.headers.get(b"TTL")
             version = cmd.headers.get(b"VERSION", b"")
             if len(version) > MAX_VERSION:  # Rule MC5
-                self._fail(peer, ident, "mc0_header_too_long", f"VERSION over {MAX_VERSION} bytes")
+                self._fail(peer, ident, "header_too_long", f"VERSION over {MAX_VERSION} bytes")
                 return
             if len(version) > len(state.version):
                 more = len(version) - len(state.version)
