@@ -131,6 +131,25 @@ def test_a_stalled_subscribers_buffer_is_bounded_in_bytes() -> None:
     assert gap[6] == b"\xffDCP:gap=s" and int(gap[8]) == stats.lost
     got = [a[9][:4] for a in answers[2:]]
     assert got == [b"%04d" % i for i in range(200 - len(got), 200)]
+    assert 0 < buffers.used <= 50_000  # in flight now: charged until granted back
+    assert dcp_req(core, b"slow", b"unsub", [b"u"], [b"s"], 1.0)[0][-1] == b"ok"
+    assert buffers.used == 0
+
+
+def test_a_subscriber_that_never_grants_credit_back_holds_its_share_in_flight() -> None:
+    # A window of 1,000 lets 1,000 messages go out at once (zmq's queue to it); what is in
+    # flight is charged too, so a subscriber that neither reads nor grants holds its share.
+    core = BrokerCore(max_memory=1_000_000)
+    buffers = core.memory.account("subscriptions")
+    opts = (b"window=1000", b"max-pending=100000")
+    assert subscribe(core, b"stalled", b"s", b"t", *opts) == b"ok"
+    sent = 0
+    for i in range(200):  # 200 x 1 KB: four times its share
+        out = dcp_req(core, b"pub", b"pub", [], [b"t", b"x" * 1000], 0.0)
+        sent += len(out)
+    assert 0 < buffers.held(b"stalled") <= 50_000
+    assert sent < 50 and core.pubsub.statistics().lost > 150
+    core.expire(31.0)  # it never refreshed: gone, and what it held with it
     assert buffers.used == 0
 
 
@@ -207,7 +226,11 @@ def test_a_large_fan_out_is_delivered_in_slices_with_a_request_answered_between(
             assert first.get(sid) == b"1"
     assert answer[0] < len(out) - 1
     assert core.pubsub.statistics().backlog == 0
-    assert core.memory.account("subscriptions").used == 0
+    # What is in flight (sent, not granted back) is charged until the subscriber leaves.
+    buffers = core.memory.account("subscriptions")
+    assert buffers.used >= 2 * n * 256
+    assert core.pubsub.drop_peer(b"many") == n
+    assert buffers.used == 0
 
 
 def test_queue_groups_take_one_each_across_slices() -> None:

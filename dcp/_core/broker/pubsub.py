@@ -20,8 +20,12 @@ Rule P3 - Bounded buffers. Messages a subscription cannot take yet wait in its b
   the buffer full, by count or by bytes, is handled by the subscription's overflow policy:
   ``drop-newest`` (the message is lost), ``drop-oldest`` (the oldest waiting ones are lost,
   as many as it takes to make room), ``disconnect`` (everything waiting is lost and the
-  subscription ends). What a buffer held is released when it is sent, lost or ended (budget
-  Rule MB3), so an ended or expired subscription holds nothing.
+  subscription ends). Messages sent and not yet granted back (Rule P2: in zmq's queue or the
+  subscriber's) are charged to the same account, ahead in chunks, and a message goes out only
+  if they have room: a subscriber that stops reading holds no more than its share, waiting
+  and in flight together. What a buffer held is released when it is sent, lost or ended, and
+  what was in flight when credit for it comes back or the subscription ends (budget Rule
+  MB3), so an ended or expired subscription holds nothing.
 Rule P4 - Gap notices. Lost messages are counted where they were lost, and the subscriber is
   told the count (its writer's gap notice) in order: before the first message after the loss,
   or as soon as it has credit when nothing follows. A notice costs no credit. An ended
@@ -71,6 +75,9 @@ from dcp._core.broker.subjects import SubjectTrie, matches
 
 __all__ = ["SMALL_PEER", "Overflow", "PubSub", "PubSubStatistics", "Subscription", "Writer"]
 
+#: Bytes in flight are charged this much at a time (Rule P3): one account call per chunk.
+_CHUNK = 64 * 1024
+
 #: Peers holding fewer subscriptions than this may use the reserved tenth of
 #: ``max_subscriptions`` (Rule P7).
 SMALL_PEER = 16
@@ -78,10 +85,7 @@ SMALL_PEER = 16
 
 def _cost(subject: bytes, data: Sequence[bytes]) -> int:
     """What keeping one message costs (budget Rule MB4)."""
-    n = ENTRY_OVERHEAD + FRAME_OVERHEAD + len(subject)
-    for part in data:
-        n += len(part) + FRAME_OVERHEAD
-    return n
+    return ENTRY_OVERHEAD + FRAME_OVERHEAD * (1 + len(data)) + len(subject) + sum(map(len, data))
 
 
 class Overflow(enum.Enum):
@@ -143,6 +147,16 @@ class Writer:
         raise NotImplementedError
 
 
+class _Purse:
+    """Bytes charged ahead for one peer's messages in flight and not used yet (Rule P3),
+    shared by its subscriptions."""
+
+    __slots__ = ("spare",)
+
+    def __init__(self) -> None:
+        self.spare = 0
+
+
 class Subscription:
     """One subscription's state (Rules P2-P5)."""
 
@@ -150,10 +164,13 @@ class Subscription:
         "alive",
         "credit",
         "expires",
+        "flying",
+        "inflight",
         "max_pending",
         "overflow",
         "peer",
         "pending",
+        "purse",
         "queue",
         "sid",
         "tail_lost",
@@ -189,6 +206,13 @@ class Subscription:
         self.pending: deque[list[object]] = deque()
         #: Whether it still stands (a fan-out backlog skips ended ones, Rule P8).
         self.alive = True
+        #: What each message sent and not yet granted back cost, oldest first (Rule P3;
+        #: ``None``: no credit accounting).
+        self.inflight: deque[int] | None = deque() if credit is not None else None
+        #: Their bytes.
+        self.flying = 0
+        #: Its peer's bytes charged ahead (set by :meth:`PubSub.subscribe`).
+        self.purse = _Purse()
         #: Lost after the last waiting message (drop-newest), not yet told.
         self.tail_lost = 0
         self.timeout = timeout
@@ -252,7 +276,11 @@ class PubSub:
         "_now",
         "_owned",
         "_peers",
+        "_purses",
         "_shared_limit",
+        "_sized",
+        "_sized_data",
+        "_sized_subject",
         "_timed",
         "_trie",
         "_turn",
@@ -317,6 +345,12 @@ class PubSub:
         self._backlog: deque[_Fanout] = deque()
         self._waiting = 0  # deliveries in the backlog
         self._now = 0.0
+        # peer -> bytes charged ahead for its messages in flight, not used yet (Rule P3)
+        self._purses: dict[bytes, _Purse] = {}
+        # The last message sized, and its cost (one fan-out sizes its message once).
+        self._sized_subject = b""
+        self._sized_data: Sequence[bytes] = ()
+        self._sized = _cost(b"", ())
         self.published = 0
         self.routed = 0
         self.delivered = 0
@@ -373,6 +407,10 @@ class PubSub:
             now=now,
         )
         self._peers.setdefault(peer, {})[sid] = sub
+        purse = self._purses.get(peer)
+        if purse is None:
+            purse = self._purses[peer] = _Purse()
+        sub.purse = purse
         self._count += 1
         if timeout is not None:
             self._timed[sub] = None
@@ -422,6 +460,14 @@ class PubSub:
             sub.expires = now + sub.timeout
             self._timed.move_to_end(sub)
         if sub.credit is not None:
+            inflight = sub.inflight
+            assert inflight is not None
+            if inflight:  # Rule P3: taken, so released
+                freed = 0
+                for _ in range(min(grant, len(inflight))):
+                    freed += inflight.popleft()
+                sub.flying -= freed
+                self._unreserve(sub, freed)
             sub.credit += grant
             self._flush(sub)
         return True
@@ -439,6 +485,13 @@ class PubSub:
         sub.tail_lost += lost
         if not counted and sub.credit is not None:
             sub.credit += lost
+            inflight = sub.inflight
+            assert inflight is not None
+            freed = 0
+            for _ in range(min(lost, len(inflight))):  # never queued: not in flight
+                freed += inflight.pop()
+            sub.flying -= freed
+            self._unreserve(sub, freed)
 
     def subscriptions_of(self, peer: bytes) -> int:
         known = self._peers.get(peer)
@@ -618,15 +671,72 @@ class PubSub:
                     return sub
         return first
 
+    def _size(self, subject: bytes, data: Sequence[bytes]) -> int:
+        """:func:`_cost`, computed once per message however many it goes to."""
+        if data is self._sized_data and subject is self._sized_subject:
+            return self._sized
+        n = self._sized = _cost(subject, data)
+        self._sized_subject = subject
+        self._sized_data = data
+        return n
+
+    def _reserve(self, sub: Subscription, n: int) -> bool:
+        """Rule P3: take ``n`` bytes in flight for ``sub``'s peer, charged ahead a chunk at a
+        time (one account call per chunk, not per message)."""
+        purse = sub.purse
+        spare = purse.spare
+        if spare >= n:
+            purse.spare = spare - n
+            return True
+        buffers = self._buffers
+        peer = sub.peer
+        k = min(_CHUNK, buffers.room(peer))
+        if buffers.peer_limit is not None:  # ahead, but never past its share (Rule MB2)
+            k = min(k, buffers.peer_limit - buffers.held(peer))
+        k = max(n - spare, k)
+        if buffers.charge(peer, k):
+            purse.spare = spare + k - n
+            return True
+        return False
+
+    def _unreserve(self, sub: Subscription, n: int) -> None:
+        """Rule P3: ``n`` bytes are no longer in flight; past two chunks spare, give back."""
+        purse = sub.purse
+        spare = purse.spare + n
+        if spare > 2 * _CHUNK:
+            self._buffers.release(sub.peer, spare - _CHUNK)
+            spare = _CHUNK
+        purse.spare = spare
+
     def _offer(self, sub: Subscription, subject: bytes, data: Sequence[bytes]) -> None:
         credit = sub.credit
-        if not sub.pending and (credit is None or credit > 0):
-            self._send(sub, sub.tail_lost, subject, data)
-            sub.tail_lost = 0
-            return
+        if not sub.pending:
+            if credit is None:
+                self._send(sub, sub.tail_lost, subject, data)
+                sub.tail_lost = 0
+                return
+            if credit > 0:
+                if data is self._sized_data and subject is self._sized_subject:
+                    n = self._sized  # the same message as the last one (a fan-out)
+                else:
+                    n = self._size(subject, data)
+                purse = sub.purse
+                if purse.spare >= n:
+                    purse.spare -= n
+                    sub.flying += n
+                    sub.inflight.append(n)  # type: ignore[union-attr]
+                    self._send(sub, sub.tail_lost, subject, data)
+                    sub.tail_lost = 0
+                    return
+                if self._reserve(sub, n):
+                    sub.flying += n
+                    sub.inflight.append(n)  # type: ignore[union-attr]
+                    self._send(sub, sub.tail_lost, subject, data)
+                    sub.tail_lost = 0
+                    return
         pending = sub.pending
         buffers = self._buffers
-        n = _cost(subject, data)
+        n = self._size(subject, data)
         if len(pending) < sub.max_pending and buffers.charge(sub.peer, n):
             pending.append([sub.tail_lost, subject, data, n])
             sub.tail_lost = 0
@@ -679,10 +789,13 @@ class PubSub:
     def _flush(self, sub: Subscription) -> None:
         """Send what is waiting while credit lasts (Rules P2, P3, P4)."""
         pending = sub.pending
-        buffers = self._buffers
+        inflight = sub.inflight
+        assert inflight is not None
         while pending and sub.credit:
             lost, subject, data, n = pending.popleft()
-            buffers.release(sub.peer, n)  # type: ignore[arg-type]
+            # Rule P3: its charge moves from the buffer to the bytes in flight.
+            sub.flying += n  # type: ignore[operator]
+            inflight.append(n)  # type: ignore[arg-type]
             self._send(sub, lost, subject, data)  # type: ignore[arg-type]
         if not pending and sub.tail_lost and sub.credit:
             notice = sub.writer.gap(sub.peer, sub.sid, sub.tail_lost, sub.overflow.value)
@@ -707,12 +820,22 @@ class PubSub:
                 self._trie.remove(sub.tokens, group)
         else:
             self._trie.remove(sub.tokens, sub)
-        if sub.pending:  # Rule P3: a buffer holds nothing once its subscription ends
+        # Rule P3: a subscription that ended holds nothing, waiting or in flight.
+        peer = sub.peer
+        if sub.pending:
             held = 0
             for entry in sub.pending:
                 held += entry[3]  # type: ignore[operator]
-            self._buffers.release(sub.peer, held)
+            self._buffers.release(peer, held)
             sub.pending.clear()
+        if sub.flying:
+            self._unreserve(sub, sub.flying)
+            sub.flying = 0
+        if peer not in self._peers:  # its last subscription: nothing spare either
+            purse = self._purses.pop(peer, None)
+            if purse is not None and purse.spare:
+                self._buffers.release(peer, purse.spare)
+                purse.spare = 0
 
     # ------------------------------------------------------------ time
 
