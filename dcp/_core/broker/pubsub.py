@@ -48,15 +48,18 @@ Rule P7 - Shares of the subscription limit. No peer holds more than
   peers holding fewer than :data:`SMALL_PEER` subscriptions, so a few peers at their own
   limit cannot lock every new subscriber out (``too_many_subscriptions``).
 Rule P8 - Fan-out in slices. A publish is delivered to at most ``fanout_slice`` recipients
-  at once; the rest wait in a backlog (in order: a publish that finds a backlog queues behind
-  it, so each subscription gets messages in the order they were published) and are delivered
-  one slice per later publish or :meth:`PubSub.expire`, which :meth:`PubSub.next_expiry`
-  asks for at once. So a request that arrives during a large fan-out is answered between two
-  slices. Recipients are chosen when the message is published (a subscription that ends
-  meanwhile is skipped; a queue group's member is picked when its turn comes). The backlog
-  holds at most ``max_backlog`` deliveries, and the waiting messages are charged to the
-  ``subscriptions`` account for their publisher: a publish past either is refused
-  (``pubsub_busy``, ``memory_budget``) and delivered to nobody.
+  at once; the rest wait in its publisher's backlog and are delivered a slice per later
+  publish, and four per :meth:`PubSub.expire` (which :meth:`PubSub.next_expiry` asks for at
+  once), the publishers' backlogs taking turns. A publish that finds its publisher's backlog
+  not empty queues behind it, so each subscription gets one publisher's messages in the
+  order they were published (as NATS: no order between publishers). So a request that
+  arrives during a large fan-out is answered between two slices, and another publisher's
+  message does not wait for the whole burst. Recipients are chosen when the message is
+  published (a subscription that ends meanwhile is skipped; a queue group's member is picked
+  when its turn comes). The backlogs hold at most ``max_backlog`` deliveries, one publisher's
+  at most a quarter of that (but always one publish if there is room), and the waiting
+  messages are charged to the ``subscriptions`` account for their publisher: a publish past
+  any of these is refused (``pubsub_busy``, ``memory_budget``) and delivered to nobody.
 
 What this module does NOT do: persistence, redelivery, exactly-once (pub/sub is at most
 once, and every loss is counted), permissions (the caller checks them before calling).
@@ -251,6 +254,16 @@ class _Fanout:
         self.cost = cost
 
 
+class _Backlog:
+    """One publisher's publishes waiting to be fanned out (Rule P8)."""
+
+    __slots__ = ("fanouts", "waiting")
+
+    def __init__(self) -> None:
+        self.fanouts: deque[_Fanout] = deque()
+        self.waiting = 0  # deliveries
+
+
 class PubSub:
     """The broker's pub/sub state (the module's rules).
 
@@ -342,8 +355,9 @@ class PubSub:
         # publisher -> its subjects in _last, least recently published first (Rule P6)
         self._owned: dict[bytes, OrderedDict[bytes, None]] = {}
         # Publishes not yet delivered to all their recipients, oldest first (Rule P8).
-        self._backlog: deque[_Fanout] = deque()
-        self._waiting = 0  # deliveries in the backlog
+        # publisher -> its backlog, in turn order (Rule P8)
+        self._backlog: OrderedDict[bytes, _Backlog] = OrderedDict()
+        self._waiting = 0  # deliveries in every backlog
         self._now = 0.0
         # peer -> bytes charged ahead for its messages in flight, not used yet (Rule P3)
         self._purses: dict[bytes, _Purse] = {}
@@ -518,7 +532,8 @@ class PubSub:
         :param now: the time (``None``: the last one given), for :meth:`next_expiry`
         """
         entries = list(self._trie.match(tokens))  # a disconnect may remove one
-        if not self._backlog and len(entries) <= self.fanout_slice:
+        backlog = self._backlog.get(peer) if self._backlog else None
+        if backlog is None and len(entries) <= self.fanout_slice:
             # The common case, all at once (the hot path: no extra list, no extra call).
             routed = 0
             groups: dict[bytes, list[_Group]] | None = None
@@ -543,16 +558,21 @@ class PubSub:
                 self._now = now
             recipients = self._recipients(entries)
             routed = len(recipients)
-            if self._waiting + routed > self.max_backlog:
+            if self._waiting + routed > self.max_backlog or (
+                backlog is not None and backlog.waiting + routed > self.max_backlog // 4
+            ):
                 self.refused += 1
                 return "pubsub_busy"
             n = _cost(subject, data)
             if not self._buffers.charge(peer, n):
                 self.refused += 1
                 return "memory_budget"
-            self._backlog.append(_Fanout(recipients, subject, data, peer, n))
+            if backlog is None:
+                backlog = self._backlog[peer] = _Backlog()
+            backlog.fanouts.append(_Fanout(recipients, subject, data, peer, n))
+            backlog.waiting += routed
             self._waiting += routed
-            self._fan_out()
+            self._fan_out(self.fanout_slice)
         self.published += 1
         self.routed += routed
         if self.last_values:
@@ -630,15 +650,16 @@ class PubSub:
             if sub is not None:
                 self._offer(sub, subject, data)
 
-    def _fan_out(self) -> None:
-        """Rule P8: one slice of the backlog."""
-        backlog = self._backlog
-        budget = self.fanout_slice
-        while backlog and budget > 0:
-            head = backlog[0]
+    def _fan_out(self, budget: int) -> None:
+        """Rule P8: ``budget`` deliveries from the backlogs, a slice at a time, in turns."""
+        backlogs = self._backlog
+        slice_ = self.fanout_slice
+        while backlogs and budget > 0:
+            publisher, backlog = next(iter(backlogs.items()))
+            head = backlog.fanouts[0]
             recipients = head.recipients
             start = head.next
-            stop = min(len(recipients), start + budget)
+            stop = min(len(recipients), start + min(budget, slice_))
             subject = head.subject
             data = head.data
             for i in range(start, stop):
@@ -646,10 +667,15 @@ class PubSub:
             done = stop - start
             budget -= done
             self._waiting -= done
+            backlog.waiting -= done
             head.next = stop
             if stop == len(recipients):
-                backlog.popleft()
+                backlog.fanouts.popleft()
                 self._buffers.release(head.peer, head.cost)
+            if backlog.fanouts:
+                backlogs.move_to_end(publisher)  # the next publisher's turn
+            else:
+                del backlogs[publisher]
 
     def _pick(self, groups: list[_Group]) -> Subscription | None:
         """Rule P1: the next member (across ``groups``) that can take a message at once
@@ -840,11 +866,11 @@ class PubSub:
     # ------------------------------------------------------------ time
 
     def expire(self, now: float) -> int:
-        """End subscriptions not refreshed in time (Rule P5), and deliver one slice of the
-        fan-out backlog (Rule P8); how many subscriptions ended."""
+        """End subscriptions not refreshed in time (Rule P5), and deliver four slices of the
+        fan-out backlogs (Rule P8); how many subscriptions ended."""
         self._now = now
         if self._backlog:
-            self._fan_out()
+            self._fan_out(4 * self.fanout_slice)
         timed = self._timed
         ended = 0
         while timed:
