@@ -283,7 +283,7 @@ class BrokerCore:
             guard=guard,
             quarantine=timeout,
         )
-        pubsub_peers = PubSubPeers(out, pubsub)
+        pubsub_peers = PubSubPeers(out, pubsub, self.memory)
         #: The subscriptions (pub/sub for DCP and mc0 peers).
         self.pubsub: PubSub = pubsub_peers.pubsub
         self._pubsub_peers = pubsub_peers
@@ -517,7 +517,7 @@ class BrokerCore:
             self.counters.expired += 1
             redelivery.remove_worker(session, now, "expired")
         self._mdp.beat(now)
-        self.pubsub.expire(now)
+        self._pubsub_peers.expire(now)
         self._mc0.expire(now)
         self._mmi.expire(now)
         self.streams.retry(now)

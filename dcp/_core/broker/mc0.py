@@ -9,15 +9,23 @@ Rule MC1 - Topics are subjects. An mc0 topic is an exact subject (no wildcards):
 Rule MC2 - Answers. A command with an ``ID`` header is answered ``OK`` with it, or ``ERROR``
   with it and a ``MESSAGE``; a failed command without ``ID`` gets ``ERROR`` with ``MESSAGE``
   alone. Every failure is also counted by reason (``bad_mc0_message``, ``bad_subject``,
-  ``forbidden_subject``, ``too_many_subscriptions``, ``bad_ttl``).
+  ``forbidden_subject``, ``too_many_subscriptions``, ``bad_ttl``, ``header_too_long``,
+  ``memory_budget``, ``pubsub_busy``).
 Rule MC3 - Liveness. ``CONNECT`` may set ``TTL`` (ms, 100 to 86,400,000): when the broker has
-  not heard from the peer for that long it sends ``NOOP`` (again every TTL of silence). A
-  peer the broker cannot send its NOOP to (gone, or hopelessly behind), one that sends
+  not heard from the peer for that long it sends ``NOOP`` (again every TTL of silence); a
+  peer that set no TTL is treated as if it had set ``mc0_idle`` (60 s by default). A peer
+  the broker cannot send its NOOP to (gone, or hopelessly behind), one that sends
   ``DISCONNECT``, or the least recently heard one when more than ``max_mc0_peers`` are
-  known, loses its subscriptions.
+  known, is forgotten: its subscriptions and what it was charged.
 Rule MC4 - Flow. mc0 has no credit and no gap notice: deliveries go out at once (pubsub Rule
   P2, no credit accounting), a delivery zmq's send queue has no room for is lost and counted
   (``lost`` in the pub/sub statistics), so a slow mc0 peer costs nobody else anything.
+
+Rule MC5 - Peer state. What the broker keeps per mc0 peer is bounded: a ``VERSION`` longer
+  than :data:`MAX_VERSION` bytes is refused (``header_too_long``) before it is kept, and
+  a peer's state (its id, version and bookkeeping, budget Rule MB4) is charged to the
+  ``peers`` account of the byte budget; a new peer the account has no room for is refused
+  (``memory_budget``), and what a peer was charged is released when it is forgotten.
 
 Not implemented (the draft leaves them open): ``VERSION`` is recorded but changes nothing;
 ``X-`` headers are ignored; a PUT is not acknowledged without ``ID``.
@@ -28,6 +36,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from dcp._core.broker.budget import ENTRY_OVERHEAD
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.pubsub import Writer
 from dcp._core.broker.pubsub_peers import PubSubPeers
@@ -36,7 +45,10 @@ from dcp._errors import RemoteProtocolError
 from dcp._util import DeadlineHeap
 from dcp.wire import mc0
 
-__all__ = ["Mc0Peers"]
+__all__ = ["MAX_VERSION", "Mc0Peers"]
+
+#: The longest ``VERSION`` kept for an mc0 peer, in bytes (Rule MC5).
+MAX_VERSION = 4096
 
 _MIN_TTL_MS = 100
 _MAX_TTL_MS = 86_400_000
@@ -45,13 +57,15 @@ _FROM_BROKER = frozenset({b"MESSAGE", b"NOOP", b"OK", b"ERROR"})
 
 
 class _Peer:
-    __slots__ = ("ident", "token", "ttl", "version")
+    __slots__ = ("charged", "ident", "token", "ttl", "version")
 
-    def __init__(self, ident: bytes) -> None:
+    def __init__(self, ident: bytes, charged: int) -> None:
         self.ident = ident
         self.ttl: float | None = None
         self.version = b""
         self.token = 0
+        #: Bytes charged to the ``peers`` account (Rule MC5).
+        self.charged = charged
 
 
 class _Writer(Writer):
@@ -84,6 +98,8 @@ class Mc0Peers:
         self._peers_part = pubsub
         self._pubsub = pubsub.pubsub
         self._max_peers = pubsub.options.max_mc0_peers
+        self._idle = pubsub.options.mc0_idle
+        self._account = pubsub.memory.account("peers")
         self._peers: OrderedDict[bytes, _Peer] = OrderedDict()
         self._ttl: DeadlineHeap[_Peer] = DeadlineHeap(_live)
 
@@ -103,6 +119,9 @@ class Mc0Peers:
             return
         state = self._heard(peer, now)
         ident = cmd.id
+        if state is None:
+            self._fail(peer, ident, "memory_budget", "no room for another mc0 peer")
+            return
         verb = cmd.verb
         key = principal.encode() if principal is not None else None
         part = self._peers_part
@@ -115,8 +134,12 @@ class Mc0Peers:
             if isinstance(checked, tuple):
                 self._fail(peer, ident, *checked)
                 return
-            self._pubsub.publish(checked, topic, cmd.positional)
+            routed = self._pubsub.publish(checked, topic, cmd.positional, peer=peer, now=now)
             part.flush()
+            if routed.__class__ is str:
+                assert isinstance(routed, str)
+                self._fail(peer, ident, routed, "publish refused")
+                return
         elif verb == b"SUB":
             for topic in cmd.positional:
                 topic = bytes(topic)
@@ -138,13 +161,23 @@ class Mc0Peers:
                 self._pubsub.unsubscribe(peer, _SID_PREFIX + bytes(topic))
         elif verb == b"CONNECT":
             ttl = cmd.headers.get(b"TTL")
+            version = cmd.headers.get(b"VERSION", b"")
+            if len(version) > MAX_VERSION:  # Rule MC5
+                self._fail(peer, ident, "header_too_long", f"VERSION over {MAX_VERSION} bytes")
+                return
+            if len(version) > len(state.version):
+                more = len(version) - len(state.version)
+                if not self._account.charge(peer, more):
+                    self._fail(peer, ident, "memory_budget", "no room for the VERSION")
+                    return
+                state.charged += more
             if ttl is not None:
                 if not ttl.isdigit() or not _MIN_TTL_MS <= int(ttl[:12]) <= _MAX_TTL_MS:
                     self._fail(peer, ident, "bad_ttl", f"TTL {ttl[:16]!r}")
                     return
                 state.ttl = int(ttl) / 1000
                 self._schedule(state, now)
-            state.version = cmd.headers.get(b"VERSION", b"")
+            state.version = version
         elif verb == b"DISCONNECT":
             self._forget(peer)
         # NOOP: being heard is all it does.
@@ -155,46 +188,50 @@ class Mc0Peers:
         self._out.reject(peer, code, detail)
         self._outbox.append([peer, *mc0.error(ident, f"{code}: {detail}")])
 
-    def _heard(self, peer: bytes, now: float) -> _Peer:
+    def _heard(self, peer: bytes, now: float) -> _Peer | None:
+        """The peer's state, noted as heard at ``now`` (``None``: a new peer the ``peers``
+        account has no room for, Rule MC5)."""
         peers = self._peers
         state = peers.get(peer)
         if state is None:
-            state = peers[peer] = _Peer(peer)
+            charged = ENTRY_OVERHEAD + len(peer)
+            if not self._account.charge(peer, charged):
+                return None
+            state = peers[peer] = _Peer(peer, charged)
             if len(peers) > self._max_peers:
                 oldest = next(iter(peers))
                 self._out.counters.count("mc0_peer_evicted")
                 self._forget(oldest)
         else:
             peers.move_to_end(peer)
-            if state.ttl is not None:
-                self._schedule(state, now)
+        self._schedule(state, now)
         return state
 
     def _schedule(self, state: _Peer, now: float) -> None:
-        assert state.ttl is not None
+        """Rule MC3: the next NOOP is due after a TTL (or ``mc0_idle``) of silence."""
         state.token += 1
         if state.token == 1:
             self._ttl.live += 1
-        self._ttl.push(now + state.ttl, state.token, state)
+        self._ttl.push(now + (self._idle if state.ttl is None else state.ttl), state.token, state)
 
     def _forget(self, peer: bytes) -> None:
         state = self._peers.pop(peer, None)
-        if state is not None and state.ttl is not None:
+        if state is not None:
+            if state.token > 0:
+                self._ttl.live -= 1
             state.token = -1
-            self._ttl.live -= 1
+            self._account.release(peer, state.charged)
         self._pubsub.drop_peer(peer)
 
     def expire(self, now: float) -> None:
-        """Rule MC3: a NOOP to every peer silent for its TTL."""
+        """Rule MC3: a NOOP to every peer silent for its TTL (or ``mc0_idle``)."""
         heap = self._ttl
         while (state := heap.pop(now)) is not None:
             self._outbox.append([state.ident, *mc0.noop()])
-            assert state.ttl is not None
-            state.token += 1
-            heap.push(now + state.ttl, state.token, state)
+            self._schedule(state, now)
 
     def next_deadline(self) -> float | None:
-        """When the next NOOP is due (``None``: no peer set a TTL)."""
+        """When the next NOOP is due (``None``: no mc0 peer is known)."""
         ttl = self._ttl
         return ttl.next_due() if ttl.live else None
 

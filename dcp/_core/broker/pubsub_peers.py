@@ -12,7 +12,8 @@ Rule PS1 - Requests. ``\\xffDCP:sub`` (data: sid, pattern, queue group, options 
   a publish the number of recipients as ASCII digits), except a publish without metadata,
   which is not answered (fire and forget). Errors are dcp error replies: ``bad_subject``,
   ``bad_subscription``, ``too_many_subscriptions``, ``unknown_subscription``,
-  ``forbidden_subject``, ``unknown_pubsub_command``.
+  ``forbidden_subject``, ``unknown_pubsub_command``, and for a publish the backlog or the
+  byte budget has no room for (pubsub Rule P8), ``pubsub_busy`` or ``memory_budget``.
 Rule PS2 - Deliveries. A message: ``"" DGBX\\x01 0x05 client "" \\xffDCP:msg=<sid> ""
   subject data...``; a gap notice: ``... "" \\xffDCP:gap=<sid> "" <lost> <reason>``. In the
   subscriber's type-frame width.
@@ -21,6 +22,11 @@ Rule PS3 - Permissions (CURVE only: a message with a principal). A publish needs
   own (:func:`covers`), each listing the sender's key or ``*``; with no list, anyone may.
 Rule PS4 - A request naming a client address other than its sender is refused
   (``forbidden_address``): pub/sub answers go to the sender.
+Rule PS5 - Subscriber liveness. A subscription's ``timeout`` option (ms) is capped at
+  ``max_subscription_timeout``: a subscriber that vanishes without unsubscribing holds its
+  subscriptions (and their buffers) no longer than that (pubsub Rule P5); a subscriber that
+  asked for longer and refreshes less often subscribes again when told its subscription is
+  unknown.
 
 What this module does NOT do: route, buffer or expire (:mod:`.pubsub` does), or speak mc0
 (:mod:`.mc0`, which shares this part's subscriptions and checks).
@@ -33,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from dcp._core.broker.budget import Memory
 from dcp._core.broker.pubsub import Overflow, PubSub, Writer
 from dcp._core.broker.subjects import SubjectError, check_pattern, check_subject, matches
 from dcp.wire.options import OPTION_PREFIX
@@ -92,6 +99,14 @@ class PubSubOptions:
     :ivar max_pending: the largest buffer a subscription may ask for (messages)
     :ivar last_values: subjects whose last message is kept for new subscribers (0: off)
     :ivar max_mc0_peers: mc0 peers remembered at once (their TTL and subscriptions)
+    :ivar max_subscription_timeout: seconds a DCP subscription lasts without a refresh, at
+        most (Rule PS5; what a subscriber asks for is capped at this)
+    :ivar mc0_idle: seconds of silence after which an mc0 peer that set no TTL is sent a
+        ``NOOP``; one that is gone is then forgotten with its subscriptions (mc0 Rule MC3)
+    :ivar fanout_slice: deliveries of one publish made at once; the rest follow between
+        other messages (pubsub Rule P8)
+    :ivar max_backlog: deliveries waiting to be made at most; a publish past it is refused
+        ``pubsub_busy`` (pubsub Rule P8)
     :ivar publishers: with CURVE, subject pattern -> z85 keys (``"*"``: any key) that may
         publish to subjects it matches; ``None``: any key may publish anything
     :ivar subscribers: with CURVE, subject pattern -> keys that may subscribe to patterns
@@ -103,6 +118,10 @@ class PubSubOptions:
     max_pending: int = 100_000
     last_values: int = 0
     max_mc0_peers: int = 65_536
+    max_subscription_timeout: float = attrs.field(default=120.0, validator=attrs.validators.gt(0))
+    mc0_idle: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
+    fanout_slice: int = attrs.field(default=256, validator=attrs.validators.ge(1))
+    max_backlog: int = attrs.field(default=1_000_000, validator=attrs.validators.ge(1))
     publishers: Mapping[bytes, frozenset[bytes]] | None = attrs.field(
         default=None, converter=_acl, eq=False
     )
@@ -169,18 +188,29 @@ class PubSubPeers:
 
     :param outputs: where answers, deliveries, counts and refusals go
     :param options: the pub/sub settings (``None``: the defaults)
+    :param memory: the broker's byte budget (``None``: none)
     """
 
-    def __init__(self, outputs: Outputs, options: PubSubOptions | None) -> None:
+    def __init__(
+        self, outputs: Outputs, options: PubSubOptions | None, memory: Memory | None = None
+    ) -> None:
         self._out = outputs
         self._outbox = outputs.outbox
         self.options = options = options or PubSubOptions()
+        #: The byte budget pub/sub and mc0 peers charge (budget Rules MB1-MB4).
+        self.memory = memory = memory if memory is not None else Memory(None)
+        self._max_timeout_ms = max(
+            1, min(_MAX_TIMEOUT_MS, int(options.max_subscription_timeout * 1000))
+        )
         #: The subscriptions, buffers and counters.
         self.pubsub = PubSub(
             max_subscriptions=options.max_subscriptions,
             max_subscriptions_per_peer=options.max_subscriptions_per_peer,
             max_pending=options.max_pending,
             last_values=options.last_values,
+            memory=memory,
+            fanout_slice=options.fanout_slice,
+            max_backlog=options.max_backlog,
         )
 
     def flush(self) -> None:
@@ -189,6 +219,12 @@ class PubSubPeers:
         if ps.outbox:
             self._outbox.extend(ps.outbox)
             ps.outbox.clear()
+
+    def expire(self, now: float) -> None:
+        """Subscriptions not refreshed in time end (pubsub Rule P5), and one slice of the
+        fan-out backlog is delivered (pubsub Rule P8)."""
+        self.pubsub.expire(now)
+        self.flush()
 
     def receive(
         self, peer: bytes, msg: Request, dialect: DcpDialect, now: float, principal: str | None
@@ -209,7 +245,7 @@ class PubSubPeers:
         data = msg.data
         key = principal.encode() if principal is not None else None
         if name == PUB:
-            self._publish_dcp(peer, dialect, metadata, data, key)
+            self._publish_dcp(peer, dialect, metadata, data, key, now)
         elif name == CREDIT:
             grant = _count(bytes(data[1]) if len(data) == 2 else None, -1, 0, _MAX_WINDOW)
             if grant is None or grant < 0:
@@ -246,17 +282,22 @@ class PubSubPeers:
         metadata: tuple[bytes, ...],
         data: Sequence[bytes],
         key: bytes | None,
+        now: float,
     ) -> None:
         error = self.check_publish(data[0] if data else b"", key)
-        if isinstance(error, tuple):
-            if metadata:
-                self._out.refuse(peer, dialect, PUB, metadata, *error)
-            else:
-                self._out.reject(peer, *error)
-            return
-        routed = self.pubsub.publish(error, bytes(data[0]), data[1:])
+        if not isinstance(error, tuple):
+            routed = self.pubsub.publish(error, bytes(data[0]), data[1:], peer=peer, now=now)
+            if type(routed) is int:
+                if metadata:
+                    self._outbox.append(dialect.reply(peer, PUB, metadata, (b"%d" % routed,)))
+                self.flush()
+                return
+            assert isinstance(routed, str)  # pubsub Rule P8
+            error = routed, "publish refused: pub/sub is busy or over its memory budget"
         if metadata:
-            self._outbox.append(dialect.reply(peer, PUB, metadata, (b"%d" % routed,)))
+            self._out.refuse(peer, dialect, PUB, metadata, *error)
+        else:
+            self._out.reject(peer, *error)
         self.flush()
 
     def check_publish(self, subject: bytes, key: bytes | None) -> list[bytes] | tuple[str, str]:
@@ -303,6 +344,8 @@ class PubSubPeers:
         max_pending = _count(opts.get(b"max-pending"), 1000, 1, self.pubsub.max_pending)
         window = _count(opts.get(b"window"), 1000, 1, _MAX_WINDOW)
         timeout = _count(opts.get(b"timeout"), 30_000, 1, _MAX_TIMEOUT_MS)
+        if timeout is not None:  # Rule PS5
+            timeout = min(timeout, self._max_timeout_ms)
         try:
             overflow = Overflow(opts.get(b"overflow", b"drop-oldest").decode("ascii", "replace"))
         except ValueError:
