@@ -97,8 +97,17 @@ ATTACKS: tuple[Attack, ...] = (
         "big-frames",
         "limits",
         "2 messages x 6 frames x 200 MB",
-        "2 messages x 6 frames x 10 MB",
+        "2 messages x 6 frames x 10 MB (broker: max_message_size 8 MiB)",
         big_frames.run,
+        short_broker_args=("--max-message-size", str(8 << 20)),
+    ),
+    Attack(
+        "many-frames",
+        "limits",
+        "2 messages x 6 frames x 60 MiB (each frame under the 64 MiB limit)",
+        "2 messages x 6 frames x 7 MiB (broker: max_message_size 8 MiB)",
+        big_frames.under_the_limit,
+        short_broker_args=("--max-message-size", str(8 << 20)),
     ),
     Attack(
         "departed-queue",
@@ -157,19 +166,8 @@ ATTACKS: tuple[Attack, ...] = (
 #: name when its fix lands; ``tests/bench/test_attacks.py`` then holds the attack to its bounds.
 KNOWN_OPEN: frozenset[str] = frozenset(
     {
-        "listing",
-        "dbp-register",
-        "describe",
-        "mc0-version",
-        "subscriptions",
-        "services",
-        "reserved-names",
-        "big-frames",
-        "departed-queue",
-        "nonworker-replies",
-        "stalled-subscriber",
-        "last-values",
-        "streams-window",
-        "fanout",
+        # libzmq holds a multipart message whole before the broker sees it, and bounds only
+        # each frame (big_frames module docstring; docs/security.md).
+        "many-frames",
     }
 )

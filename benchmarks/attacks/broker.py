@@ -33,6 +33,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["max_memory"] = args.max_memory
     if args.max_services is not None:
         kwargs["max_services"] = args.max_services
+    if args.max_message_size is not None:
+        kwargs["max_message_size"] = args.max_message_size
     given = (args.last_values, args.max_subscriptions, args.max_subscriptions_per_peer)
     if any(v is not None for v in given):
         default = dcp.PubSubOptions()
@@ -50,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.attacks.broker")
     parser.add_argument("--max-memory", type=int, default=None, help="bytes")
     parser.add_argument("--max-services", type=int, default=None)
+    parser.add_argument("--max-message-size", type=int, default=None, help="bytes")
     parser.add_argument("--last-values", type=int, default=None)
     parser.add_argument("--max-subscriptions", type=int, default=None)
     parser.add_argument("--max-subscriptions-per-peer", type=int, default=None)
