@@ -56,6 +56,8 @@ SHARES: Mapping[str, float] = {
     "peers": 0.05,  # per-peer state (mc0 versions, dialects, names)
 }
 
+_NO_LIMIT = 1 << 62
+
 #: Bytes counted per frame on top of its length (Rule MB4).
 FRAME_OVERHEAD = 64
 #: Bytes counted per kept entry on top of its frames (Rule MB4).
@@ -73,30 +75,42 @@ def cost(frames: Iterable[bytes]) -> int:
 class Account:
     """One named share of the broker's memory (Rules MB1-MB3)."""
 
-    __slots__ = ("_held", "limit", "name", "peak", "peer_limit", "refused", "used")
+    __slots__ = (
+        "balances",
+        "ceiling",
+        "limit",
+        "name",
+        "peak",
+        "peer_ceiling",
+        "peer_limit",
+        "refused",
+        "used",
+    )
 
     def __init__(self, name: str, limit: int | None, peer_limit: int | None) -> None:
         self.name = name
         self.limit = limit
         self.peer_limit = peer_limit
+        #: ``limit`` and ``peer_limit`` as numbers (no limit: one no charge reaches), for a
+        #: caller on a hot path that inlines :meth:`charge` and :meth:`release` (routing
+        #: Rule R10) and must keep to exactly what they do.
+        self.ceiling = _NO_LIMIT if limit is None else limit
+        self.peer_ceiling = _NO_LIMIT if peer_limit is None else peer_limit
         self.used = 0
         self.peak = 0
         self.refused = 0
-        self._held: dict[bytes, int] = {}
+        #: Bytes held, by peer (only peers holding something).
+        self.balances: dict[bytes, int] = {}
 
     def charge(self, peer: bytes, n: int) -> bool:
         """Take ``n`` bytes for ``peer`` if the budget allows (Rules MB1, MB2): ``True`` if
         taken, ``False`` (and the refusal counted) if not."""
-        # On the request path (routing Rule R10): few lookups, one branch when taken.
-        held = self._held.get(peer, 0)
+        held = self.balances.get(peer, 0)
         used = self.used + n
-        limit = self.limit
-        if limit is not None and (
-            used > limit or (held and self.peer_limit is not None and held + n > self.peer_limit)
-        ):
+        if used > self.ceiling or (held and held + n > self.peer_ceiling):
             self.refused += 1
             return False
-        self._held[peer] = held + n
+        self.balances[peer] = held + n
         self.used = used
         if used > self.peak:
             self.peak = used
@@ -104,32 +118,32 @@ class Account:
 
     def release(self, peer: bytes, n: int) -> None:
         """Give back ``n`` bytes ``peer`` was charged (Rule MB3)."""
-        held = self._held.get(peer)
+        held = self.balances.get(peer)
         if held is None:
             return
         if n >= held:
-            del self._held[peer]
+            del self.balances[peer]
             self.used -= held
         else:
-            self._held[peer] = held - n
+            self.balances[peer] = held - n
             self.used -= n
 
     def forget(self, peer: bytes) -> int:
         """Drop everything ``peer`` holds (Rule MB3); returns the bytes released."""
-        held = self._held.pop(peer, 0)
+        held = self.balances.pop(peer, 0)
         self.used -= held
         return held
 
     def held(self, peer: bytes) -> int:
         """Bytes ``peer`` holds in this account."""
-        return self._held.get(peer, 0)
+        return self.balances.get(peer, 0)
 
     def room(self, peer: bytes) -> int:
         """Bytes ``peer`` could still be charged (large when there is no budget)."""
         if self.limit is None:
             return 1 << 62
         room = self.limit - self.used
-        held = self._held.get(peer, 0)
+        held = self.balances.get(peer, 0)
         if held and self.peer_limit is not None:
             room = min(room, self.peer_limit - held)
         return max(room, 0)
@@ -142,7 +156,7 @@ class Account:
             peak=self.peak,
             limit=self.limit,
             peer_limit=self.peer_limit,
-            peers=len(self._held),
+            peers=len(self.balances),
             refused=self.refused,
         )
 
