@@ -12,7 +12,6 @@ broker`` runs :meth:`Broker.serve` through :class:`dcp._io.lifecycle.Lifecycle`.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import time
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from dcp._http import http_options
 from dcp._http import require as require_http
 from dcp._io.beacon import send_beacons
 from dcp._io.context import get_context
+from dcp._io.endpoints import is_loopback_host
 from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveServer, configure_server_socket
 from dcp._io.sockets import AsyncSocket
@@ -84,13 +84,7 @@ def _local(endpoint: str) -> bool:
     scheme, _, rest = endpoint.partition("://")
     if scheme in ("ipc", "inproc"):
         return True
-    host = rest.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(rest.rpartition(":")[0].strip("[]"))
 
 
 class Broker:

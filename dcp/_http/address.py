@@ -23,6 +23,8 @@ from collections.abc import Iterable
 
 import attrs
 
+from dcp._io.endpoints import is_loopback_host
+
 __all__ = ["EXTRA_HINT", "HostCheck", "HttpOptions", "http_options", "require"]
 
 #: How to get what the endpoint needs.
@@ -60,7 +62,7 @@ def http_options(
         raise ValueError(f"HTTP address {address!r}: port {port_text} is out of range (0-65535)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not public and not _is_loopback(host):
+    if not public and not is_loopback_host(host):
         raise ValueError(
             f"HTTP host {host!r} is not a loopback address: the endpoint shows every service, "
             "worker and client of the broker; allow it explicitly (http_public=True, "
@@ -144,15 +146,6 @@ class HostCheck:
             except ValueError:
                 return False
             return True
-        return False
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
         return False
 
 

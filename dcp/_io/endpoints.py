@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-__all__ = ["SCHEMES", "check_endpoint", "check_peer_endpoint"]
+__all__ = ["SCHEMES", "check_endpoint", "check_peer_endpoint", "is_loopback_host"]
 
 #: The transports dcp's peers use.
 SCHEMES = ("tcp", "ipc", "inproc")
@@ -108,3 +108,14 @@ def _tcp_problem(address: str, bind: bool) -> str | None:
         except ValueError:
             return f"host {host!r} is not an IPv4 address"
     return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an IP literal, without brackets) is this machine's loopback:
+    ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
