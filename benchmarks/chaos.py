@@ -341,8 +341,10 @@ class _Run:
             self.faults.append({"kind": ev.kind, "t": t, "pid": self.broker.pid, "signal": sig})
             self.broker = None
         elif ev.kind == "start_broker":
+            # "woken": when the parked broker was told to start; "t": when it said it serves
+            # (on a loaded machine the two can be far apart, and replies flow in between).
             proc = self.restart_broker()
-            self.faults.append({"kind": ev.kind, "t": self.now(), "pid": proc.pid})
+            self.faults.append({"kind": ev.kind, "t": self.now(), "woken": t, "pid": proc.pid})
         elif ev.kind == "kill_worker":
             slot = int(ev.arg)
             victim = self.slots[slot]
@@ -438,7 +440,9 @@ def run(cfg: Config) -> dict[str, Any]:
 
 def _actual_phases(phases: list[Phase], faults: list[dict[str, Any]]) -> list[Phase]:
     """The scheduled phases, with each broker restart at the time it really happened."""
-    restarts = iter([f["t"] for f in faults if f["kind"] == "start_broker"])
+    # The broker is down until it is told to start ("woken"), not until this process heard
+    # that it serves: replies that come between belong to the recovery.
+    restarts = iter([f.get("woken", f["t"]) for f in faults if f["kind"] == "start_broker"])
     out: list[Phase] = []
     for p in phases:
         if p.name == "broker down":
