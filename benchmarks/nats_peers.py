@@ -3,7 +3,8 @@ comparison (issue 27), what an async Python team would most likely pick for requ
 
 - :func:`start_server`: ``nats-server -a 127.0.0.1 -p PORT`` (no config file) from ``PATH``,
   started in a :class:`~benchmarks.procs.Procs` group (so ended by its PID with it); returns
-  once it accepts connections.
+  once it accepts connections (:func:`server_argv` and :func:`wait_accepting` for others,
+  :mod:`benchmarks.pubsub`).
 - ``python -m benchmarks.nats_peers workers --endpoint nats://... --count N``: one nats-py
   connection with ``N`` queue subscriptions on the subject ``echo`` (queue group ``echo``),
   each replying with the request's body; nats-py runs each subscription's callback in one
@@ -27,7 +28,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from importlib.util import find_spec
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .common import (
     LoadSettings,
@@ -45,17 +46,26 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
 
-__all__ = ["SUBJECT", "main", "missing", "start_server", "versions"]
+__all__ = [
+    "SUBJECT",
+    "main",
+    "missing",
+    "server_argv",
+    "start_server",
+    "versions",
+    "wait_accepting",
+]
 
 SUBJECT = "echo"
 _clock = time.perf_counter_ns
 
 
-def missing() -> str | None:
-    """Why NATS cannot run here (one line), or ``None`` when it can."""
+def missing(client: bool = True) -> str | None:
+    """Why NATS cannot run here (one line), or ``None`` when it can; ``client=False``: only
+    the server is needed (:mod:`benchmarks.pubsub`'s raw sockets)."""
     if shutil.which("nats-server") is None:
         return "nats-server is not on PATH (Debian: apt-get install nats-server)"
-    if find_spec("nats") is None:
+    if client and find_spec("nats") is None:
         return "nats-py is not installed (the bench extra: pip install -e '.[bench]')"
     return None
 
@@ -75,36 +85,45 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def start_server(procs: Procs, timeout: float = 20.0) -> tuple[str, int]:
-    """Start ``nats-server`` on 127.0.0.1 with a free port; returns (``nats://`` URL, PID)
-    once a connection gets the server's ``INFO`` line."""
+def server_argv() -> tuple[list[str], int]:
+    """The command line of a ``nats-server`` on 127.0.0.1 with a free port (no config
+    file), and that port."""
     path = shutil.which("nats-server")
     if path is None:
         raise ProcessFailed("nats-server is not on PATH")
-    port = _free_port()
-    proc = procs.start("nats-server", path, "-a", "127.0.0.1", "-p", str(port), module=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return [path, "-a", "127.0.0.1", "-p", str(port)], port
+
+
+def wait_accepting(port: int, popen: subprocess.Popen[Any], timeout: float = 20.0) -> None:
+    """Return once a connection to ``port`` gets the server's ``INFO`` line."""
     deadline = time.monotonic() + timeout
     while True:
-        if proc.popen.poll() is not None:
-            raise ProcessFailed(
-                f"nats-server exited ({proc.popen.returncode}):\n{proc.log_tail()}"
-            )
+        if popen.poll() is not None:
+            raise ProcessFailed(f"nats-server exited ({popen.returncode})")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
                 if s.recv(4096).startswith(b"INFO"):
-                    return f"nats://127.0.0.1:{port}", proc.pid
+                    return
         except OSError:
             pass
         if time.monotonic() > deadline:
             raise ProcessFailed(f"nats-server did not accept connections within {timeout:.0f}s")
         time.sleep(0.05)
+
+
+def start_server(procs: Procs, timeout: float = 20.0) -> tuple[str, int]:
+    """Start ``nats-server`` in ``procs``; returns (``nats://`` URL, PID) once it accepts
+    connections."""
+    argv, port = server_argv()
+    proc = procs.start("nats-server", *argv, module=False)
+    try:
+        wait_accepting(port, proc.popen, timeout)
+    except ProcessFailed as exc:
+        raise ProcessFailed(f"{exc}\n{proc.log_tail()}") from None
+    return f"nats://127.0.0.1:{port}", proc.pid
 
 
 async def _connect(endpoint: str) -> Client:

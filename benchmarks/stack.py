@@ -185,7 +185,7 @@ def run_rounds(
     """Every (round, shape, side, load): one record each (``error`` set if it failed)."""
     out: list[dict[str, Any]] = []
     for r in range(rounds):
-        for shape in SHAPES:
+        for shape in SHAPES if sides else ():
             k = r % len(sides)
             for side in [*sides[k:], *sides[:k]]:
                 key = {"round": r, "shape": shape, "side": side}
