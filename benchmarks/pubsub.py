@@ -1,17 +1,22 @@
 """Pub/sub throughput and the broker's CPU per delivered message.
 
 ``python -m benchmarks.pubsub`` measures, in one run, messages/s published and delivered to
-1, 10 and 100 subscribers (16 B and 1 KiB bodies) through three brokers, each in a process
+1, 10 and 100 subscribers (16 B and 1 KiB bodies) through four brokers, each in a process
 of its own: a ZeroMQ XPUB/XSUB proxy in C (``zmq.proxy``: the limit of the machine), a
 minimal Python pub/sub broker (a ROUTER, a dict from subject to subscribers, no buffers, no
-credit, drops at zmq's high-water mark) and the dcp broker. The publisher (this process) and
-the subscribers (one process holding every subscriber socket) are raw pyzmq loops for all
-three, so the brokers are what differs. Then the dcp broker's CPU seconds per delivered
+credit, drops at zmq's high-water mark), the dcp broker and ``nats-server`` (Debian's
+package, from ``PATH``, on 127.0.0.1 with a free port: what an async Python team would most
+likely pick; it drops a subscriber that falls 64 MiB behind). The publisher (this process)
+and the subscribers (one process holding every subscriber socket) are raw loops for all
+four (pyzmq; for NATS, TCP sockets speaking its text protocol: ``PUB``, ``SUB``, ``MSG``), so
+the brokers are what differs. NATS is skipped, with a one-line reason, without
+``nats-server``. Then the dcp broker's CPU seconds per delivered
 message while idle subscriptions (half exact subjects, half ``>`` patterns) grow from 0 to
 10,000: flat means no scan over subscriptions per message.
 
-Options: ``--messages N`` (deliveries per case, about), ``--tiny`` (a smoke run),
-``--json FILE`` (the records). Internal: ``--serve KIND``, ``--receive ...``.
+Options: ``--messages N`` (deliveries per case, about), ``--kinds a,b`` (the brokers, default
+all), ``--tiny`` (a smoke run), ``--json FILE`` (the records). Internal: ``--serve KIND``,
+``--receive ...``.
 """
 
 from __future__ import annotations
@@ -20,14 +25,17 @@ import argparse
 import contextlib
 import json
 import os
+import selectors
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
+from . import nats_peers
 from .common import cpu_seconds, raise_fd_limit, ready
 
 __all__ = ["main"]
@@ -35,7 +43,8 @@ __all__ = ["main"]
 P = b"DGBX\x01"
 REQ = b"\x04"
 SUBJECT = b"bench"
-KINDS = ("proxy", "python", "dcp")
+KINDS = ("proxy", "python", "dcp", "nats")
+NATS_CONNECT = b'CONNECT {"verbose":false,"pedantic":false}\r\n'
 
 
 # ------------------------------------------------------------------ brokers (--serve)
@@ -129,6 +138,82 @@ def subscriber_socket(
     return sock
 
 
+def nats_socket(ep: str) -> socket.socket:
+    """A raw NATS connection to ``host:port``: the server's ``INFO`` read, ``CONNECT`` sent
+    (no ``+OK`` acknowledgements)."""
+    host, port = ep.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10.0)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    info = b""
+    while b"\r\n" not in info:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise RuntimeError("nats-server closed the connection")
+        info += chunk
+    sock.sendall(NATS_CONNECT)
+    return sock
+
+
+def receive_nats(ep: str, n: int, expected: int, idle: float) -> None:
+    """:func:`receive` for NATS: ``n`` raw connections, one ``SUB`` each."""
+    socks = [nats_socket(ep) for _ in range(n)]
+    sel = selectors.DefaultSelector()
+    for i, sock in enumerate(socks):
+        sock.sendall(b"SUB %s %d\r\n" % (SUBJECT, i))
+        sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ, i)
+    buffers = [b""] * n
+    warm = [False] * n
+    got = [0] * n
+    real = 0
+    first = last = 0.0
+    announced = False
+    while True:
+        events = sel.select(idle)
+        if not events:
+            if announced and real:
+                break
+            continue
+        for key, _ in events:
+            i = key.data
+            sock = socks[i]
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                raise RuntimeError(f"nats-server closed subscriber {i}")
+            buf = buffers[i] + chunk
+            pos = 0
+            while True:
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    break
+                if buf.startswith(b"MSG", pos):
+                    size = int(buf[buf.rfind(b" ", pos, end) + 1 : end])
+                    if len(buf) < end + 2 + size + 2:
+                        break
+                    if buf[end + 2 : end + 3] == b"m":
+                        got[i] += 1
+                        real += 1
+                        last = time.time()
+                        if real == 1:
+                            first = last
+                    else:
+                        warm[i] = True
+                    pos = end + 2 + size + 2
+                else:
+                    if buf.startswith(b"PING", pos):
+                        sock.sendall(b"PONG\r\n")
+                    pos = end + 2  # PONG, +OK, INFO, -ERR
+            buffers[i] = buf[pos:]
+        if not announced and all(warm):
+            announced = True
+            ready()
+        if real >= expected * n:
+            break
+    print(
+        json.dumps({"received": real, "first": first, "last": last, "min": min(got)}), flush=True
+    )
+
+
 def receive(kind: str, ep: str, n: int, expected: int, idle: float) -> None:
     """The subscribers' process: ``n`` sockets; print READY once each got a warm-up message,
     then count real messages (body starting with ``m``) until all arrived or ``idle`` s
@@ -193,6 +278,8 @@ def publisher(ctx: zmq.Context[zmq.Socket[bytes]], kind: str, ep: str) -> zmq.So
 
 
 def publish_frames(kind: str, body: bytes) -> list[bytes]:
+    if kind == "nats":
+        return [b"PUB %s %d\r\n%s\r\n" % (SUBJECT, len(body), body)]
     if kind == "proxy":
         return [SUBJECT, body]
     if kind == "python":
@@ -217,10 +304,30 @@ def _start(args: Sequence[str]) -> tuple[subprocess.Popen[str], str]:
 
 def case(kind: str, n: int, size: int, messages: int) -> dict[str, Any]:
     """One measurement: ``messages`` published to ``n`` subscribers through ``kind``."""
-    broker, eps = _start(["--serve", kind])
-    pub_ep, sub_ep = eps.split()
+    if kind == "nats":
+        argv, port = nats_peers.server_argv()
+        broker = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        nats_peers.wait_accepting(port, broker)
+        pub_ep = sub_ep = f"127.0.0.1:{port}"
+    else:
+        broker, eps = _start(["--serve", kind])
+        pub_ep, sub_ep = eps.split()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    pub = publisher(ctx, kind, pub_ep)
+    pub: zmq.Socket[bytes] | None = None
+    raw: socket.socket | None = None
+    send: Callable[[list[bytes]], object]
+    if kind == "nats":
+        raw = conn = nats_socket(pub_ep)
+        send = lambda frames: conn.sendall(frames[0])  # noqa: E731
+    else:
+        pub = publisher(ctx, kind, pub_ep)
+        send = pub.send_multipart
     recv = subprocess.Popen(
         [
             sys.executable,
@@ -245,7 +352,7 @@ def case(kind: str, n: int, size: int, messages: int) -> dict[str, Any]:
         while not line.startswith("READY"):
             if time.time() > deadline:
                 raise RuntimeError("subscribers never warmed up")
-            pub.send_multipart(warmup)
+            send(warmup)
             time.sleep(0.01)
             line = recv.stdout.readline() or line
         os.set_blocking(recv.stdout.fileno(), True)
@@ -253,7 +360,7 @@ def case(kind: str, n: int, size: int, messages: int) -> dict[str, Any]:
         cpu0 = cpu_seconds(broker.pid)
         t0 = time.time()
         for _ in range(messages):
-            pub.send_multipart(frames)
+            send(frames)
         t1 = time.time()
         out = recv.stdout.readline()
         cpu = cpu_seconds(broker.pid) - cpu0
@@ -261,7 +368,10 @@ def case(kind: str, n: int, size: int, messages: int) -> dict[str, Any]:
     finally:
         recv.kill()
         broker.kill()
-        pub.close(0)
+        if pub is not None:
+            pub.close(0)
+        if raw is not None:
+            raw.close()
         ctx.term()
         recv.wait()
         broker.wait()
@@ -342,9 +452,10 @@ def case_on(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pubsub", description=__doc__)
-    parser.add_argument("--serve", choices=KINDS)
+    parser.add_argument("--serve", choices=KINDS[:3])
     parser.add_argument("--receive", nargs=4, metavar=("KIND", "EP", "N", "M"))
     parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated brokers")
     parser.add_argument("--subscribers", default="1,10,100")
     parser.add_argument("--sizes", default="16,1024")
     parser.add_argument("--idle", default="0,100,1000,10000")
@@ -356,9 +467,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args.receive:
         kind, ep, n, m = args.receive
-        receive(kind, ep, int(n), int(m), idle=2.0)
+        if kind == "nats":
+            receive_nats(ep, int(n), int(m), idle=2.0)
+        else:
+            receive(kind, ep, int(n), int(m), idle=2.0)
         return
     raise_fd_limit()
+    kinds = [k for k in args.kinds.split(",") if k]
+    if "nats" in kinds and (why := nats_peers.missing(client=False)) is not None:
+        print(f"nats skipped: {why}", file=sys.stderr)
+        kinds.remove("nats")
     total = 2000 if args.tiny else args.messages
     subscribers = [1, 3] if args.tiny else [int(x) for x in args.subscribers.split(",")]
     sizes = [16] if args.tiny else [int(x) for x in args.sizes.split(",")]
@@ -368,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for n in subscribers:
         for size in sizes:
-            for kind in KINDS:
+            for kind in kinds:
                 messages = max(200, min(100_000, total // n))
                 r = case(kind, n, size, messages)
                 records.append(r)

@@ -1,5 +1,5 @@
 """The whole stack: dcp's own Client and Workers against majortomo's own, each through its
-own broker (issue 16).
+own broker (issue 16), and beside NATS (issue 27).
 
 ``python -m benchmarks.stack [--rounds 3] [--quick | --tiny] [--sides a,b] [--base TREE]
 [--page docs/performance.md | --no-page] [--json FILE] [--render JSON]``
@@ -13,17 +13,22 @@ Sides (what a user of each library runs):
   installed;
 - *majortomo*: majortomo 0.2.0's ``Broker``, its ``Client`` (one request in flight each, so
   *window* clients in one process) and its ``Worker`` (one request at a time: one thread per
-  request served at once) (:mod:`benchmarks.mdp`).
+  request served at once) (:mod:`benchmarks.mdp`);
+- *nats*: ``nats-server`` (Debian's package, from ``PATH``, on 127.0.0.1 with a free port)
+  with nats-py on asyncio: a queue subscription per request served at once, a client with
+  *window* tasks looping ``await nc.request(...)`` (:mod:`benchmarks.nats_peers`). Skipped,
+  with a one-line reason, where ``nats-server`` or nats-py is missing.
 
 Shapes: *1x16*, one worker process serving 16 requests at once (one ``dcp.Worker`` with
 ``concurrency=16``; 16 majortomo Worker threads), and *4x1*, four worker processes serving
 one request at a time each. Loads: 16 B echo at window 64 and window 1.
 
 Each round starts every (shape, side) afresh, sides in an order rotated by the round; the
-figures are medians over rounds and the ratios medians of same-round ratios dcp /
-majortomo. Every process is killed by its PID when its run ends. The result is the
-``stack`` section of ``docs/performance.md`` (:mod:`benchmarks.sections`, kept when the
-suite regenerates the page) and the raw records in ``docs/perf/stack.json``.
+figures are medians over rounds and the ratios medians of same-round ratios side / anchor:
+one table against majortomo, one against NATS. Every process is killed by its PID when its
+run ends. The result is the ``stack`` section of ``docs/performance.md``
+(:mod:`benchmarks.sections`, kept when the suite regenerates the page) and the raw records
+in ``docs/perf/stack.json``.
 
 ``--base TREE`` (an A/B run, no page) adds, for each dcp side *X*, a side *X@base* whose
 client and workers come from the source tree ``TREE`` (e.g. ``git worktree add --detach
@@ -45,6 +50,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from . import nats_peers
 from .common import pid_list, raise_fd_limit
 from .procs import ROOT, Proc, ProcessFailed, Procs
 from .sections import put_section
@@ -54,10 +60,20 @@ __all__ = ["SHAPES", "SIDES", "main", "render_section", "run", "summarise"]
 
 #: name: (worker processes, requests each serves at once)
 SHAPES: dict[str, tuple[int, int]] = {"1x16": (1, 16), "4x1": (4, 1)}
-#: dcp's sides (backend of client and workers) and majortomo's; ``dcp-uvloop`` (asyncio on
-#: uvloop, the ``uvloop`` extra) where uvloop is installed.
-SIDES = ("dcp-trio", "dcp-asyncio", *(("dcp-uvloop",) if find_spec("uvloop") else ()), "majortomo")
+NATS = "nats"
+#: dcp's sides (backend of client and workers), majortomo's and NATS's; ``dcp-uvloop``
+#: (asyncio on uvloop, the ``uvloop`` extra) where uvloop is installed; ``nats`` where
+#: ``nats-server`` is on ``PATH`` and nats-py installed (:func:`benchmarks.nats_peers.missing`).
+SIDES = (
+    "dcp-trio",
+    "dcp-asyncio",
+    *(("dcp-uvloop",) if find_spec("uvloop") else ()),
+    "majortomo",
+    *((NATS,) if nats_peers.missing() is None else ()),
+)
 THEIRS = "majortomo"
+#: The sides others are measured against, in the order of the page's tables.
+ANCHORS = (THEIRS, NATS)
 PAYLOAD = 16
 LOADS = {
     "full": (Load(PAYLOAD, 64, 500, 30_000, 2.0), Load(PAYLOAD, 1, 100, 5_000, 1.5)),
@@ -67,6 +83,9 @@ LOADS = {
 #: Goals (issue 16): req/s at window 64 dcp / majortomo >= 1.25; p50 at window 1 <= 1.0.
 RATE_GOAL = 1.25
 P50_GOAL = 1.0
+#: Goals against each anchor: (req/s at window 64 >=, p50 at window 1 <=); against NATS
+#: (issue 27): >= 0.5x and <= 1.3x.
+GOALS = {THEIRS: (RATE_GOAL, P50_GOAL), NATS: (0.5, 1.3)}
 FIGURES = (
     ("rate", "req/s", 0),
     ("p50_us", "p50 us", 0),
@@ -103,6 +122,9 @@ def _start(
     if side == THEIRS:
         endpoint, _, bpid = start_broker(procs, "majortomo")
         argv = ["benchmarks.mdp", "workers", "--count", str(concurrency)]
+    elif side == NATS:
+        endpoint, bpid = nats_peers.start_server(procs, START_TIMEOUT)
+        argv = ["benchmarks.nats_peers", "workers", "--count", str(concurrency)]
     else:
         endpoint, _, bpid = start_broker(procs, "dcp")
         argv = ["benchmarks.dcp_peers", *_backend(side), "workers", "--count", "1"]
@@ -125,6 +147,8 @@ def _tree(side: str, base: Path | None) -> tuple[str, Path | None]:
 def _client_argv(side: str) -> list[str]:
     if side == THEIRS:
         return ["benchmarks.mdp", "client"]
+    if side == NATS:
+        return ["benchmarks.nats_peers", "client"]
     return ["benchmarks.dcp_peers", *_backend(side), "client"]
 
 
@@ -161,7 +185,7 @@ def run_rounds(
     """Every (round, shape, side, load): one record each (``error`` set if it failed)."""
     out: list[dict[str, Any]] = []
     for r in range(rounds):
-        for shape in SHAPES:
+        for shape in SHAPES if sides else ():
             k = r % len(sides)
             for side in [*sides[k:], *sides[:k]]:
                 key = {"round": r, "shape": shape, "side": side}
@@ -202,11 +226,18 @@ def run(
     from .run import machine
 
     raise_fd_limit()
+    skipped: dict[str, str] = {}
+    if NATS in sides and (why := nats_peers.missing()) is not None:
+        log(f"side {NATS} skipped: {why}")
+        skipped[NATS] = why
+        sides = [x for x in sides if x != NATS]
     started = time.monotonic()
     records = run_rounds(rounds, LOADS[profile], log_dir, log, sides, base)
     return {
         "rounds": rounds,
         "profile": profile,
+        "skipped": skipped,
+        "nats_server": nats_peers.versions() if NATS in sides else None,
         "machine": machine(),
         "duration_s": round(time.monotonic() - started, 1),
         "stack": records,
@@ -221,8 +252,9 @@ def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (shape, window, dcp side): medians of both sides, same-round ratios."""
+def summarise(records: Sequence[dict[str, Any]], anchor: str = THEIRS) -> list[dict[str, Any]]:
+    """One row per (shape, window, side other than ``anchor``): medians of both sides,
+    same-round ratios side / anchor."""
     ok = _ok(records)
 
     def pick(shape: str, side: str, window: int) -> dict[int, dict[str, Any]]:
@@ -236,9 +268,9 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     windows = sorted({int(r["window"]) for r in records}, reverse=True)
     for shape in SHAPES:
         for window in windows:
-            theirs = pick(shape, THEIRS, window)
+            theirs = pick(shape, anchor, window)
             for side in dict.fromkeys(r["side"] for r in records):
-                if side == THEIRS:
+                if side == anchor:
                     continue
                 ours = pick(shape, side, window)
                 row: dict[str, Any] = {"shape": shape, "window": window, "side": side}
@@ -256,7 +288,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 total = [
                     r
                     for r in records
-                    if (r["shape"], r["window"]) == (shape, window) and r["side"] in (side, THEIRS)
+                    if (r["shape"], r["window"]) == (shape, window) and r["side"] in (side, anchor)
                 ]
                 row["runs"] = (len(theirs) + len(ours), len(total))
                 rows.append(row)
@@ -307,27 +339,67 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def _verdict(row: dict[str, Any]) -> str:
+def _verdict(row: dict[str, Any], anchor: str = THEIRS) -> str:
+    if row["side"] in ANCHORS:
+        return "-"  # the goals are dcp's
+    rate_goal, p50_goal = GOALS[anchor]
     if row["window"] == 1:
-        ratio, goal, ok = row["p50_us"][2], f"p50 <= {P50_GOAL:.2f}x", True
-        ok = ratio is not None and ratio <= P50_GOAL
+        ratio, goal = row["p50_us"][2], f"p50 <= {p50_goal:.2f}x"
+        ok = ratio is not None and ratio <= p50_goal
     else:
-        ratio, goal = row["rate"][2], f"req/s >= {RATE_GOAL:.2f}x"
-        ok = ratio is not None and ratio >= RATE_GOAL
+        ratio, goal = row["rate"][2], f"req/s >= {rate_goal:.2f}x"
+        ok = ratio is not None and ratio >= rate_goal
     if ratio is None:
         return f"{goal}: -"
     return f"{goal}: **{'met' if ok else 'not met'}**"
+
+
+#: Each anchor's letter in the tables' headings, and its heading.
+_ANCHOR_LABELS = {
+    THEIRS: ("m", "Against majortomo's own stack"),
+    NATS: ("n", "Against NATS (nats-server, nats-py on asyncio)"),
+}
+
+
+def _table(records: Sequence[dict[str, Any]], anchor: str) -> list[str]:
+    """The table of every other side against ``anchor``, with its heading and goals."""
+    a, heading = _ANCHOR_LABELS[anchor]
+    rate_goal, p50_goal = GOALS[anchor]
+    lines = [
+        f"### {heading}",
+        "",
+        f"Goals: req/s at window 64 dcp / {anchor} >= {rate_goal:.2f}x; p50 at window 1 <= "
+        f"{p50_goal:.2f}x. *{a}*: {anchor}; *s*: the side of the row; *s/{a}*: the median of "
+        "same-round ratios.",
+        "",
+        "| shape | window | side | "
+        + " | ".join(f"{label} {a} | {label} s | s/{a}" for _, label, _ in FIGURES)
+        + " | goal | lost | runs ok |",
+        "|---|---|---|" + "---|---|---|" * len(FIGURES) + "---|---|---|",
+    ]
+    for row in summarise(records, anchor):
+        cells = []
+        for key, _, digits in FIGURES:
+            theirs, ours, ratio = row[key]
+            cells += [_num(theirs, digits), _num(ours, digits), _ratio(ratio)]
+        ok, total = row["runs"]
+        lines.append(
+            f"| {row['shape']} | {row['window']} | {row['side']} | {' | '.join(cells)} | "
+            f"{_verdict(row, anchor)} | {row['lost']} | {ok}/{total} |"
+        )
+    return lines
 
 
 def render_section(results: dict[str, Any], command: str) -> str:
     """The ``stack`` section of ``docs/performance.md``."""
     mach = results["machine"]
     lines = [
-        "## Whole stack: dcp's Client and Workers against majortomo's",
+        "## Whole stack: dcp's Client and Workers against majortomo's and NATS",
         "",
         "What a user of each library runs: dcp's own `Client` and `Worker`s through `dcp "
-        "broker` (trio) against majortomo 0.2.0's own `Client`, `Worker`s and `Broker`, the "
-        "same 16 B echo work (issue 16). Made with:",
+        "broker` (trio) against majortomo 0.2.0's own `Client`, `Worker`s and `Broker` "
+        "(issue 16) and against nats-server with nats-py's client and services (issue 27), "
+        "the same 16 B echo work. Made with:",
         "",
         "```console",
         f"$ {command}",
@@ -336,7 +408,7 @@ def render_section(results: dict[str, Any], command: str) -> str:
         f"{results['rounds']} interleaved round(s), {results['duration_s']:.0f} s in all, on "
         f"{mach['date']}. {mach['nproc']} CPUs, {mach['kernel']}; Python {mach['python']}, "
         f"pyzmq {mach['pyzmq']}, libzmq {mach['libzmq']}; dcp commit {mach['commit']}, "
-        f"majortomo {mach['versions'].get('majortomo', '?')}.",
+        f"majortomo {mach['versions'].get('majortomo', '?')}{_nats_versions(results)}.",
         "",
         "- Shapes: *1x16*, one worker process serving 16 requests at once (one `dcp.Worker`",
         "  with `concurrency=16`; 16 `majortomo.Worker` threads); *4x1*, four worker",
@@ -345,36 +417,32 @@ def render_section(results: dict[str, Any], command: str) -> str:
         "  `dcp broker` on trio for both). Window *w*: `Client.map_unordered(window=w)`, or",
         "  `Client.request` one at a time for window 1. majortomo's `Client` allows one",
         "  request in flight: window *w* is *w* clients in one process.",
+        "- *nats*: `nats-server` (Debian's package, started on 127.0.0.1, no config file)",
+        "  with nats-py on asyncio: one queue subscription per request served at once (16",
+        "  in one process; 1 in each of four), and one client connection with *w* tasks",
+        "  looping `await nc.request(...)`.",
         "- *X@base* (an A/B run, `--base TREE`): side X's client and workers from another",
         "  source tree (the code before a change), in the same rounds.",
-        "- *m*: majortomo, *d*: dcp; *d/m*: the median of same-round ratios. CPU per request",
-        "  from `/proc` (all threads): the client process, the worker processes (summed), the",
-        "  broker.",
-        "",
-        f"Goals: req/s at window 64 dcp / majortomo >= {RATE_GOAL:.2f}x; p50 at window 1 <= "
-        f"{P50_GOAL:.2f}x.",
-        "",
-        "| shape | window | dcp side | "
-        + " | ".join(f"{label} m | {label} d | d/m" for _, label, _ in FIGURES)
-        + " | goal | lost | runs ok |",
-        "|---|---|---|" + "---|---|---|" * len(FIGURES) + "---|---|---|",
+        "- CPU per request from `/proc` (all threads): the client process, the worker",
+        "  processes (summed), the broker (`nats-server` for *nats*).",
     ]
-    for row in summarise(results["stack"]):
-        cells = []
-        for key, _, digits in FIGURES:
-            theirs, ours, ratio = row[key]
-            cells += [_num(theirs, digits), _num(ours, digits), _ratio(ratio)]
-        ok, total = row["runs"]
-        lines.append(
-            f"| {row['shape']} | {row['window']} | {row['side']} | {' | '.join(cells)} | "
-            f"{_verdict(row)} | {row['lost']} | {ok}/{total} |"
-        )
+    sides = {r["side"] for r in results["stack"]}
+    for anchor in ANCHORS:
+        if anchor in sides:
+            lines += ["", *_table(results["stack"], anchor)]
+    for side, why in results.get("skipped", {}).items():
+        lines += ["", f"Side *{side}* skipped: {why}."]
     lines += [
         "",
         "Where the time goes, the profiles and what was changed: "
         "[performance-stack.md](performance-stack.md).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _nats_versions(results: dict[str, Any]) -> str:
+    v = results.get("nats_server")
+    return f", nats-server {v['nats-server']}, nats-py {v['nats-py']}" if v else ""
 
 
 def write_section(page: Path, results: dict[str, Any], command: str) -> None:
@@ -412,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sides = [x for x in args.sides.split(",") if x]
     if args.base is not None:
         args.no_page = True
-        sides += [f"{x}@base" for x in sides if x != THEIRS]
+        sides += [f"{x}@base" for x in sides if x not in ANCHORS]
     profile = "tiny" if args.tiny else "quick" if args.quick else "full"
     command = f"python -m benchmarks.stack --rounds {args.rounds}"
     if args.quick:
@@ -422,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         command = "python -m benchmarks.stack --tiny"
     if args.base is not None:
         command += f" --sides {','.join(x for x in sides if '@' not in x)} --base {args.base}"
+    elif args.sides != ",".join(SIDES):
+        command += f" --sides {args.sides}"
     if args.render is not None:
         results = json.loads(args.render.read_text())
     else:
