@@ -86,6 +86,10 @@ _CHUNK = 64 * 1024
 SMALL_PEER = 16
 
 
+#: :func:`_cost` of a message of one data part, but for its bytes.
+_ONE_PART = ENTRY_OVERHEAD + 2 * FRAME_OVERHEAD
+
+
 def _cost(subject: bytes, data: Sequence[bytes]) -> int:
     """What keeping one message costs (budget Rule MB4)."""
     return ENTRY_OVERHEAD + FRAME_OVERHEAD * (1 + len(data)) + len(subject) + sum(map(len, data))
@@ -696,7 +700,12 @@ class PubSub:
         """:func:`_cost`, computed once per message however many it goes to."""
         if data is self._sized_data and subject is self._sized_subject:
             return self._sized
-        n = self._sized = _cost(subject, data)
+        return self._resize(subject, data)
+
+    def _resize(self, subject: bytes, data: Sequence[bytes]) -> int:
+        """:func:`_cost` of a message not sized last (inlined for the common one data part)."""
+        n = _ONE_PART + len(subject) + len(data[0]) if len(data) == 1 else _cost(subject, data)
+        self._sized = n
         self._sized_subject = subject
         self._sized_data = data
         return n
@@ -742,7 +751,7 @@ class PubSub:
                 if data is self._sized_data and subject is self._sized_subject:
                     n = self._sized  # the same message as the last one (a fan-out)
                 else:
-                    n = self._size(subject, data)
+                    n = self._resize(subject, data)
                 purse = sub.purse
                 spare = purse.spare
                 if spare >= n:
