@@ -85,7 +85,7 @@ from dcp._core.broker.directory import Directory, Name
 from dcp._core.broker.guard import Guard
 from dcp._core.broker.outputs import Outputs
 from dcp._core.broker.peers import Sessions
-from dcp._core.broker.queues import QueueDeadlines, read_options
+from dcp._core.broker.queues import Options, QueueDeadlines, read_options
 from dcp._core.broker.records import Expiry, Key, Pending, Service, Session
 from dcp._core.broker.streams import Streams
 from dcp._stats import DURATION_BUCKETS
@@ -253,7 +253,7 @@ class Routing:
             running = self.inflight.get(key)
             if running is not None:
                 if not forward:
-                    self._retried(running, origin, name, metadata, data, now)
+                    self._retried(running, origin, name, metadata, data, now, options)
                     return None
                 holder = running.holder
                 if holder is None or holder.ident != sender:
@@ -392,8 +392,10 @@ class Routing:
         metadata: tuple[bytes, ...],
         data: Sequence[bytes],
         now: float,
+        options: Options | None,
     ) -> None:
-        """Rule R8: a client's retry of ``running``, which is in flight."""
+        """Rule R8: a client's retry of ``running``, which is in flight (``options``: the
+        retry's, read once by :meth:`submit`)."""
         self._counters.replaced += 1
         running.origin = origin
         queues = self.queues
@@ -411,7 +413,6 @@ class Routing:
             if fits:
                 running.charged = charged
                 queues.replace(running, origin, metadata, data)
-        options = read_options(metadata)
         if options is not None and options.expires_in is not None:
             queues.extend(running, now + options.expires_in)
 
