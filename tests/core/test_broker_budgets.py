@@ -11,7 +11,6 @@ import pytest
 
 from dcp._core.broker.budget import ENTRY_OVERHEAD, FRAME_OVERHEAD, cost
 from dcp._core.broker.core import BrokerCore
-from dcp._core.broker.routing import request_cost
 from dcp.wire import Register, Reply, Request
 from dcp.wire.options import REQUEST_ID_PREFIX, expires_in_option
 from dcp.wire.streams import StreamType, build, stream_option
@@ -127,10 +126,17 @@ def test_no_wait_limit_keeps_requests() -> None:
 # --------------------------------------------------------- queued bytes (Rule R10)
 
 
-def test_request_cost_is_the_budget_cost() -> None:
-    metadata, data = (b"m1", b"\xffDCP:x"), (b"abc", b"", b"z" * 100)
-    assert request_cost(metadata, data) == cost((*metadata, *data))
-    assert request_cost((), ()) == ENTRY_OVERHEAD
+@pytest.mark.parametrize(
+    ("metadata", "data"),
+    [((b"m1",), (b"abc",)), ((b"m1", b"m2"), (b"abc", b"", b"z" * 100)), ((b"m1",), ())],
+)
+def test_a_request_is_charged_the_budget_cost_of_its_parts(
+    metadata: tuple[bytes, ...], data: tuple[bytes, ...]
+) -> None:
+    """Rule R10: what submit charges (inlined there) is budget.cost of the request's parts."""
+    core = BrokerCore()
+    feed(core, C1, Request(ECHO, None, metadata, data))  # no worker: it waits, charged
+    assert queued(core) == cost((*metadata, *data))
 
 
 def test_queued_requests_are_charged_and_refused_past_the_share() -> None:

@@ -79,7 +79,7 @@ from collections.abc import Sequence
 from dcp._core.broker import admission
 from dcp._core.broker.admission import Limits, Load
 from dcp._core.broker.approval import Approval, Approvals
-from dcp._core.broker.budget import ENTRY_OVERHEAD, FRAME_OVERHEAD, Account
+from dcp._core.broker.budget import ENTRY_OVERHEAD, FRAME_OVERHEAD, Account, cost
 from dcp._core.broker.dialects import Dialect
 from dcp._core.broker.directory import Directory, Name
 from dcp._core.broker.guard import Guard
@@ -105,18 +105,6 @@ __all__ = [
 MAX_CHAIN = 16
 _ID = REQUEST_ID_PREFIX
 _ID_LEN = len(REQUEST_ID_PREFIX)
-_BASE_COST = ENTRY_OVERHEAD
-
-
-def request_cost(metadata: Sequence[bytes], data: Sequence[bytes]) -> int:
-    """Rule R10: what keeping a request costs (:func:`~.budget.cost` of its metadata and
-    data parts, Rule MB4), inlined for the hot path."""
-    n = ENTRY_OVERHEAD + FRAME_OVERHEAD * (len(metadata) + len(data))
-    for part in metadata:
-        n += len(part)
-    for part in data:
-        n += len(part)
-    return n
 
 
 def chain_of(upstream: Pending | None, name: bytes) -> tuple[bytes, ...]:
@@ -311,13 +299,14 @@ class Routing:
             )
             if refused is not None:
                 return refused
-        # request_cost, inlined: most requests have one metadata part and one data part.
+        # budget.cost of its parts, inlined: most requests have one metadata part and one
+        # data part.
         parts = len(metadata)
         charged = len(metadata[0]) if parts == 1 else sum(map(len, metadata))
         if len(data) == 1:
-            charged += _BASE_COST + FRAME_OVERHEAD * (parts + 1) + len(data[0])
+            charged += ENTRY_OVERHEAD + FRAME_OVERHEAD * (parts + 1) + len(data[0])
         else:
-            charged += _BASE_COST + FRAME_OVERHEAD * (parts + len(data)) + sum(map(len, data))
+            charged += ENTRY_OVERHEAD + FRAME_OVERHEAD * (parts + len(data)) + sum(map(len, data))
         # Rule R10: Account.charge, inlined (one call less per request).
         memory = self.memory
         balances = memory.balances
@@ -403,7 +392,7 @@ class Routing:
             # Queues Rule Q4, if the retry's bytes fit in place of the copy's (Rule R10).
             memory = self.memory
             client = running.client
-            charged = request_cost(metadata, data)
+            charged = cost((*metadata, *data))
             more = charged - running.charged
             if more <= 0:
                 memory.release(client, -more)
