@@ -225,6 +225,75 @@ async def test_ping_pong_owner_waits_another_task_sends(pair: Pair) -> None:
             tg.cancel_scope.cancel()
 
 
+# --- deadlines, wake-ups, the loop's own wait ------------------------------------------------
+
+
+async def test_wait_readable_returns_false_at_its_deadline(pair: Pair) -> None:
+    asock = AsyncSocket(pair.dealer)
+    with anyio.fail_after(5):
+        start = anyio.current_time()
+        assert not await asock.wait_readable(start + 0.05)
+    assert anyio.current_time() >= start + 0.05
+    pair.router.send_multipart([b"dealer-1", b"later"])  # the socket still works after
+    (batch,) = await receive_all(asock, 1, batch=5)
+    assert [r.frames for r in batch] == [[b"later"]]
+
+
+async def test_move_deadline_and_wake_end_a_pending_wait(pair: Pair) -> None:
+    asock = AsyncSocket(pair.dealer)
+    ended: list[float] = []
+
+    async def owner() -> None:
+        await asock.wait_readable(anyio.current_time() + 60)
+        ended.append(anyio.current_time())
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(owner)
+            await anyio.wait_all_tasks_blocked()
+            moved = anyio.current_time() + 0.05
+            asock.move_deadline(anyio.current_time() + 120)  # later: ignored
+            asock.move_deadline(moved)
+        assert ended and ended[0] >= moved
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(owner)
+            await anyio.wait_all_tasks_blocked()
+            asock.wake()
+        assert len(ended) == 2
+    asock.wake()  # nobody waits: nothing happens
+    asock.move_deadline(0.0)
+
+
+async def test_an_idle_socket_that_receives_does_not_busy_the_loop(pair: Pair) -> None:
+    """asyncio: the FD's reader stays registered between waits and the selector is
+    level-triggered; a message that comes while nobody waits must not make the loop spin."""
+    asock = AsyncSocket(pair.dealer)
+    with anyio.move_on_after(0.01):
+        await asock.wait_readable()  # registers (asyncio), then nobody waits
+    pair.router.send_multipart([b"dealer-1", b"unread"])
+    assert fd_readable(asock.sock.FD, 5)
+    cpu = time.thread_time()
+    await anyio.sleep(0.3)
+    assert time.thread_time() - cpu < 0.15  # a spinning loop would burn the whole 0.3 s
+    assert await asock.wait_readable()
+    assert [r.frames for r in asock.drain(5)] == [[b"unread"]]
+
+
+def test_a_socket_waits_on_one_loop_then_on_another(pair: Pair) -> None:
+    """Each wait parks the way of the loop running it, whichever ran the previous one."""
+    asock = AsyncSocket(pair.dealer)
+
+    async def one(text: bytes) -> list[list[bytes]]:
+        pair.router.send_multipart([b"dealer-1", text])
+        batches = await receive_all(asock, 1, batch=5)
+        with anyio.move_on_after(0.01):
+            await asock.wait_readable()
+        return [r.frames for b in batches for r in b]
+
+    for backend in ("asyncio", "trio", "asyncio"):
+        assert anyio.run(one, backend.encode(), backend=backend) == [[backend.encode()]]
+
+
 # --- close ---------------------------------------------------------------------------------
 
 
