@@ -190,10 +190,10 @@ class AsyncSocket:
         park = self._park
         if park is None or not park.current():
             park = self._park = _new_park(sock, self._fd)
-        await park.wait(deadline)
+        readable = await park.wait(deadline)
         if self._closed:
             raise anyio.ClosedResourceError
-        return bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
+        return readable
 
     def wake(self) -> None:
         """Make a pending :meth:`wait_readable` return now (e.g. to recompute a timer)."""
@@ -316,9 +316,10 @@ class _Park(Protocol):
     def current(self) -> bool:
         """Whether this park belongs to the event loop running now."""
 
-    async def wait(self, deadline: float) -> None:
-        """Return once a message can be read, ``deadline`` has passed, :meth:`wake` or
-        :meth:`close` was called."""
+    async def wait(self, deadline: float) -> bool:
+        """Return once a message can be read (``True``), ``deadline`` has passed,
+        :meth:`wake` or :meth:`close` was called. The caller has just read ``zmq.EVENTS``
+        (no message waited, and the FD's edge is taken): the first thing done is to park."""
 
     def wake(self) -> None:
         """Make a pending :meth:`wait` return now."""
@@ -370,19 +371,24 @@ class _TrioPark:
     def current(self) -> bool:
         return self._trio.lowlevel.in_trio_run()
 
-    async def wait(self, deadline: float) -> None:
+    async def wait(self, deadline: float) -> bool:
         sock = self._sock
+        readable = False
         with self._cancel_scope(deadline=deadline) as scope:
             self._scope = scope
             try:
-                while not int(sock.getsockopt(_EVENTS)) & _POLLIN:
+                while not readable:
                     await self._wait(self._fd)
                     if self._closed:
                         break
+                    readable = bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
             except self._trio.ClosedResourceError:
                 pass  # notify_closing: the caller sees the socket closed
             finally:
                 self._scope = None
+        if scope.cancelled_caught and not self._closed:  # the deadline or a wake-up
+            readable = bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
+        return readable
 
     def wake(self) -> None:
         if self._scope is not None:
@@ -458,7 +464,7 @@ class _AsyncioPark:
             with contextlib.suppress(Exception):  # the loop may be closed already
                 self._loop.remove_reader(self._fd)
 
-    async def wait(self, deadline: float) -> None:
+    async def wait(self, deadline: float) -> bool:
         loop = self._loop
         if not self._registered:
             loop.add_reader(self._fd, self._readable)
@@ -469,20 +475,25 @@ class _AsyncioPark:
         if deadline != math.inf:
             self._timer = loop.call_at(deadline, self.wake)
         sock = self._sock
+        readable = False
         try:
-            while not (self._woken or self._closed) and not (
-                int(sock.getsockopt(_EVENTS)) & _POLLIN
-            ):
+            while True:
                 self._fut = fut = loop.create_future()
                 try:
                     await fut
                 finally:
                     self._fut = None
+                if self._closed:
+                    break
+                readable = bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
+                if readable or self._woken:
+                    break
         finally:
             self.waiting = False
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+        return readable
 
     def wake(self) -> None:
         if self.waiting:
@@ -522,7 +533,7 @@ class _AnyioPark:  # pragma: no cover - only where neither loop's own way is ava
     def current(self) -> bool:
         return True
 
-    async def wait(self, deadline: float) -> None:
+    async def wait(self, deadline: float) -> bool:
         sock = self._sock
         with anyio.CancelScope(deadline=deadline) as scope:
             self._scope = scope
@@ -530,9 +541,10 @@ class _AnyioPark:  # pragma: no cover - only where neither loop's own way is ava
                 while not int(sock.getsockopt(_EVENTS)) & _POLLIN:
                     await anyio.wait_readable(self._fd)
                     if self._closed:
-                        break
+                        return False
             finally:
                 self._scope = None
+        return not self._closed and bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
 
     def wake(self) -> None:
         if self._scope is not None:
