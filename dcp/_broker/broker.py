@@ -99,8 +99,8 @@ class Broker:
 
     or ``async with Broker("tcp://127.0.0.1:0") as broker: ...`` (see :attr:`endpoints`).
 
-    One ROUTER socket is bound to every endpoint; one thread owns it (the broker's I/O
-    thread; with ``io_thread=False``, one task). Routing follows the rules in
+    One ROUTER socket is bound to every endpoint; one task of the event loop owns it (with
+    ``io_thread=True``, a thread of its own). Routing follows the rules in
     :mod:`dcp._core.broker.core`. Socket options: ``ROUTER_MANDATORY`` (so a send to a gone or
     full peer is known, counted and, for a worker, turned into redelivery),
     ``ROUTER_HANDOVER`` (a peer reconnecting with the same routing id keeps its address),
@@ -148,10 +148,14 @@ class Broker:
     :param io_thread: run the socket's I/O loop (and the routing core) in a thread of its
         own, blocking in a ``recv`` on the socket (:mod:`dcp._io.blocking`), instead of in
         the event loop: a message costs a ``poll(2)`` wake-up in libzmq there instead of an
-        event loop's wait, cancel scope and task switch (``docs/performance-broker.md``).
-        The broker is still a task of your task group;
-        cancelling it stops the thread promptly. ``False`` keeps everything in the event
-        loop (one thread in all)
+        event loop's wait and task switch (``docs/performance-broker.md``). It suits a
+        broker that has its process to itself (``dcp broker`` uses it); where the same
+        process's event loop also runs busy workers or clients, the thread and the loop
+        take turns on the GIL at every zmq call (pyzmq releases it), which costs more than
+        it saves: ``dcp demo`` served 1.25x more requests without it (median of six
+        alternated runs). The broker is still a task of your task group; cancelling it
+        stops the thread promptly. ``False`` (the default) keeps everything in the event
+        loop
     :param approve: a registration approver (``docs/services.md``): called (plain ``def``,
         on the event loop: keep it quick; or ``async def``) with a
         :class:`dcp.ApprovalRequest` for each registration (service, the info the worker
@@ -198,7 +202,7 @@ class Broker:
         batch: int = 256,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         security: CurveServer | None = None,
-        io_thread: bool = True,
+        io_thread: bool = False,
         approve: Approver | None = None,
         beacon: int | None = None,
         beacon_address: str = "255.255.255.255",

@@ -21,6 +21,7 @@ from dcp._broker.approver import ApproverRunner
 from dcp._broker.oplog import Frames, write_log
 from dcp._core.broker.core import BrokerCore
 from dcp._io.blocking import Waker
+from dcp._io.clock import loop_clock
 from dcp._io.sockets import AsyncSocket, Received
 from dcp._util import PeerId
 
@@ -55,6 +56,8 @@ class CoreLink:
         #: Wakes the I/O thread while it runs (set by :class:`dcp._broker.thread.IOThread`):
         #: the core is the thread's then, and the approver is asked from that thread.
         self.waker: Waker | None = None
+        #: The timers' task's sleep, without the I/O thread (:meth:`expire_loop`).
+        self._timers: anyio.CancelScope | None = None
 
     def handle(self, received: list[Received], now: float) -> None:
         """Feed drained messages to the core (cut ones as such)."""
@@ -125,12 +128,22 @@ class CoreLink:
 
     async def receive_loop(self, batch: int) -> None:
         """Without the I/O thread: read, feed and flush, ``batch`` messages at a time,
-        until cancelled."""
+        until cancelled; bring the timers' task forward when what came made the core's
+        next deadline sooner than its sleep (a message held for a full peer, a fan-out in
+        slices), as the I/O thread does after every batch."""
         asock = self.asock
+        clock = loop_clock()
+        next_deadline = self.core.next_deadline
         while True:
             await asock.wait_readable()
-            self.handle(asock.drain(batch), anyio.current_time())
+            now = clock()
+            self.handle(asock.drain(batch), now)
             self.flush()
+            scope = self._timers
+            if scope is not None:
+                due = next_deadline()
+                if due is not None and due < scope.deadline:
+                    scope.deadline = max(due, now + 1e-3)
             # Let other tasks run between batches, however busy the socket is. (With no
             # input left, wait_readable parks, which lets them run: no extra pass then.)
             if asock.has_input():
@@ -140,12 +153,20 @@ class CoreLink:
         """Without the I/O thread: the core's timers every ``period`` seconds, until
         cancelled."""
         core = self.core
+        clock = loop_clock()
         while True:
             # Sooner than the tick when the core says so (a fan-out being delivered in slices,
-            # pubsub Rule P8; held messages), as the I/O thread does, at most every 1 ms.
+            # pubsub Rule P8; held messages), as the I/O thread does, at most every 1 ms;
+            # the receive loop brings the deadline forward for what comes meanwhile.
             due = core.next_deadline()
-            delay = period if due is None else min(period, max(due - anyio.current_time(), 1e-3))
-            await anyio.sleep(delay)
-            core.expire(anyio.current_time())
+            now = clock()
+            delay = period if due is None else min(period, max(due - now, 1e-3))
+            with anyio.CancelScope(deadline=now + delay) as scope:
+                self._timers = scope
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    self._timers = None
+            core.expire(clock())
             if (core.outbox or core.events) and not self.asock.closed:
                 self.flush()

@@ -30,6 +30,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     try:
         broker = Broker(
             *args.bind,
+            io_thread=True,  # the process is the broker's: its own I/O thread is cheaper
             heartbeat_interval=args.heartbeat_interval,
             liveness=args.liveness,
             allow_foreign_address=args.allow_foreign_address,

@@ -71,3 +71,28 @@ async def test_a_fan_out_in_slices_is_delivered_promptly(io_thread: bool) -> Non
                     frames = await s.recv_frames()
                     assert frames[5:] == [b"\xffDCP:msg=" + frames[5][9:], b"", b"a", b"x"]
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("io_thread", [True, False])
+async def test_a_fan_out_is_not_left_to_a_long_timer_tick(io_thread: bool) -> None:
+    # The timers tick every 10 s here (a quarter of the heartbeat interval), and the timers'
+    # task went to sleep before the publish came: the slices after the first still follow
+    # at once (without the I/O thread, the receive loop brings the timers' sleep forward).
+    options = dcp.PubSubOptions(fanout_slice=4)
+    broker = dcp.Broker(
+        "tcp://127.0.0.1:0", pubsub=options, io_thread=io_thread, heartbeat_interval=40
+    )
+    async with anyio.create_task_group() as tg:
+        [ep] = await tg.start(broker.serve)
+        with Peers(ep) as peers:
+            s = peers(b"subscriber")
+            for k in range(12):
+                s.send_frames([b"", P, b"\x04", b"\xffDCP:sub", b"", b"", b"%d" % k, b">", b""])
+            for _ in range(12):
+                await s.recv_frames()
+            s.send_frames([b"", P, b"\x04", b"\xffDCP:pub", b"", b"", b"a", b"x"])
+            with anyio.fail_after(5):  # 3 slices: the second after 10 s at one per tick
+                for _ in range(12):
+                    frames = await s.recv_frames()
+                    assert frames[5:] == [b"\xffDCP:msg=" + frames[5][9:], b"", b"a", b"x"]
+        tg.cancel_scope.cancel()
