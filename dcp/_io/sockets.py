@@ -135,6 +135,9 @@ class AsyncSocket:
     Receiving is not cancellation-hazardous: a message is taken off the zmq socket only by
     the synchronous :meth:`drain`, which cannot be interrupted half-way; cancelling
     :meth:`wait_readable` loses nothing.
+
+    Close it with :meth:`close`, not the zmq socket's own: on asyncio the loop watches the
+    socket's FD from the first wait until then.
     """
 
     def __init__(
@@ -467,6 +470,10 @@ class _AsyncioPark:
     async def wait(self, deadline: float) -> bool:
         loop = self._loop
         if not self._registered:
+            # The selector may still know the number from a file closed without being
+            # unregistered: add_reader would then only swap the callback, never telling
+            # epoll about this FD. Forget it first (once per socket and loop).
+            loop.remove_reader(self._fd)
             loop.add_reader(self._fd, self._readable)
             self._registered = True
         self._woken = False

@@ -450,3 +450,46 @@ async def test_a_failed_send_still_wakes_a_parked_owner() -> None:
         router.close(0)
         dealer.close(0)
         ctx.term()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_stale_selector_entry_for_the_fd_number_does_not_hide_the_socket(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """asyncio's selector keeps a reader it was never told was closed; a socket whose FD
+    gets that number must still be watched (add_reader alone would only swap callbacks)."""
+    import asyncio
+    import os
+
+    loop = asyncio.get_running_loop()
+    router = ctx.socket(zmq.ROUTER)
+    endpoint = bind(router, "tcp")
+    r, w = os.pipe()
+    loop.add_reader(r, lambda: None)
+    os.close(w)
+    os.close(r)  # closed without remove_reader: a stale entry for the number r
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.ROUTING_ID, b"dealer-1")
+    dealer.connect(endpoint)
+    try:
+        if r != dealer.FD:  # the lowest free number is usually ours; say so if not
+            loop.remove_reader(r)
+            pytest.skip(f"the new socket's FD is {dealer.FD}, not the stale {r}")
+        asock = AsyncSocket(dealer)
+        dealer.send(b"hello")
+        assert recv_blocking(router) == [b"dealer-1", b"hello"]
+        readable: list[bool] = []
+
+        async def owner() -> None:
+            readable.append(await asock.wait_readable())
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(owner)
+                await anyio.wait_all_tasks_blocked()  # parked: the reply must wake it
+                router.send_multipart([b"dealer-1", b"reply"])
+        assert readable == [True]
+        assert [m.frames for m in asock.drain(5)] == [[b"reply"]]
+        asock.close()
+    finally:
+        router.close(0)
