@@ -35,6 +35,11 @@ Rule WL3 - Yielding. After a batch, the leading task yields to the event loop be
   waits again if it gave requests to the slots (their replies leave first), if the batch
   was full, or after every few batches all inline: other tasks get their turn however busy
   the socket is.
+Rule WL4 - Between waits, the leading task reads the connection's monitor and gives the core
+  the time only when something may be due: the core's deadline has passed, the core has
+  output (the monitor's task found a new connection), or a stop is under way. Otherwise
+  the monitor's own task applies its events (Rule WC1 of :mod:`dcp._worker.connection`)
+  and wakes the leading task; a finishing request reads it before its answer is sent.
 """
 
 from __future__ import annotations
@@ -528,24 +533,34 @@ class Worker:
                 if submitted or unyielded >= _UNYIELDED or len(batch) >= _BATCH:
                     unyielded = 0
                     await anyio.lowlevel.checkpoint()
-            connection.poll()
             if connection.failure is not None:  # the handshake failed (connection Rule WC3)
                 return None
             now = self._now()
-            if self._stop_deadline is not None and (
-                core.in_progress == 0 or now >= self._stop_deadline
-            ):
-                self._handlers.cancel()
-                core.leave()
-                self._flush()
-                connection.close(_LEAVE_LINGER_MS)
-                return None
-            core.expire(now)
-            if core.outbox or core.events:  # mostly nothing is due: no calls then
-                stop = self._flush()
-                if stop is not None:
-                    return stop if type(stop) is BrokerLost else None
             deadline = core.next_deadline()
+            if (
+                self._stop_deadline is not None
+                or core.outbox
+                or core.events
+                or (deadline is not None and now >= deadline)
+            ):
+                # Rule WL4: something is due; the connection's events first (Rule WC2).
+                connection.poll()
+                if connection.failure is not None:
+                    return None
+                if self._stop_deadline is not None and (
+                    core.in_progress == 0 or now >= self._stop_deadline
+                ):
+                    self._handlers.cancel()
+                    core.leave()
+                    self._flush()
+                    connection.close(_LEAVE_LINGER_MS)
+                    return None
+                core.expire(now)
+                if core.outbox or core.events:
+                    stop = self._flush()
+                    if stop is not None:
+                        return stop if type(stop) is BrokerLost else None
+                deadline = core.next_deadline()
             if deadline is None:
                 deadline = math.inf
             if self._stop_deadline is not None:
