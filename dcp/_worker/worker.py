@@ -40,6 +40,10 @@ Rule WL4 - Between waits, the leading task reads the connection's monitor and gi
   output (the monitor's task found a new connection), or a stop is under way. Otherwise
   the monitor's own task applies its events (Rule WC1 of :mod:`dcp._worker.connection`)
   and wakes the leading task; a finishing request reads it before its answer is sent.
+Rule WL5 - The answers (and PINGs) of a batch of several messages that the leading task
+  runs itself leave together once the batch is done (Rule WC6 of
+  :mod:`dcp._worker.connection`), or when one of its runs suspends: answered one by one as
+  they finish, the broker wakes for each and hands the next requests over one at a time.
 """
 
 from __future__ import annotations
@@ -92,9 +96,8 @@ class _HandedOff:
 
 
 _HANDED_OFF = _HandedOff()
-#: Where a serving task takes up: the socket, and a batch read from it with the index of
-#: the first message not handled yet.
-_Resume: TypeAlias = tuple[AsyncSocket, list[Received], int]
+#: Where a serving task takes up: the current connection's socket.
+_Resume: TypeAlias = AsyncSocket
 #: Linger (ms) of the socket closed after a graceful leave, so the last replies and the
 #: RECONNECT reach the broker; zmq closes in the background, this never blocks us.
 _LEAVE_LINGER_MS = 500
@@ -284,8 +287,8 @@ class Worker:
         self._parked: list[anyio.Event] = []
         #: Where the next leading task takes up (``None``: from a fresh connection).
         self._resume: _Resume | None = None
-        #: Where the current inline run's batch goes on, should it suspend.
-        self._rest: _Resume | None = None
+        #: The requests of the batch being run inline, and the index of the next one.
+        self._rest: tuple[list[Run], int] = ([], 0)
         #: ``async with worker``: :meth:`serve` in a task group of its own, stopped gracefully.
         self._lifecycle = Lifecycle("a Worker can serve only once")
         #: The event loop's clock (anyio.current_time without its lookup; set in serve).
@@ -413,8 +416,17 @@ class Worker:
         self._context.run(slots.start_soon, self._serving_task)
 
     def _hand_off(self) -> None:
-        """An inline run suspended (Rule WL1): another task takes the socket over."""
-        self._lead(self._rest)
+        """An inline run suspended (Rule WL1): the rest of its batch goes to the slots,
+        what was held leaves (Rule WL5), and another task takes the socket over."""
+        runs, index = self._rest
+        slots = self._handlers.slots
+        assert slots is not None
+        for run in runs[index:]:
+            slots.submit(run)
+        self._connection.release()
+        asock = self._connection.socket
+        assert asock is not None  # the session that ran it is still on
+        self._lead(asock)
 
     async def _serving_task(self) -> None:
         """Serve while leading; park after an inline run that handed the socket on."""
@@ -446,9 +458,9 @@ class Worker:
                 asock = connection.open(self._tg)
                 core.connect(anyio.current_time())
                 self._flush()
-                lost = await self._session(asock, [], 0)
+                lost = await self._session(asock)
             else:
-                lost = await self._session(*resume)
+                lost = await self._session(resume)
                 resume = None
             if lost is _HANDED_OFF:
                 return _HANDED_OFF
@@ -469,13 +481,10 @@ class Worker:
         core.drain()  # disconnected: nothing to send
         return None
 
-    async def _session(
-        self, asock: AsyncSocket, batch: list[Received], index: int
-    ) -> BrokerLost | _HandedOff | None:
-        """Serve one connection, first the messages of ``batch`` from ``index`` on;
-        ``None`` once we left gracefully (or must stop: refused), :data:`_HANDED_OFF` once
-        this task ran a request that suspended (another took over, Rule WL1), else why the
-        connection ended."""
+    async def _session(self, asock: AsyncSocket) -> BrokerLost | _HandedOff | None:
+        """Serve one connection; ``None`` once we left gracefully (or must stop: refused),
+        :data:`_HANDED_OFF` once this task ran a request that suspended (another took
+        over, Rule WL1), else why the connection ended."""
         core = self._core
         connection = self._connection
         send = connection.send
@@ -489,11 +498,16 @@ class Worker:
         context = self._context
         hand_off = self._hand_off
         unyielded = 0
+        batch: list[Received] = []
         now = self._now()
         while True:
             submitted = False
-            for i in range(index, len(batch)):
-                frames = batch[i].frames
+            held = len(batch) > 1
+            if held:  # Rule WL5: the answers of a batch leave together
+                connection.hold()
+            runs: list[Run] = []
+            for received in batch:
+                frames = received.frames
                 if streams_receive(frames):
                     continue  # a stream's credit or cancel (dcp/_worker/streams.py)
                 core.receive(frames, now)
@@ -501,21 +515,16 @@ class Worker:
                 outbox, events = core.drain()
                 for out in outbox:
                     send(out)
-                if events:
-                    if inline and len(events) == 1 and type(events[0]) is Run:
-                        # Rule WL1: run it here; should it suspend, the rest is another's.
-                        self._rest = (asock, batch, i + 1)
-                        running = run_inline(events[0], context.copy(), hand_off)
-                        await running
-                        if running.suspended:
-                            return _HANDED_OFF
-                    else:
-                        for event in events:
-                            if type(event) is Run:
-                                submit(event)
-                                submitted = True
-                            elif self._act(event):
-                                return None  # refused
+                for event in events:
+                    if type(event) is Run:
+                        if inline:
+                            runs.append(event)
+                        else:
+                            submit(event)
+                            submitted = True
+                    elif self._act(event):
+                        connection.release()
+                        return None  # refused
                 if not self._announced and core.state is State.READY:
                     logger.info(
                         "worker serving %s at %s (concurrency %d)",
@@ -525,6 +534,16 @@ class Worker:
                     )
                     self._announced = True
                     self._ready.set()
+            # Rule WL1: the batch's requests, run here once the core has seen them all;
+            # should one suspend, the rest go to the slots and another task leads.
+            for i, run in enumerate(runs):
+                self._rest = (runs, i + 1)
+                running = run_inline(run, context.copy(), hand_off)
+                await running
+                if running.suspended:
+                    return _HANDED_OFF
+            if held:
+                connection.release()
             # Rule WL3: let the slots run what was just given to them before parking again
             # (their replies leave first), and let every other task run now and then
             # however busy the socket is.
@@ -533,7 +552,7 @@ class Worker:
                 if submitted or unyielded >= _UNYIELDED or len(batch) >= _BATCH:
                     unyielded = 0
                     await anyio.lowlevel.checkpoint()
-            if connection.failure is not None:  # the handshake failed (connection Rule WC3)
+            if self._connection.failure is not None:  # the handshake failed (Rule WC3)
                 return None
             now = self._now()
             deadline = core.next_deadline()
@@ -567,7 +586,6 @@ class Worker:
                 deadline = min(deadline, self._stop_deadline)
             await asock.wait_readable(deadline)
             batch = asock.drain(_BATCH)
-            index = 0
             now = self._now()
             if batch and logger.isEnabledFor(logging.DEBUG):  # once per batch
                 for received in batch:

@@ -14,9 +14,9 @@ import pytest
 import dcp
 from dcp._models import HandlerRequest
 from dcp._worker.worker import Worker
-from dcp.wire.messages import Pong, Reply
+from dcp.wire.messages import Ping, Pong, Reply
 from tests.integration.test_end_to_end import HB, eventually, fast_broker, fast_worker
-from tests.worker.test_worker import FakeBroker, Result, req, start, worker_for
+from tests.worker.test_worker import FakeBroker, Result, req, start, upper, worker_for
 
 pytestmark = pytest.mark.anyio
 
@@ -40,7 +40,9 @@ async def test_requests_that_never_suspend_are_answered_in_order(fake: FakeBroke
     worker = worker_for(fake, quick, concurrency=4)
     async with anyio.create_task_group() as tg:
         ident = await start(tg, fake, worker)
-        for i in range(1, 9):  # more than the concurrency: the worker never holds more
+        # More than the concurrency at once (a real broker would not): the core's backlog
+        # holds the rest (its Rule W4), which slots run as the first ones finish.
+        for i in range(1, 9):
             fake.send(ident, req(i))
         replies: list[tuple[bytes, ...]] = []
         while len(replies) < 8:
@@ -50,7 +52,7 @@ async def test_requests_that_never_suspend_are_answered_in_order(fake: FakeBroke
         assert sorted(replies) == sorted([(b"DATA-%d" % i,) for i in range(1, 9)])
         assert sorted(ran) == [b"data-%d" % i for i in range(1, 9)]
         s = worker.statistics()
-        assert (s.replies, s.in_progress, s.backlogged) == (8, 0, 0)
+        assert (s.replies, s.in_progress, s.backlogged) == (8, 0, 4)
         tg.cancel_scope.cancel()
 
 
@@ -177,3 +179,26 @@ async def test_handlers_that_cannot_run_inline_still_run_in_slots(kind: str) -> 
             for i in range(3):
                 assert (await client.request("a", b"%d" % i)).data == (b"%d" % i,)
     assert worker.statistics().replies == 3
+
+
+async def test_a_batch_is_seen_whole_before_its_requests_run() -> None:
+    """Rules WL1 and WL5: the core sees every request of a batch before the first runs, so
+    it asks for more work as they pile up (core Rule W2; answered at once one by one, the
+    worker would never ask for more than two); the answers and the PING leave together."""
+    fake = FakeBroker("inproc://test-inline-batch")  # both sends arrive before the worker looks
+    try:
+        worker = worker_for(fake, upper, concurrency=4)
+        async with anyio.create_task_group() as tg:
+            ident = await start(tg, fake, worker)
+            fake.send(ident, req(1))
+            await fake.expect(Ping)
+            await fake.expect(Reply)
+            # Credit: REGISTER 1, request 1 took it (hence the PING: 1), its reply added 1.
+            fake.send(ident, req(2))
+            fake.send(ident, req(3))
+            await fake.expect(Ping)  # both received: credit 0 with slots free
+            assert (await fake.expect(Reply))[1].data == (b"DATA-2",)
+            assert (await fake.expect(Reply))[1].data == (b"DATA-3",)
+            tg.cancel_scope.cancel()
+    finally:
+        fake.close()
