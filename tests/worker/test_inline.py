@@ -5,6 +5,7 @@ when the handler suspends. Real zmq sockets, both anyio backends."""
 from __future__ import annotations
 
 import contextvars
+import uuid
 from collections.abc import Iterator
 
 import anyio
@@ -185,7 +186,8 @@ async def test_a_batch_is_seen_whole_before_its_requests_run() -> None:
     """Rules WL1 and WL5: the core sees every request of a batch before the first runs, so
     it asks for more work as they pile up (core Rule W2; answered at once one by one, the
     worker would never ask for more than two); the answers and the PING leave together."""
-    fake = FakeBroker("inproc://test-inline-batch")  # both sends arrive before the worker looks
+    # inproc: both sends arrive before the worker looks (a fresh name: unbinding is lazy).
+    fake = FakeBroker(f"inproc://test-inline-batch-{uuid.uuid4().hex}")
     try:
         worker = worker_for(fake, upper, concurrency=4)
         async with anyio.create_task_group() as tg:
