@@ -18,11 +18,6 @@ Rule WC4 - Closing stops the monitor before closing its socket (libzmq's I/O thr
    linger (after a graceful leave: long enough for the last replies and the RECONNECT).
 Rule WC5 - A send that fails is counted and logged, never raised; a stream part waits while zmq's
    queue is full (1 ms, doubling up to 50 ms) and is dropped without a connection.
-Rule WC6 - Held sends. Between :meth:`Connection.hold` and :meth:`Connection.release` the
-   messages given to :meth:`Connection.send` are kept, in order, and sent together by
-   ``release``: the serving task holds the answers of a batch it runs itself until the
-   batch is done, so that the broker reads them in one wake-up, as it would from slots
-   (stream parts are never held).
 """
 
 from __future__ import annotations
@@ -95,20 +90,6 @@ class Connection:
         self._watch = HandshakeWatch(endpoint, secure=security is not None, role="worker")
         #: Handshakes that succeeded on the current socket (the first is the first connection).
         self._handshakes = 0
-        #: Messages held by :meth:`hold` (``None``: sends go out at once; Rule WC6).
-        self._held: list[list[bytes]] | None = None
-
-    def hold(self) -> None:
-        """Keep what :meth:`send` is given until :meth:`release` (Rule WC6)."""
-        if self._held is None:
-            self._held = []
-
-    def release(self) -> None:
-        """Send what was held, in order, and send at once again (Rule WC6)."""
-        held, self._held = self._held, None
-        if held:
-            for frames in held:
-                self.send(frames)
 
     def open(self, tg: anyio.abc.TaskGroup) -> AsyncSocket:
         """Connect a new socket (Rule WC1), its monitor read by a task started in ``tg``."""
@@ -184,12 +165,7 @@ class Connection:
             asock.close(linger)
 
     def send(self, frames: list[bytes]) -> None:
-        """Send one message the core made, now or, while held, on :meth:`release` (Rules WC5
-        and WC6: a failure is counted and logged)."""
-        held = self._held
-        if held is not None:
-            held.append(frames)
-            return
+        """Send one message the core made, now (Rule WC5: a failure is counted and logged)."""
         asock = self.socket
         if asock is None:  # pragma: no cover - the core only sends while connected
             return

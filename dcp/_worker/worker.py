@@ -40,10 +40,6 @@ Rule WL4 - Between waits, the leading task reads the connection's monitor and gi
   output (the monitor's task found a new connection), or a stop is under way. Otherwise
   the monitor's own task applies its events (Rule WC1 of :mod:`dcp._worker.connection`)
   and wakes the leading task; a finishing request reads it before its answer is sent.
-Rule WL5 - The answers (and PINGs) of a batch of several messages that the leading task
-  runs itself leave together once the batch is done (Rule WC6 of
-  :mod:`dcp._worker.connection`), or when one of its runs suspends: answered one by one as
-  they finish, the broker wakes for each and hands the next requests over one at a time.
 """
 
 from __future__ import annotations
@@ -416,14 +412,13 @@ class Worker:
         self._context.run(slots.start_soon, self._serving_task)
 
     def _hand_off(self) -> None:
-        """An inline run suspended (Rule WL1): the rest of its batch goes to the slots,
-        what was held leaves (Rule WL5), and another task takes the socket over."""
+        """An inline run suspended (Rule WL1): the rest of its batch goes to the slots, and
+        another task takes the socket over."""
         runs, index = self._rest
         slots = self._handlers.slots
         assert slots is not None
         for run in runs[index:]:
             slots.submit(run)
-        self._connection.release()
         asock = self._connection.socket
         assert asock is not None  # the session that ran it is still on
         self._lead(asock)
@@ -502,9 +497,6 @@ class Worker:
         now = self._now()
         while True:
             submitted = False
-            held = len(batch) > 1
-            if held:  # Rule WL5: the answers of a batch leave together
-                connection.hold()
             runs: list[Run] = []
             for received in batch:
                 frames = received.frames
@@ -523,7 +515,6 @@ class Worker:
                             submit(event)
                             submitted = True
                     elif self._act(event):
-                        connection.release()
                         return None  # refused
                 if not self._announced and core.state is State.READY:
                     logger.info(
@@ -542,8 +533,6 @@ class Worker:
                 await running
                 if running.suspended:
                     return _HANDED_OFF
-            if held:
-                connection.release()
             # Rule WL3: let the slots run what was just given to them before parking again
             # (their replies leave first), and let every other task run now and then
             # however busy the socket is.

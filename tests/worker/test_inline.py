@@ -183,9 +183,9 @@ async def test_handlers_that_cannot_run_inline_still_run_in_slots(kind: str) -> 
 
 
 async def test_a_batch_is_seen_whole_before_its_requests_run() -> None:
-    """Rules WL1 and WL5: the core sees every request of a batch before the first runs, so
-    it asks for more work as they pile up (core Rule W2; answered at once one by one, the
-    worker would never ask for more than two); the answers and the PING leave together."""
+    """Rule WL1: the core sees every request of a batch before the first runs, so it asks
+    for more work as they pile up (core Rule W2; answered at once one by one, the worker
+    would never ask for more than two): the PING leaves before the answers."""
     # inproc: both sends arrive before the worker looks (a fresh name: unbinding is lazy).
     fake = FakeBroker(f"inproc://test-inline-batch-{uuid.uuid4().hex}")
     try:
