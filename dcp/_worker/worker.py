@@ -18,16 +18,17 @@ the core's next deadline. :meth:`Worker.serve` only starts it and waits for it t
 Rules:
 
 Rule WL1 - Leader and followers. At any time one serving task leads: it alone waits on the
-  socket, reads it, keeps the core's time and does what the core asks. It runs a request
-  it read itself when the handlers allow it (Rule WH6 of :mod:`dcp._worker.handlers`), to
-  the end if the handler never suspends: its reply leaves before anything else happens,
-  with no task switch. The first time such a handler suspends, and before the event loop
-  runs anything else, the serving duties pass to a parked serving task (or a new one) that
-  takes up the rest of the batch just read; the task that ran the handler parks once it has
-  answered. So heartbeats, the broker's messages and the stop rules are served while a
-  handler runs, however long it takes; at most ``concurrency + 1`` serving tasks exist.
-  The serving tasks live in the handlers' task group: cancelling the handlers cancels the
-  requests they run.
+  socket, reads it, keeps the core's time and does what the core asks. Once the core has
+  seen every message of a batch it read (so that it asks for more work as requests pile
+  up, core Rule W2), it runs the batch's requests itself, in order, when the handlers allow
+  it (Rule WH6 of :mod:`dcp._worker.handlers`): to the end if the handler never suspends,
+  its reply sent with no task switch. The first time such a handler suspends, and before
+  the event loop runs anything else, the batch's later requests go to the slots and the
+  serving duties pass to a parked serving task (or a new one); the task that ran the
+  handler parks once it has answered. So heartbeats, the broker's messages and the stop
+  rules are served while a handler runs, however long it takes; at most ``concurrency +
+  1`` serving tasks exist. They live in the handlers' task group: cancelling the handlers
+  cancels the requests they run.
 Rule WL2 - Each inline run is stepped in a copy of the context of the task that called
   :meth:`Worker.serve` (as a slot's run, Rule SL2 of :mod:`dcp._worker.slots`), never in
   that of the serving task or of an earlier request.
@@ -49,7 +50,7 @@ import logging
 import math
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -92,8 +93,6 @@ class _HandedOff:
 
 
 _HANDED_OFF = _HandedOff()
-#: Where a serving task takes up: the current connection's socket.
-_Resume: TypeAlias = AsyncSocket
 #: Linger (ms) of the socket closed after a graceful leave, so the last replies and the
 #: RECONNECT reach the broker; zmq closes in the background, this never blocks us.
 _LEAVE_LINGER_MS = 500
@@ -281,8 +280,8 @@ class Worker:
         self._context = contextvars.copy_context()
         #: Serving tasks parked until they lead again, the most recently parked last.
         self._parked: list[anyio.Event] = []
-        #: Where the next leading task takes up (``None``: from a fresh connection).
-        self._resume: _Resume | None = None
+        #: The socket the next leading task takes up (``None``: a fresh connection).
+        self._resume: AsyncSocket | None = None
         #: The requests of the batch being run inline, and the index of the next one.
         self._rest: tuple[list[Run], int] = ([], 0)
         #: ``async with worker``: :meth:`serve` in a task group of its own, stopped gracefully.
@@ -399,9 +398,9 @@ class Worker:
 
     # -- the serving tasks ------------------------------------------------------------------
 
-    def _lead(self, resume: _Resume | None) -> None:
+    def _lead(self, resume: AsyncSocket | None) -> None:
         """Give the serving duties to a parked serving task, or a new one (Rule WL1), to
-        take up at ``resume`` (``None``: from the start)."""
+        take up the session on ``resume`` (``None``: from a fresh connection)."""
         self._resume = resume
         if self._parked:
             self._parked.pop().set()
@@ -445,7 +444,7 @@ class Worker:
                 if not event.is_set():  # cancelled while parked
                     parked.remove(event)
 
-    async def _run(self, resume: _Resume | None) -> _HandedOff | None:
+    async def _run(self, resume: AsyncSocket | None) -> _HandedOff | None:
         core = self._core
         connection = self._connection
         while resume is not None or self._stop_deadline is None:
