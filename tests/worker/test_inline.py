@@ -204,3 +204,29 @@ async def test_a_batch_is_seen_whole_before_its_requests_run() -> None:
             tg.cancel_scope.cancel()
     finally:
         fake.close()
+
+
+async def test_serving_tasks_do_not_pile_up(fake: FakeBroker) -> None:
+    """Rule WL1: a task that handed the socket on parks, and leads again at the next
+    suspension; however many requests suspend, the worker's tasks stay as many."""
+
+    async def suspends(request: HandlerRequest) -> Result:
+        await anyio.lowlevel.checkpoint()
+        return request.data[0]
+
+    worker = worker_for(fake, suspends, concurrency=2)
+    async with anyio.create_task_group() as tg:
+        ident = await start(tg, fake, worker)
+
+        async def serve(first: int, count: int) -> None:
+            for i in range(first, first + count):
+                fake.send(ident, req(i))
+                while not isinstance((await fake.recv())[1], Reply):
+                    pass
+
+        await serve(1, 5)
+        tasks = len(anyio.get_running_tasks())
+        await serve(6, 40)
+        assert len(anyio.get_running_tasks()) == tasks
+        assert worker.statistics().replies == 45
+        tg.cancel_scope.cancel()
