@@ -514,7 +514,9 @@ class Worker:
                             submit(event)
                             submitted = True
                     elif self._act(event):
-                        return None  # refused
+                        for run in runs:  # refused: the slots account for them (Rule SL3)
+                            submit(run)
+                        return None
                 if not self._announced and core.state is State.READY:
                     logger.info(
                         "worker serving %s at %s (concurrency %d)",
