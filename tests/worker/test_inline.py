@@ -31,30 +31,35 @@ def fake() -> Iterator[FakeBroker]:
     broker.close()
 
 
-async def test_requests_that_never_suspend_are_answered_in_order(fake: FakeBroker) -> None:
+async def test_requests_that_never_suspend_are_answered_in_order() -> None:
     ran: list[bytes] = []
 
     async def quick(request: HandlerRequest) -> Result:
         ran.append(request.data[0])
         return request.data[0].upper()
 
-    worker = worker_for(fake, quick, concurrency=4)
-    async with anyio.create_task_group() as tg:
-        ident = await start(tg, fake, worker)
-        # More than the concurrency at once (a real broker would not): the core's backlog
-        # holds the rest (its Rule W4), which slots run as the first ones finish.
-        for i in range(1, 9):
-            fake.send(ident, req(i))
-        replies: list[tuple[bytes, ...]] = []
-        while len(replies) < 8:
-            _, msg = await fake.recv()
-            if isinstance(msg, Reply):
-                replies.append(msg.data)
-        assert sorted(replies) == sorted([(b"DATA-%d" % i,) for i in range(1, 9)])
-        assert sorted(ran) == [b"data-%d" % i for i in range(1, 9)]
-        s = worker.statistics()
-        assert (s.replies, s.in_progress, s.backlogged) == (8, 0, 4)
-        tg.cancel_scope.cancel()
+    # inproc: all eight arrive before the worker looks (a fresh name: unbinding is lazy).
+    fake = FakeBroker(f"inproc://test-inline-order-{uuid.uuid4().hex}")
+    try:
+        worker = worker_for(fake, quick, concurrency=4)
+        async with anyio.create_task_group() as tg:
+            ident = await start(tg, fake, worker)
+            # More than the concurrency at once (a real broker would not): the core's
+            # backlog holds the rest (its Rule W4), which slots run as the first ones finish.
+            for i in range(1, 9):
+                fake.send(ident, req(i))
+            replies: list[tuple[bytes, ...]] = []
+            while len(replies) < 8:
+                _, msg = await fake.recv()
+                if isinstance(msg, Reply):
+                    replies.append(msg.data)
+            assert replies == [(b"DATA-%d" % i,) for i in range(1, 9)]
+            assert ran == [b"data-%d" % i for i in range(1, 9)]
+            s = worker.statistics()
+            assert (s.replies, s.in_progress, s.backlogged) == (8, 0, 4)
+            tg.cancel_scope.cancel()
+    finally:
+        fake.close()
 
 
 async def test_a_batch_goes_on_while_one_of_its_requests_waits(fake: FakeBroker) -> None:
