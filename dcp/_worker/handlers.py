@@ -25,10 +25,17 @@ Rule WH4 - A request runs its service's handler (:mod:`dcp._worker.services`), a
    serve (a confused broker) gets a ``handler_error`` reply.
 Rule WH5 - An event loop blocked longer than the heartbeat interval is logged once, with a hint for
    the kind of handler.
+Rule WH6 - Inline runs. With one service whose handler is an ``async def``, the worker's
+   serving task runs each request itself (:meth:`Handlers.run_inline`: the same run as a
+   slot's, Rules WH1-WH4, in a context of its own, the slots' Rule SL4), in the task group
+   of the slots, so :meth:`Handlers.cancel` cancels it as theirs; at its first suspension
+   the socket is handed to another serving task (:mod:`dcp._worker.worker`). Requests from
+   the backlog, plain ``def`` and stream handlers, and several services run in slots.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import logging
@@ -50,7 +57,7 @@ from dcp._worker.results import (
     wait_blocked,
 )
 from dcp._worker.services import Kind, Served
-from dcp._worker.slots import HandlerSlots
+from dcp._worker.slots import HandlerSlots, Inline
 from dcp._worker.streams import WorkerStreams
 from dcp.wire.messages import Reply, Request
 from dcp.wire.options import request_work_timeout
@@ -100,6 +107,8 @@ class Handlers:
         #: What a request for an unknown service gets: the one service, if there is one.
         self._default = services[0] if len(services) == 1 else None
         self._several = len(services) > 1
+        #: Whether the serving task may run requests itself (Rule WH6).
+        self.inline = not self._several and services[0].kind is Kind.ASYNC
         self._tracing = tracing
         self._wake = wake
         #: Bounds each service's handlers (Rule WH4; made in :meth:`host`).
@@ -172,6 +181,13 @@ class Handlers:
                 service_name(request.service),
                 work_timeout,
             )
+
+    def run_inline(
+        self, run: Run, ctx: contextvars.Context, on_suspend: Callable[[], None]
+    ) -> Inline:
+        """Run ``run`` in the awaiting task, stepped in ``ctx`` (Rule WH6); ``on_suspend``
+        is called if it suspends. Awaiting it never raises but for cancellation."""
+        return Inline(self._run(run), ctx, on_suspend)
 
     def _drop(self, run: Run) -> None:
         """A request queued for a slot when the handlers were cancelled: never run."""

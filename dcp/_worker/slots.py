@@ -18,7 +18,13 @@ Rule SL2 - Each request runs in a context of its own: a copy of the context the 
   next request of its slot. The handler's coroutine is stepped inside that context.
 Rule SL3 - Cancellation. :meth:`cancel` cancels every slot (a running handler gets the
   cancellation as before) and hands each request still queued to ``drop``, so that it is
-  accounted for as cancelled; a request submitted after that is dropped at once.
+  accounted for as cancelled; a request submitted after that is dropped at once. The tasks
+  started with :meth:`HandlerSlots.start_soon` (the worker's serving tasks, which run some
+  requests themselves: :class:`Inline`) are cancelled with them.
+Rule SL4 - A request run inline (:class:`Inline`) by the task that read it is stepped in a
+  context of its own as in Rule SL2; the first time it suspends (yields to the event loop),
+  and before the event loop sees that, its ``on_suspend`` is called once, so the task's
+  other duties (the socket) can be handed to another task while it waits.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.abc
 
-__all__ = ["HandlerSlots"]
+__all__ = ["HandlerSlots", "Inline"]
 
 T = TypeVar("T")
 #: One queued request: whatever the worker hands over (its request and generation).
@@ -65,6 +71,53 @@ class _InContext(Generic[T]):
             except BaseException as exc:  # passed on into the coroutine
                 value = None
                 error = exc
+
+
+class Inline:
+    """Await ``coro`` in ``ctx`` as :class:`_InContext` does, calling ``on_suspend`` once
+    when it first yields to the event loop (Rule SL4); :attr:`suspended` tells afterwards.
+
+    A handler that never suspends (a plain ``async def`` that computes its answer) costs
+    no task switch at all: it is run by the task that read its request, to the end.
+    """
+
+    __slots__ = ("_coro", "_ctx", "_on_suspend", "suspended")
+
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, None],
+        ctx: contextvars.Context,
+        on_suspend: Callable[[], None],
+    ) -> None:
+        self._coro = coro
+        self._ctx = ctx
+        self._on_suspend = on_suspend
+        #: Whether the coroutine yielded to the event loop at least once.
+        self.suspended = False
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        run = self._ctx.run
+        coro = self._coro
+        send = coro.send
+        try:
+            trap = run(send, None)
+        except StopIteration:
+            return  # done without suspending: the hot path
+        self.suspended = True
+        self._on_suspend()
+        while True:
+            try:
+                value = yield trap
+            except BaseException as exc:  # passed on into the coroutine
+                try:
+                    trap = run(coro.throw, exc)
+                except StopIteration:
+                    return
+                continue
+            try:
+                trap = run(send, value)
+            except StopIteration:
+                return
 
 
 class HandlerSlots(Generic[Job]):
@@ -105,6 +158,10 @@ class HandlerSlots(Generic[Job]):
         elif self._slots < self._size:
             self._slots += 1
             self._tg.start_soon(self._slot, contextvars.copy_context())
+
+    def start_soon(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start ``fn()`` in the slots' task group: cancelled with them (Rule SL3)."""
+        self._tg.start_soon(fn)
 
     def cancel(self) -> None:
         """Cancel every slot; drop what is queued (Rule SL3). Idempotent."""

@@ -11,13 +11,41 @@ None of the parts reads another's privates:
   answer given to the core);
 - the streams, :class:`~dcp._worker.streams.WorkerStreams`.
 
-The serving task (:meth:`Worker.serve`) runs one connection at a time: it gives the core the
-broker's messages and the time, sends what the core drains, starts its runs, and sleeps
-until the next message or the core's next deadline.
+The serving task runs one connection at a time: it gives the core the broker's messages and
+the time, sends what the core drains, starts its runs, and sleeps until the next message or
+the core's next deadline. :meth:`Worker.serve` only starts it and waits for it to end.
+
+Rules:
+
+Rule WL1 - Leader and followers. At any time one serving task leads: it alone waits on the
+  socket, reads it, keeps the core's time and does what the core asks. Once the core has
+  seen every message of a batch it read (so that it asks for more work as requests pile
+  up, core Rule W2), it runs the batch's requests itself, in order, when the handlers allow
+  it (Rule WH6 of :mod:`dcp._worker.handlers`): to the end if the handler never suspends,
+  its reply sent with no task switch. The first time such a handler suspends, and before
+  the event loop runs anything else, the batch's later requests go to the slots and the
+  serving duties pass to a parked serving task (or a new one); the task that ran the
+  handler parks once it has answered. So heartbeats, the broker's messages and the stop
+  rules are served while a handler runs, however long it takes; at most ``concurrency +
+  1`` serving tasks exist. They live in the handlers' task group: cancelling the handlers
+  cancels the requests they run.
+Rule WL2 - Each inline run is stepped in a copy of the context of the task that called
+  :meth:`Worker.serve` (as a slot's run, Rule SL2 of :mod:`dcp._worker.slots`), never in
+  that of the serving task or of an earlier request.
+Rule WL3 - Yielding. After a batch, the leading task yields to the event loop before it
+  waits again if it gave requests to the slots (their replies leave first), if the batch
+  was full, or after every few batches all inline: other tasks get their turn however busy
+  the socket is.
+Rule WL4 - Between waits, the leading task reads the connection's monitor and gives the core
+  the time only when something may be due: the core's deadline has passed, the core has
+  output (the monitor's task found a new connection), or a stop is under way. Otherwise
+  the monitor's own task applies its events (Rule WC1 of :mod:`dcp._worker.connection`)
+  and wakes the leading task; a finishing request reads it before its answer is sent.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 from collections.abc import Callable
@@ -36,7 +64,7 @@ from dcp._io.clock import loop_clock
 from dcp._io.endpoints import check_peer_endpoint
 from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
-from dcp._io.sockets import AsyncSocket
+from dcp._io.sockets import AsyncSocket, Received
 from dcp._models import Handler, service_name
 from dcp._stats import WorkerStatistics
 from dcp._worker.connection import Connection
@@ -56,6 +84,15 @@ logger = logging.getLogger("dcp.worker")
 
 #: Messages read per wake-up before other tasks get a turn.
 _BATCH = 64
+#: Batches served inline at most before the serving task yields all the same (Rule WL3).
+_UNYIELDED = 8
+
+
+class _HandedOff:
+    """What a serving task's session returns once another task leads (Rule WL1)."""
+
+
+_HANDED_OFF = _HandedOff()
 #: Linger (ms) of the socket closed after a graceful leave, so the last replies and the
 #: RECONNECT reach the broker; zmq closes in the background, this never blocks us.
 _LEAVE_LINGER_MS = 500
@@ -229,9 +266,24 @@ class Worker:
         )
         self._wake_scope: anyio.CancelScope | None = None
         self._stop_deadline: float | None = None
-        self._task_status: anyio.abc.TaskStatus[None] | None = None
         self._serving = False
         self._done: anyio.Event | None = None
+        # The serving tasks (Rule WL1). Set in serve: the task group of the connection's
+        # monitor; the events ``_ready`` (the registration was echoed: ``_announced``, or
+        # serving ended) and ``_ended`` (serving ended; ``_error``, what ended it if raised).
+        self._tg: anyio.abc.TaskGroup
+        self._ready: anyio.Event
+        self._ended: anyio.Event
+        self._announced = False
+        self._error: Exception | None = None
+        #: The context of the task that called serve: inline runs get a copy each (Rule WL2).
+        self._context = contextvars.copy_context()
+        #: Serving tasks parked until they lead again, the most recently parked last.
+        self._parked: list[anyio.Event] = []
+        #: The socket the next leading task takes up (``None``: a fresh connection).
+        self._resume: AsyncSocket | None = None
+        #: The requests of the batch being run inline, and the index of the next one.
+        self._rest: tuple[list[Run], int] = ([], 0)
         #: ``async with worker``: :meth:`serve` in a task group of its own, stopped gracefully.
         self._lifecycle = Lifecycle("a Worker can serve only once")
         #: The event loop's clock (anyio.current_time without its lookup; set in serve).
@@ -316,79 +368,208 @@ class Worker:
             key = None if self._security is None else self._security.server_key
             self.endpoint = self._connection.endpoint = await resolve(self.endpoint, key=key)
         self._done = anyio.Event()
-        self._task_status = task_status
+        self._ready = anyio.Event()
+        self._ended = anyio.Event()
         self._now = loop_clock()
+        # The context each inline run gets a copy of (Rule WL2): this task's, as a slot's.
+        self._context = contextvars.copy_context()
         handlers = self._handlers
         try:
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 watchdog = anyio.CancelScope()
                 tg.start_soon(handlers.watch_loop, watchdog)
                 await tg.start(handlers.host)
                 try:
-                    await self._run(tg)
+                    self._lead(None)  # Rule WL1: the first serving task
+                    await self._ready.wait()
+                    if self._announced:
+                        task_status.started()
+                    await self._ended.wait()
                 finally:
                     watchdog.cancel()
                     self._connection.close(0)
                     handlers.cancel()
         finally:
             self._done.set()
-        error = self._refused or self._connection.failure
+        error = self._error or self._refused or self._connection.failure
         if error is not None:
             raise error
 
-    # -- the serving task -------------------------------------------------------------------
+    # -- the serving tasks ------------------------------------------------------------------
 
-    async def _run(self, tg: anyio.abc.TaskGroup) -> None:
+    def _lead(self, resume: AsyncSocket | None) -> None:
+        """Give the serving duties to a parked serving task, or a new one (Rule WL1), to
+        take up the session on ``resume`` (``None``: from a fresh connection)."""
+        self._resume = resume
+        if self._parked:
+            self._parked.pop().set()
+            return
+        slots = self._handlers.slots
+        assert slots is not None
+        # Started in this worker's context, not in that of the handler that suspended.
+        self._context.run(slots.start_soon, self._serving_task)
+
+    def _hand_off(self) -> None:
+        """An inline run suspended (Rule WL1): the rest of its batch goes to the slots, and
+        another task takes the socket over."""
+        runs, index = self._rest
+        slots = self._handlers.slots
+        assert slots is not None
+        for run in runs[index:]:
+            slots.submit(run)
+        asock = self._connection.socket
+        assert asock is not None  # the session that ran it is still on
+        self._lead(asock)
+
+    async def _serving_task(self) -> None:
+        """Serve while leading; park after an inline run that handed the socket on."""
+        parked = self._parked
+        while True:
+            resume, self._resume = self._resume, None
+            try:
+                result = await self._run(resume)
+            except Exception as exc:  # ends serving: serve() raises it
+                self._error = exc
+                result = None
+            if result is not _HANDED_OFF:
+                self._ended.set()
+                self._ready.set()
+                return
+            event = anyio.Event()
+            parked.append(event)
+            try:
+                await event.wait()
+            finally:
+                if not event.is_set():  # cancelled while parked
+                    parked.remove(event)
+
+    async def _run(self, resume: AsyncSocket | None) -> _HandedOff | None:
         core = self._core
         connection = self._connection
-        while self._stop_deadline is None:
-            asock = connection.open(tg)
-            core.connect(anyio.current_time())
-            self._flush()
-            lost = await self._session(asock)
+        while resume is not None or self._stop_deadline is None:
+            if resume is None:
+                asock = connection.open(self._tg)
+                core.connect(anyio.current_time())
+                self._flush()
+                lost = await self._session(asock)
+            else:
+                lost = await self._session(resume)
+                resume = None
+            if lost is _HANDED_OFF:
+                return _HANDED_OFF
             self._streams.cancel_all()  # the broker forgot our streams
             if lost is None:
-                return
+                return None
+            assert type(lost) is BrokerLost
             connection.close(0)
             logger.warning("broker %s silent; reconnecting in %.2fs", self.endpoint, lost.delay)
             await self._wait(anyio.current_time() + lost.delay)
         # Stopping without a connection: let the handlers finish, then leave.
         deadline = self._stop_deadline
+        assert deadline is not None
         while core.in_progress and anyio.current_time() < deadline:
             await self._wait(deadline)
         self._handlers.cancel()
         core.leave()
         core.drain()  # disconnected: nothing to send
+        return None
 
-    async def _session(self, asock: AsyncSocket) -> BrokerLost | None:
+    async def _session(self, asock: AsyncSocket) -> BrokerLost | _HandedOff | None:
         """Serve one connection; ``None`` once we left gracefully (or must stop: refused),
-        else why it ended."""
+        :data:`_HANDED_OFF` once this task ran a request that suspended (another took
+        over, Rule WL1), else why the connection ended."""
         core = self._core
         connection = self._connection
         send = connection.send
         streams_receive = self._streams.receive
-        slots = self._handlers.slots
+        handlers = self._handlers
+        slots = handlers.slots
         assert slots is not None
         submit = slots.submit
+        inline = handlers.inline
+        run_inline = handlers.run_inline
+        context = self._context
+        hand_off = self._hand_off
+        unyielded = 0
+        batch: list[Received] = []
+        now = self._now()
         while True:
-            connection.poll()
-            if connection.failure is not None:  # the handshake failed (connection Rule WC3)
+            submitted = False
+            runs: list[Run] = []
+            for received in batch:
+                frames = received.frames
+                if streams_receive(frames):
+                    continue  # a stream's credit or cancel (dcp/_worker/streams.py)
+                core.receive(frames, now)
+                # What _flush does, inline: the hot path (a request in, its Run out).
+                outbox, events = core.drain()
+                for out in outbox:
+                    send(out)
+                for event in events:
+                    if type(event) is Run:
+                        if inline:
+                            runs.append(event)
+                        else:
+                            submit(event)
+                            submitted = True
+                    elif self._act(event):
+                        for run in runs:  # refused: the slots account for them (Rule SL3)
+                            submit(run)
+                        return None
+                if not self._announced and core.state is State.READY:
+                    logger.info(
+                        "worker serving %s at %s (concurrency %d)",
+                        self._names,
+                        self.endpoint,
+                        core.concurrency,
+                    )
+                    self._announced = True
+                    self._ready.set()
+            # Rule WL1: the batch's requests, run here once the core has seen them all;
+            # should one suspend, the rest go to the slots and another task leads.
+            for i, run in enumerate(runs):
+                self._rest = (runs, i + 1)
+                running = run_inline(run, context.copy(), hand_off)
+                await running
+                if running.suspended:
+                    return _HANDED_OFF
+            # Rule WL3: let the slots run what was just given to them before parking again
+            # (their replies leave first), and let every other task run now and then
+            # however busy the socket is.
+            if batch:
+                unyielded += 1
+                if submitted or unyielded >= _UNYIELDED or len(batch) >= _BATCH:
+                    unyielded = 0
+                    await anyio.lowlevel.checkpoint()
+            if self._connection.failure is not None:  # the handshake failed (Rule WC3)
                 return None
             now = self._now()
-            if self._stop_deadline is not None and (
-                core.in_progress == 0 or now >= self._stop_deadline
-            ):
-                self._handlers.cancel()
-                core.leave()
-                self._flush()
-                connection.close(_LEAVE_LINGER_MS)
-                return None
-            core.expire(now)
-            if core.outbox or core.events:  # mostly nothing is due: no calls then
-                stop = self._flush()
-                if stop is not None:
-                    return stop if type(stop) is BrokerLost else None
             deadline = core.next_deadline()
+            if (
+                self._stop_deadline is not None
+                or core.outbox
+                or core.events
+                or (deadline is not None and now >= deadline)
+            ):
+                # Rule WL4: something is due; the connection's events first (Rule WC2).
+                connection.poll()
+                if connection.failure is not None:
+                    return None
+                if self._stop_deadline is not None and (
+                    core.in_progress == 0 or now >= self._stop_deadline
+                ):
+                    self._handlers.cancel()
+                    core.leave()
+                    self._flush()
+                    connection.close(_LEAVE_LINGER_MS)
+                    return None
+                core.expire(now)
+                if core.outbox or core.events:
+                    stop = self._flush()
+                    if stop is not None:
+                        return stop if type(stop) is BrokerLost else None
+                deadline = core.next_deadline()
             if deadline is None:
                 deadline = math.inf
             if self._stop_deadline is not None:
@@ -404,34 +585,6 @@ class Worker:
                         len(received.frames),
                         sum(len(f) for f in received.frames),
                     )
-            for received in batch:
-                frames = received.frames
-                if streams_receive(frames):
-                    continue  # a stream's credit or cancel (dcp/_worker/streams.py)
-                core.receive(frames, now)
-                # What _flush does, inline: the hot path (a request in, its Run out).
-                outbox, events = core.drain()
-                for out in outbox:
-                    send(out)
-                for event in events:
-                    if type(event) is Run:
-                        submit(event)
-                    elif self._act(event):
-                        return None  # refused
-                if core.state is State.READY and self._task_status is not None:
-                    logger.info(
-                        "worker serving %s at %s (concurrency %d)",
-                        self._names,
-                        self.endpoint,
-                        core.concurrency,
-                    )
-                    self._task_status.started()
-                    self._task_status = None
-            # Let the handlers run between batches, however busy the socket is, and before
-            # parking again: the requests just read are answered first (the run loop's pass
-            # is the same one; the wait's setup comes after their replies have left).
-            if batch:
-                await anyio.lowlevel.checkpoint()
 
     def _flush(self) -> BrokerLost | Refused | None:
         """Do what the core asked for: send its messages, start its runs, log; the event

@@ -368,7 +368,8 @@ class WorkerCore:
                 # request from before we registered again matches nothing there: no credit.
                 self._credit += 1
             self._send(message, now)
-        self._start_backlog(now)
+        if self._backlog:  # mostly empty: no call then
+            self._start_backlog(now)
 
     def drain(self) -> tuple[list[list[bytes]], list[Event]]:
         """Take what the calls since the last drain asked for: the messages to send and
