@@ -260,18 +260,16 @@ class Client(ClientOptions):
         receiver = self._receiver
         if self._tracing is None:
             waiter = Waiter()
-            rid, frames = receiver.start(service, parts, metadata, timing, waiter)
+            rid, frames = receiver.start_call(service, parts, metadata, timing, waiter)
         else:
             waiter, rid, frames = self._tracing.request(
-                receiver.start, service, parts, metadata, timing
+                receiver.start_call, service, parts, metadata, timing
             )
         try:
             await receiver.send(rid, frames)
-            await waiter.event.wait()
+            await receiver.wait(rid, waiter)  # receive Rule RX5: maybe reading the socket
         finally:
-            if receiver.waiters.pop(rid, None) is not None:
-                self._tracker.cancel(rid)
-                waiter.forget()
+            receiver.end(rid, waiter)
         return receiver.result(waiter.outcome)
 
     async def request_json(

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import MutableMapping
 
 import anyio
+import anyio.lowlevel
 
 import dcp.wire.streams as wire
 from dcp._models import Outcome
@@ -20,18 +21,33 @@ Part = tuple[bytes, ...]
 
 
 class Waiter:
-    """Where the receive task puts the outcome of one :meth:`~dcp.Client.request`."""
+    """Where the receive task (or the call itself, reading the socket: Rule RX5 of
+    :mod:`dcp._client.receive`) puts the outcome of one :meth:`~dcp.Client.request`."""
 
-    __slots__ = ("event", "outcome")
+    __slots__ = ("done", "event", "outcome")
 
     def __init__(self) -> None:
-        self.event = anyio.Event()
+        #: Made by :meth:`wait` only: a call that reads its own reply needs none.
+        self.event: anyio.Event | None = None
         #: ``None`` until delivered, and also when the client closed.
         self.outcome: Outcome | None = None
+        #: True once delivered.
+        self.done = False
 
     def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
         self.outcome = outcome
-        self.event.set()
+        self.done = True
+        event = self.event
+        if event is not None:
+            event.set()
+
+    async def wait(self) -> None:
+        """Wait until delivered (a checkpoint even if it was)."""
+        if self.done:
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self.event = anyio.Event()
+        await event.wait()
 
     def forget(self) -> None:
         """The call ended without its outcome (cancelled); a traced waiter ends its span."""
@@ -63,24 +79,20 @@ class Sink:
 
 class StreamWaiter(Waiter):
     """Where the receive task puts a stream's parts and its final outcome
-    (:class:`~dcp.Stream`)."""
+    (:class:`~dcp.Stream`, which sets :attr:`event` before each wait)."""
 
-    __slots__ = ("done", "parts")
+    __slots__ = ("parts",)
 
     def __init__(self, parts: deque[Part] | None = None) -> None:
         super().__init__()
         #: The parts received and not yet read (the stream's own queue, if given).
         self.parts: deque[Part] = deque() if parts is None else parts
-        self.done = False
-
-    def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
-        self.outcome = outcome
-        self.done = True
-        self.event.set()
 
     def part(self, data: Part) -> None:
         self.parts.append(data)
-        self.event.set()
+        event = self.event
+        if event is not None:
+            event.set()
 
 
 def deliver_part(
