@@ -113,6 +113,7 @@ class Receiver:
         self._watch = watch
         self._endpoint = endpoint
         self._now = loop_clock()
+        self._lend()  # nothing pending yet (Rule RX5)
 
     # ------------------------------------------------------------------ requests
 
