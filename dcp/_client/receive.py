@@ -220,7 +220,7 @@ class Receiver:
         """Send a request's first attempt, pausing while zmq's queue is full (Rule RX1: until
         the tracker's next deadline for it; then the attempt counts as lost)."""
         tracker = self.tracker
-        deadline = tracker.deadline_of(rid)
+        deadline = math.inf  # looked up only if the queue is full
         pause = _SEND_PAUSE
         counted = False
         while True:
@@ -236,6 +236,7 @@ class Receiver:
             if not counted:
                 counted = True
                 tracker.send_waits += 1
+                deadline = tracker.deadline_of(rid)
                 if self._caller == rid:  # Rule RX5: not the reader while it pauses
                     self._caller = None
                     self._take_back()
