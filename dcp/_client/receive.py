@@ -39,7 +39,7 @@ import anyio
 import anyio.lowlevel
 
 from dcp._client.subscriptions import SubscriptionState, deliver
-from dcp._client.waiters import Sink, Waiter, deliver_part
+from dcp._client.waiters import Event, Sink, Waiter, deliver_part, loop_event
 from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._errors import AuthenticationFailed
@@ -68,6 +68,11 @@ _RECEIVER, _CALLER, _FREE = 0, 1, 2
 Start = Callable[
     [bytes, Sequence[bytes], Sequence[bytes], Timing, Waiter | Sink], tuple[bytes, list[bytes]]
 ]
+
+
+def _raise(exc: BaseException) -> None:
+    """Raise ``exc`` (in a block whose context manager decides what it means)."""
+    raise exc
 
 
 class Receiver:
@@ -106,6 +111,8 @@ class Receiver:
         self._freed_at = 0.0
         #: The receive task's wait while the socket is lent (``None``: not parked).
         self._park: anyio.CancelScope | None = None
+        #: What a waiter waits on (the event loop's own event class; set on attach).
+        self.new_event: Callable[[], Event] = anyio.Event
 
     def attach(self, socket: AsyncSocket, watch: HandshakeWatch, endpoint: str) -> None:
         """Take the client's socket, connected to ``endpoint`` (on entry, in the event loop)."""
@@ -113,6 +120,7 @@ class Receiver:
         self._watch = watch
         self._endpoint = endpoint
         self._now = loop_clock()
+        self.new_event = loop_event()
         self._lend()  # nothing pending yet (Rule RX5)
 
     # ------------------------------------------------------------------ requests
@@ -171,35 +179,46 @@ class Receiver:
         the socket until it comes if the request is the reader (Rule RX5), else wait for
         the reader to deliver it."""
         if self._caller != rid:
-            await waiter.wait()
+            await waiter.wait(self.new_event)
             return
         asock = self.socket
         assert asock is not None
         tracker = self.tracker
         failure: BaseException | None = None
-
-        def broken(exc: BaseException) -> None:  # the socket failed (dcp._io.errors Z2, Z4)
-            nonlocal failure
-            if not asock.closed:
-                failure = exc
-
-        try:
-            with socket_errors(broken):
-                while not waiter.done:
-                    deadline = tracker.next_deadline()
-                    await asock.wait_readable(math.inf if deadline is None else deadline)
-                    self._read(asock)
-                    if not waiter.done and asock.has_input():
-                        await anyio.lowlevel.checkpoint()  # Rule RX2
+        try:  # zmq's errors: see _failure (no socket_errors block per request)
+            while not waiter.done:
+                deadline = tracker.next_deadline()
+                await asock.wait_readable(math.inf if deadline is None else deadline)
+                self._read(asock)
+                if not waiter.done and asock.has_input():
+                    await anyio.lowlevel.checkpoint()  # Rule RX2
         except anyio.ClosedResourceError:
             return  # shut down: the waiter has its outcome (None)
         except anyio.BrokenResourceError as exc:
-            broken(exc.__cause__ or exc)
-        except Exception as exc:  # a bug: fail the callers rather than hang them
-            logger.exception("dcp client request failed reading its reply")
-            failure = exc
+            failure = exc.__cause__ or exc
+        except Exception as exc:
+            failure = self._failure(asock, exc)
         if failure is not None:
             self.shutdown(failure)
+
+    def _failure(self, asock: AsyncSocket, exc: Exception) -> BaseException | None:
+        """What ``exc``, raised while a request read the socket, means, as the receive task's
+        handlers would say: a zmq error is the socket's failure (``None`` if it was closed
+        under us: dcp._io.errors Rule Z4); anything else a bug, logged."""
+        failure: BaseException | None = None
+
+        def broken(error: BaseException) -> None:
+            nonlocal failure
+            if not asock.closed:
+                failure = error
+
+        try:
+            with socket_errors(broken):
+                _raise(exc)
+        except Exception:
+            logger.exception("dcp client request failed reading its reply")
+            return exc
+        return failure
 
     def end(self, rid: bytes, waiter: Waiter) -> None:
         """A ``request()`` started with :meth:`start_call` ends, answered or not (cancelled):

@@ -205,3 +205,26 @@ async def test_close_while_a_request_reads() -> None:
                 with pytest.raises(anyio.ClosedResourceError):
                     await client.request("quiet")
             assert_clean(client)
+
+
+async def test_a_bug_while_a_request_reads_fails_the_callers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a zmq error (dcp._io.errors Rule Z4 covers those: test_client.py): logged, and
+    the client is shut down with it as the cause (Rule RX3), as in the receive task."""
+    bug = RuntimeError("a bug")
+    with FakeBroker(delayed) as broker:
+        async with Client(broker.endpoint) as client:
+            socket = client._receiver.socket
+            assert socket is not None
+
+            def broken_drain(batch: int) -> list[object]:
+                raise bug
+
+            monkeypatch.setattr(socket, "drain", broken_drain)
+            with pytest.raises(anyio.BrokenResourceError) as info:
+                await client.request("echo", b"x")
+            assert info.value.__cause__ is bug
+            assert client.closed
+            assert_clean(client)
+    assert "failed reading its reply" in caplog.text

@@ -731,9 +731,30 @@ def test_malformed_replies_near_the_common_shape_are_counted_by_parse() -> None:
     rid, frames = request(t, b"svc", [b"q"], 0.0)
     good = reply_frames(frames, b"d")
     no_delimiter = [f for f in good if f != b""]  # no empty frame anywhere
-    no_meta_end = good[:5] + [rid]  # client, "", id: no end of the metadata
+    no_meta_end = [*good[:5], rid]  # client, "", id: no end of the metadata
     two_addresses = [*good[:3], b"a", b"b", b"", rid, b"", b"d"]
     for frames_ in (no_delimiter, no_meta_end, two_addresses):
         assert t.receive(frames_) is None
     assert sum(t.statistics().malformed.values()) == 3
     assert t.receive(good) == (rid, Response((b"d",), ()))
+
+
+def test_service_names_given_as_str_are_encoded_once() -> None:
+    from dcp._core.client import calls
+
+    assert calls.service_bytes("sérvice") == "sérvice".encode()
+    assert calls.service_bytes("sérvice") is calls.service_bytes("sérvice")  # kept
+    assert calls.service_bytes(b"raw") == b"raw"
+    with pytest.raises(ValueError, match="service is not encodable"):
+        calls.service_bytes("\ud800")
+    assert "\ud800" not in calls._NAMES
+    with pytest.raises(TypeError, match="service must be bytes or str"):
+        calls.service_bytes(["x"])  # type: ignore[arg-type]
+    before = dict(calls._NAMES)
+    try:  # full: still encoded, not kept
+        calls._NAMES.update({f"s{i}": b"" for i in range(calls._NAMES_MAX)})
+        assert calls.service_bytes("one more") == b"one more"
+        assert "one more" not in calls._NAMES
+    finally:
+        calls._NAMES.clear()
+        calls._NAMES.update(before)
