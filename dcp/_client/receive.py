@@ -189,7 +189,10 @@ class Receiver:
             while not waiter.done:
                 deadline = tracker.next_deadline()
                 await asock.wait_readable(math.inf if deadline is None else deadline)
-                self._read(asock)
+                # One message at a time: its reply is most often the one waiting, and a
+                # drain that stops at its batch raises no zmq.Again (wait_readable reads
+                # zmq.EVENTS before it parks again, as the edge-triggered FD needs).
+                self._read(asock, 1)
                 if not waiter.done and asock.has_input():
                     await anyio.lowlevel.checkpoint()  # Rule RX2
         except anyio.ClosedResourceError:
@@ -331,7 +334,7 @@ class Receiver:
                     await asock.wait_readable(math.inf if deadline is None else deadline)
                     if asock.closed:
                         break
-                    self._read(asock)
+                    self._read(asock, self._batch)
                     if not self.waiters and not self.subscriptions:
                         self._lend()  # Rule RX5: nothing pending
                     # Let other tasks run between batches, however busy the socket is. (With
@@ -369,11 +372,12 @@ class Receiver:
                 finally:
                     self._park = None
 
-    def _read(self, asock: AsyncSocket) -> None:
-        """Handle one batch of what arrived, then the deadlines due (Rule RX2)."""
+    def _read(self, asock: AsyncSocket, batch: int) -> None:
+        """Handle at most ``batch`` messages of what arrived, then the deadlines due (Rule
+        RX2)."""
         tracker = self.tracker
         waiters = self.waiters
-        received = asock.drain(self._batch)
+        received = asock.drain(batch)
         if received:
             watch = self._watch
             if watch is not None:
