@@ -13,9 +13,9 @@ Rule RX2 - One task at a time reads the socket (its *reader*, Rule RX5): it hand
    ``batch`` messages per wake-up, everything that arrived (replies for any caller, stream
    parts, pub/sub messages), runs the tracker's deadlines, and lets other tasks run between
    batches, however busy the socket is.
-Rule RX3 - Anything but a closed socket that ends the receive task fails every caller (the client
-   is shut down with it as the cause) rather than leaving them waiting. Shutting down is
-   idempotent; the first cause sticks.
+Rule RX3 - Anything but a closed socket that ends the receive task, or a request's reading
+   (Rule RX5), fails every caller (the client is shut down with it as the cause) rather than
+   leaving them waiting. Shutting down is idempotent; the first cause sticks.
 Rule RX4 - Handshakes Rule H5: resends due on a connection the broker has not answered since it
    reconnected make a new connection first (a secure broker ignores the old one).
 Rule RX5 - The reader. The receive task reads, unless the socket is lent: a ``request()``
@@ -25,8 +25,8 @@ Rule RX5 - The reader. The receive task reads, unless the socket is lent: a ``re
    it free) when a batch leaves nothing pending and no subscription; it takes it back when
    any other call starts (a map, a stream, a request while another is pending), when a
    reading request ends with others pending or subscriptions open, or is cancelled, or could
-   not send at once, and at the latest ``_LEND`` seconds after the socket was last left free,
-   so a late or duplicate reply is counted soon even when no call follows.
+   not send at once, and at the latest ``_LEND`` (50 ms) after the socket was last left
+   free, so a late or duplicate reply is read and counted soon even when no call follows.
 """
 
 from __future__ import annotations
