@@ -4,8 +4,8 @@ One DEALER socket, owned by one receive task that also drives the tracker's time
 the client's :class:`~dcp._client.receive.Receiver`. Callers send from their own tasks (a
 synchronous ``send_nowait``) and wait on a per-request waiter that the receive task resolves;
 many requests share the socket. A request alone in flight reads the socket itself instead
-(Rule RX5 of :mod:`dcp._client.receive`). The maps, streams and pub/sub are parts given the receiver
-(:mod:`dcp._client.maps`, :mod:`dcp._client.streams`, :mod:`dcp._client.pubsub`).
+(Rule RX5 of :mod:`dcp._client.receive`). The maps, streams and pub/sub are parts given the
+receiver (:mod:`dcp._client.maps`, :mod:`dcp._client.streams`, :mod:`dcp._client.pubsub`).
 """
 
 from __future__ import annotations
