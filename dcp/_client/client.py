@@ -3,8 +3,9 @@
 One DEALER socket, owned by one receive task that also drives the tracker's timers: both are
 the client's :class:`~dcp._client.receive.Receiver`. Callers send from their own tasks (a
 synchronous ``send_nowait``) and wait on a per-request waiter that the receive task resolves;
-many requests share the socket. The maps, streams and pub/sub are parts given the receiver
-(:mod:`dcp._client.maps`, :mod:`dcp._client.streams`, :mod:`dcp._client.pubsub`).
+many requests share the socket. A request alone in flight reads the socket itself instead
+(Rule RX5 of :mod:`dcp._client.receive`). The maps, streams and pub/sub are parts given the
+receiver (:mod:`dcp._client.maps`, :mod:`dcp._client.streams`, :mod:`dcp._client.pubsub`).
 """
 
 from __future__ import annotations
@@ -260,18 +261,16 @@ class Client(ClientOptions):
         receiver = self._receiver
         if self._tracing is None:
             waiter = Waiter()
-            rid, frames = receiver.start(service, parts, metadata, timing, waiter)
+            rid, frames = receiver.start_call(service, parts, metadata, timing, waiter)
         else:
             waiter, rid, frames = self._tracing.request(
-                receiver.start, service, parts, metadata, timing
+                receiver.start_call, service, parts, metadata, timing
             )
         try:
             await receiver.send(rid, frames)
-            await waiter.event.wait()
+            await receiver.wait(rid, waiter)  # receive Rule RX5: maybe reading the socket
         finally:
-            if receiver.waiters.pop(rid, None) is not None:
-                self._tracker.cancel(rid)
-                waiter.forget()
+            receiver.end(rid, waiter)
         return receiver.result(waiter.outcome)
 
     async def request_json(

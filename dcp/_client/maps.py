@@ -64,7 +64,7 @@ async def map_async(
             while result is None:
                 if window.finished:
                     return
-                await sink.wait()
+                await sink.wait(receiver.new_event)
                 result = window.next_result()
             yield (result[0], take(result[1])) if indexed else take(result[1])
     finally:

@@ -5,33 +5,83 @@ also takes the stream's parts)."""
 
 from __future__ import annotations
 
+import sys
 from collections import deque
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
+from typing import Protocol
 
 import anyio
+import anyio.lowlevel
 
 import dcp.wire.streams as wire
 from dcp._models import Outcome
 
-__all__ = ["Part", "Sink", "StreamWaiter", "Waiter", "deliver_part"]
+__all__ = ["Event", "Part", "Sink", "StreamWaiter", "Waiter", "deliver_part", "loop_event"]
 
 #: One part of a stream: its data frames.
 Part = tuple[bytes, ...]
 
 
-class Waiter:
-    """Where the receive task puts the outcome of one :meth:`~dcp.Client.request`."""
+class Event(Protocol):
+    """What a waiter waits on: :class:`anyio.Event`, or the loop's own (:func:`loop_event`)."""
 
-    __slots__ = ("event", "outcome")
+    def set(self) -> object: ...
+
+    async def wait(self) -> object: ...
+
+
+def loop_event() -> Callable[[], Event]:
+    """The event class of the event loop running in this thread (call it from that loop):
+    ``trio.Event`` on trio, ``asyncio.Event`` on asyncio, else :class:`anyio.Event`.
+
+    ``anyio.Event()`` finds the running backend on every call and wraps that backend's own
+    event (about ten Python calls per event made, set and waited on); a waiter waits on one
+    per request. Waiting on the backend's own is the same wait: the same checkpoint, the
+    same cancellation (anyio cancels trio's natively and asyncio's by cancelling the task).
+    """
+    if "trio" in sys.modules:  # trio is imported only where it runs
+        import trio
+
+        if trio.lowlevel.in_trio_run():
+            return trio.Event
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # pragma: no cover - anyio runs on trio or asyncio
+        return anyio.Event
+    return asyncio.Event
+
+
+class Waiter:
+    """Where the receive task (or the call itself, reading the socket: Rule RX5 of
+    :mod:`dcp._client.receive`) puts the outcome of one :meth:`~dcp.Client.request`."""
+
+    __slots__ = ("done", "event", "outcome")
 
     def __init__(self) -> None:
-        self.event = anyio.Event()
+        #: Made by :meth:`wait` only: a call that reads its own reply needs none.
+        self.event: Event | None = None
         #: ``None`` until delivered, and also when the client closed.
         self.outcome: Outcome | None = None
+        #: True once delivered.
+        self.done = False
 
     def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
         self.outcome = outcome
-        self.event.set()
+        self.done = True
+        event = self.event
+        if event is not None:
+            event.set()
+
+    async def wait(self, new_event: Callable[[], Event] = anyio.Event) -> None:
+        """Wait until delivered (a checkpoint even if it was), on an event ``new_event``
+        makes (:func:`loop_event`)."""
+        if self.done:
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self.event = new_event()
+        await event.wait()
 
     def forget(self) -> None:
         """The call ended without its outcome (cancelled); a traced waiter ends its span."""
@@ -45,7 +95,7 @@ class Sink:
 
     def __init__(self) -> None:
         self.done: dict[bytes, Outcome | None] = {}
-        self.event: anyio.Event | None = None
+        self.event: Event | None = None
 
     def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
         self.done[rid] = outcome
@@ -55,32 +105,29 @@ class Sink:
     def forget(self) -> None:
         """The ``map`` ended; a traced sink ends the spans of unanswered requests."""
 
-    async def wait(self) -> None:
-        """Wait for the next delivery (call only when the one you need is not in ``done``)."""
-        event = self.event = anyio.Event()
+    async def wait(self, new_event: Callable[[], Event] = anyio.Event) -> None:
+        """Wait for the next delivery (call only when the one you need is not in ``done``),
+        on an event ``new_event`` makes (:func:`loop_event`)."""
+        event = self.event = new_event()
         await event.wait()
 
 
 class StreamWaiter(Waiter):
     """Where the receive task puts a stream's parts and its final outcome
-    (:class:`~dcp.Stream`)."""
+    (:class:`~dcp.Stream`, which sets :attr:`event` before each wait)."""
 
-    __slots__ = ("done", "parts")
+    __slots__ = ("parts",)
 
     def __init__(self, parts: deque[Part] | None = None) -> None:
         super().__init__()
         #: The parts received and not yet read (the stream's own queue, if given).
         self.parts: deque[Part] = deque() if parts is None else parts
-        self.done = False
-
-    def deliver(self, rid: bytes, outcome: Outcome | None) -> None:
-        self.outcome = outcome
-        self.done = True
-        self.event.set()
 
     def part(self, data: Part) -> None:
         self.parts.append(data)
-        self.event.set()
+        event = self.event
+        if event is not None:
+            event.set()
 
 
 def deliver_part(

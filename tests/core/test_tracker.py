@@ -680,3 +680,81 @@ def test_a_timeout_says_whether_the_broker_was_ever_heard() -> None:
         "no reply after 20s (1 attempt sent); no answer from the broker at "
         "tcp://broker:5555 to mmi.service either"
     )
+
+
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("timeout", [30.0, math.inf])
+def test_a_request_is_the_frames_serialize_gives(width: int, timeout: float) -> None:
+    """Requests are built from the tracker's template: the same frames as the message."""
+    t = RequestTracker(type_width=width, timeout=timeout, retries=0)
+    rid, frames = request(t, b"svc", [b"a", b"", b"c"], 1.0, metadata=[b"m1", b"m2"])
+    head = (rid, expires_in_option(timeout)) if timeout < math.inf else (rid,)
+    want = Request(b"svc", None, (*head, b"m1", b"m2"), (b"a", b"", b"c"))
+    assert frames == serialize(want, width=width)
+
+
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("client", [b"client-addr", None])
+def test_replies_read_without_a_message_object_are_what_parse_gives(
+    width: int, client: bytes | None
+) -> None:
+    """The common reply is split by the tracker itself; every other shape goes through
+    parse: the outcome is the same."""
+    t = RequestTracker()
+    opt = OPTION_PREFIX + b"x=1"
+    cases = [
+        ((b"u1", b"u2"), (b"d", b"")),  # the user's metadata after dcp's options
+        ((), ()),
+    ]
+    for user, data in cases:
+        rid, frames = request(t, b"svc", [b"q"], 0.0, metadata=user)
+        req, _ = parse(frames)
+        assert isinstance(req, Request)
+        reply = serialize(Reply(client, req.metadata, data), width=width)
+        assert t.receive(reply) == (rid, Response(data, user))
+    # An option after the user's first part is the user's (left as it is).
+    rid, frames = request(t, b"svc", [b"q"], 0.0, metadata=[b"u", opt], timeout=math.inf)
+    req, _ = parse(frames)
+    assert isinstance(req, Request)
+    reply = serialize(Reply(client, req.metadata, ()), width=width)
+    assert t.receive(reply) == (rid, Response((), (b"u", opt)))
+    # Options mixed into the user's parts after dcp's own are left out, as before.
+    rid, frames = request(t, b"svc", [b"q"], 0.0, metadata=[opt, b"u", opt])
+    req, _ = parse(frames)
+    assert isinstance(req, Request)
+    reply = serialize(Reply(client, req.metadata, ()), width=width)
+    assert t.receive(reply) == (rid, Response((), (b"u",)))
+
+
+def test_malformed_replies_near_the_common_shape_are_counted_by_parse() -> None:
+    t = RequestTracker()
+    rid, frames = request(t, b"svc", [b"q"], 0.0)
+    good = reply_frames(frames, b"d")
+    no_delimiter = [f for f in good if f != b""]  # no empty frame anywhere
+    no_meta_end = [*good[:5], rid]  # client, "", id: no end of the metadata
+    two_addresses = [*good[:3], b"a", b"b", b"", rid, b"", b"d"]
+    for frames_ in (no_delimiter, no_meta_end, two_addresses):
+        assert t.receive(frames_) is None
+    assert sum(t.statistics().malformed.values()) == 3
+    assert t.receive(good) == (rid, Response((b"d",), ()))
+
+
+def test_service_names_given_as_str_are_encoded_once() -> None:
+    from dcp._core.client import calls
+
+    assert calls.service_bytes("sérvice") == "sérvice".encode()
+    assert calls.service_bytes("sérvice") is calls.service_bytes("sérvice")  # kept
+    assert calls.service_bytes(b"raw") == b"raw"
+    with pytest.raises(ValueError, match="service is not encodable"):
+        calls.service_bytes("\ud800")
+    assert "\ud800" not in calls._NAMES
+    with pytest.raises(TypeError, match="service must be bytes or str"):
+        calls.service_bytes(["x"])  # type: ignore[arg-type]
+    before = dict(calls._NAMES)
+    try:  # full: still encoded, not kept
+        calls._NAMES.update({f"s{i}": b"" for i in range(calls._NAMES_MAX)})
+        assert calls.service_bytes("one more") == b"one more"
+        assert "one more" not in calls._NAMES
+    finally:
+        calls._NAMES.clear()
+        calls._NAMES.update(before)

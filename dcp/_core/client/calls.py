@@ -37,6 +37,9 @@ Part = bytes | str
 Payload = bytes | str | Sequence[bytes | str]
 
 _BUFFERS = (bytearray, memoryview)
+#: Service names given as ``str``, encoded (at most ``_NAMES_MAX``; then encoded each time).
+_NAMES: dict[str, bytes] = {}
+_NAMES_MAX = 1024
 
 
 def make_routing_id() -> bytes:
@@ -79,6 +82,13 @@ def service_bytes(service: str | bytes) -> bytes:
     """
     if type(service) is bytes:
         return service
+    if type(service) is str:  # a name is encoded once (most programs call a few services)
+        name = _NAMES.get(service)
+        if name is None:
+            name = _part(service, "service")
+            if len(_NAMES) < _NAMES_MAX:
+                _NAMES[service] = name
+        return name
     return _part(service, "service")
 
 

@@ -87,11 +87,17 @@ from typing import Final
 
 from dcp._core.client.calls import PendingCall, Timing, check_retries, check_timeout
 from dcp._core.client.events import TimedOut
-from dcp._errors import NoWorkers, RemoteError, RemoteProtocolError, RequestTimeout
+from dcp._errors import (
+    LocalProtocolError,
+    NoWorkers,
+    RemoteError,
+    RemoteProtocolError,
+    RequestTimeout,
+)
 from dcp._models import Outcome, Response
 from dcp._stats import ClientStatistics
 from dcp._util import DeadlineHeap
-from dcp.wire.dcp1 import check_type_width, parse, serialize
+from dcp.wire.dcp1 import PROTOCOL, TYPE_FRAMES, MessageType, check_type_width, parse, serialize
 from dcp.wire.messages import Reply, Request, parse_error_reply
 from dcp.wire.options import OPTION_PREFIX, REQUEST_ID_PREFIX, expires_in_option, via_services
 
@@ -107,6 +113,8 @@ _PROBE_MAX = 1.0
 _PROBE_FRACTION = 0.1
 _MMI_SERVICE = b"mmi.service"
 _NOT_SERVED = (b"404",)
+#: The type frame of a reply, in either width (Rule RT2: replies are read in both).
+_REPLY_TYPES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
 #: What :meth:`RequestTracker.drain` gives when there is no event (most calls): no new list.
 _NO_EVENTS: Final[Sequence[TimedOut]] = ()
 
@@ -200,6 +208,8 @@ class RequestTracker:
         self._timeouts = self._cancelled = self._no_workers = self._probes_sent = 0
         self._duplicates = self._late = self._unknown = self._probe_answers = 0
         self._malformed: dict[str, int] = {}
+        #: The first frames of every request this tracker builds (Rule RT1's frames follow).
+        self._request_head = (b"", PROTOCOL, TYPE_FRAMES[type_width][MessageType.REQUEST])
         self._default_timing = Timing.resolve(
             (self.timeout, self.attempt_timeout, self.retries), None, None, None
         )
@@ -243,6 +253,11 @@ class RequestTracker:
         :returns: the request id
         :raises LocalProtocolError: a metadata part is empty
         """
+        for part in metadata:  # Request's own check, before anything changes
+            if not part:
+                raise LocalProtocolError(
+                    "metadata parts must be non-empty (an empty part ends them)"
+                )
         if timing is None:
             timing = self._default_timing
         self._counter += 1
@@ -250,21 +265,41 @@ class RequestTracker:
         p = PendingCall(service, timing, now)
         p.attempt = 1
         if timing.retries == 0:
-            p.end = min(p.end, now + timing.attempt_timeout)
+            p.end = end = min(p.end, now + timing.attempt_timeout)
         else:
             p.retry_at = now + timing.attempt_timeout
-        head: tuple[bytes, ...] = (rid,)
-        if p.end < math.inf:
-            head = (rid, expires_in_option(p.end - now))
+            end = p.end
+        # The frames serialize(Request(service, None, (id, expires-in, *metadata), data))
+        # gives, built from the tracker's template (no message object on this path).
+        if end < math.inf:
             p.has_expires = True
-        p.frames = serialize(
-            Request(service, None, (*head, *metadata), data), width=self.type_width
-        )
-        self._plan_probe(p)
-        self._pending[rid] = p
+            frames = [
+                *self._request_head,
+                service,
+                b"",
+                rid,
+                expires_in_option(end - now),
+                *metadata,
+                b"",
+                *data,
+            ]
+            if self.probe and not service.startswith(b"mmi."):  # _plan_probe, inlined
+                p.probe_at = end - min(_PROBE_MAX, _PROBE_FRACTION * (end - now))
+        else:
+            frames = [*self._request_head, service, b"", rid, *metadata, b"", *data]
+        p.frames = frames
+        pending = self._pending
+        pending[rid] = p
         self._requests += 1
-        self._schedule(rid, p)
-        self.outbox.append(p.frames)
+        # _schedule, inlined
+        deadline = p.deadline = min(end, p.retry_at, p.probe_at)
+        if deadline < math.inf:
+            self._gen += 1
+            p.gen = gen = self._gen
+            heap = self._heap
+            heap.live = len(pending)
+            heap.push(deadline, gen, rid)
+        self.outbox.append(frames)
         return rid
 
     def drain(self) -> tuple[list[list[bytes]], Sequence[TimedOut]]:
@@ -314,25 +349,41 @@ class RequestTracker:
             (duplicate, late, unknown or malformed; see :meth:`statistics`) or was the
             answer to a probe
         """
-        try:
-            msg, _ = parse(frames)
-        except RemoteProtocolError as exc:
-            self._count_malformed(exc.reason)
-            return None
-        if not isinstance(msg, Reply):
-            self._count_malformed("not_a_reply")
-            return None
-        metadata = msg.metadata
-        if not metadata:
-            self._count_malformed("missing_request_id")
-            return None
+        # The common reply (a client address or none, an id first) is split here, as parse
+        # would split it, without a message object; anything else goes through parse.
+        n = len(frames)
+        i = j = 0
+        if n > 5 and frames[2] in _REPLY_TYPES and frames[1] == PROTOCOL and not frames[0]:
+            i = 4 if not frames[3] else 5 if not frames[4] else 0  # the first metadata part
+            if i and i < n and frames[i]:
+                try:
+                    j = frames.index(b"", i + 1)  # the end of the metadata
+                except ValueError:
+                    j = 0  # no delimiter: parse says so
+        if j:
+            metadata = tuple(frames[i:j])
+            data = tuple(frames[j + 1 :])
+        else:
+            try:
+                msg, _ = parse(frames)
+            except RemoteProtocolError as exc:
+                self._count_malformed(exc.reason)
+                return None
+            if not isinstance(msg, Reply):
+                self._count_malformed("not_a_reply")
+                return None
+            metadata = msg.metadata
+            if not metadata:
+                self._count_malformed("missing_request_id")
+                return None
+            data = msg.data
         rid = metadata[0]
         p = self._pending.pop(rid, None)
         if p is None:
             asked = self._probes.pop(rid, None)
             if asked is not None:  # a probe's answer: note it, complete nothing
                 self._probe_answers += 1
-                self._pending[asked].no_workers = msg.data == _NOT_SERVED
+                self._pending[asked].no_workers = data == _NOT_SERVED
                 return None
             answered = self._finished.get(rid)
             if answered is None:
@@ -343,7 +394,6 @@ class RequestTracker:
                 self._late += 1
             return None
         self._done(rid, p, answered=True)
-        data = msg.data
         error = parse_error_reply(data)
         if error is not None:
             code, message = error
@@ -358,8 +408,13 @@ class RequestTracker:
             self._errors += 1
             return rid, RemoteError(code, message, chain)
         self._replies += 1
-        user = metadata[1:]
-        if user and user[0][:5] == OPTION_PREFIX:
+        # The user's metadata: without dcp's options if they lead it (as sent).
+        n = len(metadata)
+        i = 1
+        while i < n and metadata[i][:5] == OPTION_PREFIX:
+            i += 1
+        user = metadata[i:]
+        if i > 1 and user:
             user = tuple(part for part in user if not part.startswith(OPTION_PREFIX))
         return rid, Response(data, user)
 
