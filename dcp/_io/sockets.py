@@ -21,17 +21,19 @@ than this adapter and it lost messages when a receive was cancelled.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import sys
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import anyio
 import zmq
 
 from dcp._io.errors import refusal
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["AsyncSocket", "Received", "recv_frames", "send_frames", "try_recv", "try_send"]
 
@@ -342,6 +344,8 @@ def _new_park(sock: zmq.Socket[bytes], fd: int) -> _Park:
         if trio.lowlevel.in_trio_run():
             return _TrioPark(sock, fd)
     if sys.platform != "win32":  # the proactor loop has no add_reader
+        import asyncio  # here: a program on trio never loads it
+
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # pragma: no cover - anyio runs on trio or asyncio
@@ -425,6 +429,7 @@ class _AsyncioPark:
         "_fut",
         "_loop",
         "_registered",
+        "_running_loop",
         "_sock",
         "_timer",
         "_woken",
@@ -432,6 +437,9 @@ class _AsyncioPark:
     )
 
     def __init__(self, sock: zmq.Socket[bytes], fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        import asyncio
+
+        self._running_loop = asyncio.get_running_loop
         self._sock = sock
         self._fd = fd
         self._loop = loop
@@ -445,7 +453,7 @@ class _AsyncioPark:
 
     def current(self) -> bool:
         try:
-            return asyncio.get_running_loop() is self._loop
+            return self._running_loop() is self._loop
         except RuntimeError:  # trio now
             return False
 
