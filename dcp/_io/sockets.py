@@ -355,25 +355,66 @@ def _new_park(sock: zmq.Socket[bytes], fd: int) -> _Park:
     return _AnyioPark(sock, fd)  # pragma: no cover - Windows
 
 
-class _TrioPark:
-    """trio's own cancel scope (the deadline, the wake-ups) around trio's own FD wait."""
+class _Scope(Protocol):
+    """A cancel scope (trio's or anyio's): what a :class:`_ScopedPark` uses of it."""
 
-    __slots__ = ("_cancel_scope", "_closed", "_fd", "_scope", "_sock", "_trio", "_wait")
+    @property
+    def deadline(self) -> float: ...
+
+    @deadline.setter
+    def deadline(self, value: float) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
+class _ScopedPark:
+    """A park that waits in a cancel scope: the scope's deadline is the wait's, cancelling
+    it wakes the waiter."""
+
+    __slots__ = ("_closed", "_fd", "_scope", "_sock")
 
     def __init__(self, sock: zmq.Socket[bytes], fd: int) -> None:
-        import trio
-
-        self._trio = trio
         self._sock = sock
         self._fd = fd
-        self._wait = trio.lowlevel.wait_readable
-        self._cancel_scope = trio.CancelScope
-        self._scope: trio.CancelScope | None = None
+        self._scope: _Scope | None = None
         self._closed = False
 
     @property
     def waiting(self) -> bool:
         return self._scope is not None
+
+    def wake(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def move_deadline(self, deadline: float) -> None:
+        scope = self._scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._notify_closing(self._fd)
+        self.wake()
+
+    def _notify_closing(self, fd: int) -> None:
+        """Tell the event loop that ``fd`` is about to be closed."""
+        raise NotImplementedError
+
+
+class _TrioPark(_ScopedPark):
+    """trio's own cancel scope (the deadline, the wake-ups) around trio's own FD wait."""
+
+    __slots__ = ("_cancel_scope", "_trio", "_wait")
+
+    def __init__(self, sock: zmq.Socket[bytes], fd: int) -> None:
+        import trio
+
+        super().__init__(sock, fd)
+        self._trio = trio
+        self._wait = trio.lowlevel.wait_readable
+        self._cancel_scope = trio.CancelScope
 
     def current(self) -> bool:
         return self._trio.lowlevel.in_trio_run()
@@ -397,20 +438,8 @@ class _TrioPark:
             readable = bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
         return readable
 
-    def wake(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-
-    def move_deadline(self, deadline: float) -> None:
-        scope = self._scope
-        if scope is not None and deadline < scope.deadline:
-            scope.deadline = deadline
-
-    def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(Exception):
-            self._trio.lowlevel.notify_closing(self._fd)
-        self.wake()
+    def _notify_closing(self, fd: int) -> None:
+        self._trio.lowlevel.notify_closing(fd)
 
 
 class _AsyncioPark:
@@ -530,20 +559,10 @@ class _AsyncioPark:
         self.wake()
 
 
-class _AnyioPark:  # pragma: no cover - only where neither loop's own way is available
+class _AnyioPark(_ScopedPark):  # pragma: no cover - where neither loop's own way is available
     """anyio's cancel scope and ``wait_readable``: any backend."""
 
-    __slots__ = ("_closed", "_fd", "_scope", "_sock")
-
-    def __init__(self, sock: zmq.Socket[bytes], fd: int) -> None:
-        self._sock = sock
-        self._fd = fd
-        self._scope: anyio.CancelScope | None = None
-        self._closed = False
-
-    @property
-    def waiting(self) -> bool:
-        return self._scope is not None
+    __slots__ = ()
 
     def current(self) -> bool:
         return True
@@ -561,17 +580,5 @@ class _AnyioPark:  # pragma: no cover - only where neither loop's own way is ava
                 self._scope = None
         return not self._closed and bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
 
-    def wake(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-
-    def move_deadline(self, deadline: float) -> None:
-        scope = self._scope
-        if scope is not None and deadline < scope.deadline:
-            scope.deadline = deadline
-
-    def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(Exception):
-            anyio.notify_closing(self._fd)
-        self.wake()
+    def _notify_closing(self, fd: int) -> None:
+        anyio.notify_closing(fd)

@@ -37,11 +37,23 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.abc
 
-__all__ = ["HandlerSlots", "Inline"]
+__all__ = ["HandlerSlots", "Inline", "park"]
 
 T = TypeVar("T")
 #: One queued request: whatever the worker hands over (its request and generation).
 Job = TypeVar("Job")
+
+
+async def park(parked: list[anyio.Event]) -> None:
+    """Wait on a new event put last in ``parked`` until whoever wakes a parked task (the
+    most recently parked: ``parked.pop().set()``) sets it; taken out again if cancelled."""
+    event = anyio.Event()
+    parked.append(event)
+    try:
+        await event.wait()
+    finally:
+        if not event.is_set():  # cancelled while parked
+            parked.remove(event)
 
 
 class _InContext(Generic[T]):
@@ -177,12 +189,6 @@ class HandlerSlots(Generic[Job]):
             while True:
                 while queue:
                     await _InContext(run(queue.popleft()), ctx.copy())
-                event = anyio.Event()
-                parked.append(event)
-                try:
-                    await event.wait()
-                finally:
-                    if not event.is_set():  # cancelled while parked
-                        parked.remove(event)
+                await park(parked)
         finally:
             self._slots -= 1

@@ -70,6 +70,7 @@ from dcp._stats import WorkerStatistics
 from dcp._worker.connection import Connection
 from dcp._worker.handlers import Handlers, names
 from dcp._worker.services import served_services
+from dcp._worker.slots import park
 from dcp._worker.streams import WorkerStreams
 
 if TYPE_CHECKING:
@@ -436,13 +437,7 @@ class Worker:
                 self._ended.set()
                 self._ready.set()
                 return
-            event = anyio.Event()
-            parked.append(event)
-            try:
-                await event.wait()
-            finally:
-                if not event.is_set():  # cancelled while parked
-                    parked.remove(event)
+            await park(parked)
 
     async def _run(self, resume: AsyncSocket | None) -> _HandedOff | None:
         core = self._core
