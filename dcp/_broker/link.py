@@ -142,8 +142,12 @@ class CoreLink:
             scope = self._timers
             if scope is not None:
                 due = next_deadline()
-                if due is not None and due < scope.deadline:
-                    scope.deadline = max(due, now + 1e-3)
+                if due is not None:
+                    # At most every 1 ms, and only ever sooner: moved later, a socket busier
+                    # than once a millisecond would keep the timers from running at all.
+                    due = max(due, now + 1e-3)
+                    if due < scope.deadline:
+                        scope.deadline = due
             # Let other tasks run between batches, however busy the socket is. (With no
             # input left, wait_readable parks, which lets them run: no extra pass then.)
             if asock.has_input():

@@ -186,6 +186,7 @@ class AsyncSocket:
 
         :returns: whether a message can be read now
         :raises anyio.ClosedResourceError: the socket is closed, or was closed while waiting
+        :raises anyio.BusyResourceError: another task is waiting on this socket
         """
         if self._closed:
             raise anyio.ClosedResourceError
@@ -195,6 +196,8 @@ class AsyncSocket:
         park = self._park
         if park is None or not park.current():
             park = self._park = _new_park(sock, self._fd)
+        elif park.waiting:  # one owner at a time (the module's rules)
+            raise anyio.BusyResourceError("waiting on")
         readable = await park.wait(deadline)
         if self._closed:
             raise anyio.ClosedResourceError
@@ -517,7 +520,7 @@ class _AsyncioPark:
         self.waiting = True
         self._deadline = deadline
         if deadline != math.inf:
-            self._timer = loop.call_at(deadline, self.wake)
+            self._timer = loop.call_at(deadline, self._timeout)
         sock = self._sock
         readable = False
         try:
@@ -546,12 +549,22 @@ class _AsyncioPark:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
+    def _timeout(self) -> None:
+        # uvloop's timers fire up to a millisecond early (its clock counts milliseconds):
+        # a wait must not end before its deadline by the loop's own clock.
+        if not self.waiting:
+            return
+        if self._loop.time() >= self._deadline:
+            self.wake()
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._timeout)
+
     def move_deadline(self, deadline: float) -> None:
         if self.waiting and deadline < self._deadline:
             self._deadline = deadline
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = self._loop.call_at(deadline, self.wake)
+            self._timer = self._loop.call_at(deadline, self._timeout)
 
     def close(self) -> None:
         self._closed = True

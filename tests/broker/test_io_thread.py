@@ -122,3 +122,35 @@ async def test_calls_the_thread_did_not_take_run_after_it(router: Router) -> Non
     finally:
         waker.close()
     assert results == [42]
+
+
+class _AlwaysDue(BrokerCore):
+    """A core with something due at every moment (as while a fan-out goes out in slices)."""
+
+    def next_deadline(self) -> float | None:
+        return 0.0
+
+
+async def test_without_the_thread_a_batch_never_puts_the_timers_off(router: Router) -> None:
+    """The receive loop brings the timers' sleep forward when the core's next deadline is
+    sooner (at most to 1 ms after the batch), never later: moved later after every batch, a
+    socket busier than once a millisecond would keep the timers from ever running."""
+    core = _AlwaysDue()
+    link = CoreLink(core, router.asock, max_message_size=-1)
+    # The timers' task, asleep until a minute from now (never entered: it cannot fire).
+    timers = anyio.CancelScope(deadline=anyio.current_time() + 60)
+    link._timers = timers
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(link.receive_loop, 16)
+            with Peers(router.endpoint) as peers:
+                client = peers(b"C")
+                client.send(Request(b"echo", None, (b"m0",), (b"d",)))
+                await wait_for(lambda: core.statistics().requests == 1)
+                first = timers.deadline
+                assert first < anyio.current_time() + 1  # brought forward
+                await anyio.sleep(0.01)  # past it: a later batch must not move it again
+                client.send(Request(b"echo", None, (b"m1",), (b"d",)))
+                await wait_for(lambda: core.statistics().requests == 2)
+                assert timers.deadline == first
+            tg.cancel_scope.cancel()

@@ -493,3 +493,40 @@ async def test_a_stale_selector_entry_for_the_fd_number_does_not_hide_the_socket
         asock.close()
     finally:
         router.close(0)
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    ["asyncio", pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), "trio"],
+)
+async def test_a_wait_never_ends_before_its_deadline(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    """uvloop's timers fire up to a millisecond early; a wait that says "nothing came" must
+    be past its deadline by the loop's clock, or a caller that waits until then spins."""
+    a = ctx.socket(zmq.PAIR)
+    endpoint = bind(a, "inproc")
+    b = ctx.socket(zmq.PAIR)
+    b.connect(endpoint)
+    asock = AsyncSocket(a)
+    try:
+        with anyio.fail_after(10):
+            for k in range(20):
+                deadline = anyio.current_time() + 0.0101 + k * 0.00037
+                assert not await asock.wait_readable(deadline)
+                assert anyio.current_time() >= deadline
+    finally:
+        asock.close()
+        b.close(0)
+
+
+async def test_a_second_waiter_is_refused(pair: Pair) -> None:
+    """One task waits on a socket at a time (its FD is edge-triggered): a second is told."""
+    asock = AsyncSocket(pair.dealer)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(asock.wait_readable)
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(anyio.BusyResourceError):
+            await asock.wait_readable()
+        tg.cancel_scope.cancel()
+    pair.router.send_multipart([b"dealer-1", b"after"])  # the first wait left no trace
+    (batch,) = await receive_all(asock, 1, batch=5)
+    assert [r.frames for r in batch] == [[b"after"]]
