@@ -143,7 +143,10 @@ def test_chaos_deadlines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_chaos_long(tmp_path: Path) -> None:
-    record = _run(tmp_path, "--duration", "60", "--seed", "11", *HANG)
+    # Three cycles of 30 s: each hangs phase (the last 30%, 9 s) outlasts the 8 s hang, so the
+    # async hang is answered by its own worker before the phase's end stops the hangers
+    # (with 60 s, 6 s phases, the hanger was stopped mid-hang and its request went elsewhere).
+    record = _run(tmp_path, "--duration", "90", "--cycles", "3", "--seed", "11", *HANG)
     _check(record, cycles=3)
     # Worker core Rules W12-W13: no dcp.Worker's request runs again across a broker restart
     # while that worker lives. (Not asserted in the short CI run: there, a worker process
