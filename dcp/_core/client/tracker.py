@@ -97,7 +97,15 @@ from dcp._errors import (
 from dcp._models import Outcome, Response
 from dcp._stats import ClientStatistics
 from dcp._util import DeadlineHeap
-from dcp.wire.dcp1 import PROTOCOL, TYPE_FRAMES, MessageType, check_type_width, parse, serialize
+from dcp.wire.dcp1 import (
+    PROTOCOL,
+    TYPE_FRAMES,
+    MessageType,
+    check_type_width,
+    parse,
+    serialize,
+    split_body,
+)
 from dcp.wire.messages import Reply, Request, parse_error_reply
 from dcp.wire.options import OPTION_PREFIX, REQUEST_ID_PREFIX, expires_in_option, via_services
 
@@ -283,22 +291,13 @@ class RequestTracker:
                 b"",
                 *data,
             ]
-            if self.probe and not service.startswith(b"mmi."):  # _plan_probe, inlined
-                p.probe_at = end - min(_PROBE_MAX, _PROBE_FRACTION * (end - now))
+            self._plan_probe(p)
         else:
             frames = [*self._request_head, service, b"", rid, *metadata, b"", *data]
         p.frames = frames
-        pending = self._pending
-        pending[rid] = p
+        self._pending[rid] = p
         self._requests += 1
-        # _schedule, inlined
-        deadline = p.deadline = min(end, p.retry_at, p.probe_at)
-        if deadline < math.inf:
-            self._gen += 1
-            p.gen = gen = self._gen
-            heap = self._heap
-            heap.live = len(pending)
-            heap.push(deadline, gen, rid)
+        self._schedule(rid, p)
         self.outbox.append(frames)
         return rid
 
@@ -349,34 +348,28 @@ class RequestTracker:
             (duplicate, late, unknown or malformed; see :meth:`statistics`) or was the
             answer to a probe
         """
-        # The common reply (a client address or none, an id first) is split here, as parse
-        # would split it, without a message object; anything else goes through parse.
-        n = len(frames)
-        i = j = 0
-        if n > 5 and frames[2] in _REPLY_TYPES and frames[1] == PROTOCOL and not frames[0]:
-            i = 4 if not frames[3] else 5 if not frames[4] else 0  # the first metadata part
-            if i and i < n and frames[i]:
-                try:
-                    j = frames.index(b"", i + 1)  # the end of the metadata
-                except ValueError:
-                    j = 0  # no delimiter: parse says so
-        if j:
-            metadata = tuple(frames[i:j])
-            data = tuple(frames[j + 1 :])
-        else:
-            try:
+        # A reply's body is split as parse splits it, without a message object; anything
+        # else goes through parse, which says what it is.
+        try:
+            if (
+                len(frames) > 3
+                and not frames[0]
+                and frames[1] == PROTOCOL
+                and frames[2] in _REPLY_TYPES
+            ):
+                _, metadata, data = split_body(frames, 3)
+            else:
                 msg, _ = parse(frames)
-            except RemoteProtocolError as exc:
-                self._count_malformed(exc.reason)
-                return None
-            if not isinstance(msg, Reply):
-                self._count_malformed("not_a_reply")
-                return None
-            metadata = msg.metadata
-            if not metadata:
-                self._count_malformed("missing_request_id")
-                return None
-            data = msg.data
+                if not isinstance(msg, Reply):
+                    self._count_malformed("not_a_reply")
+                    return None
+                metadata, data = msg.metadata, msg.data
+        except RemoteProtocolError as exc:
+            self._count_malformed(exc.reason)
+            return None
+        if not metadata:
+            self._count_malformed("missing_request_id")
+            return None
         rid = metadata[0]
         p = self._pending.pop(rid, None)
         if p is None:
