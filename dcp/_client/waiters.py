@@ -5,7 +5,6 @@ also takes the stream's parts)."""
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from collections.abc import Callable, MutableMapping
 from typing import Protocol
@@ -14,6 +13,7 @@ import anyio
 import anyio.lowlevel
 
 import dcp.wire.streams as wire
+from dcp._io.clock import running_loop
 from dcp._models import Outcome
 
 __all__ = ["Event", "Part", "Sink", "StreamWaiter", "Waiter", "deliver_part", "loop_event"]
@@ -39,18 +39,16 @@ def loop_event() -> Callable[[], Event]:
     per request. Waiting on the backend's own is the same wait: the same checkpoint, the
     same cancellation (anyio cancels trio's natively and asyncio's by cancelling the task).
     """
-    if "trio" in sys.modules:  # trio is imported only where it runs
+    loop = running_loop()
+    if loop == "trio":
         import trio
 
-        if trio.lowlevel.in_trio_run():
-            return trio.Event
-    import asyncio
+        return trio.Event
+    if loop == "asyncio":
+        import asyncio
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # pragma: no cover - anyio runs on trio or asyncio
-        return anyio.Event
-    return asyncio.Event
+        return asyncio.Event
+    return anyio.Event  # pragma: no cover - anyio runs on trio or asyncio
 
 
 class Waiter:

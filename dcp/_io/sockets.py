@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import anyio
 import zmq
 
+from dcp._io.clock import running_loop
 from dcp._io.errors import refusal
 
 if TYPE_CHECKING:
@@ -341,20 +342,13 @@ class _Park(Protocol):
 
 def _new_park(sock: zmq.Socket[bytes], fd: int) -> _Park:
     """The park for the event loop running now."""
-    if "trio" in sys.modules:  # trio is imported only where it runs
-        import trio
-
-        if trio.lowlevel.in_trio_run():
-            return _TrioPark(sock, fd)
-    if sys.platform != "win32":  # the proactor loop has no add_reader
+    loop = running_loop()
+    if loop == "trio":
+        return _TrioPark(sock, fd)
+    if loop == "asyncio" and sys.platform != "win32":  # the proactor loop has no add_reader
         import asyncio  # here: a program on trio never loads it
 
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # pragma: no cover - anyio runs on trio or asyncio
-            pass
-        else:
-            return _AsyncioPark(sock, fd, loop)
+        return _AsyncioPark(sock, fd, asyncio.get_running_loop())
     return _AnyioPark(sock, fd)  # pragma: no cover - Windows
 
 
