@@ -52,6 +52,7 @@ class BrokerCounters:
     as it gets on the per-message path)."""
 
     __slots__ = (
+        "answered_elsewhere",
         "dispatched",
         "dropped_replies",
         "expired",
@@ -84,6 +85,7 @@ class BrokerCounters:
         self.work_timeouts = 0
         self.expired_in_queue = 0
         self.replaced = 0
+        self.answered_elsewhere = 0
         #: Messages refused, by reason.
         self.rejections: dict[str, int] = {}
 
@@ -189,6 +191,9 @@ class BrokerStatistics:
     #: Retries that replaced their still-queued copy instead of queueing another (queues
     #: Rule Q4; not counted in :attr:`requests`).
     replaced: int = 0
+    #: Queued requests ended unrun because a worker answered them through another broker
+    #: (or after the broker gave up on it): routing Rule R11.
+    answered_elsewhere: int = 0
     #: dcp streams (``docs/streams.md``).
     streams: StreamStatistics = StreamStatistics()
     #: The byte budget: ``max_memory`` (``None``: no budget) and every account's figures.

@@ -49,6 +49,11 @@ _COUNTERS = (
     ("work_timeouts", "work_timeouts", "Workers removed for holding a request too long."),
     ("expired_in_queue", "expired_in_queue", "Queued requests whose caller's deadline passed."),
     ("replaced", "replaced_retries", "Retries that replaced their still-queued copy."),
+    (
+        "answered_elsewhere",
+        "answered_elsewhere",
+        "Queued requests ended unrun: a worker answered them elsewhere.",
+    ),
 )
 
 

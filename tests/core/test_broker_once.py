@@ -427,3 +427,58 @@ def test_a_forward_after_its_callers_deadline_is_dropped() -> None:
     stats = core.statistics()
     assert (stats.expired_in_queue, stats.clients, stats.services[SLOW].idle) == (1, 0, 1)
     assert inflight(core) == 0
+
+
+# ------------------------------------------------------------ Rule R11: answered elsewhere
+
+OTHER = b"other"
+
+
+@pytest.mark.parametrize("expiring", [True, False], ids=["expires-in", "no-deadline"])
+@pytest.mark.parametrize("data", [(b"done",), (b"\xffDCP-HELD",)], ids=["reply", "held"])
+def test_an_answer_from_elsewhere_ends_the_queued_copy_unrun(
+    expiring: bool, data: tuple[bytes, ...]
+) -> None:
+    """A request queued here that a worker answered (or holds) through another broker, or
+    after this broker gave up on it, is not run again: its queued copy ends."""
+    core = BrokerCore(heartbeat_interval=100.0)
+    workers(core, W1)
+    workers(core, W2, service=OTHER)
+    feed(core, C1, call(1, 30.0), now=0.0)
+    [given] = dispatched(take(core), W1)
+    second = call(2, 30.0) if expiring else Request(ECHO, None, (rid(2),), (b"d2",))
+    feed(core, C1, second, now=0.1)
+    assert take(core) == []  # W1 is busy: request 2 waits in the queue
+    assert core.statistics().services[ECHO].queued == 1
+    # W2 (registered here for another service) answers request 2: it came to W2 through
+    # another broker. The answer reaches the client; the queued copy ends.
+    feed(core, W2, Reply(C1, second.metadata, data), now=0.2)
+    assert take(core) == [out(C1, Reply(C1, second.metadata, data))]
+    stats = core.statistics()
+    assert (stats.answered_elsewhere, stats.unmatched, stats.expired_in_queue) == (1, 1, 0)
+    assert stats.services[ECHO].queued == 0
+    assert inflight(core) == 1
+    # W1 answers request 1 and is free: nothing is left to give it.
+    feed(core, W1, Reply(C1, given.metadata, (b"one",)), now=0.3)
+    assert take(core) == [out(C1, Reply(C1, given.metadata, (b"one",)))]
+    assert (inflight(core), core.statistics().clients) == (0, 0)
+    assert core.memory.used == 0
+
+
+def test_an_answer_from_elsewhere_leaves_a_running_copy_and_other_clients_alone() -> None:
+    core = BrokerCore(heartbeat_interval=100.0)
+    workers(core, W1)
+    workers(core, W2, service=OTHER)
+    feed(core, C1, call(1, 30.0), now=0.0)
+    [given] = dispatched(take(core), W1)
+    feed(core, C2, call(2, 30.0), now=0.1)
+    # An answer naming request 1 (held by W1: it keeps running) and one naming request 2 of
+    # another client (C1 never sent a request 2): neither ends anything here.
+    feed(core, W2, Reply(C1, given.metadata, (b"x",)), now=0.2)
+    feed(core, W2, Reply(C1, call(2, 30.0).metadata, (b"y",)), now=0.2)
+    take(core)
+    stats = core.statistics()
+    assert (stats.answered_elsewhere, stats.services[ECHO].queued) == (0, 1)
+    feed(core, W1, Reply(C1, given.metadata, (b"one",)), now=0.3)
+    [sent] = dispatched(take(core), W1)  # W1 is free: C2's request 2 runs
+    assert sent.metadata[0] == rid(2)

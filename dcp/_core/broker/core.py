@@ -591,6 +591,7 @@ class BrokerCore:
             partials=c.partials,
             expired_in_queue=c.expired_in_queue,
             replaced=c.replaced,
+            answered_elsewhere=c.answered_elsewhere,
             streams=self.streams.statistics(),
             max_memory=self.memory.max_memory,
             memory=tuple(self.memory.figures()),

@@ -271,6 +271,7 @@ class DcpPeers:
                     metadata = with_chain(metadata, (*pending.chain, name))
         else:
             origin, name = self._sessions.dialect_of(client), b""
+            routing.answered_elsewhere(client, metadata)  # routing Rule R11
         self._streams.answer(client, origin.reply(client, name, metadata, msg.data))
         routing.credit(worker, now, released=pending is not None)
 

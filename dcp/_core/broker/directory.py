@@ -296,6 +296,7 @@ def broker_entry(
         "forgotten_requests": stats.requests - listed,
         "expired_in_queue": stats.expired_in_queue,
         "replaced": stats.replaced,
+        "answered_elsewhere": stats.answered_elsewhere,
         "max_memory": stats.max_memory,
         "memory": {
             a.name: {"used": a.used, "peak": a.peak, "limit": a.limit, "refused": a.refused}

@@ -257,10 +257,18 @@ class QueueDeadlines:
         # At most every sixteenth of the wait: a scan costs one look per service.
         self.check_at = None if oldest is None else max(oldest + wait, now + wait / 16)
 
-    def drop(self, pending: Pending, *, waited: bool = False) -> None:
+    def unqueue(self, pending: Pending) -> None:
+        """``pending`` (queued, carrying an expiry) leaves its queue early (routing Rule
+        R11): it becomes a tombstone there; the caller drops it."""
+        self._dequeued(pending, True)
+        pending.service.dead += 1
+
+    def drop(self, pending: Pending, *, waited: bool = False, counted: bool = True) -> None:
         """Rule Q3: ``pending``, no longer counted as queued or held, expired unanswered
-        (Rule Q5, ``waited``: the broker's wait was over: its client is told)."""
-        self._counters.expired_in_queue += 1
+        (Rule Q5, ``waited``: the broker's wait was over: its client is told); or, not
+        ``counted`` as expired, answered elsewhere (routing Rule R11)."""
+        if counted:
+            self._counters.expired_in_queue += 1
         if waited:
             self._wait_over(pending)
         self._memory.release(pending.client, pending.charged)  # routing Rule R10

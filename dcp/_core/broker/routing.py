@@ -66,6 +66,16 @@ Rule R10 - Bytes. A request accepted (queued, or given to a worker at once) is c
   fit; else the queued copy keeps its own), and is released exactly once, when the request
   ends: answered, expired (queues Rules Q3 and Q5), given up (``redelivery_limit``, streams
   Rule ST6) or no longer tracked (``held_overflow``).
+Rule R11 - Answered elsewhere. A worker's reply that matches nothing it holds (Rule R2) but
+  names the client address and dcp request id of a request in flight here that is *queued*
+  (not held, not running) ends that queued copy unrun: its client has its answer (or, for a
+  ``HELD`` notice, data ``\\xffDCP-HELD``, a worker holds it and will
+  answer), so running it again would only run it twice. This happens when a request went
+  through two brokers (a client that failed over, ``docs/scaling.md``) or when a worker the
+  broker gave up on answers after all while its request waits to be given out again. The
+  queued copy is counted (``answered_elsewhere``), its bytes released, its index entry
+  removed; the reply itself is routed to the client as before. A copy held by another
+  worker keeps running (nothing can stop it; the client drops the second answer).
 Rules R5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
 :mod:`.redelivery`. Registration (its refusals, approval, security Rule S3): here.
 """
@@ -424,6 +434,32 @@ class Routing:
                     return self._released(held, i, now)
         self._counters.unmatched += 1
         return None
+
+    def answered_elsewhere(self, client: bytes, metadata: tuple[bytes, ...] | None) -> None:
+        """Rule R11: a worker's unmatched answer to ``client`` with ``metadata``: end the
+        queued copy of the same request (client address and dcp request id), if there is
+        one."""
+        if not metadata or not metadata[0].startswith(_ID):
+            return
+        pending = self.inflight.get((client, metadata[0]))
+        if pending is None or pending.holder is not None:
+            return
+        service = pending.service
+        expiry = pending.expiry
+        if expiry is not None:
+            if not expiry.queued:
+                return
+            self.queues.unqueue(pending)
+        else:
+            try:
+                service.queue.remove(pending)
+            except ValueError:  # not queued (nothing else holds an unheld copy: defensive)
+                return
+        self._counters.answered_elsewhere += 1
+        pending.load.queued -= 1
+        self.queues.drop(pending, counted=False)
+        if service.dead:
+            self.queues.sweep(service)
 
     def _released(self, held: list[Pending], i: int, now: float) -> Pending:
         pending = held.pop(i)
