@@ -12,6 +12,8 @@ seconds. Over the ``--duration`` window each broker's CPU (``/proc/<pid>/stat``,
 threads) and the worker replies it counted (its ``mmi.broker`` document) are read at both
 ends; the figure is CPU per request, per broker and all brokers together, beside the
 replies per second of the whole system and how busy the machine was (``/proc/stat``).
+``--static`` gives client ``i`` broker ``i mod N`` only (at least N clients, the same
+requests in flight in all): the brokers' share without the clients' spreading.
 
 If brokers are independent, the CPU a request costs its broker stays flat as brokers are
 added, so N brokers each on a core of its own carry N times what one broker can: one broker
@@ -74,9 +76,15 @@ def measure(
     warmup: float = 2.0,
     duration: float = 8.0,
     pin: bool = False,
+    static: bool = False,
 ) -> dict[str, Any]:
-    """One load through ``n`` brokers; its figures."""
+    """One load through ``n`` brokers; its figures (``static``: client ``i`` is given broker
+    ``i mod n`` only, and there are at least ``n`` clients, the same requests in flight in
+    all)."""
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(n)]
+    total = clients * in_flight
+    if static and clients < n:
+        clients, in_flight = n, max(1, total // n)
     start_file = log_dir / f"start-{n}"
     start_file.unlink(missing_ok=True)
     cores = sorted(os.sched_getaffinity(0))
@@ -98,7 +106,7 @@ def measure(
             procs.start(
                 f"client{i}",
                 *client_argv(
-                    endpoints,
+                    [endpoints[i % n]] if static else endpoints,
                     f"c{i}",
                     str(start_file),
                     run_for=run_for,
@@ -139,6 +147,9 @@ def measure(
     return {
         "brokers": n,
         "pinned": pin,
+        "static": static,
+        "clients": clients,
+        "in_flight": in_flight,
         "elapsed_s": round(elapsed, 3),
         "replies": replies,
         "rate": round(replies / elapsed, 1),
@@ -220,6 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds measured")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--taskset", action="store_true", help="also pin each broker to a core")
+    parser.add_argument(
+        "--static",
+        action="store_true",
+        help="give client i broker i mod N only (no spreading by the clients)",
+    )
     parser.add_argument("--json", help="write every round's figures and the medians here")
     args = parser.parse_args(argv)
     try:
@@ -245,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     warmup=args.warmup,
                     duration=args.duration,
                     pin=pin,
+                    static=args.static,
                 )
                 rec["round"] = r
                 records.append(rec)
@@ -258,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.in_flight} in flight, {args.duration:g} s measured, median of {args.rounds} "
         f"rounds, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d', time.gmtime())}"
     )
+    if args.static:
+        settings += "; static: client i given broker i mod N only (at least N clients)"
     if args.json:
         document = {"command": command, "settings": settings, "rows": rows, "records": records}
         Path(args.json).write_text(json.dumps(document, indent=1))

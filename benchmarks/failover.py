@@ -126,8 +126,8 @@ async def _serve_worker(args: argparse.Namespace) -> None:
                 break
     record: dict[str, Any] = {"pid": os.getpid(), "stats": attrs.asdict(worker.statistics())}
     per_broker = getattr(worker, "brokers", None)  # issue 28: per-broker counters
-    if callable(per_broker):
-        record["brokers"] = [_plain(b) for b in per_broker()]
+    if callable(per_broker):  # {endpoint: WorkerStatistics}
+        record["brokers"] = {str(ep): _plain(b) for ep, b in per_broker().items()}
     if log is not None:
         log.close()
     sys.stdout.write(json.dumps(record) + "\n")
