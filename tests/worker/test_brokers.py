@@ -13,12 +13,13 @@ import pytest
 import zmq
 
 from dcp._broker.broker import Broker
+from dcp._client.client import Client
 from dcp._io.context import get_context
 from dcp._models import HandlerRequest
 from dcp._worker.worker import Worker
 from dcp.wire.dcp1 import PROTOCOL, serialize
-from dcp.wire.messages import HELD_MARKER, Request
-from dcp.wire.options import REQUEST_ID_PREFIX
+from dcp.wire.messages import ERROR_MARKER, HELD_MARKER, Request
+from dcp.wire.options import REQUEST_ID_PREFIX, expires_in_option
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.anyio
@@ -270,4 +271,80 @@ async def test_a_restarted_broker_gets_the_worker_registered_again() -> None:
             assert data_of(await client.recv(0)) == [b"BACK"]
         finally:
             client.close()
+        await worker.aclose()
+
+
+async def test_a_request_that_waited_past_its_deadline_is_answered_expired() -> None:
+    started = anyio.Event()
+    release = anyio.Event()
+    runs: list[bytes] = []
+
+    async def slow(request: HandlerRequest) -> bytes:
+        runs.append(request.data[0])
+        started.set()
+        await release.wait()
+        return request.data[0]
+
+    async with brokers(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "slow", slow)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            client.send(0, b"slow", (rid(1),), b"first")
+            await started.wait()
+            client.send(1, b"slow", (rid(2), expires_in_option(0.05)), b"late")
+            await wait_for(lambda: worker.brokers()[b.endpoint].received == 1)
+            await anyio.sleep(0.1)  # past its deadline, waiting for the one slot
+            release.set()
+            assert data_of(await client.recv(0)) == [b"first"]
+            late = data_of(await client.recv(1))
+        finally:
+            client.close()
+        assert late[:2] == [ERROR_MARKER, b"expired"]
+        assert runs == [b"first"]
+        assert worker.statistics().expired == 1
+        await worker.aclose()
+
+
+async def test_a_stop_finishes_the_running_request_and_leaves_every_broker() -> None:
+    started = anyio.Event()
+
+    async def slow(request: HandlerRequest) -> bytes:
+        started.set()
+        await anyio.sleep(0.2)
+        return b"done"
+
+    async with brokers(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "slow", slow)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            client.send(1, b"slow", (rid(1),), b"x")
+            await started.wait()
+            await worker.aclose(grace=30)
+            assert data_of(await client.recv(1)) == [b"done"]
+        finally:
+            client.close()
+        assert not worker.registered
+        assert worker.statistics().replies == 1
+
+
+async def test_a_stream_goes_through_the_broker_that_brought_it() -> None:
+    async def count(request: HandlerRequest) -> AsyncIterator[bytes]:
+        for i in range(int(request.data[0])):
+            yield b"%d" % i
+
+    async with brokers(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "count", count)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        for endpoint in (b.endpoint, a.endpoint):
+            async with (
+                Client(endpoint, timeout=10) as client,
+                client.stream("count", b"50", window=4) as parts,
+            ):
+                got = [part async for part in parts]
+            assert got == [(b"%d" % i,) for i in range(50)]
         await worker.aclose()
