@@ -1,29 +1,36 @@
 """The same load spread over 1, 2 and 4 brokers: broker CPU per request (issue 28's capacity
 figure).
 
-``python -m benchmarks.capacity [--brokers 1,2,4] [--workers 4] [--clients 2] [--in-flight 16]
-[--warmup 2] [--duration 8] [--rounds 3] [--taskset] [--json FILE]``
+``python -m benchmarks.capacity [--brokers 1,2,4] [--rate 2000] [--workers 4] [--clients 2]
+[--in-flight 16] [--warmup 2] [--duration 8] [--rounds 3] [--taskset] [--static] [--control]
+[--json FILE]``
 
 For each number of brokers: that many ``dcp broker`` processes on ``tcp://127.0.0.1`` (free
 ports), ``--workers`` worker processes and ``--clients`` client processes of
 :mod:`benchmarks.failover` (an echo service), each given every broker's endpoint, the
-clients keeping ``--in-flight`` requests each in flight for ``--warmup`` + ``--duration``
+clients offering ``--rate`` requests per second together (at most ``--in-flight`` each at
+once; ``--rate 0``: as many as that window allows) for ``--warmup`` + ``--duration``
 seconds. Over the ``--duration`` window each broker's CPU (``/proc/<pid>/stat``, all its
 threads) and the worker replies it counted (its ``mmi.broker`` document) are read at both
 ends; the figure is CPU per request, per broker and all brokers together, beside the
 replies per second of the whole system and how busy the machine was (``/proc/stat``).
-``--static`` gives client ``i`` broker ``i mod N`` only (at least N clients, the same
-requests in flight in all): the brokers' share without the clients' spreading.
 
-If brokers are independent, the CPU a request costs its broker stays flat as brokers are
-added, so N brokers each on a core of its own carry N times what one broker can: one broker
-saturates at ``1 / cpu_per_request`` requests per second of one core. On a machine with few
-cores the clients, workers and brokers share them, so the total rate cannot show that gain;
-the per-broker CPU predicts it. ``--taskset`` adds runs with broker ``i`` pinned to core
-``i mod nproc`` (``sched_setaffinity``; clients and workers float).
+- ``--static`` gives client ``i`` broker ``i mod N`` only (at least N clients, the same
+  requests in flight in all): the brokers' shares without the clients' spreading.
+- ``--control`` adds, for each N > 1, one broker offered 1/N of the rate: what one broker
+  costs per request at the rate each of the N brokers had (a broker's CPU per request grows
+  as its rate falls: fewer messages per wake-up), so the N-broker rows compare with it.
+- ``--taskset`` adds runs with broker ``i`` pinned to core ``i mod nproc``
+  (``sched_setaffinity`` on every thread; clients and workers float).
 
-The rounds alternate the order of the broker counts (1, 2, 4, then 4, 2, 1, ...); the table
-gives the medians. Every process is ended by its PID.
+If brokers are independent, the CPU a request costs its broker is the same whether the
+broker is alone or one of N at the same rate, so N brokers each on a core of its own carry N
+times what one broker can: one broker saturates at ``1 / cpu_per_request`` requests per
+second of one core. On a machine with few cores the clients, workers and brokers share them,
+so the total rate cannot show that gain; the per-broker CPU predicts it.
+
+The rounds alternate the order of the cases (1, 2, 4, then 4, 2, 1, ...); the table gives
+the medians. Every process is ended by its PID.
 """
 
 from __future__ import annotations
@@ -77,11 +84,19 @@ def measure(
     duration: float = 8.0,
     pin: bool = False,
     static: bool = False,
+    load_of: int = 0,
+    rate: float = 0.0,
 ) -> dict[str, Any]:
     """One load through ``n`` brokers; its figures (``static``: client ``i`` is given broker
     ``i mod n`` only, and there are at least ``n`` clients, the same requests in flight in
-    all)."""
+    all; ``rate``: requests per second offered by all clients together, 0: as many as
+    ``in_flight`` allows; ``load_of``: the control for ``load_of`` brokers, ``rate`` (else
+    each client's ``in_flight``) divided by it)."""
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(n)]
+    if load_of and rate:
+        rate /= load_of
+    elif load_of:
+        in_flight = max(1, in_flight // load_of)
     total = clients * in_flight
     if static and clients < n:
         clients, in_flight = n, max(1, total // n)
@@ -114,6 +129,7 @@ def measure(
                     timeout=30.0,
                     drain=10.0,
                     calls=False,
+                    rate=rate / clients,
                 ),
             )
             for i in range(clients)
@@ -148,6 +164,8 @@ def measure(
         "brokers": n,
         "pinned": pin,
         "static": static,
+        "load_of": load_of or n,
+        "offered": rate,
         "clients": clients,
         "in_flight": in_flight,
         "elapsed_s": round(elapsed, 3),
@@ -167,8 +185,12 @@ def measure(
 def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Medians over the rounds, one row per (brokers, pinned)."""
     rows = []
-    for key in sorted({(r["brokers"], r["pinned"]) for r in records}):
-        group = [r for r in records if (r["brokers"], r["pinned"]) == key]
+
+    def key_of(r: dict[str, Any]) -> tuple[int, bool, int]:
+        return r["brokers"], r["pinned"], r.get("load_of", r["brokers"])
+
+    for key in sorted({key_of(r) for r in records}, key=lambda k: (k[1], k[2], k[0])):
+        group = [r for r in records if key_of(r) == key]
         per_broker = [
             b["cpu_us_per_request"]
             for r in group
@@ -180,6 +202,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "brokers": key[0],
                 "pinned": key[1],
+                "load_of": key[2],
                 "rounds": len(group),
                 "rate": statistics.median(r["rate"] for r in group),
                 "cpu_us_per_request": statistics.median(cpu) if cpu else None,
@@ -207,8 +230,11 @@ def render(rows: Sequence[dict[str, Any]], command: str, settings: str) -> str:
         "|---:|:--|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        brokers = str(r["brokers"])
+        if r["load_of"] != r["brokers"]:
+            brokers += f" (1/{r['load_of']} of the load)"
         lines.append(
-            f"| {r['brokers']} | {'yes' if r['pinned'] else 'no'} | {r['rate']:.0f} "
+            f"| {brokers} | {'yes' if r['pinned'] else 'no'} | {r['rate']:.0f} "
             f"| {us(r['cpu_us_per_request'])} | {us(r['per_broker_min'])} - "
             f"{us(r['per_broker_max'])} | {r['broker_cpu_share']:.2f} "
             f"| {r['machine_busy']:.0%} | {r['lost']} |"
@@ -227,6 +253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument("--in-flight", type=int, default=16, help="per client")
     parser.add_argument("--concurrency", type=int, default=8, help="per worker")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=2000.0,
+        help="requests/s offered by all clients together (0: as fast as --in-flight allows)",
+    )
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds measured")
     parser.add_argument("--rounds", type=int, default=3)
@@ -236,6 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="give client i broker i mod N only (no spreading by the clients)",
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="also one broker with 1/N of the requests in flight, for each N > 1",
+    )
     parser.add_argument("--json", help="write every round's figures and the medians here")
     args = parser.parse_args(argv)
     try:
@@ -244,13 +281,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--brokers: comma-separated numbers")
     if not counts or min(counts) < 1 or args.rounds < 1 or args.duration <= 0:
         parser.error("--brokers, --rounds and --duration must be positive")
-    cases = [(n, False) for n in counts]
+    cases = [(n, False, 0) for n in counts]
     if args.taskset:
-        cases += [(n, True) for n in counts]
+        cases += [(n, True, 0) for n in counts]
+    if args.control:
+        cases += [(1, False, n) for n in counts if n > 1]
     records = []
     with tempfile.TemporaryDirectory(prefix="dcp-capacity-") as tmp:
         for r in range(args.rounds):
-            for n, pin in cases if r % 2 == 0 else reversed(cases):
+            for n, pin, load_of in cases if r % 2 == 0 else reversed(cases):
                 rec = measure(
                     n,
                     Path(tmp),
@@ -262,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     duration=args.duration,
                     pin=pin,
                     static=args.static,
+                    load_of=load_of,
+                    rate=args.rate,
                 )
                 rec["round"] = r
                 records.append(rec)
@@ -272,7 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     settings = (
         f"{args.workers} workers (concurrency {args.concurrency}), {args.clients} clients x "
-        f"{args.in_flight} in flight, {args.duration:g} s measured, median of {args.rounds} "
+        f"{args.in_flight} in flight, "
+        + (f"offering {args.rate:g} requests/s, " if args.rate else "closed loop, ")
+        + f"{args.duration:g} s measured, median of {args.rounds} "
         f"rounds, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d', time.gmtime())}"
     )
     if args.static:

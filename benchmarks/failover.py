@@ -156,12 +156,15 @@ def client_argv(
     timeout: float,
     drain: float,
     calls: bool = True,
+    rate: float = 0.0,
 ) -> list[str]:
     """The arguments of ``python -m`` for a client process (``calls=False``: no per-call
-    record, counts only)."""
+    record, counts only; ``rate``: requests per second, at most ``in_flight`` at once; 0: as
+    fast as ``in_flight`` allows)."""
     argv = ["benchmarks.failover", "client", "--endpoints", ",".join(endpoints)]
     argv += ["--name", name, "--start-file", start_file, "--run-for", str(run_for)]
     argv += ["--in-flight", str(in_flight), "--timeout", str(timeout), "--drain", str(drain)]
+    argv += ["--rate", str(rate)]
     return argv + ([] if calls else ["--no-calls"])
 
 
@@ -193,7 +196,12 @@ async def _run_client(args: argparse.Namespace) -> dict[str, Any]:
 
         async def loop() -> None:
             while time.monotonic() < until:
-                payload = f"{name}:{next(seq)}".encode()
+                k = next(seq)
+                if args.rate > 0:  # the k-th request's time; late ones go at once
+                    await anyio.sleep(max(0.0, start + k / args.rate - time.monotonic()))
+                    if time.monotonic() >= until:
+                        break
+                payload = f"{name}:{k}".encode()
                 counts["sent"] += 1
                 sent_at = time.monotonic()
                 try:
@@ -573,6 +581,7 @@ def _peer_parser(sub: Any) -> None:
     p.add_argument("--in-flight", type=int, default=16)
     p.add_argument("--timeout", type=float, default=30.0, help="per call, seconds")
     p.add_argument("--drain", type=float, default=35.0, help="seconds for the last calls")
+    p.add_argument("--rate", type=float, default=0.0, help="requests/s (0: closed loop)")
     p.add_argument("--no-calls", dest="calls", action="store_false", help="counts only")
 
 
