@@ -67,7 +67,7 @@ from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
 from dcp._io.endpoints import check_peer_endpoint
-from dcp._io.lifecycle import Lifecycle, ki_protected
+from dcp._io.lifecycle import BaseExceptionGroup, Lifecycle, ki_protected, single_error
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket, Received
 from dcp._models import Handler, service_name
@@ -546,7 +546,8 @@ class Worker:
         try:
             await brokers.serve()
         except Exception as exc:  # ends serving: serve() raises it
-            self._error = exc
+            one = single_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            self._error = one if isinstance(one, Exception) else exc  # dcp._io.lifecycle E4
         finally:
             self._ended.set()
             self._ready.set()
