@@ -212,16 +212,20 @@ class Brokers:
         """Begin a stop ending at ``deadline`` (Rule WB5); drop the waiting requests."""
         if self.stop_deadline is None or deadline < self.stop_deadline:
             self.stop_deadline = deadline
+        for link in self.links:
+            link.core.stop()  # no more work, nor the cores' backlogs (core Rule W9)
         while self._waiting:
             self._answer(self._waiting.popleft(), None)
         for link in self.links:
-            link.core.stop()
             link.wake()
 
     def close(self) -> None:
-        """Close every connection at once (linger 0)."""
+        """Close every connection at once (linger 0); the cores are closed (not registered
+        anywhere any more; nothing is sent)."""
         for link in self.links:
             link.connection.close(0)
+            link.core.leave()
+            link.core.drain()
 
     def statistics(self) -> WorkerStatistics:
         """The worker's totals: every broker's counters summed (a request each broker

@@ -67,7 +67,7 @@ from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
 from dcp._io.endpoints import check_peer_endpoint
-from dcp._io.lifecycle import Lifecycle, ki_protected
+from dcp._io.lifecycle import BaseExceptionGroup, Lifecycle, ki_protected, single_error
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket, Received
 from dcp._models import Handler, service_name
@@ -182,14 +182,34 @@ class Worker:
     backlog past its caller's deadline (the expires-in option) is not run: it is answered
     with an ``expired`` error reply (``statistics().expired``).
 
+    Several brokers (``docs/scaling.md``): given a list of endpoints, the worker registers
+    with every broker (a connection each: its own heartbeats, liveness, reconnects and
+    re-registrations) and serves them from one pool: at most ``concurrency`` handlers run at
+    once across all of them. Each broker may grant up to ``concurrency`` requests, so the
+    worker may hold up to ``len(endpoints) x concurrency``, those beyond the free slots
+    waiting in the worker, first come first run (one that waited past its caller's deadline
+    is answered ``expired``). An answer goes back through the broker that brought the
+    request (through any other registered broker if that one is down). A request whose dcp
+    request id the worker holds (running or waiting) is not run again whichever broker
+    brings it: its answer goes through both; one it answered in the last ``liveness x
+    heartbeat_interval`` seconds is answered again from the kept answer without running;
+    after that it runs again (``statistics().duplicates`` counts both). When a broker is
+    lost, the requests it brought that the worker still holds are announced to their
+    clients through the other brokers (a HELD notice), with the answers the worker would
+    replay to it. :meth:`serve` reports readiness once the first broker has echoed the
+    registration; a refusal or a failed handshake at any broker ends serving.
+    :meth:`brokers` gives each broker's counters and state; :meth:`statistics` their sum.
+
     Stopping (:meth:`stop`, :meth:`aclose`, leaving ``async with``): ask for no more work,
     let running handlers finish within ``grace`` seconds and cancel the rest (their requests
     get no reply), then send a Reconnect (0x06) to the broker (dcp extension: "I am leaving;
     requeue what I hold") and close the socket. Cancelling the task that runs :meth:`serve`
     cancels the handlers and closes the socket at once, without telling the broker.
 
-    :param endpoint: the broker's zmq endpoint (a malformed one: :exc:`ValueError` naming
-        the mistake, here)
+    :param endpoint: the broker's zmq endpoint, or a sequence of them to serve several
+        brokers (a ``str`` is one endpoint: commas are not split); ``beacon://`` entries are
+        resolved when serving starts. An empty sequence, an endpoint given twice or a
+        malformed one: :exc:`ValueError` naming it, here
     :param service: the service name (UTF-8 on the wire; ``bytes`` are accepted)
     :param handler: the function (``async def``, plain ``def`` or async generator) that
         serves one request
@@ -526,7 +546,8 @@ class Worker:
         try:
             await brokers.serve()
         except Exception as exc:  # ends serving: serve() raises it
-            self._error = exc
+            one = single_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            self._error = one if isinstance(one, Exception) else exc  # dcp._io.lifecycle E4
         finally:
             self._ended.set()
             self._ready.set()

@@ -14,7 +14,9 @@ import zmq
 
 from dcp._broker.broker import Broker
 from dcp._client.client import Client
+from dcp._errors import RegistrationRefused
 from dcp._io.context import get_context
+from dcp._io.security import CurveClient, CurveServer
 from dcp._models import HandlerRequest
 from dcp._worker.worker import Worker
 from dcp.wire.dcp1 import PROTOCOL, serialize
@@ -348,3 +350,18 @@ async def test_a_stream_goes_through_the_broker_that_brought_it() -> None:
                 got = [part async for part in parts]
             assert got == [(b"%d" % i,) for i in range(50)]
         await worker.aclose()
+
+
+async def test_a_refusal_at_one_broker_ends_serving() -> None:
+    """Rule WB5: the same keys and services serve every broker; a refusal is a mistake."""
+    server, worker_keys = zmq.curve_keypair(), zmq.curve_keypair()
+    allowed = CurveServer(*server, clients=[], workers={"echo": [worker_keys[0]]})
+    refused = CurveServer(*server, clients=[], workers={"other": [worker_keys[0]]})
+    async with anyio.create_task_group() as tg:
+        (a,) = await tg.start(Broker("tcp://127.0.0.1:0", security=allowed).serve)
+        (b,) = await tg.start(Broker("tcp://127.0.0.1:0", security=refused).serve)
+        worker = Worker([a, b], "echo", upper, security=CurveClient(server[0], *worker_keys))
+        with anyio.fail_after(10), pytest.raises(RegistrationRefused):
+            await worker.serve()
+        assert not worker.registered
+        tg.cancel_scope.cancel()
