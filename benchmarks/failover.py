@@ -29,6 +29,8 @@ Figures (also the ``--json`` document):
 - broker CPU (``/proc/<pid>/stat``, every incarnation, read just before its kill or stop) per
   answered request, and the requests each incarnation carried (its last ``mmi.broker``).
 
+``--sync`` runs the clients with :meth:`dcp.SyncClient.map_unordered` (window
+``--in-flight``; a call that raises ends its map, whose other calls count as *hung*).
 ``--brokers 1`` is the single-broker restart path for comparison (the clients wait for the
 broker to come back). ``python -m benchmarks.capacity`` reuses the peers.
 """
@@ -157,15 +159,16 @@ def client_argv(
     drain: float,
     calls: bool = True,
     rate: float = 0.0,
+    sync: bool = False,
 ) -> list[str]:
     """The arguments of ``python -m`` for a client process (``calls=False``: no per-call
     record, counts only; ``rate``: requests per second, at most ``in_flight`` at once; 0: as
-    fast as ``in_flight`` allows)."""
+    fast as ``in_flight`` allows, not with ``sync``; ``sync``: a :class:`dcp.SyncClient`)."""
     argv = ["benchmarks.failover", "client", "--endpoints", ",".join(endpoints)]
     argv += ["--name", name, "--start-file", start_file, "--run-for", str(run_for)]
     argv += ["--in-flight", str(in_flight), "--timeout", str(timeout), "--drain", str(drain)]
     argv += ["--rate", str(rate)]
-    return argv + ([] if calls else ["--no-calls"])
+    return argv + ([] if calls else ["--no-calls"]) + (["--sync"] if sync else [])
 
 
 def _start_time(path: str) -> float | None:
@@ -177,17 +180,62 @@ def _start_time(path: str) -> float | None:
     return float(text) if text else None
 
 
+class Tally:
+    """What one client process saw, call by call."""
+
+    def __init__(self, name: str, keep_calls: bool) -> None:
+        self.name = name
+        self.keep_calls = keep_calls
+        self.counts: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        #: (sent at, latency) of the answered calls, monotonic seconds.
+        self.answered: list[tuple[float, float]] = []
+        #: (sent at, ended at, error type) of the calls that raised.
+        self.failed: list[tuple[float, float, str]] = []
+
+    def payload(self, k: int) -> bytes:
+        self.counts["sent"] += 1
+        return f"{self.name}:{k}".encode()
+
+    def reply(self, payload: bytes, data: Sequence[bytes], sent_at: float) -> None:
+        if tuple(data) != (payload,):
+            self.counts["wrong"] += 1
+            return
+        self.counts["answered"] += 1
+        if self.keep_calls:
+            self.answered.append((sent_at, time.monotonic() - sent_at))
+
+    def error(self, exc: BaseException, sent_at: float) -> None:
+        what = type(exc).__name__
+        self.errors[what] += 1
+        if self.keep_calls:
+            self.failed.append((sent_at, time.monotonic(), what))
+
+    def record(self, stats: Any) -> dict[str, Any]:
+        c = self.counts
+        lost = sum(self.errors.values())
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "sent": c["sent"],
+            "answered": c["answered"],
+            "wrong": c["wrong"],
+            "lost": lost,
+            "hung": c["sent"] - c["answered"] - c["wrong"] - lost,
+            "errors": dict(self.errors),
+            "stats": attrs.asdict(stats),
+            "calls": [[round(s, 6), round(latency, 6)] for s, latency in self.answered],
+            "failed": [[round(s, 6), round(e, 6), what] for s, e, what in self.failed],
+        }
+
+
 async def _run_client(args: argparse.Namespace) -> dict[str, Any]:
     seq = itertools.count()
-    name = args.name
-    answered: list[tuple[float, float]] = []  # (sent at, latency), monotonic seconds
-    failed: list[tuple[float, float, str]] = []  # (sent at, ended at, error type)
-    errors: Counter[str] = Counter()
-    counts = Counter[str]()
+    tally = Tally(args.name, args.calls)
     async with dcp.Client(
         endpoint_arg(args.endpoints.split(",")), timeout=args.timeout, wait_for_worker=True
     ) as client:
-        ready(name)
+        ready(args.name)
         with anyio.fail_after(START_TIMEOUT * 5):
             while (start := _start_time(args.start_file)) is None:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
@@ -201,42 +249,60 @@ async def _run_client(args: argparse.Namespace) -> dict[str, Any]:
                     await anyio.sleep(max(0.0, start + k / args.rate - time.monotonic()))
                     if time.monotonic() >= until:
                         break
-                payload = f"{name}:{k}".encode()
-                counts["sent"] += 1
+                payload = tally.payload(k)
                 sent_at = time.monotonic()
                 try:
                     response = await client.request(SERVICE, payload)
                 except dcp.DCPError as exc:
-                    errors[type(exc).__name__] += 1
-                    if args.calls:
-                        failed.append((sent_at, time.monotonic(), type(exc).__name__))
-                    continue
-                if tuple(response.data) != (payload,):
-                    counts["wrong"] += 1
-                    continue
-                counts["answered"] += 1
-                if args.calls:
-                    answered.append((sent_at, time.monotonic() - sent_at))
+                    tally.error(exc, sent_at)
+                else:
+                    tally.reply(payload, response.data, sent_at)
 
         with anyio.move_on_after(max(0.0, until + args.drain - time.monotonic())):
             async with anyio.create_task_group() as tg:
                 for _ in range(args.in_flight):
                     tg.start_soon(loop)
-        stats = client.statistics()
-    lost = sum(errors.values())
-    return {
-        "name": name,
-        "pid": os.getpid(),
-        "sent": counts["sent"],
-        "answered": counts["answered"],
-        "wrong": counts["wrong"],
-        "lost": lost,
-        "hung": counts["sent"] - counts["answered"] - counts["wrong"] - lost,
-        "errors": dict(errors),
-        "stats": attrs.asdict(stats),
-        "calls": [[round(s, 6), round(latency, 6)] for s, latency in answered],
-        "failed": [[round(s, 6), round(e, 6), what] for s, e, what in failed],
-    }
+        return tally.record(client.statistics())
+
+
+def _run_async_client(args: argparse.Namespace) -> dict[str, Any]:
+    record: dict[str, Any] = anyio.run(_run_client, args, backend="trio")
+    return record
+
+
+def _run_sync_client(args: argparse.Namespace) -> dict[str, Any]:
+    """The same load through :meth:`dcp.SyncClient.map_unordered` (``--in-flight`` its
+    window). A call that raises ends the map (its other calls in flight end *hung*); the next
+    map starts at once. Each call is bounded by ``--timeout``."""
+    seq = itertools.count()
+    tally = Tally(args.name, args.calls)
+    endpoint = endpoint_arg(args.endpoints.split(","))
+    with dcp.SyncClient(endpoint, timeout=args.timeout, wait_for_worker=True) as client:
+        ready(args.name)
+        give_up = time.monotonic() + START_TIMEOUT * 5
+        while (start := _start_time(args.start_file)) is None:
+            if time.monotonic() > give_up:
+                raise SystemExit(f"no start time in {args.start_file}")
+            time.sleep(0.01)
+        until = start + args.run_for
+        time.sleep(max(0.0, start - time.monotonic()))
+        while time.monotonic() < until:
+            batch: list[tuple[bytes, float]] = []
+
+            def payloads(batch: list[tuple[bytes, float]] = batch) -> Iterator[bytes]:
+                while time.monotonic() < until:
+                    payload = tally.payload(next(seq))
+                    batch.append((payload, time.monotonic()))
+                    yield payload
+
+            try:
+                for i, response in client.map_unordered(
+                    SERVICE, payloads(), window=args.in_flight
+                ):
+                    tally.reply(batch[i][0], response.data, batch[i][1])
+            except dcp.DCPError as exc:
+                tally.error(exc, time.monotonic())
+        return tally.record(client.statistics())
 
 
 # --------------------------------------------------------------------------- brokers
@@ -345,6 +411,7 @@ class Settings:
     window: float = 2.0
     timeout: float = 30.0
     drain: float = 35.0
+    sync: bool = False
 
 
 def kill_times(settings: Settings) -> list[float]:
@@ -388,6 +455,7 @@ def run(settings: Settings, log_dir: Path, log: Any = print) -> dict[str, Any]:
                     in_flight=settings.in_flight,
                     timeout=settings.timeout,
                     drain=settings.drain,
+                    sync=settings.sync,
                 ),
             )
             for i in range(settings.clients)
@@ -532,7 +600,8 @@ def render(summary: dict[str, Any], command: str) -> str:
     lat, fo = summary["latency"], summary["latency_in_failover"]
     lines = [
         f"`{command}`: {s['brokers']} brokers, {s['workers']} workers (concurrency "
-        f"{s['concurrency']}), {s['clients']} clients x {s['in_flight']} in flight, "
+        f"{s['concurrency']}), {s['clients']} {'SyncClients' if s.get('sync') else 'clients'} "
+        f"x {s['in_flight']} in flight, "
         f"{s['duration']:g} s, a broker SIGKILLed every {s['period']:g} s "
         f"(restarted after {s['downtime']:g} s)",
         "",
@@ -582,6 +651,7 @@ def _peer_parser(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="per call, seconds")
     p.add_argument("--drain", type=float, default=35.0, help="seconds for the last calls")
     p.add_argument("--rate", type=float, default=0.0, help="requests/s (0: closed loop)")
+    p.add_argument("--sync", action="store_true", help="dcp.SyncClient.map_unordered")
     p.add_argument("--no-calls", dest="calls", action="store_false", help="counts only")
 
 
@@ -590,7 +660,8 @@ def peer_main(args: argparse.Namespace) -> None:
     if args.command == "worker":
         anyio.run(_serve_worker, args, backend="trio")
         return
-    record = anyio.run(_run_client, args, backend="trio")
+    run_client = _run_sync_client if args.sync else _run_async_client
+    record = run_client(args)
     sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
@@ -613,6 +684,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=d.window, help="after a kill, s")
     parser.add_argument("--timeout", type=float, default=d.timeout, help="per call, seconds")
     parser.add_argument("--drain", type=float, default=d.drain, help="after the load, s")
+    parser.add_argument(
+        "--sync", action="store_true", help="clients: dcp.SyncClient.map_unordered"
+    )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--raw", help="write every call's record here")
     sub = parser.add_subparsers(dest="command")
@@ -637,6 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         window=args.window,
         timeout=args.timeout,
         drain=args.drain,
+        sync=args.sync,
     )
     with tempfile.TemporaryDirectory(prefix="dcp-failover-") as tmp:
         raw = run(settings, Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True))
