@@ -11,6 +11,7 @@ receiver (:mod:`dcp._client.maps`, :mod:`dcp._client.streams`, :mod:`dcp._client
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
@@ -41,6 +42,7 @@ from dcp._client.services import (
 )
 from dcp._client.streams import DEFAULT_WINDOW, Stream
 from dcp._client.waiters import Sink, Waiter
+from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
@@ -58,6 +60,10 @@ if TYPE_CHECKING:
 __all__ = ["Client"]
 
 logger = logging.getLogger("dcp.client")
+
+#: Seconds between zmq heartbeats on each socket of a client of several brokers (a broker
+#: silent for three is lost: receive Rule RX6).
+_HEARTBEAT = 1.0
 
 
 class Client(ClientOptions):
@@ -179,6 +185,9 @@ class Client(ClientOptions):
         """Connect (to the broker a beacon names, if the endpoint is one), then run the
         receive task and the handshake watch until cancelled; ready once connecting began
         (zmq connects in the background). The socket is closed when it returns."""
+        if self._brokers is not None:
+            await self._serve_brokers(self._brokers, task_status=task_status)
+            return
         receiver = self._receiver
         mon = None
         try:
@@ -202,6 +211,53 @@ class Client(ClientOptions):
                 # Closed by watch_handshakes, unless a Ctrl-C kept that task from starting
                 # (dcp._io.lifecycle Rule E6); closing twice is harmless.
                 mon.close(0)
+
+    async def _serve_brokers(
+        self,
+        brokers: Brokers,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """:meth:`_serve` with several brokers (receive Rule RX6): a socket per broker (each
+        beacon resolved first), each with its receive task and its handshake watch, which
+        tells the receiver when the broker is live or lost."""
+        receiver = self._receiver
+        key = None if self._security is None else self._security.server_key
+        secure = self._security is not None
+        mons: list[zmq.Socket[bytes]] = []
+        socks: list[zmq.Socket[bytes]] = []
+        try:
+            endpoints = [
+                await resolve(e, key=key) if e.startswith(BEACON_SCHEME) else e
+                for e in self._endpoints
+            ]
+            brokers.endpoints = self._endpoints = tuple(endpoints)
+            self.endpoint = endpoints[0]
+            self._tracker.endpoint = ", ".join(endpoints)  # tracker Rule RT7
+            for endpoint in endpoints:
+                sock, mon = connect_dealer(
+                    self._context, self.routing_id, self._security, endpoint, heartbeat=_HEARTBEAT
+                )
+                socks.append(sock)
+                mons.append(mon)
+            watches = [HandshakeWatch(e, secure=secure, role="client") for e in endpoints]
+            receiver.attach_brokers([AsyncSocket(sock) for sock in socks], watches, brokers)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receiver.run)
+                for i in range(1, len(socks)):
+                    tg.start_soon(receiver.run_broker, i)
+                for i, (sock, mon, watch) in enumerate(zip(socks, mons, watches, strict=True)):
+                    on_event = functools.partial(receiver.broker_event, i)
+                    tg.start_soon(watch_handshakes, sock, mon, watch, receiver.shutdown, on_event)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            receiver.shutdown(None)
+            for sock in socks:
+                if not sock.closed:  # not attached (a later connect failed)
+                    sock.close(0)
+            for mon in mons:
+                mon.close(0)  # closed by watch_handshakes, unless it never started
 
     def _close(self) -> None:
         self._receiver.shutdown(None)
