@@ -465,6 +465,9 @@ def run(settings: Settings, log_dir: Path, log: Any = print) -> dict[str, Any]:
         for slot in slots:
             slot.wait_parked()
         pids += [p.pid for p in procs.procs]
+        for slot in slots:  # each answers (and the first SyncClient's imports are done)
+            if broker_document(slot.endpoint, timeout=START_TIMEOUT) is None:
+                raise RuntimeError(f"broker {slot.endpoint} does not answer mmi.broker")
         log(f"{len(endpoints)} brokers, {len(workers)} workers, {len(clients)} clients ready")
         start = time.monotonic() + 0.2
         start_file.write_text(repr(start))

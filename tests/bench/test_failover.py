@@ -15,8 +15,8 @@ import pytest
 from benchmarks import capacity, failover
 from tests.bench.run import run_module
 
-#: Brokers of the short runs (1 until clients and workers take lists of endpoints).
-BROKERS = 1
+#: Brokers of the short runs.
+BROKERS = 2
 
 
 def _check_failover(summary: dict[str, Any], kills: int) -> None:
