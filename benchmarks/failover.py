@@ -188,8 +188,8 @@ class Tally:
         self.keep_calls = keep_calls
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
-        #: (sent at, latency) of the answered calls, monotonic seconds.
-        self.answered: list[tuple[float, float]] = []
+        #: (sent at, latency, payload) of the answered calls, monotonic seconds.
+        self.answered: list[tuple[float, float, bytes]] = []
         #: (sent at, ended at, error type) of the calls that raised.
         self.failed: list[tuple[float, float, str]] = []
 
@@ -203,7 +203,7 @@ class Tally:
             return
         self.counts["answered"] += 1
         if self.keep_calls:
-            self.answered.append((sent_at, time.monotonic() - sent_at))
+            self.answered.append((sent_at, time.monotonic() - sent_at, payload))
 
     def error(self, exc: BaseException, sent_at: float) -> None:
         what = type(exc).__name__
@@ -224,7 +224,9 @@ class Tally:
             "hung": c["sent"] - c["answered"] - c["wrong"] - lost,
             "errors": dict(self.errors),
             "stats": attrs.asdict(stats),
-            "calls": [[round(s, 6), round(latency, 6)] for s, latency in self.answered],
+            "calls": [
+                [round(s, 6), round(latency, 6), p.decode()] for s, latency, p in self.answered
+            ],
             "failed": [[round(s, 6), round(e, 6), what] for s, e, what in self.failed],
         }
 
@@ -515,7 +517,7 @@ def run(settings: Settings, log_dir: Path, log: Any = print) -> dict[str, Any]:
         "brokers": incarnations,
         "handler_runs": sum(runs.values()),
         "run_twice": sum(1 for n in runs.values() if n > 1),
-        "run_twice_ids": sorted(i for i, n in runs.items() if n > 1)[:50],
+        "run_twice_ids": sorted(i for i, n in runs.items() if n > 1),
         "leftovers": [pid for pid in pids if alive(pid)],
     }
 
@@ -546,6 +548,18 @@ def _latencies(calls: Iterator[list[float]]) -> dict[str, float]:
         "p99_ms": round(percentile(values, 0.99) * 1000, 2),
         "max_ms": round((values[-1] if values else 0.0) * 1000, 2),
     }
+
+
+def _after_kill(raw: dict[str, Any], ids: set[str], calls: list[list[Any]]) -> list[list[Any]]:
+    """``[payload, seconds from the last kill before it was sent]`` of each answered call in
+    ``ids`` (``None``: sent before the first kill)."""
+    kills = sorted(k["killed_monotonic"] for k in raw["kills"])
+    out: list[list[Any]] = []
+    for call in calls:
+        if len(call) > 2 and call[2] in ids:
+            before = [k for k in kills if k <= call[0]]
+            out.append([call[2], round(call[0] - before[-1], 3) if before else None])
+    return sorted(out, key=lambda x: str(x[0]))
 
 
 def summarise(raw: dict[str, Any]) -> dict[str, Any]:
@@ -580,6 +594,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         **total,
         "errors": dict(errors),
         "run_twice": raw["run_twice"],
+        "run_twice_after_kill": _after_kill(raw, set(raw["run_twice_ids"]), calls),
         "handler_runs": raw["handler_runs"],
         "latency": _latencies(iter(calls)),
         "latency_in_failover": _latencies(iter(in_failover)),
@@ -627,6 +642,10 @@ def render(summary: dict[str, Any], command: str) -> str:
             f"| {k['calls']} | {k['p50_ms']:.1f} ms | {k['p99_ms']:.1f} ms "
             f"| {k['max_ms']:.0f} ms |"
         )
+    after = summary.get("run_twice_after_kill") or []
+    if after:
+        text = ", ".join(f"{i} {'-' if t is None else f'{t:.2f} s'}" for i, t in after[:20])
+        lines += ["", f"Run twice (sent this long after the last kill): {text}"]
     if summary["errors"]:
         lines += ["", "Errors: " + ", ".join(f"{k} {v}" for k, v in summary["errors"].items())]
     return "\n".join(lines)

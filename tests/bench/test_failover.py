@@ -77,8 +77,8 @@ def test_short_capacity_run(tmp_path: Path) -> None:
     assert f"| {BROKERS} | no |" in proc.stdout
 
 
-def _call(sent: float, latency: float) -> list[float]:
-    return [sent, latency]
+def _call(sent: float, latency: float, payload: str = "c0:0") -> list[Any]:
+    return [sent, latency, payload]
 
 
 def test_the_figures_around_a_kill() -> None:
@@ -88,7 +88,7 @@ def test_the_figures_around_a_kill() -> None:
     calls = [
         _call(100.0, 0.01),  # before the kill: not around it
         _call(104.9, 0.2),  # in flight at the kill
-        _call(105.5, 0.5),  # sent in the window
+        _call(105.5, 0.5, "c0:1"),  # sent in the window
         _call(107.5, 0.01),  # after the window
     ]
     raw: dict[str, Any] = {
@@ -138,6 +138,8 @@ def test_the_figures_around_a_kill() -> None:
     assert "| 5 | 4 | 1 | 0 | 0 | 1 |" in text
     assert "| 5.0 s | 0 | 0.10 s | 0.30 s | 2 |" in text
     assert "Errors: RequestTimeout 1" in text
+    assert summary["run_twice_after_kill"] == [["c0:1", 0.5]]
+    assert "Run twice (sent this long after the last kill): c0:1 0.50 s" in text
 
 
 def test_capacity_medians() -> None:
