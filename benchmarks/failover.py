@@ -711,6 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--raw", help="write every call's record here")
+    parser.add_argument("--logs", help="keep the processes' logs in this directory")
     sub = parser.add_subparsers(dest="command")
     _peer_parser(sub)
     args = parser.parse_args(argv)
@@ -735,8 +736,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         drain=args.drain,
         sync=args.sync,
     )
-    with tempfile.TemporaryDirectory(prefix="dcp-failover-") as tmp:
-        raw = run(settings, Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True))
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    if args.logs:  # kept: every process's stderr and the workers' run file
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
+        raw = run(settings, Path(args.logs), log=say)
+    else:
+        with tempfile.TemporaryDirectory(prefix="dcp-failover-") as tmp:
+            raw = run(settings, Path(tmp), log=say)
     summary = summarise(raw)
     summary["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     summary["command"] = "python -m benchmarks.failover " + " ".join(
