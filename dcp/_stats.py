@@ -243,6 +243,12 @@ class WorkerStatistics:
     #: Replies sent again after a lost connection, in case the broker lost them (Rule W13 of
     #: :mod:`dcp._core.worker.core`); a client drops the ones it already has.
     replayed: int = 0
+    #: Requests that came again (through another broker) while held or lately answered, and
+    #: were not run again (a worker serving several brokers, docs/scaling.md).
+    duplicates: int = 0
+    #: Whether a broker has confirmed the registration (:meth:`dcp.Worker.brokers`: that
+    #: broker; :meth:`dcp.Worker.statistics`: any).
+    registered: bool = False
 
 
 @attrs.frozen

@@ -8,14 +8,19 @@ Rule CW1 - A handler that cannot be used is a usage error (exit status 2, one li
    (whatever it raised, named with its type and where), a name the module lacks, and a
    handler the worker refuses (:mod:`dcp._worker.services` Rule WV1).
 Rule CW2 - At default verbosity it prints one line on stderr once the broker has echoed the
-   registration (the services, the broker endpoint, the concurrency), and one when the
+   registration (the services, the broker endpoint, the concurrency; with several
+   ``--connect``, once the first broker has, naming every endpoint), and one when the
    first SIGINT or SIGTERM begins the graceful stop (how many requests it is finishing,
    within how long, and that the signal again forces it). ``-v`` adds the library's INFO
    lines on ``dcp.worker``.
 Rule CW3 - ``--ready-file PATH``: a stale file is removed at start; the file is written
    (atomically: a temporary file renamed) once the broker has echoed the registration, and
    removed when the command exits, however it exits (but SIGKILL). It holds one JSON object:
-   ``pid``, ``endpoint`` and ``services``.
+   ``pid``, ``endpoint`` (the first broker's) and ``services``; with several brokers also
+   ``endpoints``, all of them.
+Rule CW4 - ``--connect`` given several times, or with a comma-separated value, serves every
+   broker named (:class:`dcp.Worker` given a list; docs/scaling.md); one endpoint is
+   exactly today's worker.
 """
 
 from __future__ import annotations
@@ -104,14 +109,20 @@ class ReadyFile:
             raise CLIError(f"--ready-file {path}: no directory {str(self._path.parent)!r}", USAGE)
         self._path.unlink(missing_ok=True)  # stale: a supervisor must not see it
 
-    def write(self, endpoint: str, services: Sequence[str]) -> None:
+    def write(self, endpoints: Sequence[str], services: Sequence[str]) -> None:
         """Write the file, atomically.
 
         :raises CLIError: it cannot be written
         """
         if self._path is None:
             return
-        doc = {"pid": os.getpid(), "endpoint": endpoint, "services": list(services)}
+        doc: dict[str, object] = {
+            "pid": os.getpid(),
+            "endpoint": endpoints[0],
+            "services": list(services),
+        }
+        if len(endpoints) > 1:
+            doc["endpoints"] = list(endpoints)
         temporary = self._path.with_name(f".{self._path.name}.{os.getpid()}")
         try:
             temporary.write_text(json.dumps(doc) + "\n")
@@ -148,7 +159,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         else:
             one, several = served, None
         worker = Worker(
-            args.connect,
+            args.connect[0] if len(args.connect) == 1 else args.connect,
             one[0],
             one[1],
             services=several,
@@ -166,11 +177,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     each = " each" if len(worker.services) > 1 else ""
 
     async def run() -> None:
-        logger.info("worker for %s connecting to %s", names, args.connect)
+        logger.info("worker for %s connecting to %s", names, ", ".join(args.connect))
         async with anyio.create_task_group() as tg:
             await tg.start(worker.serve)
-            _say(f"serving {names} at {worker.endpoint} (concurrency {args.concurrency}{each})")
-            ready.write(worker.endpoint, worker.services)
+            at = ", ".join(worker.endpoints)
+            _say(f"serving {names} at {at} (concurrency {args.concurrency}{each})")
+            ready.write(worker.endpoints, worker.services)
 
     def stop(sig: signal.Signals) -> None:
         running = worker.statistics().in_progress
@@ -185,7 +197,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             _say(f"{sig.name}: stopping (no request in progress)")
 
     try:
-        with endpoint_errors("connect to", [args.connect], CLIError):
+        with endpoint_errors("connect to", args.connect, CLIError):
             received = run_async(args.backend, until_signal, run, stop)
     except (RegistrationRefused, AuthenticationFailed) as exc:
         raise CLIError(f"{type(exc).__name__}: {exc}", 3) from None

@@ -31,6 +31,10 @@ Rule WH6 - Inline runs. With one service whose handler is an ``async def``, the 
    of the slots, so :meth:`Handlers.cancel` cancels it as theirs; at its first suspension
    the socket is handed to another serving task (:mod:`dcp._worker.worker`). Requests from
    the backlog, plain ``def`` and stream handlers, and several services run in slots.
+Rule WH7 - Where a run ends. By default a run ends in this worker's one core (Rule WH3); a
+   worker serving several brokers sets :attr:`Handlers.finish` (its answer goes to every
+   broker that brought the request, :mod:`dcp._worker.brokers`) and :attr:`Handlers.route`
+   (a stream's parts go through the broker that brought it, with that broker's streams).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import anyio
@@ -66,7 +70,10 @@ if TYPE_CHECKING:
     from dcp._models import AsyncHandler, StreamHandler
     from dcp._worker.tracing import WorkerTracing
 
-__all__ = ["Handlers", "names"]
+__all__ = ["Handlers", "Route", "names"]
+
+#: Where a stream's parts go (Rule WH7): its streams, the part sender, the type width.
+Route = tuple[WorkerStreams, Callable[[list[bytes]], Awaitable[None]], Callable[[], int]]
 
 logger = logging.getLogger("dcp.worker")
 
@@ -119,6 +126,10 @@ class Handlers:
         self.slots: HandlerSlots[Run] | None = None
         #: The event loop's clock (anyio.current_time without its lookup; set in host).
         self._now: Callable[[], float] = anyio.current_time
+        #: Where each run ends, its answer (``None``: none) and its run (Rule WH7).
+        self.finish: Callable[[Reply | Request | None, Run], None] = self._finish
+        #: A stream request's streams, part sender and type width (Rule WH7).
+        self.route: Callable[[Request], Route] = self._route
 
     async def host(self, *, task_status: anyio.abc.TaskStatus[HandlerSlots[Run]]) -> None:
         """Hold the handlers' task group until :meth:`cancel` (or serving ends); start
@@ -155,7 +166,7 @@ class Handlers:
 
     async def _run(self, run: Run) -> None:
         # Runs in a handler slot, cancelled as a whole by cancel().
-        request, generation = run.request, run.generation
+        request = run.request
         message: Reply | Request | None = None
         work_timeout = request_work_timeout(request.metadata)
         if work_timeout is None:
@@ -165,7 +176,7 @@ class Handlers:
                 else:
                     message = await self._tracing.call(self._call, request)
             finally:
-                self._finish(message, generation)
+                self.finish(message, run)
             return
         with anyio.CancelScope() as scope:
             # Rule WH2: the broker has given the request to another worker by then (and
@@ -174,7 +185,7 @@ class Handlers:
             try:
                 message = await self._call(request)
             finally:
-                self._finish(message, generation)
+                self.finish(message, run)
         if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
             logger.warning(
                 "handler for service %r cancelled: past the request's work timeout (%.3f s)",
@@ -191,14 +202,14 @@ class Handlers:
 
     def _drop(self, run: Run) -> None:
         """A request queued for a slot when the handlers were cancelled: never run."""
-        self._finish(None, run.generation)
+        self.finish(None, run)
 
-    def _finish(self, message: Reply | Request | None, generation: int) -> None:
+    def _finish(self, message: Reply | Request | None, run: Run) -> None:
         """Rule WH3."""
         core = self._core
         connection = self._connection
         connection.poll()  # has the connection changed under us?
-        core.finish(message, self._now(), generation=generation)
+        core.finish(message, self._now(), generation=run.generation)
         outbox, events = core.drain()
         for frames in outbox:
             connection.send(frames)
@@ -241,6 +252,10 @@ class Handlers:
             logger.error("%s", message)
             return error_reply(request, "bad_handler_result", message)
 
+    def _route(self, request: Request) -> Route:
+        """Rule WH7: the one connection's."""
+        return self._streams, self._connection.send_part, self._width
+
     async def _await(
         self, served: Served, handler: object, request: Request, view: HandlerRequest
     ) -> object:
@@ -249,12 +264,9 @@ class Handlers:
         if kind is Kind.ASYNC:
             return await cast("AsyncHandler", handler)(view)
         if kind is Kind.STREAM:
-            return await self._streams.run(
-                cast("StreamHandler", handler),
-                request,
-                view,
-                self._connection.send_part,
-                self._width,
+            streams, send_part, width = self.route(request)
+            return await streams.run(
+                cast("StreamHandler", handler), request, view, send_part, width
             )
         result = await anyio.to_thread.run_sync(
             cast("Callable[[HandlerRequest], object]", handler),

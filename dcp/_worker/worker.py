@@ -11,6 +11,10 @@ None of the parts reads another's privates:
   answer given to the core);
 - the streams, :class:`~dcp._worker.streams.WorkerStreams`.
 
+Given several endpoints, the worker serves each broker through a :class:`~dcp._worker.brokers.
+Link` (its own core and connection) and one handler pool (:class:`~dcp._worker.brokers.Brokers`,
+Rules WB1-WB5); the serving tasks below are the one-broker worker's.
+
 The serving task runs one connection at a time: it gives the core the broker's messages and
 the time, sends what the core drains, starts its runs, and sleeps until the next message or
 the core's next deadline. :meth:`Worker.serve` only starts it and waits for it to end.
@@ -46,9 +50,10 @@ Rule WL4 - Between waits, the leading task reads the connection's monitor and gi
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -62,11 +67,12 @@ from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
 from dcp._io.endpoints import check_peer_endpoint
-from dcp._io.lifecycle import Lifecycle, ki_protected
+from dcp._io.lifecycle import BaseExceptionGroup, Lifecycle, ki_protected, single_error
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket, Received
 from dcp._models import Handler, service_name
 from dcp._stats import WorkerStatistics
+from dcp._worker.brokers import Brokers, Link
 from dcp._worker.connection import Connection
 from dcp._worker.handlers import Handlers, names
 from dcp._worker.services import served_services
@@ -87,6 +93,28 @@ logger = logging.getLogger("dcp.worker")
 _BATCH = 64
 #: Batches served inline at most before the serving task yields all the same (Rule WL3).
 _UNYIELDED = 8
+
+
+def check_endpoints(endpoint: str | Sequence[str]) -> tuple[str, ...]:
+    """The brokers' endpoints: one ``str`` (not split at commas), or a sequence of them.
+
+    :raises ValueError: an empty sequence, an endpoint given twice, or a malformed one
+        (named)
+    """
+    if isinstance(endpoint, str):
+        return (check_peer_endpoint(endpoint),)
+    endpoints = tuple(endpoint)
+    if not endpoints:
+        raise ValueError("no broker endpoint given (an empty list)")
+    seen: set[str] = set()
+    for one in endpoints:
+        if not isinstance(one, str):
+            raise ValueError(f"a broker endpoint must be a str, not {type(one).__name__}")
+        check_peer_endpoint(one)
+        if one in seen:
+            raise ValueError(f"broker endpoint {one!r} given twice")
+        seen.add(one)
+    return endpoints
 
 
 class _HandedOff:
@@ -154,14 +182,34 @@ class Worker:
     backlog past its caller's deadline (the expires-in option) is not run: it is answered
     with an ``expired`` error reply (``statistics().expired``).
 
+    Several brokers (``docs/scaling.md``): given a list of endpoints, the worker registers
+    with every broker (a connection each: its own heartbeats, liveness, reconnects and
+    re-registrations) and serves them from one pool: at most ``concurrency`` handlers run at
+    once across all of them. Each broker may grant up to ``concurrency`` requests, so the
+    worker may hold up to ``len(endpoints) x concurrency``, those beyond the free slots
+    waiting in the worker, first come first run (one that waited past its caller's deadline
+    is answered ``expired``). An answer goes back through the broker that brought the
+    request (through any other registered broker if that one is down). A request whose dcp
+    request id the worker holds (running or waiting) is not run again whichever broker
+    brings it: its answer goes through both; one it answered in the last ``liveness x
+    heartbeat_interval`` seconds is answered again from the kept answer without running;
+    after that it runs again (``statistics().duplicates`` counts both). When a broker is
+    lost, the requests it brought that the worker still holds are announced to their
+    clients through the other brokers (a HELD notice), with the answers the worker would
+    replay to it. :meth:`serve` reports readiness once the first broker has echoed the
+    registration; a refusal or a failed handshake at any broker ends serving.
+    :meth:`brokers` gives each broker's counters and state; :meth:`statistics` their sum.
+
     Stopping (:meth:`stop`, :meth:`aclose`, leaving ``async with``): ask for no more work,
     let running handlers finish within ``grace`` seconds and cancel the rest (their requests
     get no reply), then send a Reconnect (0x06) to the broker (dcp extension: "I am leaving;
     requeue what I hold") and close the socket. Cancelling the task that runs :meth:`serve`
     cancels the handlers and closes the socket at once, without telling the broker.
 
-    :param endpoint: the broker's zmq endpoint (a malformed one: :exc:`ValueError` naming
-        the mistake, here)
+    :param endpoint: the broker's zmq endpoint, or a sequence of them to serve several
+        brokers (a ``str`` is one endpoint: commas are not split); ``beacon://`` entries are
+        resolved when serving starts. An empty sequence, an endpoint given twice or a
+        malformed one: :exc:`ValueError` naming it, here
     :param service: the service name (UTF-8 on the wire; ``bytes`` are accepted)
     :param handler: the function (``async def``, plain ``def`` or async generator) that
         serves one request
@@ -202,7 +250,7 @@ class Worker:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | Sequence[str],
         service: str | bytes | None = None,
         handler: Handler | None = None,
         *,
@@ -217,7 +265,11 @@ class Worker:
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
     ) -> None:
-        self.endpoint = check_peer_endpoint(endpoint)  # a ValueError now, not zmq's EINVAL
+        endpoints = check_endpoints(endpoint)  # a ValueError now, not zmq's EINVAL
+        #: Every broker's endpoint, in the order given (beacons resolved once serving).
+        self.endpoints: tuple[str, ...] = endpoints
+        #: The first of :attr:`endpoints`.
+        self.endpoint: str = endpoints[0]
         # Spans of the handlers (docs/tracing.md); None: tracing off (costs one test).
         traced: WorkerTracing | None = None
         if tracing:
@@ -235,28 +287,51 @@ class Worker:
         self.service: str = served[0].name
         self._names = names(served)
         # The parts (each owns its state; none reads another's privates):
-        self._core = WorkerCore(
-            served[0].wire,
-            # docs/services.md: the broker's credit is the services' sum.
-            concurrency=sum(s.concurrency for s in served),
-            heartbeat_interval=heartbeat_interval,
-            liveness=liveness,
-            reconnect_min=reconnect_min,
-            reconnect_max=reconnect_max,
-            type_width=type_width,
-            more_services=tuple(s.wire for s in served[1:]),
-            infos={s.wire: s.info for s in served if s.info is not None},
-        )
-        self._streams = WorkerStreams()
-        self._connection = Connection(
-            self._core,
-            self._streams,
-            endpoint=endpoint,
-            services=self._names,
-            context=context,
-            security=security,
-            wake=self._wake,
-        )
+
+        def make_core() -> WorkerCore:
+            return WorkerCore(
+                served[0].wire,
+                # docs/services.md: the broker's credit is the services' sum.
+                concurrency=sum(s.concurrency for s in served),
+                heartbeat_interval=heartbeat_interval,
+                liveness=liveness,
+                reconnect_min=reconnect_min,
+                reconnect_max=reconnect_max,
+                type_width=type_width,
+                more_services=tuple(s.wire for s in served[1:]),
+                infos={s.wire: s.info for s in served if s.info is not None},
+            )
+
+        def connect(
+            core: WorkerCore, streams: WorkerStreams, wake: Callable[[], None], *, endpoint: str
+        ) -> Connection:
+            return Connection(
+                core,
+                streams,
+                endpoint=endpoint,
+                services=self._names,
+                context=context,
+                security=security,
+                wake=wake,
+            )
+
+        self._core = make_core()
+        links: list[Link] = []
+        if len(endpoints) == 1:
+            self._streams = WorkerStreams()
+            self._connection = connect(
+                self._core, self._streams, self._wake, endpoint=endpoints[0]
+            )
+        else:  # several brokers: a link each (dcp._worker.brokers)
+            for i, one in enumerate(endpoints):
+                links.append(
+                    Link(
+                        self._core if i == 0 else make_core(),
+                        functools.partial(connect, endpoint=one),
+                    )
+                )
+            self._streams = links[0].streams
+            self._connection = links[0].connection
         self._handlers = Handlers(
             self._core,
             self._connection,
@@ -264,6 +339,12 @@ class Worker:
             served,
             tracing=traced,
             wake=self._wake,
+        )
+        #: Several brokers: their links and the pool (``None``: one broker).
+        self._brokers = (
+            Brokers(links, self._handlers, names=self._names, ready=self._announce)
+            if links
+            else None
         )
         self._wake_scope: anyio.CancelScope | None = None
         self._stop_deadline: float | None = None
@@ -295,11 +376,30 @@ class Worker:
     def statistics(self) -> WorkerStatistics:
         """Counters: requests received, replies, forwards, errors, in progress, backlog,
         reconnects and more (see :class:`WorkerStatistics`)."""
-        return attrs.evolve(self._core.statistics(), send_failures=self._connection.send_failures)
+        if self._brokers is not None:
+            return self._brokers.statistics()
+        return attrs.evolve(
+            self._core.statistics(),
+            send_failures=self._connection.send_failures,
+            registered=self._core.state is State.READY,
+        )
+
+    def brokers(self) -> dict[str, WorkerStatistics]:
+        """Each broker's counters and state, by endpoint, in the order given: requests it
+        brought (``received``), answers sent through it (``replies``...), ``reconnects``,
+        ``duplicates`` (requests it brought that another broker brought first), and
+        ``registered`` (whether it has confirmed the registration now). With one broker,
+        ``{endpoint: statistics()}``."""
+        if self._brokers is None:
+            return {self.endpoint: self.statistics()}
+        return {link.endpoint: link.statistics() for link in self._brokers.links}
 
     @property
     def registered(self) -> bool:
-        """True while the broker has confirmed our registration on the current socket."""
+        """True while a broker has confirmed our registration on its current socket (with
+        several brokers: any of them; :meth:`brokers` tells which)."""
+        if self._brokers is not None:
+            return any(link.core.state is State.READY for link in self._brokers.links)
         return self._core.state is State.READY
 
     # The parts the worker is made of, for tests and debugging: internals, whose names and
@@ -314,15 +414,19 @@ class Worker:
         """
         grace = self.DEFAULT_GRACE if grace is None else grace
         deadline = anyio.current_time() + grace
+        brokers = self._brokers
         if self._stop_deadline is None and self._serving:
             logger.info(
                 "worker for %s stopping: finishing %d request(s) in progress, for at most %g s",
                 self._names,
-                self._core.in_progress,
+                self._core.in_progress if brokers is None else brokers.in_progress(),
                 grace,
             )
         if self._stop_deadline is None or deadline < self._stop_deadline:
             self._stop_deadline = deadline
+        if brokers is not None:
+            brokers.stop(deadline)
+            return
         self._core.stop()
         self._wake()
 
@@ -365,6 +469,9 @@ class Worker:
         if self._serving:
             raise RuntimeError("a Worker can serve only once")
         self._serving = True
+        if self._brokers is not None:
+            await self._serve_several(self._brokers, task_status)
+            return
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if self._security is None else self._security.server_key
             self.endpoint = self._connection.endpoint = await resolve(self.endpoint, key=key)
@@ -396,6 +503,59 @@ class Worker:
         error = self._error or self._refused or self._connection.failure
         if error is not None:
             raise error
+
+    async def _serve_several(
+        self, brokers: Brokers, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        """:meth:`serve` with several brokers (:mod:`dcp._worker.brokers`)."""
+        key = None if self._security is None else self._security.server_key
+        for link in brokers.links:
+            if link.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon
+                link.connection.endpoint = await resolve(link.endpoint, key=key)
+        self.endpoints = tuple(link.endpoint for link in brokers.links)
+        self.endpoint = self.endpoints[0]
+        self._done = anyio.Event()
+        self._ready = anyio.Event()
+        self._ended = anyio.Event()
+        handlers = self._handlers
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                watchdog = anyio.CancelScope()
+                tg.start_soon(handlers.watch_loop, watchdog)
+                await tg.start(handlers.host)
+                try:
+                    tg.start_soon(self._several, brokers)
+                    await self._ready.wait()
+                    if self._announced:
+                        task_status.started()  # registered at one broker at least
+                    await self._ended.wait()
+                finally:
+                    watchdog.cancel()
+                    brokers.close()
+                    handlers.cancel()
+        finally:
+            self._done.set()
+        error = self._error or brokers.refused
+        for link in brokers.links:
+            error = error or link.connection.failure
+        if error is not None:
+            raise error
+
+    async def _several(self, brokers: Brokers) -> None:
+        try:
+            await brokers.serve()
+        except Exception as exc:  # ends serving: serve() raises it
+            one = single_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            self._error = one if isinstance(one, Exception) else exc  # dcp._io.lifecycle E4
+        finally:
+            self._ended.set()
+            self._ready.set()
+
+    def _announce(self) -> None:
+        """The first broker echoed the registration (several brokers)."""
+        self._announced = True
+        self._ready.set()
 
     # -- the serving tasks ------------------------------------------------------------------
 

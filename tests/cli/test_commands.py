@@ -17,6 +17,7 @@ import zmq
 import dcp
 from dcp._cli import main
 from dcp._cli._call import ERROR_REPLY, TIMED_OUT
+from dcp._cli._parser import build_parser
 from dcp.wire import mdp
 from dcp.wire.messages import Reconnect, Register, Reply, Request
 from tests.cli.procs import HANDLER, Proc, run, start, start_broker
@@ -417,3 +418,38 @@ def test_broker_limit_flags_reach_the_broker(monkeypatch: pytest.MonkeyPatch) ->
         "send_hwm": 15, "receive_hwm": 16, "max_memory": 17 << 20, "max_client_services": 18,
         "max_queue_wait": 19.0,
     }  # fmt: skip
+
+
+def test_worker_connect_repeated_serves_every_broker(procs: list[Proc], tmp_path: Path) -> None:
+    """``dcp worker --connect A --connect B`` (:mod:`dcp._cli._worker` Rule CW4): registered
+    at both, each broker's calls answered; the ready file names both."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, a = start_broker(procs, tmp_path / "a")
+    _, b = start_broker(procs, tmp_path / "b")
+    ready = tmp_path / "worker.ready"
+    worker = start(
+        procs, "worker", "--connect", a, "--connect", b, "--service", "echo", HANDLER,
+        "--ready-file", str(ready),
+    )  # fmt: skip
+    serving = worker.wait_stderr(b"\n", timeout=30)
+    assert serving.decode() == f"dcp worker: serving 'echo' at {a}, {b} (concurrency 1)\n"
+    doc = json.loads(wait_for_file(ready, worker))
+    assert doc["endpoint"] == a and doc["endpoints"] == [a, b]
+    for endpoint in (a, b):  # --wait: the second broker may not have the registration yet
+        assert run("call", "--connect", endpoint, "--wait", "echo", "hi")[:2] == (0, "HI\n")
+    worker.popen.send_signal(signal.SIGTERM)
+    code, _, err = worker.finish(30)
+    assert code == 0, err
+
+
+def test_worker_connect_takes_a_comma_separated_list() -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        ["worker", "--connect", "tcp://127.0.0.1:1,tcp://127.0.0.1:2", "--connect",
+         "tcp://127.0.0.1:3", "--service", "echo", HANDLER]
+    )  # fmt: skip
+    assert args.connect == ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "tcp://127.0.0.1:3"]
+    with pytest.raises(SystemExit) as exit_:  # a usage error naming the bad one
+        parser.parse_args(["worker", "--connect", "tcp://127.0.0.1:1,nonsense", "s", HANDLER])
+    assert exit_.value.code == 2

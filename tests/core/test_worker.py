@@ -23,6 +23,7 @@ from dcp._core.worker.core import (
     WorkerCore,
     backoff_delay,
 )
+from dcp._core.worker.replay import Answered
 from dcp._models import Forward
 from dcp._worker.results import error_reply, result_message
 from dcp.wire.dcp1 import parse, serialize
@@ -801,3 +802,71 @@ def test_replay_is_bounded_by_count_and_bytes() -> None:
     off.connection_lost(0.2)
     off.reconnected(0.3)
     assert [m for m in take(off) if isinstance(m, Reply)] == [result_message(dcp_req(1), b"r")]
+
+
+# -- several brokers (Rule W15; dcp._worker.brokers) ------------------------------------------
+
+
+def test_a_relayed_answer_is_sent_only_while_ready_and_credits_as_a_ping() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, dcp_req(1), 0.0)  # the one slot is busy, no credit left
+    other = Reply(CLIENT, dcp_req(9).metadata, (b"from elsewhere",))
+    w.relay(other, 0.1)
+    assert take(w) == [other]
+    assert w.statistics().replies == 0  # not this broker's request: no counter moves
+    # The broker took it as a PING (credit 1): what it sends next waits (Rule W4).
+    assert deliver(w, dcp_req(2), 0.2) == []
+    assert w.statistics().backlog == 1
+    w.connection_lost(0.3)
+    w.relay(other, 0.4)  # not READY: dropped, not kept
+    w.reconnected(0.5)
+    assert other not in take(w)
+
+
+def test_a_relayed_answer_lets_a_real_broker_send_one_more_request() -> None:
+    wired = Wired(1)
+    wired.client_request(1)
+    assert len(wired.running) == 1
+    wired.worker.relay(Reply(b"C", (b"id-9",), (b"x",)), wired.now)  # credit as a PING
+    wired.flush()
+    wired.pump()
+    wired.client_request(2)
+    assert wired.worker.statistics().backlog == 1  # mirrored: at most N run (Rule W4)
+    assert wired.max_running == 1
+    wired.finish(0)
+    assert [r.data for r in wired.replies][-2:] == [(b"x",), (b"1",)]
+    assert len(wired.running) == 1  # the backlogged one took the slot
+
+
+def test_unsent_replies_are_the_kept_answers_still_kept() -> None:
+    w = ready(n=2, now=0.0)
+    deliver(w, dcp_req(1), 0.0)
+    deliver(w, dcp_req(2), 0.0)
+    first = result_message(dcp_req(1), b"r1")
+    w.finish(first, 0.1)
+    take(w)
+    assert w.unsent_replies() == []
+    w.connection_lost(0.2)
+    second = result_message(dcp_req(2), b"r2")
+    w.finish(second, 0.3)  # kept for the next registration (Rule W7)
+    assert w.unsent_replies() == [first, second]
+    w.reconnected(0.4)
+    assert take(w) == [Register(SVC), first, second]
+    assert w.unsent_replies() == []
+
+
+def test_answered_keeps_answers_by_id_within_window_and_bounds() -> None:
+    kept = Answered(window=3.0, limit=2, max_bytes=8)
+    kept.remember(b"a", (b"1234",), 0.0)
+    kept.remember(b"a", (b"other",), 0.1)  # the first answer stays
+    assert kept.get(b"a", 1.0) == (b"1234",)
+    kept.remember(b"b", (b"12",), 1.0)
+    kept.remember(b"c", (b"12",), 2.0)  # over the limit: the oldest goes
+    assert kept.get(b"a", 2.0) is None
+    assert kept.get(b"b", 2.0) == (b"12",)
+    kept.remember(b"d", (b"12345678",), 2.5)  # over the bytes: older ones go
+    assert kept.get(b"c", 2.5) is None and kept.get(b"d", 2.5) == (b"12345678",)
+    assert kept.get(b"d", 5.6) is None  # past the window
+    off = Answered(window=3.0, limit=0, max_bytes=8)
+    off.remember(b"a", (b"1",), 0.0)
+    assert off.get(b"a", 0.0) is None

@@ -118,6 +118,16 @@ Rule W14 (several services)
     document (metadata ``\\xffDCP:describe``, data ``[service, info]``; the broker's answer
     is ignored), then one REGISTER per service. READY comes once every registration is
     echoed; a refusal of any of them closes the core (Rule W10).
+Rule W15 (answers for another broker's requests)
+    A worker serving several brokers (:class:`dcp.Worker` given several endpoints) sends some
+    REPLYs through a broker that did not bring their request: an answer whose own broker is
+    not connected, one it replays (Rule W13) after losing that broker, and HELD notices
+    (data ``[HELD_MARKER]``, :data:`dcp.wire.messages.HELD_MARKER`). :meth:`WorkerCore.relay`
+    sends one while READY (else it is dropped, not kept: the other brokers carry it). A dcp
+    broker treats a reply that matches nothing it holds as a PING for credit (its credit
+    becomes at least 1), so the core mirrors it as one: ``credit = max(credit, 1)``, never
+    +1 (Rule W2). Whatever the broker then grants beyond the free slots waits in the backlog
+    (Rule W4).
 
 What the core does NOT do: open or close sockets, read clocks, sleep, run or cancel
 handlers, log, or decide how long a graceful stop may take. Time is whatever ``now`` says.
@@ -370,6 +380,20 @@ class WorkerCore:
             self._send(message, now)
         if self._backlog:  # mostly empty: no call then
             self._start_backlog(now)
+
+    def relay(self, reply: Reply, now: float) -> None:
+        """Rule W15: send ``reply``, which answers (or is a HELD notice for) a request another
+        broker brought, if READY; credit as a PING. Not kept for a replay (Rule W13)."""
+        if self.state is not State.READY:
+            return
+        self._credit = max(self._credit, 1)
+        self._last_send = now
+        self.outbox.append(serialize(reply, width=self.width))
+
+    def unsent_replies(self) -> list[Reply]:
+        """The REPLYs kept for the next registration (Rules W7 and W13), oldest first, still
+        kept: what a worker serving several brokers also sends through the others (W15)."""
+        return [message for message in self._pending if type(message) is Reply]
 
     def drain(self) -> tuple[list[list[bytes]], list[Event]]:
         """Take what the calls since the last drain asked for: the messages to send and

@@ -7,6 +7,10 @@ only those a client can recognise as duplicates (the request's first metadata pa
 request id; not stream replies), at most ``limit`` of them and ``max_bytes`` bytes of data
 together, the newest kept. :meth:`SentReplies.take` hands them back, oldest first, when the
 connection is lost.
+
+:class:`Answered` keeps the same window's answers by request id, for a worker serving several
+brokers: a request that comes again through another broker within the window is answered from
+it without running (:mod:`dcp._worker.brokers`, Rule WB3).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dcp.wire.messages import Message, Reply
 from dcp.wire.options import REQUEST_ID_PREFIX
 from dcp.wire.streams import STREAM_OPTION
 
-__all__ = ["SentReplies"]
+__all__ = ["Answered", "SentReplies"]
 
 
 class SentReplies:
@@ -70,3 +74,51 @@ class SentReplies:
         self._bytes = 0
         self.replayed += len(replies)
         return replies
+
+
+class Answered:
+    """The data of the answers sent in the last ``window`` seconds, by request id (see the
+    module docstring): at most ``limit`` of them and ``max_bytes`` data bytes, newest kept.
+
+    :param window: seconds an answer is kept
+    :param limit: the most answers kept (0: none)
+    :param max_bytes: the most data bytes kept together
+    """
+
+    __slots__ = ("_by_id", "_bytes", "_order", "limit", "max_bytes", "window")
+
+    def __init__(self, window: float, limit: int, max_bytes: int) -> None:
+        self.window = window
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self._by_id: dict[bytes, tuple[bytes, ...]] = {}
+        #: (time answered, request id, data bytes), oldest first.
+        self._order: deque[tuple[float, bytes, int]] = deque()
+        self._bytes = 0
+
+    def remember(self, request_id: bytes, data: tuple[bytes, ...], now: float) -> None:
+        """The request ``request_id`` was answered ``now`` with ``data``."""
+        if not self.limit or request_id in self._by_id:
+            return
+        size = 0
+        for part in data:
+            size += len(part)
+        self._by_id[request_id] = data
+        self._order.append((now, request_id, size))
+        self._bytes += size
+        self._trim(now)
+
+    def get(self, request_id: bytes, now: float) -> tuple[bytes, ...] | None:
+        """The data ``request_id`` was answered with in the last ``window`` seconds, if kept."""
+        self._trim(now)
+        return self._by_id.get(request_id)
+
+    def _trim(self, now: float) -> None:
+        order = self._order
+        horizon = now - self.window
+        while order and (
+            order[0][0] < horizon or len(order) > self.limit or self._bytes > self.max_bytes
+        ):
+            _, request_id, size = order.popleft()
+            self._bytes -= size
+            del self._by_id[request_id]

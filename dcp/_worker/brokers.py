@@ -1,0 +1,520 @@
+"""A worker serving several brokers (:class:`Brokers`): one :class:`Link` per broker (its
+core, connection and streams, each registering, heartbeating and reconnecting on its own) and
+one handler pool shared by them all (docs/scaling.md).
+
+Used by :class:`dcp.Worker` given several endpoints; one endpoint takes the worker's own
+serving tasks (Rules WL1-WL4 of :mod:`dcp._worker.worker`) and none of this. Each link is
+served by a task of its own that reads its socket and runs nothing inline: its requests go to
+the pool (the handlers' slots).
+
+Rules:
+
+Rule WB1 - One pool. At most ``concurrency`` handlers run at once across all brokers. Each
+  broker may grant up to ``concurrency`` (its own core's credit, core Rule W2), so the worker
+  may hold up to ``brokers x concurrency`` requests: those beyond the free slots wait here,
+  first come first run; one whose caller's deadline (its expires-in option, counted from its
+  arrival) passed while it waited is answered ``expired`` without running (as core Rule W4).
+  A stop drops the waiting ones (core Rule W9).
+Rule WB2 - Where an answer goes. Through every broker that brought the request (Rule WB3),
+  each as its core's answer (core Rule W3; with the client address and metadata that broker
+  gave); a core that is not connected keeps it for its next registration (core Rule W7).
+  If none of those brokers is READY, the answer also goes through any READY one (the
+  client is connected to it; core Rule W15). A forward (:class:`dcp.Forward`) goes once,
+  through the broker that brought the request first; the others' copies end unanswered
+  (counted ``cancelled`` there).
+Rule WB3 - Duplicates. A request is known by its dcp request id (its first metadata part;
+  not for streams, nor requests without one). One whose id the worker holds (running, or
+  waiting for a slot) is not run again, whichever broker brings it: it joins the held one,
+  whose answer goes to its broker too. One answered in the last ``liveness x
+  heartbeat_interval`` seconds (core Rule W13's window and bounds) is answered again from the
+  kept answer without running; one older than that runs again. Both are counted
+  (``duplicates``).
+Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the connection
+  down, core Rule W12, or the broker fell silent, core Rule W6; not on a RECONNECT from a
+  live broker), then for every request it brought that the worker holds (Rule WB1) and
+  that has a dcp request id (Rule WB3), a HELD notice (a REPLY whose data is
+  ``[HELD_MARKER]``, with the request's client address and metadata as received) goes
+  through every other READY broker, and so do the answers that link's core will replay
+  (core Rule W13) or kept while disconnected (W7): a client connected to several brokers
+  learns at once that its request runs, and gets the answers the lost broker took down.
+  Each is a relay (core Rule W15: credit as a PING).
+Rule WB5 - Ends. A refused registration or a failed handshake at any broker ends serving (the
+  same keys and services serve every broker: a mistake, not an outage). A stop ends each
+  link once its core holds nothing (or the grace passed: the handlers are cancelled), with
+  a RECONNECT for its broker (core Rule W9).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import attrs
+
+from dcp._core.worker.core import BrokerLost, Malformed, Refused, Run, State, WorkerCore
+from dcp._core.worker.replay import Answered
+from dcp._errors import RegistrationRefused
+from dcp._io.sockets import AsyncSocket, Received
+from dcp._models import service_name
+from dcp._stats import WorkerStatistics
+from dcp._worker.connection import Connection
+from dcp._worker.handlers import Handlers, Route
+from dcp._worker.streams import WorkerStreams
+from dcp.wire.messages import HELD_MARKER, Reply, Request, error_reply_data
+from dcp.wire.options import REQUEST_ID_PREFIX, request_expires_in
+from dcp.wire.streams import STREAM_OPTION
+
+__all__ = ["Brokers", "Link"]
+
+logger = logging.getLogger("dcp.worker")
+
+#: Messages read per wake-up before other tasks get a turn.
+_BATCH = 64
+#: Linger (ms) of a socket closed after a graceful leave (as the one-broker worker's).
+_LEAVE_LINGER_MS = 500
+
+
+def request_key(request: Request) -> bytes | None:
+    """Rule WB3: the dcp request id a request is known by, or ``None`` (no id; a stream)."""
+    metadata = request.metadata
+    if not metadata or not metadata[0].startswith(REQUEST_ID_PREFIX):
+        return None
+    for part in metadata[1:]:
+        if part.startswith(STREAM_OPTION):
+            return None
+    return metadata[0]
+
+
+class Link:
+    """One broker of a worker serving several: its core, connection and streams.
+
+    :param core: the broker's core
+    :param connect: makes the broker's connection, given the core, the streams run for
+        requests this broker brought, and what wakes this link's serving task
+    """
+
+    def __init__(
+        self,
+        core: WorkerCore,
+        connect: Callable[[WorkerCore, WorkerStreams, Callable[[], None]], Connection],
+    ) -> None:
+        self.core = core
+        #: The streams run for requests this broker brought.
+        self.streams = streams = WorkerStreams()
+        self.connection = connect(core, streams, self.wake)
+        #: Requests this broker brought that were duplicates (Rule WB3).
+        self.duplicates = 0
+        #: Whether the core was REGISTERING or READY when last looked at (Rule WB4).
+        self.up = False
+        #: Whether the registration at this broker was logged (once per READY).
+        self.announced = False
+        #: Sleeping between connections: the scope :meth:`wake` cancels.
+        self.sleep: anyio.CancelScope | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The broker's endpoint."""
+        return self.connection.endpoint
+
+    def wake(self) -> None:
+        """Wake the link's serving task (its socket's wait, or its sleep)."""
+        if self.sleep is not None:
+            self.sleep.cancel()
+        asock = self.connection.socket
+        if asock is not None:
+            asock.wake()
+
+    def statistics(self) -> WorkerStatistics:
+        """The core's counters, with the connection's send failures and the state."""
+        return attrs.evolve(
+            self.core.statistics(),
+            send_failures=self.connection.send_failures,
+            registered=self.core.state is State.READY,
+            duplicates=self.duplicates,
+        )
+
+
+class _Held:
+    """A request the worker holds (Rule WB1): the run given to the pool and every broker's
+    copy of it (Rule WB3)."""
+
+    __slots__ = ("deadline", "joined", "key", "run")
+
+    def __init__(self, key: bytes | None, link: Link, run: Run, deadline: float) -> None:
+        self.key = key
+        self.run = run
+        self.deadline = deadline
+        #: (link, that broker's run), the first the one run.
+        self.joined: list[tuple[Link, Run]] = [(link, run)]
+
+
+class Brokers:
+    """Serve several brokers with one handler pool (the module's rules).
+
+    :param links: one per broker, in the order given
+    :param handlers: the worker's handlers (their :attr:`~Handlers.finish` and
+        :attr:`~Handlers.route` are set here, Rule WH7)
+    :param names: the services, for log lines
+    :param ready: called once the first broker has echoed the registration
+    """
+
+    def __init__(
+        self,
+        links: Sequence[Link],
+        handlers: Handlers,
+        *,
+        names: str,
+        ready: Callable[[], None],
+    ) -> None:
+        self.links = tuple(links)
+        self._handlers = handlers
+        handlers.finish = self._finish
+        handlers.route = self._route
+        self._names = names
+        self._ready = ready
+        first = self.links[0].core
+        self.concurrency = first.concurrency
+        sent = first.liveness * first.heartbeat_interval
+        self._answered = Answered(sent, 1024, 8 << 20)
+        #: Held requests by request id (Rule WB3), and by their run's id.
+        self._by_key: dict[bytes, _Held] = {}
+        self._by_run: dict[int, _Held] = {}
+        #: Held requests waiting for a slot (Rule WB1), and handlers running.
+        self._waiting: deque[_Held] = deque()
+        self._running = 0
+        #: Duplicates joined or answered from a kept answer (Rule WB3).
+        self.duplicates = 0
+        #: Waiting requests answered ``expired`` (Rule WB1), HELD notices sent (WB4).
+        self.expired = self.notices = 0
+        #: When a stop ends (``None``: not stopping).
+        self.stop_deadline: float | None = None
+        #: What ended serving, if it must end: a refusal (Rule WB5).
+        self.refused: RegistrationRefused | None = None
+        self._scope: anyio.CancelScope | None = None
+
+    # -- serving -------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Serve every link until each has left (a stop) or one must end serving (Rule
+        WB5)."""
+        async with anyio.create_task_group() as tg:
+            self._scope = tg.cancel_scope
+            for link in self.links:
+                tg.start_soon(self._serve_link, link, tg)
+
+    def stop(self, deadline: float) -> None:
+        """Begin a stop ending at ``deadline`` (Rule WB5); drop the waiting requests."""
+        if self.stop_deadline is None or deadline < self.stop_deadline:
+            self.stop_deadline = deadline
+        for link in self.links:
+            link.core.stop()  # no more work, nor the cores' backlogs (core Rule W9)
+        while self._waiting:
+            self._answer(self._waiting.popleft(), None)
+        for link in self.links:
+            link.wake()
+
+    def close(self) -> None:
+        """Close every connection at once (linger 0); the cores are closed (not registered
+        anywhere any more; nothing is sent)."""
+        for link in self.links:
+            link.connection.close(0)
+            link.core.leave()
+            link.core.drain()
+
+    def statistics(self) -> WorkerStatistics:
+        """The worker's totals: every broker's counters summed (a request each broker
+        brought counted at each), registered at any; expired waits (Rule WB1) counted as
+        ``expired``, not as the error replies the cores saw."""
+        each = [link.statistics() for link in self.links]
+        fields = [f.name for f in attrs.fields(WorkerStatistics) if f.name != "registered"]
+        totals = {name: sum(getattr(stats, name) for stats in each) for name in fields}
+        totals["expired"] += self.expired
+        totals["errors"] -= self.expired
+        return WorkerStatistics(**totals, registered=any(stats.registered for stats in each))
+
+    def in_progress(self) -> int:
+        """Requests held at every broker (each broker's copy counted)."""
+        return sum(link.core.in_progress for link in self.links)
+
+    def _end(self) -> None:
+        """Rule WB5: end serving at every broker."""
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _serve_link(self, link: Link, tg: anyio.abc.TaskGroup) -> None:
+        core = link.core
+        connection = link.connection
+        while self.stop_deadline is None:
+            asock = connection.open(tg)
+            core.connect(anyio.current_time())
+            lost = self._flush(link)
+            if lost is None:
+                lost = await self._session(link, asock)
+            link.streams.cancel_all()  # the broker forgot our streams
+            if type(lost) is not BrokerLost:
+                if connection.failure is not None or self.refused is not None:
+                    self._end()
+                return
+            connection.close(0)
+            self._look(link)
+            logger.warning("broker %s silent; reconnecting in %.2fs", link.endpoint, lost.delay)
+            with anyio.CancelScope(deadline=anyio.current_time() + lost.delay) as scope:
+                link.sleep = scope
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    link.sleep = None
+        # Stopping without a connection: wait for what this broker brought, then leave.
+        deadline = self.stop_deadline
+        while core.in_progress and anyio.current_time() < deadline:
+            with anyio.CancelScope(deadline=deadline) as scope:
+                link.sleep = scope
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    link.sleep = None
+        if core.in_progress:
+            self._handlers.cancel()
+        core.leave()
+        core.drain()
+
+    async def _session(self, link: Link, asock: AsyncSocket) -> BrokerLost | Refused | None:
+        """Serve one connection of ``link``; why it ended (``None``: left, or failed)."""
+        core = link.core
+        connection = link.connection
+        receive = link.streams.receive
+        now = anyio.current_time
+        batch: list[Received] = []
+        while True:
+            for received in batch:
+                frames = received.frames
+                if receive(frames):
+                    continue  # a stream's credit or cancel
+                core.receive(frames, now())
+                ended = self._flush(link)
+                if ended is not None:
+                    return ended
+            if batch:
+                await anyio.lowlevel.checkpoint()  # the pool's runs, and the other links
+            connection.poll()
+            self._look(link)
+            if connection.failure is not None:
+                return None
+            stop = self.stop_deadline
+            if stop is not None and (core.in_progress == 0 or now() >= stop):
+                if core.in_progress:
+                    self._handlers.cancel()
+                core.leave()
+                self._flush(link)
+                connection.close(_LEAVE_LINGER_MS)
+                return None
+            core.expire(now())
+            ended = self._flush(link)
+            if ended is not None:
+                return ended
+            deadline = core.next_deadline()
+            if deadline is None:
+                deadline = math.inf
+            if stop is not None:
+                deadline = min(deadline, stop)
+            await asock.wait_readable(deadline)
+            batch = asock.drain(_BATCH)
+
+    def _flush(self, link: Link) -> BrokerLost | Refused | None:
+        """Send what ``link``'s core asked for and act on its events; the event that ends
+        its session, if any."""
+        core = link.core
+        outbox, events = core.drain()
+        send = link.connection.send
+        for frames in outbox:
+            send(frames)
+        ended: BrokerLost | Refused | None = None
+        for event in events:
+            if type(event) is Run:
+                self._admit(link, event)
+            elif type(event) is BrokerLost:
+                ended = event
+            elif type(event) is Malformed:
+                logger.warning(
+                    "malformed message from broker %s (%s): %s",
+                    link.endpoint,
+                    event.reason,
+                    event.message,
+                )
+            elif type(event) is Refused:
+                refused = service_name(event.service) if event.service else self._names
+                logger.error(
+                    "broker %s refused the registration for %r: %s",
+                    link.endpoint,
+                    refused,
+                    event.message,
+                )
+                self.refused = RegistrationRefused(refused, event.message)
+                ended = event
+        self._look(link)
+        return ended
+
+    def _look(self, link: Link) -> None:
+        """Note ``link``'s state: its first registration (ready), a lost broker (WB4)."""
+        state = link.core.state
+        if state is State.READY:
+            link.up = True
+            if not link.announced:
+                link.announced = True
+                logger.info(
+                    "worker serving %s at %s (concurrency %d)",
+                    self._names,
+                    link.endpoint,
+                    self.concurrency,
+                )
+                self._ready()
+        elif state is State.REGISTERING:
+            link.up = True
+        elif link.up:
+            link.up = False
+            link.announced = False
+            self._lost(link)
+
+    # -- the pool (Rules WB1-WB3) ------------------------------------------------------------
+
+    def _admit(self, link: Link, run: Run) -> None:
+        """A request from ``link``'s core: join it, answer it from a kept answer, run it, or
+        let it wait for a slot."""
+        request = run.request
+        key = request_key(request)
+        now = anyio.current_time()
+        if key is not None:
+            held = self._by_key.get(key)
+            if held is not None:  # Rule WB3: running or waiting: join it
+                self.duplicates += 1
+                link.duplicates += 1
+                held.joined.append((link, run))
+                return
+            data = self._answered.get(key, now)
+            if data is not None:  # Rule WB3: answered lately
+                self.duplicates += 1
+                link.duplicates += 1
+                link.core.finish(
+                    Reply(request.client, request.metadata, data), now, generation=run.generation
+                )
+                self._flush(link)
+                return
+        expires_in = request_expires_in(request.metadata)
+        held = _Held(key, link, run, math.inf if expires_in is None else now + expires_in)
+        if key is not None:
+            self._by_key[key] = held
+        self._by_run[id(run)] = held
+        if self._running < self.concurrency:
+            self._start(held)
+        else:
+            self._waiting.append(held)
+
+    def _start(self, held: _Held) -> None:
+        slots = self._handlers.slots
+        assert slots is not None
+        self._running += 1
+        slots.submit(held.run)
+
+    def _finish(self, message: Reply | Request | None, run: Run) -> None:
+        """Rule WH7: a run ended with ``message``; answer it (WB2), start a waiting one."""
+        held = self._by_run.get(id(run))
+        if held is None:  # pragma: no cover - every run given to the slots is held
+            return
+        self._running -= 1
+        self._answer(held, message)
+        now = anyio.current_time()
+        waiting = self._waiting
+        while waiting and self._running < self.concurrency:
+            held = waiting.popleft()
+            if now < held.deadline:
+                self._start(held)
+                break
+            self.expired += 1  # Rule WB1
+            request = held.run.request
+            data = error_reply_data(
+                "expired", "the caller's deadline passed while the request waited for a slot"
+            )
+            self._answer(held, Reply(request.client, request.metadata, data))
+        if self.stop_deadline is not None:
+            for link in self.links:
+                link.wake()
+
+    def _answer(self, held: _Held, message: Reply | Request | None) -> None:
+        """Rule WB2: end ``held`` at every broker that brought it, with ``message``."""
+        self._by_run.pop(id(held.run), None)
+        if held.key is not None:
+            self._by_key.pop(held.key, None)
+        now = anyio.current_time()
+        is_reply = type(message) is Reply
+        if is_reply and held.key is not None:
+            assert type(message) is Reply
+            self._answered.remember(held.key, message.data, now)
+        delivered = False
+        for link, joined in held.joined:
+            link.connection.poll()
+            self._look(link)
+            out: Reply | Request | None = None
+            if joined is held.run:
+                out = message
+            elif is_reply:
+                assert type(message) is Reply
+                request = joined.request
+                out = Reply(request.client, request.metadata, message.data)
+            core = link.core
+            if out is not None and core.state is State.READY:
+                delivered = True
+            core.finish(out, now, generation=joined.generation)
+            self._flush(link)
+        if is_reply and not delivered:
+            assert type(message) is Reply
+            for link in self.links:  # Rule WB2: through any READY broker
+                if link.core.state is State.READY:
+                    link.core.relay(message, now)
+                    self._flush(link)
+                    break
+
+    def _route(self, request: Request) -> Route:
+        """Rule WH7: a stream's parts go through the broker that brought it."""
+        link = self.links[0]
+        for held in self._by_run.values():
+            if held.run.request is request:
+                link = held.joined[0][0]
+                break
+        return (
+            link.streams,
+            link.connection.send_part,
+            functools.partial(getattr, link.core, "width"),
+        )
+
+    # -- a lost broker (Rule WB4) ----------------------------------------------------------
+
+    def _lost(self, lost: Link) -> None:
+        others = [
+            link for link in self.links if link is not lost and link.core.state is State.READY
+        ]
+        if not others:
+            return
+        now = anyio.current_time()
+        notices: list[Reply] = []
+        for held in self._by_run.values():
+            if held.key is None:
+                continue
+            for link, joined in held.joined:
+                if link is lost:
+                    request = joined.request
+                    notices.append(Reply(request.client, request.metadata, (HELD_MARKER,)))
+        replays = lost.core.unsent_replies()
+        self.notices += len(notices)
+        for link in others:
+            core = link.core
+            for notice in notices:
+                core.relay(notice, now)
+            for reply in replays:
+                core.relay(reply, now)
+            self._flush(link)
