@@ -34,9 +34,11 @@ Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the 
   live broker), then for every request it brought that the worker holds (Rule WB1) and
   that has a dcp request id (Rule WB3), a HELD notice (a REPLY whose data is
   ``[HELD_MARKER]``, with the request's client address and metadata as received) goes
-  through every other READY broker, and so do the answers that link's core will replay
-  (core Rule W13) or kept while disconnected (W7): a client connected to several brokers
-  learns at once that its request runs, and gets the answers the lost broker took down.
+  through every other READY broker but those that brought the same request too (the worker
+  holds their copy: there a notice would match it and be taken for its answer), and so do
+  the answers that link's core will replay (core Rule W13) or kept while disconnected (W7):
+  a client connected to several brokers learns at once that its request runs, and gets the
+  answers the lost broker took down.
   Each is a relay (core Rule W15: credit as a PING).
 Rule WB5 - Ends. A refused registration or a failed handshake at any broker ends serving (the
   same keys and services serve every broker: a mistake, not an outage). A stop ends each
@@ -501,20 +503,26 @@ class Brokers:
         if not others:
             return
         now = anyio.current_time()
-        notices: list[Reply] = []
+        # Each notice with the links that brought the same request: not through those (the
+        # worker holds their copy: a notice would match it there and be taken for its
+        # answer, releasing it and granting a credit the worker does not mirror).
+        notices: list[tuple[Reply, tuple[Link, ...]]] = []
         for held in self._by_run.values():
             if held.key is None:
                 continue
+            holders = tuple(link for link, _ in held.joined)
             for link, joined in held.joined:
                 if link is lost:
                     request = joined.request
-                    notices.append(Reply(request.client, request.metadata, (HELD_MARKER,)))
+                    notice = Reply(request.client, request.metadata, (HELD_MARKER,))
+                    notices.append((notice, holders))
         replays = lost.core.unsent_replies()
-        self.notices += len(notices)
         for link in others:
             core = link.core
-            for notice in notices:
-                core.relay(notice, now)
+            for notice, holders in notices:
+                if link not in holders:
+                    core.relay(notice, now)
+                    self.notices += 1
             for reply in replays:
                 core.relay(reply, now)
             self._flush(link)

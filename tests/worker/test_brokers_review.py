@@ -1,0 +1,95 @@
+"""Review of issue 28's worker (several brokers): real dcp brokers on tcp 127.0.0.1 port 0,
+raw DEALER clients, both anyio backends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+import pytest
+
+from dcp._broker.broker import Broker
+from dcp._models import HandlerRequest
+from dcp._worker.worker import Worker
+from dcp.wire.messages import HELD_MARKER
+from tests.helpers import wait_for
+from tests.worker.test_brokers import RawClient, data_of, rid
+
+pytestmark = pytest.mark.anyio
+
+
+class Served:
+    """A :class:`Broker` serving in a task of its own; :meth:`stop` cancels it."""
+
+    def __init__(self) -> None:
+        self.broker = Broker("tcp://127.0.0.1:0")
+        self.scope = anyio.CancelScope()
+        self.endpoint = ""
+
+    async def _serve(self, *, task_status: anyio.abc.TaskStatus[list[str]]) -> None:
+        with self.scope:
+            await self.broker.serve(task_status=task_status)
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        (self.endpoint,) = await tg.start(self._serve)
+
+    def stop(self) -> None:
+        self.scope.cancel()
+
+
+@asynccontextmanager
+async def served(n: int) -> AsyncIterator[tuple[anyio.abc.TaskGroup, list[Served]]]:
+    async with anyio.create_task_group() as tg:
+        running = [Served() for _ in range(n)]
+        for one in running:
+            await one.start(tg)
+        yield tg, running
+        tg.cancel_scope.cancel()
+
+
+async def test_no_held_notice_through_a_broker_whose_copy_the_worker_holds() -> None:
+    """Rule WB4 with Rule WB3: a request brought by A and, joined, by B. When A is lost, a
+    HELD notice through B would match B's copy (the worker holds it there): B takes it for
+    the answer (its copy released, +1 credit where the worker mirrors a PING) and then
+    grants more than the worker's free slots."""
+    runs = 0
+    release = anyio.Event()
+
+    async def slow(request: HandlerRequest) -> bytes:
+        nonlocal runs
+        runs += 1
+        await release.wait()
+        return request.data[0].upper()
+
+    async with served(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "slow", slow, concurrency=2)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            same = rid(1)
+            client.send(0, b"slow", (same,), b"r1")
+            await wait_for(lambda: runs == 1)
+            client.send(1, b"slow", (same,), b"r1")  # the client failed over to B
+            await wait_for(lambda: worker.statistics().duplicates == 1)
+            a.stop()
+            await wait_for(lambda: not worker.brokers()[a.endpoint].registered)
+            await anyio.sleep(0.1)
+            # B still holds its copy, given to this worker: nothing answered it yet.
+            assert b.broker.statistics().replies == 0
+            for n in (2, 3, 4):
+                client.send(1, b"slow", (rid(n),), b"r%d" % n)
+            await wait_for(lambda: worker.brokers()[b.endpoint].received >= 2)
+            await anyio.sleep(0.1)
+            # B never grants more than the worker's free slots (credit mirrored exactly).
+            assert worker.brokers()[b.endpoint].backlogged == 0
+            release.set()
+            got = [data_of(await client.recv(1)) for _ in range(4)]
+        finally:
+            client.close()
+        assert [HELD_MARKER] not in got
+        assert sorted(got) == [[b"R1"], [b"R2"], [b"R3"], [b"R4"]]
+        assert b.broker.statistics().unmatched == 0
+        await worker.aclose()
