@@ -20,8 +20,9 @@ Rule WB2 - Where an answer goes. Through every broker that brought the request (
   gave); a core that is not connected keeps it for its next registration (core Rule W7).
   If none of those brokers is READY, the answer also goes through any READY one (the
   client is connected to it; core Rule W15). A forward (:class:`dcp.Forward`) goes once,
-  through the broker that brought the request first; the others' copies end unanswered
-  (counted ``cancelled`` there).
+  through the broker that brought the request first; the others' copies are answered with
+  a HELD notice (Rule WB4's; it releases the copy there, which a broker would otherwise
+  hold until this worker leaves and then give to another: run twice).
 Rule WB3 - Duplicates. A request is known by its dcp request id (its first metadata part;
   not for streams, nor requests without one). One whose id the worker holds (running, or
   waiting for a slot) is not run again, whichever broker brings it: it joins the held one,
@@ -468,6 +469,12 @@ class Brokers:
                 assert type(message) is Reply
                 request = joined.request
                 out = Reply(request.client, request.metadata, message.data)
+            elif message is not None:
+                # A forward goes once (through the first broker); this broker's copy ends
+                # with a HELD notice: released there (not given to another worker when
+                # this one leaves, which would run it twice), its client told it runs.
+                request = joined.request
+                out = Reply(request.client, request.metadata, (HELD_MARKER,))
             core = link.core
             if out is not None and core.state is State.READY:
                 delivered = True

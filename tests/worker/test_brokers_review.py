@@ -11,7 +11,7 @@ import anyio.abc
 import pytest
 
 from dcp._broker.broker import Broker
-from dcp._models import HandlerRequest
+from dcp._models import Forward, HandlerRequest
 from dcp._worker.worker import Worker
 from dcp.wire.messages import HELD_MARKER
 from tests.helpers import wait_for
@@ -93,3 +93,51 @@ async def test_no_held_notice_through_a_broker_whose_copy_the_worker_holds() -> 
         assert sorted(got) == [[b"R1"], [b"R2"], [b"R3"], [b"R4"]]
         assert b.broker.statistics().unmatched == 0
         await worker.aclose()
+
+
+async def test_a_forward_ends_every_brokers_copy_of_a_joined_request() -> None:
+    """Rule WB2 with Rule WB3: a request brought by A and, joined, by B, whose handler
+    forwards. The forward goes through A; B's copy must not stay held by this worker there
+    (no answer, no credit): a broker that keeps it gives it to another worker when this one
+    leaves (Rule R5), and the request runs twice."""
+    runs: list[str] = []
+    release = anyio.Event()
+
+    async def first(request: HandlerRequest) -> Forward:
+        runs.append("first")
+        await release.wait()
+        return Forward("second", request.data[0])
+
+    async def first_again(request: HandlerRequest) -> Forward:
+        runs.append("first again")
+        return Forward("second", request.data[0])
+
+    async def second(request: HandlerRequest) -> bytes:
+        runs.append("second")
+        return request.data[0].upper()
+
+    async with served(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "first", first, concurrency=2)
+        seconds = Worker([a.endpoint, b.endpoint], "second", second, concurrency=2)
+        await tg.start(worker.serve)
+        await tg.start(seconds.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        await wait_for(lambda: all(s.registered for s in seconds.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            same = rid(1)
+            client.send(0, b"first", (same,), b"x")
+            await wait_for(lambda: runs == ["first"])
+            client.send(1, b"first", (same,), b"x")  # the client failed over to B
+            await wait_for(lambda: worker.statistics().duplicates == 1)
+            release.set()
+            assert data_of(await client.recv(0)) == [b"X"]
+            await worker.aclose(grace=5)  # leaves every broker (a RECONNECT)
+            other = Worker(b.endpoint, "first", first_again)
+            await tg.start(other.serve)
+            await anyio.sleep(0.3)
+        finally:
+            client.close()
+        assert runs == ["first", "second"]
+        await other.aclose()
+        await seconds.aclose()
