@@ -32,15 +32,15 @@ Rule WB3 - Duplicates. A request is known by its dcp request id (its first metad
   (``duplicates``).
 Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the connection
   down, core Rule W12, or the broker fell silent, core Rule W6; not on a RECONNECT from a
-  live broker), then for every request it brought that the worker holds (Rule WB1) and
-  that has a dcp request id (Rule WB3), a HELD notice (a REPLY whose data is
-  ``[HELD_MARKER]``, with the request's client address and metadata as received) goes
-  through every other READY broker but those that brought the same request too (the worker
-  holds their copy: there a notice would match it and be taken for its answer), and so do
-  the answers that link's core will replay (core Rule W13) or kept while disconnected (W7):
-  a client connected to several brokers learns at once that its request runs, and gets the
-  answers the lost broker took down.
-  Each is a relay (core Rule W15: credit as a PING).
+  live broker, nor when the worker leaves it or it refused the registration), then for every
+  request it brought that the worker holds (Rule WB1) and that has a dcp request id (Rule
+  WB3), a HELD notice (a REPLY whose data is ``[HELD_MARKER]``, with the request's client
+  address and metadata as received) goes through every other READY broker but those that
+  brought the same request too (the worker holds their copy: there a notice would match it
+  and be taken for its answer), and so do the answers that link's core will replay (core
+  Rule W13) or kept while disconnected (W7): a client connected to several brokers learns at
+  once that its request runs, and gets the answers the lost broker took down. Each is a
+  relay (core Rule W15: credit as a PING).
 Rule WB5 - Ends. A refused registration or a failed handshake at any broker ends serving (the
   same keys and services serve every broker: a mistake, not an outage). A stop ends each
   link once its core holds nothing (or the grace passed: the handlers are cancelled), with
@@ -382,7 +382,8 @@ class Brokers:
         elif link.up:
             link.up = False
             link.announced = False
-            self._lost(link)
+            if state is State.DISCONNECTED:  # not CLOSED: left (a stop) or refused
+                self._lost(link)
 
     # -- the pool (Rules WB1-WB3) ------------------------------------------------------------
 

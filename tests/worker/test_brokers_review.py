@@ -141,3 +141,32 @@ async def test_a_forward_ends_every_brokers_copy_of_a_joined_request() -> None:
         assert runs == ["first", "second"]
         await other.aclose()
         await seconds.aclose()
+
+
+async def test_a_stop_past_its_grace_sends_no_held_notice() -> None:
+    """Rule WB4: HELD notices are for a lost broker. A stop whose grace passed cancels the
+    handlers and leaves every broker (a RECONNECT: each requeues what it gave): the requests
+    are not held by anyone, and a notice would tell their clients the opposite."""
+    started = 0
+
+    async def hang(request: HandlerRequest) -> bytes:
+        nonlocal started
+        started += 1
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async with served(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "hang", hang, concurrency=2)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            client.send(0, b"hang", (rid(1),), b"a")
+            client.send(1, b"hang", (rid(2),), b"b")
+            await wait_for(lambda: started == 2)
+            await worker.aclose(grace=0.2)
+            await client.silent(0, 0.3)
+            await client.silent(1, 0.1)
+        finally:
+            client.close()
+        assert worker.statistics().cancelled == 2
