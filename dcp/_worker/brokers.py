@@ -28,7 +28,8 @@ Rule WB3 - Duplicates. A request is known by its dcp request id (its first metad
   waiting for a slot) is not run again, whichever broker brings it: it joins the held one,
   whose answer goes to its broker too. One answered in the last ``liveness x
   heartbeat_interval`` seconds (core Rule W13's window and bounds) is answered again from the
-  kept answer without running; one older than that runs again. Both are counted
+  kept answer without running (one forwarded, Rule WB2, with a HELD notice: the next service
+  answers it); one older than that runs again. Both are counted
   (``duplicates``).
 Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the connection
   down, core Rule W12, or the broker fell silent, core Rule W6; not on a RECONNECT from a
@@ -456,9 +457,10 @@ class Brokers:
             self._by_key.pop(held.key, None)
         now = anyio.current_time()
         is_reply = type(message) is Reply
-        if is_reply and held.key is not None:
-            assert type(message) is Reply
-            self._answered.remember(held.key, message.data, now)
+        if held.key is not None and message is not None:
+            # Rule WB3; a forward is kept as a HELD notice: the next service answers it.
+            data = message.data if type(message) is Reply else (HELD_MARKER,)
+            self._answered.remember(held.key, data, now)
         delivered = False
         for link, joined in held.joined:
             link.connection.poll()

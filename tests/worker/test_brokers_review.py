@@ -170,3 +170,40 @@ async def test_a_stop_past_its_grace_sends_no_held_notice() -> None:
         finally:
             client.close()
         assert worker.statistics().cancelled == 2
+
+
+async def test_a_request_forwarded_lately_is_not_run_again_through_another_broker() -> None:
+    """Rule WB3: a request the worker finished lately is not run again when it comes through
+    another broker (a client's failover resend). A forward finishes it as an answer does:
+    running it again would run the next service twice."""
+    runs: list[str] = []
+
+    async def first(request: HandlerRequest) -> Forward:
+        runs.append("first")
+        return Forward("second", request.data[0])
+
+    async def second(request: HandlerRequest) -> bytes:
+        runs.append("second")
+        return request.data[0].upper()
+
+    async with served(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "first", first)
+        seconds = Worker([a.endpoint, b.endpoint], "second", second)
+        await tg.start(worker.serve)
+        await tg.start(seconds.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        await wait_for(lambda: all(s.registered for s in seconds.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            same = rid(1)
+            client.send(0, b"first", (same,), b"x")
+            assert data_of(await client.recv(0)) == [b"X"]
+            client.send(1, b"first", (same,), b"x")  # a failover resend, say
+            got = data_of(await client.recv(1))
+        finally:
+            client.close()
+        assert runs == ["first", "second"]
+        assert got == [HELD_MARKER]
+        assert worker.statistics().duplicates == 1
+        await worker.aclose()
+        await seconds.aclose()
