@@ -14,7 +14,8 @@ Rule WB1 - One pool. At most ``concurrency`` handlers run at once across all bro
   may hold up to ``brokers x concurrency`` requests: those beyond the free slots wait here,
   first come first run; one whose caller's deadline (its expires-in option, counted from its
   arrival) passed while it waited is answered ``expired`` without running (as core Rule W4).
-  A stop drops the waiting ones (core Rule W9).
+  A stop drops the waiting ones (core Rule W9); a RECONNECT from a broker (core Rule W8: it
+  gave back what it held) drops the copies it brought that wait (another worker runs them).
 Rule WB2 - Where an answer goes. Through every broker that brought the request (Rule WB3),
   each as its core's answer (core Rule W3; with the client address and metadata that broker
   gave); a core that is not connected keeps it for its next registration (core Rule W7).
@@ -118,6 +119,8 @@ class Link:
         self.up = False
         #: Whether the registration at this broker was logged (once per READY).
         self.announced = False
+        #: The core's registration when last looked at (a new one while up: a RECONNECT).
+        self.generation = 0
         #: Sleeping between connections: the scope :meth:`wake` cancels.
         self.sleep: anyio.CancelScope | None = None
 
@@ -365,8 +368,16 @@ class Brokers:
         return ended
 
     def _look(self, link: Link) -> None:
-        """Note ``link``'s state: its first registration (ready), a lost broker (WB4)."""
-        state = link.core.state
+        """Note ``link``'s state: its first registration (ready), a lost broker (WB4), a
+        broker that gave back what it held (WB1)."""
+        core = link.core
+        state = core.state
+        if state is State.READY or state is State.REGISTERING:
+            generation = core.generation
+            if generation != link.generation:
+                if link.up:  # registered again without a loss: a RECONNECT (core Rule W8)
+                    self._given_back(link)
+                link.generation = generation
         if state is State.READY:
             link.up = True
             if not link.announced:
@@ -419,6 +430,34 @@ class Brokers:
             self._start(held)
         else:
             self._waiting.append(held)
+
+    def _given_back(self, link: Link) -> None:
+        """Rule WB1 with core Rule W8: ``link``'s broker re-registered us (it forgot us and
+        gave back what it held, to run elsewhere): its copies still waiting for a slot are
+        dropped, as the core drops its backlog (ended as cancelled there)."""
+        core = link.core
+        generation = core.generation
+        now = anyio.current_time()
+        for held in list(self._waiting):
+            kept = [
+                (one, run)
+                for one, run in held.joined
+                if one is not link or run.generation == generation
+            ]
+            if len(kept) == len(held.joined):
+                continue
+            for one, run in held.joined:
+                if one is link and run.generation != generation:
+                    core.finish(None, now, generation=run.generation)
+            self._by_run.pop(id(held.run), None)
+            if not kept:
+                self._waiting.remove(held)
+                if held.key is not None:
+                    self._by_key.pop(held.key, None)
+                continue
+            held.joined = kept
+            held.run = kept[0][1]
+            self._by_run[id(held.run)] = held
 
     def _start(self, held: _Held) -> None:
         slots = self._handlers.slots

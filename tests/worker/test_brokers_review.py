@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.anyio
 class Served:
     """A :class:`Broker` serving in a task of its own; :meth:`stop` cancels it."""
 
-    def __init__(self) -> None:
-        self.broker = Broker("tcp://127.0.0.1:0")
+    def __init__(self, **options: Any) -> None:
+        self.broker = Broker("tcp://127.0.0.1:0", **options)
         self.scope = anyio.CancelScope()
         self.endpoint = ""
 
@@ -207,3 +208,49 @@ async def test_a_request_forwarded_lately_is_not_run_again_through_another_broke
         assert worker.statistics().duplicates == 1
         await worker.aclose()
         await seconds.aclose()
+
+
+async def test_a_request_its_broker_gave_back_is_not_run_from_the_pool() -> None:
+    """Rule WB1 with core Rule W8: a broker that expels the worker (a RECONNECT, here for a
+    work timeout while the request waited for the one slot) gave back what it held, to run
+    elsewhere: the copy waiting in the pool is dropped, as the core drops its backlog."""
+    runs: list[bytes] = []
+    release = anyio.Event()
+
+    async def slow(request: HandlerRequest) -> bytes:
+        runs.append(request.data[0])
+        if request.data[0] == b"first":
+            await release.wait()
+        return request.data[0].upper()
+
+    async def quick(request: HandlerRequest) -> bytes:
+        runs.append(b"elsewhere " + request.data[0])
+        return request.data[0].upper()
+
+    async with anyio.create_task_group() as tg:
+        a, b = Served(), Served(work_timeout=0.3)
+        await a.start(tg)
+        await b.start(tg)
+        worker = Worker([a.endpoint, b.endpoint], "slow", slow)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            client.send(0, b"slow", (rid(1),), b"first")
+            await wait_for(lambda: runs == [b"first"])
+            client.send(1, b"slow", (rid(2),), b"second")
+            await wait_for(lambda: worker.brokers()[b.endpoint].received == 1)
+            # B gives up on the worker (work timeout): it is expelled, "second" given back.
+            await wait_for(lambda: b.broker.statistics().work_timeouts == 1)
+            other = Worker(b.endpoint, "slow", quick)
+            await tg.start(other.serve)
+            assert data_of(await client.recv(1)) == [b"SECOND"]
+            release.set()
+            assert data_of(await client.recv(0)) == [b"FIRST"]
+            await anyio.sleep(0.2)
+        finally:
+            client.close()
+        assert runs == [b"first", b"elsewhere second"]
+        await other.aclose()
+        await worker.aclose()
+        tg.cancel_scope.cancel()
