@@ -23,7 +23,9 @@ Rule WB2 - Where an answer goes. Through every broker that brought the request (
   client is connected to it; core Rule W15). A forward (:class:`dcp.Forward`) goes once,
   through the broker that brought the request first; the others' copies are answered with
   a HELD notice (Rule WB4's; it releases the copy there, which a broker would otherwise
-  hold until this worker leaves and then give to another: run twice).
+  hold until this worker leaves and then give to another: run twice), sent before the
+  forward (the forward's broker may hold two copies, and must not see a notice for a copy
+  the forward released: it would end the queued forward, routing Rule R11).
 Rule WB3 - Duplicates. A request is known by its dcp request id (its first metadata part;
   not for streams, nor requests without one). One whose id the worker holds (running, or
   waiting for a slot) is not run again, whichever broker brings it: it joins the held one,
@@ -501,7 +503,13 @@ class Brokers:
             data = message.data if type(message) is Reply else (HELD_MARKER,)
             self._answered.remember(held.key, data, now)
         delivered = False
-        for link, joined in held.joined:
+        copies = held.joined
+        if type(message) is Request and len(copies) > 1:
+            # The HELD notices first: one through the forward's broker must release its
+            # copy there before the forward queues the next service's (which a notice
+            # matching nothing would end, routing Rule R11).
+            copies = [*copies[1:], copies[0]]
+        for link, joined in copies:
             link.connection.poll()
             self._look(link)
             out: Reply | Request | None = None

@@ -15,6 +15,7 @@ from dcp._broker.broker import Broker
 from dcp._models import Forward, HandlerRequest
 from dcp._worker.worker import Worker
 from dcp.wire.messages import HELD_MARKER
+from dcp.wire.options import work_timeout_option
 from tests.helpers import wait_for
 from tests.worker.test_brokers import RawClient, data_of, rid
 
@@ -252,5 +253,62 @@ async def test_a_request_its_broker_gave_back_is_not_run_from_the_pool() -> None
             client.close()
         assert runs == [b"first", b"elsewhere second"]
         await other.aclose()
+        await worker.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_forward_and_its_held_notice_never_go_through_the_same_broker() -> None:
+    """Rule WB2: a request the same broker brought twice (it gave it back, here at a work
+    timeout, and gave it to this worker again) and whose handler forwards: the forward
+    finishes the broker's copy and queues the next service's; a HELD notice for the second
+    copy through that broker would match nothing there and end the queued forward (routing
+    Rule R11): the request would be lost."""
+    runs: list[bytes] = []
+    release = anyio.Event()
+    gate = anyio.Event()
+
+    async def first(request: HandlerRequest) -> Forward:
+        runs.append(b"first")
+        await release.wait()
+        return Forward("second", request.data[0])
+
+    async def second(request: HandlerRequest) -> bytes:
+        runs.append(b"second " + request.data[0])
+        if request.data[0] == b"block":
+            await gate.wait()
+        return request.data[0].upper()
+
+    async with anyio.create_task_group() as tg:
+        a = Served(work_timeout=0.5, heartbeat_interval=0.1)
+        b = Served()
+        await a.start(tg)
+        await b.start(tg)
+        worker = Worker(
+            [a.endpoint, b.endpoint], "first", first, concurrency=2, heartbeat_interval=0.1
+        )
+        seconds = Worker(a.endpoint, "second", second, heartbeat_interval=0.1)
+        await tg.start(worker.serve)
+        await tg.start(seconds.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            client.send(0, b"second", (rid(0), work_timeout_option(30)), b"block")
+            await wait_for(lambda: runs == [b"second block"])
+            client.send(0, b"first", (rid(1),), b"x")
+            # A gives up on the worker at the work timeout and gives the request to it again.
+            await wait_for(lambda: worker.statistics().duplicates == 1, within=10)
+            release.set()
+            await wait_for(lambda: a.broker.statistics().forwards == 1)
+            await anyio.sleep(0.1)
+            gate.set()
+            got: list[list[bytes]] = []
+            with anyio.move_on_after(3):
+                while [b"X"] not in got:
+                    got.append(data_of(await client.recv(0)))
+            assert [b"BLOCK"] in got and [b"X"] in got, got
+        finally:
+            client.close()
+        assert a.broker.statistics().answered_elsewhere == 0
+        await seconds.aclose()
         await worker.aclose()
         tg.cancel_scope.cancel()
