@@ -121,8 +121,10 @@ class Link:
         self.up = False
         #: Whether the registration at this broker was logged (once per READY).
         self.announced = False
-        #: The core's registration when last looked at (a new one while up: a RECONNECT).
+        #: The core's registration and reconnections when last looked at (a new
+        #: registration while up: a RECONNECT, or a loss not seen).
         self.generation = 0
+        self.connections = 0
         #: Sleeping between connections: the scope :meth:`wake` cancels.
         self.sleep: anyio.CancelScope | None = None
 
@@ -377,9 +379,14 @@ class Brokers:
         if state is State.READY or state is State.REGISTERING:
             generation = core.generation
             if generation != link.generation:
-                if link.up:  # registered again without a loss: a RECONNECT (core Rule W8)
-                    self._given_back(link)
                 link.generation = generation
+                if link.up:
+                    connections = core.statistics().reconnects
+                    if connections != link.connections:
+                        self._lost(link)  # lost and connected again unseen (core Rule W12)
+                    else:  # registered again on the same connection: a RECONNECT (W8)
+                        self._given_back(link)
+                link.connections = core.statistics().reconnects
         if state is State.READY:
             link.up = True
             if not link.announced:
