@@ -14,30 +14,37 @@ Rule WB1 - One pool. At most ``concurrency`` handlers run at once across all bro
   may hold up to ``brokers x concurrency`` requests: those beyond the free slots wait here,
   first come first run; one whose caller's deadline (its expires-in option, counted from its
   arrival) passed while it waited is answered ``expired`` without running (as core Rule W4).
-  A stop drops the waiting ones (core Rule W9).
+  A stop drops the waiting ones (core Rule W9); a RECONNECT from a broker (core Rule W8: it
+  gave back what it held) drops the copies it brought that wait (another worker runs them).
 Rule WB2 - Where an answer goes. Through every broker that brought the request (Rule WB3),
   each as its core's answer (core Rule W3; with the client address and metadata that broker
   gave); a core that is not connected keeps it for its next registration (core Rule W7).
   If none of those brokers is READY, the answer also goes through any READY one (the
   client is connected to it; core Rule W15). A forward (:class:`dcp.Forward`) goes once,
-  through the broker that brought the request first; the others' copies end unanswered
-  (counted ``cancelled`` there).
+  through the broker that brought the request first; the others' copies are answered with
+  a HELD notice (Rule WB4's; it releases the copy there, which a broker would otherwise
+  hold until this worker leaves and then give to another: run twice), sent before the
+  forward (the forward's broker may hold two copies, and must not see a notice for a copy
+  the forward released: it would end the queued forward, routing Rule R11).
 Rule WB3 - Duplicates. A request is known by its dcp request id (its first metadata part;
   not for streams, nor requests without one). One whose id the worker holds (running, or
   waiting for a slot) is not run again, whichever broker brings it: it joins the held one,
   whose answer goes to its broker too. One answered in the last ``liveness x
   heartbeat_interval`` seconds (core Rule W13's window and bounds) is answered again from the
-  kept answer without running; one older than that runs again. Both are counted
+  kept answer without running (one forwarded, Rule WB2, with a HELD notice: the next service
+  answers it); one older than that runs again. Both are counted
   (``duplicates``).
 Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the connection
   down, core Rule W12, or the broker fell silent, core Rule W6; not on a RECONNECT from a
-  live broker), then for every request it brought that the worker holds (Rule WB1) and
-  that has a dcp request id (Rule WB3), a HELD notice (a REPLY whose data is
-  ``[HELD_MARKER]``, with the request's client address and metadata as received) goes
-  through every other READY broker, and so do the answers that link's core will replay
-  (core Rule W13) or kept while disconnected (W7): a client connected to several brokers
-  learns at once that its request runs, and gets the answers the lost broker took down.
-  Each is a relay (core Rule W15: credit as a PING).
+  live broker, nor when the worker leaves it or it refused the registration), then for every
+  request it brought that the worker holds (Rule WB1) and that has a dcp request id (Rule
+  WB3), a HELD notice (a REPLY whose data is ``[HELD_MARKER]``, with the request's client
+  address and metadata as received) goes through every other READY broker but those that
+  brought the same request too (the worker holds their copy: there a notice would match it
+  and be taken for its answer), and so do the answers that link's core will replay (core
+  Rule W13) or kept while disconnected (W7): a client connected to several brokers learns at
+  once that its request runs, and gets the answers the lost broker took down. Each is a
+  relay (core Rule W15: credit as a PING).
 Rule WB5 - Ends. A refused registration or a failed handshake at any broker ends serving (the
   same keys and services serve every broker: a mistake, not an outage). A stop ends each
   link once its core holds nothing (or the grace passed: the handlers are cancelled), with
@@ -114,6 +121,10 @@ class Link:
         self.up = False
         #: Whether the registration at this broker was logged (once per READY).
         self.announced = False
+        #: The core's registration and reconnections when last looked at (a new
+        #: registration while up: a RECONNECT, or a loss not seen).
+        self.generation = 0
+        self.connections = 0
         #: Sleeping between connections: the scope :meth:`wake` cancels.
         self.sleep: anyio.CancelScope | None = None
 
@@ -361,8 +372,21 @@ class Brokers:
         return ended
 
     def _look(self, link: Link) -> None:
-        """Note ``link``'s state: its first registration (ready), a lost broker (WB4)."""
-        state = link.core.state
+        """Note ``link``'s state: its first registration (ready), a lost broker (WB4), a
+        broker that gave back what it held (WB1)."""
+        core = link.core
+        state = core.state
+        if state is State.READY or state is State.REGISTERING:
+            generation = core.generation
+            if generation != link.generation:
+                link.generation = generation
+                if link.up:
+                    connections = core.statistics().reconnects
+                    if connections != link.connections:
+                        self._lost(link)  # lost and connected again unseen (core Rule W12)
+                    else:  # registered again on the same connection: a RECONNECT (W8)
+                        self._given_back(link)
+                link.connections = core.statistics().reconnects
         if state is State.READY:
             link.up = True
             if not link.announced:
@@ -379,7 +403,8 @@ class Brokers:
         elif link.up:
             link.up = False
             link.announced = False
-            self._lost(link)
+            if state is State.DISCONNECTED:  # not CLOSED: left (a stop) or refused
+                self._lost(link)
 
     # -- the pool (Rules WB1-WB3) ------------------------------------------------------------
 
@@ -414,6 +439,34 @@ class Brokers:
             self._start(held)
         else:
             self._waiting.append(held)
+
+    def _given_back(self, link: Link) -> None:
+        """Rule WB1 with core Rule W8: ``link``'s broker re-registered us (it forgot us and
+        gave back what it held, to run elsewhere): its copies still waiting for a slot are
+        dropped, as the core drops its backlog (ended as cancelled there)."""
+        core = link.core
+        generation = core.generation
+        now = anyio.current_time()
+        for held in list(self._waiting):
+            kept = [
+                (one, run)
+                for one, run in held.joined
+                if one is not link or run.generation == generation
+            ]
+            if len(kept) == len(held.joined):
+                continue
+            for one, run in held.joined:
+                if one is link and run.generation != generation:
+                    core.finish(None, now, generation=run.generation)
+            self._by_run.pop(id(held.run), None)
+            if not kept:
+                self._waiting.remove(held)
+                if held.key is not None:
+                    self._by_key.pop(held.key, None)
+                continue
+            held.joined = kept
+            held.run = kept[0][1]
+            self._by_run[id(held.run)] = held
 
     def _start(self, held: _Held) -> None:
         slots = self._handlers.slots
@@ -452,11 +505,18 @@ class Brokers:
             self._by_key.pop(held.key, None)
         now = anyio.current_time()
         is_reply = type(message) is Reply
-        if is_reply and held.key is not None:
-            assert type(message) is Reply
-            self._answered.remember(held.key, message.data, now)
+        if held.key is not None and message is not None:
+            # Rule WB3; a forward is kept as a HELD notice: the next service answers it.
+            data = message.data if type(message) is Reply else (HELD_MARKER,)
+            self._answered.remember(held.key, data, now)
         delivered = False
-        for link, joined in held.joined:
+        copies = held.joined
+        if type(message) is Request and len(copies) > 1:
+            # The HELD notices first: one through the forward's broker must release its
+            # copy there before the forward queues the next service's (which a notice
+            # matching nothing would end, routing Rule R11).
+            copies = [*copies[1:], copies[0]]
+        for link, joined in copies:
             link.connection.poll()
             self._look(link)
             out: Reply | Request | None = None
@@ -466,6 +526,12 @@ class Brokers:
                 assert type(message) is Reply
                 request = joined.request
                 out = Reply(request.client, request.metadata, message.data)
+            elif message is not None:
+                # A forward goes once (through the first broker); this broker's copy ends
+                # with a HELD notice: released there (not given to another worker when
+                # this one leaves, which would run it twice), its client told it runs.
+                request = joined.request
+                out = Reply(request.client, request.metadata, (HELD_MARKER,))
             core = link.core
             if out is not None and core.state is State.READY:
                 delivered = True
@@ -501,20 +567,26 @@ class Brokers:
         if not others:
             return
         now = anyio.current_time()
-        notices: list[Reply] = []
+        # Each notice with the links that brought the same request: not through those (the
+        # worker holds their copy: a notice would match it there and be taken for its
+        # answer, releasing it and granting a credit the worker does not mirror).
+        notices: list[tuple[Reply, tuple[Link, ...]]] = []
         for held in self._by_run.values():
             if held.key is None:
                 continue
+            holders = tuple(link for link, _ in held.joined)
             for link, joined in held.joined:
                 if link is lost:
                     request = joined.request
-                    notices.append(Reply(request.client, request.metadata, (HELD_MARKER,)))
+                    notice = Reply(request.client, request.metadata, (HELD_MARKER,))
+                    notices.append((notice, holders))
         replays = lost.core.unsent_replies()
-        self.notices += len(notices)
         for link in others:
             core = link.core
-            for notice in notices:
-                core.relay(notice, now)
+            for notice, holders in notices:
+                if link not in holders:
+                    core.relay(notice, now)
+                    self.notices += 1
             for reply in replays:
                 core.relay(reply, now)
             self._flush(link)

@@ -365,3 +365,24 @@ async def test_a_refusal_at_one_broker_ends_serving() -> None:
             await worker.serve()
         assert not worker.registered
         tg.cancel_scope.cancel()
+
+
+async def test_answers_a_lost_broker_may_have_taken_down_go_through_the_other() -> None:
+    """Rule WB4: the answers the worker would replay to the lost broker (core Rule W13) go
+    through the other brokers at once."""
+    async with brokers(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "echo", upper)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            request_id = rid(1)
+            client.send(0, b"echo", (request_id,), b"once")
+            assert data_of(await client.recv(0)) == [b"ONCE"]
+            a.stop()
+            again = await client.recv(1)  # the same answer, through B
+            assert data_of(again) == [b"ONCE"] and request_id in again
+        finally:
+            client.close()
+        assert worker.statistics().replayed == 1
+        await worker.aclose()

@@ -74,8 +74,9 @@ Rule R11 - Answered elsewhere. A worker's reply that matches nothing it holds (R
   through two brokers (a client that failed over, ``docs/scaling.md``) or when a worker the
   broker gave up on answers after all while its request waits to be given out again. The
   queued copy is counted (``answered_elsewhere``), its bytes released, its index entry
-  removed; the reply itself is routed to the client as before. A copy held by another
-  worker keeps running (nothing can stop it; the client drops the second answer).
+  removed (a service left with neither worker nor queue is forgotten); the reply itself is
+  routed to the client as before. A copy held by another worker keeps running (nothing can
+  stop it; the client drops the second answer).
 Rules R5 (redelivery) and 7 (work timeouts), for workers that go away and what they held:
 :mod:`.redelivery`. Registration (its refusals, approval, security Rule S3): here.
 """
@@ -460,6 +461,7 @@ class Routing:
         self.queues.drop(pending, counted=False)
         if service.dead:
             self.queues.sweep(service)
+        self.forget_if_unused(service)  # as queues Rule Q3 does (admission Rule AD5)
 
     def _released(self, held: list[Pending], i: int, now: float) -> Pending:
         pending = held.pop(i)

@@ -270,6 +270,11 @@ class WorkerCore:
         """Handlers running now (never more than :attr:`concurrency`)."""
         return self._in_progress
 
+    @property
+    def generation(self) -> int:
+        """The current registration's number (:attr:`Run.generation` of its requests)."""
+        return self._generation
+
     # -- inputs -------------------------------------------------------------------------
 
     def connect(self, now: float) -> None:
