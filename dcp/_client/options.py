@@ -88,9 +88,7 @@ class ClientOptions:
             check_peer_endpoint(each)
         check_grace(failover_grace)
         #: The brokers' choice and failover (``None``: one broker, the path of old).
-        self._brokers = (
-            Brokers(endpoints, grace=failover_grace) if len(endpoints) > 1 else None
-        )
+        self._brokers = Brokers(endpoints, grace=failover_grace) if len(endpoints) > 1 else None
         self._endpoints = endpoints
         endpoint = endpoints[0]
         routing_id = checked_routing_id(routing_id)

@@ -564,8 +564,7 @@ class Receiver:
             elif event in _LOST_EVENTS:
                 if brokers.is_live(i):
                     logger.warning(
-                        "dcp client: lost the broker at %s; its requests move to another "
-                        "in %.3gs",
+                        "dcp client: lost the broker at %s; its requests move to another in %.3gs",
                         endpoint,
                         brokers.grace,
                     )
