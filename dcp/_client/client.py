@@ -13,9 +13,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -33,6 +40,9 @@ from dcp._client.services import (
     ServiceStats,
     ServiceSummary,
     ServiceWatch,
+    merge_info,
+    merge_stats,
+    merge_summaries,
     mmi_answer,
     mmi_args,
     mmi_page,
@@ -44,6 +54,7 @@ from dcp._client.streams import DEFAULT_WINDOW, Stream
 from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
+from dcp._errors import RemoteError
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
 from dcp._io.lifecycle import Lifecycle, ki_protected
@@ -60,6 +71,8 @@ if TYPE_CHECKING:
 __all__ = ["Client"]
 
 logger = logging.getLogger("dcp.client")
+
+T = TypeVar("T")
 
 #: Seconds between zmq heartbeats on each socket of a client of several brokers (a broker
 #: silent for three is lost: receive Rule RX6).
@@ -376,12 +389,20 @@ class Client(ClientOptions):
         :param timeout: seconds for each page's request (default: the client's)
         :raises RuntimeError: the broker does not answer it (not a dcp broker)
         """
+        if self._brokers is not None:  # each live broker's, merged (services.py)
+            return merge_summaries(await self._each_broker(self._services_at, timeout))
+        return await self._services_at(None, timeout)
+
+    async def _services_at(
+        self,
+        broker: int | None,
+        timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> list[ServiceSummary]:
+        """:meth:`services` of one broker (``None``: the one a request goes to)."""
         listing: list[dict[str, Any]] = []
         after: bytes | None = None
         while True:  # directory Rule D6: one page per request, until the last
-            response = await self.request(
-                "mmi.services", *mmi_args(after), timeout=timeout, retries=0, wait_for_worker=True
-            )
+            response = await self._ask(broker, "mmi.services", mmi_args(after), timeout)
             page, after = mmi_page("mmi.services", response, after)
             listing += page
             if after is None:
@@ -394,7 +415,17 @@ class Client(ClientOptions):
         timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> ServiceInfo | None:
         """One service's version, description, metadata and schemas (``mmi.info``);
-        ``None`` if the broker knows no such service."""
+        ``None`` if the broker knows no such service (several brokers: each live one is
+        asked, the answers merged)."""
+        if self._brokers is not None:
+
+            async def info(
+                broker: int | None,
+                timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+            ) -> ServiceInfo | None:
+                return service_info(await self._mmi("mmi.info", name, timeout, broker))
+
+            return merge_info(await self._each_broker(info, timeout))
         return service_info(await self._mmi("mmi.info", name, timeout))
 
     async def service_stats(
@@ -403,7 +434,17 @@ class Client(ClientOptions):
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> ServiceStats | None:
-        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
+        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown
+        (several brokers: each live one is asked, the figures summed)."""
+        if self._brokers is not None:
+
+            async def stats(
+                broker: int | None,
+                timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+            ) -> ServiceStats | None:
+                return service_stats(await self._mmi("mmi.stats", name, timeout, broker))
+
+            return merge_stats(await self._each_broker(stats, timeout))
         return service_stats(await self._mmi("mmi.stats", name, timeout))
 
     async def watch_services(
@@ -681,9 +722,64 @@ class Client(ClientOptions):
         question: str,
         name: str | bytes | None,
         timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+        broker: int | None = None,
     ) -> Any:
         """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer."""
-        response = await self.request(
-            question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
-        )
-        return mmi_answer(question, response)
+        return mmi_answer(question, await self._ask(broker, question, mmi_args(name), timeout))
+
+    async def _ask(
+        self,
+        broker: int | None,
+        question: str,
+        data: tuple[bytes, ...],
+        timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> Response:
+        """One ``mmi.*`` question, sent once, queued until answered: through broker
+        ``broker`` only (receive Rule RX6), or (``None``) as any request goes."""
+        if broker is None:
+            return await self.request(
+                question, *data, timeout=timeout, retries=0, wait_for_worker=True
+            )
+        receiver = self._receiver
+        metadata = self._metadata((), None, True)
+        waiter = Waiter()
+        timing = self._tracker.timing(timeout, None, 0)
+        rid, frames = receiver.start(service_bytes(question), data, metadata, timing, waiter)
+        try:
+            if not receiver.send_via(broker, rid, frames):
+                endpoint = self._endpoints[broker]
+                raise RemoteError("broker_lost", f"the broker at {endpoint} is not connected")
+            await waiter.wait(receiver.new_event)
+        finally:
+            receiver.end(rid, waiter)
+        return receiver.result(waiter.outcome)
+
+    async def _each_broker(
+        self,
+        ask: Callable[[int | None, float | None], Awaitable[T]],
+        timeout: float | None,  # noqa: ASYNC109 (each request's own timeout)
+    ) -> list[T]:
+        """``ask`` each live broker at once (several brokers): their answers, in the order
+        the brokers were given; one that fails is left out while another answers (the
+        first failure is raised if none does). With none live, one ``ask`` goes as any
+        request (to the first broker back)."""
+        brokers = self._brokers
+        assert brokers is not None
+        live = [i for i in range(len(brokers.endpoints)) if brokers.is_live(i)]
+        if not live:
+            return [await ask(None, timeout)]
+        answers: dict[int, T] = {}
+        failures: list[Exception] = []
+
+        async def one(i: int) -> None:
+            try:
+                answers[i] = await ask(i, timeout)
+            except Exception as exc:  # another broker may answer
+                failures.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i in live:
+                tg.start_soon(one, i)
+        if not answers:
+            raise failures[0]
+        return [answers[i] for i in sorted(answers)]

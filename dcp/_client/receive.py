@@ -35,7 +35,9 @@ Rule RX6 - Several brokers (:mod:`dcp._core.client.brokers` decides, Rules BK1-B
    brokers choose (none live: it is parked, and sent through the first that comes back);
    a resend, a probe and a move likewise. A HELD notice is handed to the brokers, never to
    the tracker. A stream stays on its broker: a lost broker ends it with
-   :exc:`~dcp.StreamBroken`; its credit and cancel go to that broker.
+   :exc:`~dcp.StreamBroken`; its credit and cancel go to that broker. A question put to one
+   broker (``services()`` asks each) stays there too: a lost broker ends it with a
+   :exc:`~dcp.RemoteError` ``broker_lost``.
 """
 
 from __future__ import annotations
@@ -348,6 +350,28 @@ class Receiver:
             await anyio.sleep(pause)
             pause = min(2 * pause, _SEND_PAUSE_MAX)
 
+    def send_via(self, broker: int, rid: bytes, frames: list[bytes]) -> bool:
+        """Send a request through broker ``broker`` only, where it stays (a question to each
+        broker: Rule RX6); ``False`` if that broker is not live or its queue is full (not
+        sent).
+
+        :raises anyio.ClosedResourceError: the client is closed (or the error that broke it)
+        """
+        brokers = self.brokers
+        assert brokers is not None
+        if self.closed:
+            raise self.closed_error()
+        if not brokers.is_live(broker):
+            return False
+        try:
+            sent = self.sockets[broker].try_send(frames) is None
+        except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
+            self.shutdown(exc.__cause__ or exc)
+            raise self.closed_error() from exc.__cause__
+        if sent:
+            brokers.sent(rid, broker, movable=False)
+        return sent
+
     def send_nowait(self, frames: list[bytes]) -> None:
         """Send a message that is not a request (a stream's credit or cancel) at once
         (several brokers: to the stream's broker, Rule RX6; dropped if it is gone).
@@ -568,12 +592,15 @@ class Receiver:
                         endpoint,
                         brokers.grace,
                     )
-                for rid in brokers.lost(i, now):  # streams: they end here
+                for rid in brokers.lost(i, now):  # streams and pinned questions end here
                     self.tracker.cancel(rid)
                     waiter = self.waiters.pop(rid, None)
-                    if waiter is not None:
+                    if isinstance(waiter, StreamWaiter):
                         message = f"the broker at {endpoint} was lost mid-stream"
                         waiter.deliver(rid, RemoteError("stream_broken", message))
+                    elif waiter is not None:
+                        message = f"the broker at {endpoint} was lost"
+                        waiter.deliver(rid, RemoteError("broker_lost", message))
                 due = brokers.next_deadline()
                 if due is not None and self.socket is not None:
                     self.socket.move_deadline(due)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 
 import anyio
 import pytest
@@ -231,3 +231,45 @@ async def test_a_held_request_does_not_move_and_its_answer_through_the_other_com
         wb.send_frames(held)
         await wait_for(lambda: brokers.held_dropped == 1)
         assert client.statistics().replies == 1
+
+
+async def upper(request: dcp.HandlerRequest) -> bytes:
+    return request.data[0].upper()
+
+
+async def test_services_info_and_stats_are_merged_across_brokers() -> None:
+    endpoint_b = f"tcp://127.0.0.1:{free_port()}"
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(fast_broker())
+        endpoint_a = a.endpoints[0]
+        await stack.enter_async_context(dcp.Worker(endpoint_a, "echo", echo))
+        client = await stack.enter_async_context(dcp.Client([endpoint_a, endpoint_b]))
+        async with anyio.create_task_group() as tg:
+            b, stop_b = await start_broker(tg, endpoint_b)
+            async with (
+                dcp.Worker(endpoint_b, "echo", echo),
+                dcp.Worker(endpoint_b, services={"upper": dcp.Service(upper, version="2.0.0")}),
+            ):
+                await wait_for(lambda: b.statistics().workers == 2)
+                await wait_for(lambda: all(live(client)))
+                for _ in range(6):
+                    await client.request("echo", b"x")
+                listing = {s.name: s for s in await client.services()}
+                assert set(listing) == {"echo", "upper"}
+                assert listing["echo"].workers == 2  # one at each broker, summed
+                assert listing["upper"].workers == 1
+                info = await client.service_info("upper")
+                assert info is not None and info.version == "2.0.0"
+                assert await client.service_info("nothing") is None
+                stats = await client.service_stats("echo")
+                assert stats is not None
+                assert stats.num_requests == 6 and stats.workers == 2
+                watch = aclosing(client.watch_services(interval=0.05))
+                async with watch as changes:
+                    first = {(await anext(changes)).name for _ in range(2)}
+                assert first == {"echo", "upper"}
+                stop_b.cancel()
+                await wait_for(lambda: live(client) == [True, False])
+                # One broker gone: the other still answers.
+                listing = {s.name: s for s in await client.services()}
+                assert set(listing) == {"echo"} and listing["echo"].workers == 1
