@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, aclosing, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import pytest
@@ -264,9 +264,8 @@ async def test_services_info_and_stats_are_merged_across_brokers() -> None:
                 stats = await client.service_stats("echo")
                 assert stats is not None
                 assert stats.num_requests == 6 and stats.workers == 2
-                watch = aclosing(client.watch_services(interval=0.05))
-                async with watch as changes:
-                    first = {(await anext(changes)).name for _ in range(2)}
+                changes = client.watch_services(interval=0.05)
+                first = {(await anext(changes)).name for _ in range(2)}
                 assert first == {"echo", "upper"}
                 stop_b.cancel()
                 await wait_for(lambda: live(client) == [True, False])
