@@ -4,8 +4,8 @@ real :class:`dcp.Broker` s on tcp 127.0.0.1 port 0, real workers, both anyio bac
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 
 import anyio
 import pytest
@@ -265,7 +265,9 @@ async def test_services_info_and_stats_are_merged_across_brokers() -> None:
                 assert stats is not None
                 assert stats.num_requests == 6 and stats.workers == 2
                 changes = client.watch_services(interval=0.05)
-                first = {(await anext(changes)).name for _ in range(2)}
+                assert isinstance(changes, AsyncGenerator)
+                async with aclosing(changes):
+                    first = {(await anext(changes)).name for _ in range(2)}
                 assert first == {"echo", "upper"}
                 stop_b.cancel()
                 await wait_for(lambda: live(client) == [True, False])
