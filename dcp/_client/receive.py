@@ -145,6 +145,10 @@ class Receiver:
         self._watches: list[HandshakeWatch] = []
         #: Rule RX6: the broker of each stream forgotten before its cancel was sent.
         self._stream_ends: dict[bytes, int] = {}
+        #: When the sockets were connected (the event loop's clock; several brokers).
+        self.attached_at = 0.0
+        #: Set when no broker is still making its first connection (:meth:`wait_connected`).
+        self._connected: Event | None = None
 
     def attach(self, socket: AsyncSocket, watch: HandshakeWatch, endpoint: str) -> None:
         """Take the client's socket, connected to ``endpoint`` (on entry, in the event loop)."""
@@ -164,6 +168,7 @@ class Receiver:
         self.sockets = sockets
         self._watches = watches
         self.brokers = brokers
+        self.attached_at = anyio.current_time()
         self.socket = sockets[0]
         self._endpoint = ", ".join(brokers.endpoints)
         self._now = loop_clock()
@@ -606,6 +611,18 @@ class Receiver:
                     self.socket.move_deadline(due)
         except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
             self.shutdown(exc.__cause__ or exc)
+        connected = self._connected
+        if connected is not None and not brokers.connecting:
+            self._connected = None
+            connected.set()
+
+    async def wait_connected(self) -> None:
+        """Wait until no broker is still making its first connection: each one's first
+        handshake succeeded or failed (Rule BK2); at once with one broker."""
+        brokers = self.brokers
+        while brokers is not None and brokers.connecting and not self.closed:
+            event = self._connected = self.new_event()
+            await event.wait()
 
     def _next_deadline(self) -> float | None:
         """When the tracker or the brokers next need time (Rule RX6)."""
@@ -784,6 +801,10 @@ class Receiver:
         park = self._park
         if park is not None:
             park.cancel()
+        connected = self._connected
+        if connected is not None:
+            self._connected = None
+            connected.set()
         self.tracker.cancel_all()
         for state in self.subscriptions.values():
             state.close()
