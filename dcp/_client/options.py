@@ -88,9 +88,7 @@ class ClientOptions:
             check_peer_endpoint(each)
         check_grace(failover_grace)
         #: The brokers' choice and failover (``None``: one broker, the path of old).
-        self._brokers = (
-            Brokers(endpoints, grace=failover_grace) if len(endpoints) > 1 else None
-        )
+        self._brokers = Brokers(endpoints, grace=failover_grace) if len(endpoints) > 1 else None
         self._endpoints = endpoints
         endpoint = endpoints[0]
         routing_id = checked_routing_id(routing_id)
@@ -137,8 +135,9 @@ class ClientOptions:
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        """Every broker's endpoint, in the order given (:attr:`endpoint` is the first)."""
-        return self._endpoints
+        """Every broker's endpoint, in the order given (:attr:`endpoint` is the first; a
+        ``beacon://`` one is the broker heard once entered)."""
+        return self._endpoints if len(self._endpoints) > 1 else (self.endpoint,)
 
     def statistics(self) -> ClientStatistics:
         """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""

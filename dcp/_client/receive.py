@@ -35,7 +35,9 @@ Rule RX6 - Several brokers (:mod:`dcp._core.client.brokers` decides, Rules BK1-B
    brokers choose (none live: it is parked, and sent through the first that comes back);
    a resend, a probe and a move likewise. A HELD notice is handed to the brokers, never to
    the tracker. A stream stays on its broker: a lost broker ends it with
-   :exc:`~dcp.StreamBroken`; its credit and cancel go to that broker.
+   :exc:`~dcp.StreamBroken`; its credit and cancel go to that broker. A question put to one
+   broker (``services()`` asks each) stays there too: a lost broker ends it with a
+   :exc:`~dcp.RemoteError` ``broker_lost``.
 """
 
 from __future__ import annotations
@@ -143,6 +145,10 @@ class Receiver:
         self._watches: list[HandshakeWatch] = []
         #: Rule RX6: the broker of each stream forgotten before its cancel was sent.
         self._stream_ends: dict[bytes, int] = {}
+        #: When the sockets were connected (the event loop's clock; several brokers).
+        self.attached_at = 0.0
+        #: Set when no broker is still making its first connection (:meth:`wait_connected`).
+        self._connected: Event | None = None
 
     def attach(self, socket: AsyncSocket, watch: HandshakeWatch, endpoint: str) -> None:
         """Take the client's socket, connected to ``endpoint`` (on entry, in the event loop)."""
@@ -162,6 +168,7 @@ class Receiver:
         self.sockets = sockets
         self._watches = watches
         self.brokers = brokers
+        self.attached_at = anyio.current_time()
         self.socket = sockets[0]
         self._endpoint = ", ".join(brokers.endpoints)
         self._now = loop_clock()
@@ -347,6 +354,64 @@ class Receiver:
                 return  # the attempt counts as lost; the retry rule takes over
             await anyio.sleep(pause)
             pause = min(2 * pause, _SEND_PAUSE_MAX)
+
+    def send_via(self, broker: int, rid: bytes, frames: list[bytes]) -> bool:
+        """Send a request through broker ``broker`` only, where it stays (a question to each
+        broker: Rule RX6); ``False`` if that broker is not live or its queue is full (not
+        sent).
+
+        :raises anyio.ClosedResourceError: the client is closed (or the error that broke it)
+        """
+        brokers = self.brokers
+        assert brokers is not None
+        if self.closed:
+            raise self.closed_error()
+        if not brokers.is_live(broker):
+            return False
+        try:
+            sent = self.sockets[broker].try_send(frames) is None
+        except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
+            self.shutdown(exc.__cause__ or exc)
+            raise self.closed_error() from exc.__cause__
+        if sent:
+            brokers.sent(rid, broker, movable=False)
+        return sent
+
+    async def ask_at(
+        self,
+        broker: int,
+        service: bytes,
+        data: Sequence[bytes],
+        metadata: Sequence[bytes],
+        timing: Timing,
+    ) -> Response:
+        """A request sent once through broker ``broker`` only, where it stays (Rule RX6: a
+        question to each broker); its response.
+
+        :raises RemoteError: its error reply, or ``broker_lost`` (that broker is not live,
+            its queue is full, or it was lost before answering)
+        :raises RequestTimeout: no answer in time
+        """
+        waiter = Waiter()
+        rid, frames = self.start(service, data, metadata, timing, waiter)
+        try:
+            if not self.send_via(broker, rid, frames):
+                assert self.brokers is not None
+                endpoint = self.brokers.endpoints[broker]
+                raise RemoteError("broker_lost", f"the broker at {endpoint} is not connected")
+            await waiter.wait(self.new_event)
+        finally:
+            self.end(rid, waiter)
+        return self.result(waiter.outcome)
+
+    def live_socket(self) -> AsyncSocket | None:
+        """The socket a message that is not a request goes through (a publish): the only
+        one, or a live broker's (Rule RX6; ``None``: none is live)."""
+        brokers = self.brokers
+        if brokers is None:
+            return self.socket
+        i = brokers.choose()
+        return None if i is None else self.sockets[i]
 
     def send_nowait(self, frames: list[bytes]) -> None:
         """Send a message that is not a request (a stream's credit or cancel) at once
@@ -561,25 +626,43 @@ class Receiver:
                     logger.info("dcp client: the broker at %s is back", endpoint)
                 for rid in brokers.up(i):
                     self._move(brokers, rid, now)
+                for state in self.subscriptions.values():  # pubsub Rule CP5
+                    state.broker_up(i)
             elif event in _LOST_EVENTS:
                 if brokers.is_live(i):
                     logger.warning(
-                        "dcp client: lost the broker at %s; its requests move to another "
-                        "in %.3gs",
+                        "dcp client: lost the broker at %s; its requests move to another in %.3gs",
                         endpoint,
                         brokers.grace,
                     )
-                for rid in brokers.lost(i, now):  # streams: they end here
+                for state in self.subscriptions.values():  # pubsub Rule CP5
+                    state.broker_lost(i)
+                for rid in brokers.lost(i, now):  # streams and pinned questions end here
                     self.tracker.cancel(rid)
                     waiter = self.waiters.pop(rid, None)
-                    if waiter is not None:
+                    if isinstance(waiter, StreamWaiter):
                         message = f"the broker at {endpoint} was lost mid-stream"
                         waiter.deliver(rid, RemoteError("stream_broken", message))
+                    elif waiter is not None:
+                        message = f"the broker at {endpoint} was lost"
+                        waiter.deliver(rid, RemoteError("broker_lost", message))
                 due = brokers.next_deadline()
                 if due is not None and self.socket is not None:
                     self.socket.move_deadline(due)
         except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
             self.shutdown(exc.__cause__ or exc)
+        connected = self._connected
+        if connected is not None and not brokers.connecting:
+            self._connected = None
+            connected.set()
+
+    async def wait_connected(self) -> None:
+        """Wait until no broker is still making its first connection: each one's first
+        handshake succeeded or failed (Rule BK2); at once with one broker."""
+        brokers = self.brokers
+        while brokers is not None and brokers.connecting and not self.closed:
+            event = self._connected = self.new_event()
+            await event.wait()
 
     def _next_deadline(self) -> float | None:
         """When the tracker or the brokers next need time (Rule RX6)."""
@@ -758,6 +841,10 @@ class Receiver:
         park = self._park
         if park is not None:
             park.cancel()
+        connected = self._connected
+        if connected is not None:
+            self._connected = None
+            connected.set()
         self.tracker.cancel_all()
         for state in self.subscriptions.values():
             state.close()

@@ -255,6 +255,11 @@ class Brokers:
         return self._brokers[broker].state is BrokerState.LIVE
 
     @property
+    def connecting(self) -> bool:
+        """Whether a broker has not connected yet, nor failed to (Rule BK2)."""
+        return any(b.state is BrokerState.CONNECTING for b in self._brokers)
+
+    @property
     def any_live(self) -> bool:
         """Whether any broker is live."""
         return bool(self._live)
