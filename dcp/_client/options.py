@@ -26,6 +26,7 @@ Rule CO4 - Fail fast by default (as NATS answers "no responders"): every request
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -43,7 +44,7 @@ from dcp._core.client.calls import (
     service_bytes,
 )
 from dcp._core.client.tracker import RequestTracker
-from dcp._io.endpoints import check_peer_endpoint
+from dcp._io.endpoints import check_peer_endpoints
 from dcp._io.security import CurveClient
 from dcp._stats import ClientStatistics
 from dcp.wire.options import work_timeout_option
@@ -59,7 +60,7 @@ class ClientOptions:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | Sequence[str],
         *,
         timeout: float = 30.0,
         attempt_timeout: float | None = None,
@@ -79,11 +80,17 @@ class ClientOptions:
         security: CurveClient | None = None,
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
+        failover_grace: float = 0.2,
     ) -> None:
-        check_peer_endpoint(endpoint)
+        endpoints = check_peer_endpoints(endpoint)
         routing_id = checked_routing_id(routing_id)
+        if not failover_grace >= 0 or failover_grace == math.inf:
+            raise ValueError(f"failover_grace must be >= 0 seconds, not {failover_grace!r}")
+        #: Seconds a request pending at a lost broker waits before it is sent to another
+        #: (several brokers only; ``docs/scaling.md``).
+        self.failover_grace = failover_grace
         if tracing:  # docs/tracing.md: spans of the requests; off costs nothing
-            self._trace(tracing, endpoint)
+            self._trace(tracing, endpoints[0])
         if work_timeout is not None:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
@@ -91,7 +98,10 @@ class ClientOptions:
         wait = wait_for_option(wait_for_worker or None, no_wait)  # False: the default
         #: Default of :meth:`request`'s ``wait_for_worker`` (Rule CO4).
         self.wait_for_worker = bool(wait_for_worker if wait is None else wait)
-        self.endpoint = endpoint
+        #: Every broker's endpoint, in the order given (``beacon://`` ones resolved).
+        self.endpoints: tuple[str, ...] = endpoints
+        #: The first of :attr:`endpoints`.
+        self.endpoint: str = endpoints[0]
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
         self._tracker = RequestTracker(
@@ -107,7 +117,8 @@ class ClientOptions:
             type_width=type_width,
             probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
         )
-        self._tracker.endpoint = endpoint  # named in timeout messages (tracker Rule RT7)
+        # Named in timeout messages (tracker Rule RT7).
+        self._tracker.endpoint = " or ".join(endpoints)
         self._batch = batch
         #: (work_timeout, no_wait) and the request metadata they give with no other option.
         self._plain_metadata: tuple[tuple[float | None, bool], tuple[bytes, ...]] | None = None

@@ -32,10 +32,11 @@ from dcp._client.services import (
     summaries,
 )
 from dcp._client.streams import DEFAULT_WINDOW, SyncStream
+from dcp._client.sync_brokers import HEARTBEAT, MONITOR_EVENTS, BrokerLink, BrokersReceiver
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
 from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve_blocking
-from dcp._io.handshake import HandshakeWatch, connect_dealer
+from dcp._io.handshake import HandshakeWatch, close_monitor, connect_dealer
 from dcp._io.security import CurveClient
 from dcp._json import encode_json
 from dcp._models import Outcome, Response
@@ -86,14 +87,54 @@ class SyncClient(ClientOptions):
         self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
     ) -> None:
         refuse_in_event_loop()  # Rule SX4, before a socket exists
+        if len(self.endpoints) > 1:
+            self._setup_brokers(context, security)
+            return
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if security is None else security.server_key
             self.endpoint = self._tracker.endpoint = resolve_blocking(self.endpoint, key=key)
+            self.endpoints = (self.endpoint,)
         sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
         watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
         #: The socket and what arrived on it (dcp._client.sync_receive).
         self._receiver = SyncReceiver(
             self._tracker, sock, mon, watch, endpoint=self.endpoint, batch=self._batch
+        )
+        if self._traced is not None:
+            self._traced.attach(self._receiver)
+
+    def _setup_brokers(
+        self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
+    ) -> None:
+        """Several brokers (``docs/scaling.md``): a socket each, with the same routing id
+        (dcp._client.sync_brokers). Each ``beacon://`` entry is the first broker heard
+        there; an endpoint heard twice is used once."""
+        key = None if security is None else security.server_key
+        resolved = dict.fromkeys(resolve_blocking(e, key=key) for e in self.endpoints)
+        self.endpoints = tuple(resolved)
+        self.endpoint = self.endpoints[0]
+        self._tracker.endpoint = " or ".join(self.endpoints)
+        links: list[BrokerLink] = []
+        try:
+            for i, endpoint in enumerate(self.endpoints):
+                sock, mon = connect_dealer(
+                    context,
+                    self.routing_id,
+                    security,
+                    endpoint,
+                    events=MONITOR_EVENTS,
+                    heartbeat=HEARTBEAT,  # Rule SM2
+                )
+                watch = HandshakeWatch(endpoint, secure=security is not None, role="client")
+                links.append(BrokerLink(i, endpoint, sock, mon, watch))
+        except BaseException:
+            for link in links:
+                close_monitor(link.sock, link.monitor)
+                link.sock.close(0)
+            raise
+        #: The sockets and what arrived on them (dcp._client.sync_brokers).
+        self._receiver = BrokersReceiver(
+            self._tracker, links, batch=self._batch, grace=self.failover_grace
         )
         if self._traced is not None:
             self._traced.attach(self._receiver)

@@ -16,6 +16,7 @@ from dcp import _errors
 
 __all__ = [
     "ERROR_MARKER",
+    "HELD_MARKER",
     "Message",
     "MessageType",
     "Ping",
@@ -138,6 +139,10 @@ class Reply(Message):
 #: First data part of a dcp error reply. Starts with 0xFF so no UTF-8 text reply can collide
 #: with it; a plain DCP v1 peer sees an ordinary reply with three data parts.
 ERROR_MARKER = b"\xffDCP-ERROR"
+#: The one data part of a dcp HELD notice (docs/scaling.md): a worker serving several
+#: brokers lost the one that brought a request it still holds, and tells the client through
+#: another broker that the request is running (not lost; its answer may come through any).
+HELD_MARKER = b"\xffDCP-HELD"
 
 
 def error_reply_data(code: str, message: str) -> tuple[bytes, bytes, bytes]:
