@@ -29,7 +29,7 @@ import zmq
 
 from dcp._client.subscriptions import deliver
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
-from dcp._client.sync_spread import BrokerState, Spread
+from dcp._client.sync_spread import BrokerState, Kind, Spread
 from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._errors import RemoteError, RemoteProtocolError
@@ -150,15 +150,15 @@ class BrokersReceiver(SyncReceiver):
         rid = tracker.request(service, data, now, metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
         spread = self.spread
-        pinned = self.pin is not None or service.startswith(OPTION_PREFIX)
+        broker: int | None
         if self.pin is not None:
-            broker: int | None = self.pin
-        elif pinned:
-            broker = spread.home()
+            kind, broker = Kind.FIXED, self.pin
+        elif service.startswith(OPTION_PREFIX):
+            kind, broker = Kind.HOME, spread.home()
         else:
-            broker = spread.choose()
-        stream = any(part.startswith(STREAM_OPTION) for part in metadata)
-        spread.place(rid, broker, frames, now, stream=stream, pinned=pinned)
+            stream = any(part.startswith(STREAM_OPTION) for part in metadata)
+            kind, broker = (Kind.STREAM if stream else Kind.PLAIN), spread.choose()
+        spread.place(rid, broker, frames, now, kind)
         if broker is not None:
             try:
                 self._send_to(self.links[broker], frames, tracker.deadline_of(rid))
@@ -323,12 +323,13 @@ class BrokersReceiver(SyncReceiver):
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL) or (
                 event == zmq.EVENT_CONNECT_RETRIED and spread.states[i] is BrokerState.CONNECTING
             ):
-                for rid in spread.lost(i, time.monotonic()):  # Rule SB3: streams break
+                for rid in spread.lost(i, time.monotonic()):  # Rule SB3
+                    kind = spread.placed[rid].kind
                     spread.done(rid)
-                    self.stream_parts.pop(rid, None)
                     if self.tracker.cancel(rid):
+                        code = "stream_broken" if kind is Kind.STREAM else "broker_lost"
                         self.done[rid] = RemoteError(
-                            "stream_broken", f"the broker at {link.endpoint} was lost"
+                            code, f"the broker at {link.endpoint} was lost"
                         )
 
     # ------------------------------------------------------------------ time
@@ -341,10 +342,8 @@ class BrokersReceiver(SyncReceiver):
         for frames in out:
             rid = frames[5] if len(frames) > 5 else b""
             p = spread.placed.get(rid)
-            if p is not None and p.pinned:
-                broker = p.broker if p.broker is not None else spread.home()
-            else:
-                broker = spread.choose()  # an attempt's resend (or a probe) goes anywhere
+            # An attempt's resend goes to a live broker (a probe, to any).
+            broker = spread.choose() if p is None else spread.target(p)
             if p is not None:
                 spread.place(rid, broker, frames, now)
             if broker is not None:
@@ -366,7 +365,7 @@ class BrokersReceiver(SyncReceiver):
             p = spread.placed.get(rid)
             if p is None:
                 continue
-            broker = spread.choose()
+            broker = spread.target(p)
             frames = _refreshed(p.frames, p.sent_at, now)
             spread.place(rid, broker, frames, now)
             if broker is not None:

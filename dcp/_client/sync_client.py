@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import attrs
 import zmq
 
 from dcp._client.maps import map_sync, outcome_of, response_of
@@ -35,6 +36,7 @@ from dcp._client.streams import DEFAULT_WINDOW, SyncStream
 from dcp._client.sync_brokers import HEARTBEAT, MONITOR_EVENTS, BrokerLink, BrokersReceiver
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
 from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
+from dcp._errors import DCPError
 from dcp._io.beacon import BEACON_SCHEME, resolve_blocking
 from dcp._io.handshake import HandshakeWatch, close_monitor, connect_dealer
 from dcp._io.security import CurveClient
@@ -46,7 +48,9 @@ if TYPE_CHECKING:
 
     from dcp._client.tracing import SyncTracing
 
-__all__ = ["SyncClient"]
+__all__ = ["SyncClient", "merge_summaries"]
+
+T = TypeVar("T")
 
 
 class SyncClient(ClientOptions):
@@ -242,9 +246,22 @@ class SyncClient(ClientOptions):
         (``docs/services.md``, "Pages"), so a listing taken while services come and go lists
         every service known throughout.
 
+        Given several brokers, every live one is asked and the lists merged
+        (``docs/scaling.md``): a service known to several is listed once, its ``workers``,
+        ``idle``, ``busy`` and ``queued`` summed, its version and description from the
+        first broker that knows it. A broker that fails to answer is left out while
+        another answers.
+
         :param timeout: seconds for each page's request (default: the client's)
         :raises RuntimeError: the broker does not answer it (not a dcp broker)
         """
+        receiver = self._receiver
+        if isinstance(receiver, BrokersReceiver):
+            lists = self._each_broker(receiver, lambda: self._services(timeout))
+            return merge_summaries(lists)
+        return self._services(timeout)
+
+    def _services(self, timeout: float | None) -> list[ServiceSummary]:
         listing: list[dict[str, Any]] = []
         after: bytes | None = None
         while True:  # directory Rule D6: one page per request, until the last
@@ -488,8 +505,65 @@ class SyncClient(ClientOptions):
         return self._receiver.start(service, data, self._metadata((), None, None), timing)
 
     def _mmi(self, question: str, name: str | bytes | None, timeout: float | None) -> Any:
-        """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer."""
-        response = self.request(
-            question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
-        )
-        return mmi_answer(question, response)
+        """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer
+        (given several brokers: the first live one's that knows ``name``)."""
+
+        def ask() -> Any:
+            response = self.request(
+                question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
+            )
+            return mmi_answer(question, response)
+
+        receiver = self._receiver
+        if isinstance(receiver, BrokersReceiver):
+            answers = self._each_broker(receiver, ask, first=True)
+            return next((a for a in answers if a is not None), None)
+        return ask()
+
+    def _each_broker(
+        self, receiver: BrokersReceiver, ask: Callable[[], T], *, first: bool = False
+    ) -> list[T]:
+        """``ask()`` of each live broker in turn (each request goes to that broker only;
+        Rule SB6), the answers in order; a broker that fails is left out while another
+        answers. ``first``: stop at the first answer that is not ``None``.
+
+        :raises DCPError: every broker asked failed (the first failure)
+        """
+        brokers = receiver.live_brokers() or list(range(len(receiver.links)))
+        answers: list[T] = []
+        failures: list[DCPError] = []
+        for broker in brokers:
+            receiver.pin = broker
+            try:
+                answers.append(ask())
+            except DCPError as exc:
+                failures.append(exc)
+                continue
+            finally:
+                receiver.pin = None
+            if first and answers[-1] is not None:
+                break
+        if not answers and failures:
+            raise failures[0]
+        return answers
+
+
+def merge_summaries(lists: Sequence[Sequence[ServiceSummary]]) -> list[ServiceSummary]:
+    """Several brokers' service lists as one (:meth:`SyncClient.services`): each name once,
+    in the order first listed; counts summed, version and description from the first."""
+    merged: dict[str, ServiceSummary] = {}
+    for listing in lists:
+        for s in listing:
+            seen = merged.get(s.name)
+            merged[s.name] = (
+                s
+                if seen is None
+                else attrs.evolve(
+                    seen,
+                    workers=seen.workers + s.workers,
+                    idle=seen.idle + s.idle,
+                    busy=seen.busy + s.busy,
+                    queued=seen.queued + s.queued,
+                )
+            )
+    return list(merged.values())

@@ -13,11 +13,12 @@ Rule SB2 - Spread. A new request (and an attempt-timeout resend, and a failover 
   the live broker with the fewest outstanding requests, round-robin among ties; with no live
   broker, to a connecting one the same way (zmq queues it until the connection is made);
   with none either, nowhere yet (Rule SB4).
-Rule SB3 - Failover. When a broker is lost, each request outstanding there that is not
-  *held* (Rule SB5) and is no stream moves ``grace`` seconds later (so a HELD notice or an
-  answer replayed through another broker can arrive first) to another broker (Rule SB2),
+Rule SB3 - Failover. When a broker is lost, each plain request outstanding there that is not
+  *held* (Rule SB5) moves ``grace`` seconds later (so a HELD notice or an answer replayed
+  through another broker can arrive first) to another broker (Rule SB2; pub/sub: Rule SB6),
   with the same id: not a retry (the tracker's retries and deadline are untouched). A
-  stream does not move: its broker being lost breaks it (``stream_broken``).
+  stream does not move: its broker being lost breaks it (``stream_broken``); nor does a
+  request asked of that broker in particular (Rule SB6): it fails (``broker_lost``).
 Rule SB4 - No broker. A request due to move, or new, while no broker is live or connecting
   waits; it goes out at once to the first broker that becomes live (its attempt timer and
   deadline run on meanwhile, as the tracker says).
@@ -25,10 +26,11 @@ Rule SB5 - Held. A HELD notice (a reply whose data is exactly ``[HELD_MARKER]``)
   outstanding request marks it *held*: a worker runs it, so it does not move when its broker
   is lost; its answer may come through any broker. A notice for anything else is counted
   (``held_unknown``) and dropped.
-Rule SB6 - Pinned. Pub/sub (services starting ``\\xffDCP:``) goes to one broker, the first in
-  the given order that is live (else connecting): a publisher and a subscriber given the same
-  list meet at the same broker. A request pinned to a broker (``mmi.*`` questions asked of
-  each broker) does not move.
+Rule SB6 - Pinned. Pub/sub (services starting ``\\xffDCP:``) goes to one broker, the *home*:
+  the first in the given order that is live (else connecting), so a publisher and a
+  subscriber given the same list meet at the same broker; it moves to the next home as a
+  plain request moves. A request asked of one broker in particular (the ``mmi.*`` questions
+  the client asks of every broker) goes there only.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from __future__ import annotations
 import enum
 import math
 
-__all__ = ["BrokerState", "Placed", "Spread"]
+__all__ = ["BrokerState", "Kind", "Placed", "Spread"]
 
 
 class BrokerState(enum.Enum):
@@ -50,12 +52,25 @@ class BrokerState(enum.Enum):
     LOST = "lost"
 
 
+class Kind(enum.Enum):
+    """What a request is, for Rules SB3 and SB6."""
+
+    #: Spread, and moved when its broker is lost.
+    PLAIN = "plain"
+    #: A stream: broken when its broker is lost.
+    STREAM = "stream"
+    #: Pub/sub: to the home broker, moved to the next home.
+    HOME = "home"
+    #: Asked of one broker: fails when that broker is lost.
+    FIXED = "fixed"
+
+
 class Placed:
     """Where an outstanding request is, and what the driver needs to move it."""
 
-    __slots__ = ("broker", "frames", "held", "pinned", "sent_at", "stream")
+    __slots__ = ("broker", "frames", "held", "kind", "sent_at")
 
-    def __init__(self, broker: int | None, frames: list[bytes], now: float) -> None:
+    def __init__(self, broker: int | None, frames: list[bytes], now: float, kind: Kind) -> None:
         #: The broker it was last sent to (``None``: waiting for one, Rule SB4).
         self.broker = broker
         #: The frames last sent for it, and when.
@@ -63,9 +78,8 @@ class Placed:
         self.sent_at = now
         #: Rule SB5: a worker said it runs it.
         self.held = False
-        #: A stream (never moves) or a pinned request (Rule SB6).
-        self.stream = False
-        self.pinned = False
+        #: Rules SB3 and SB6.
+        self.kind = kind
 
 
 class Spread:
@@ -129,16 +143,12 @@ class Spread:
         broker: int | None,
         frames: list[bytes],
         now: float,
-        *,
-        stream: bool = False,
-        pinned: bool = False,
+        kind: Kind = Kind.PLAIN,
     ) -> Placed:
         """A request was sent to ``broker`` (``None``: it waits for one, Rule SB4)."""
         p = self.placed.get(rid)
         if p is None:
-            p = self.placed[rid] = Placed(broker, frames, now)
-            p.stream = stream
-            p.pinned = pinned
+            p = self.placed[rid] = Placed(broker, frames, now, kind)
         else:
             self._leave(p)
             p.broker = broker
@@ -187,21 +197,21 @@ class Spread:
 
     def lost(self, broker: int, now: float) -> list[bytes]:
         """Rule SB1: ``broker``'s connection closed or failed. Plans the moves of Rule SB3;
-        returns the streams that were there (broken)."""
+        returns the streams and fixed requests that were there (they fail)."""
         if self.states[broker] is BrokerState.LOST:
             return []
         self.states[broker] = BrokerState.LOST
         broken: list[bytes] = []
         for rid, p in self.placed.items():
             if p.broker == broker:
-                if p.stream:
+                if p.kind is Kind.STREAM or p.kind is Kind.FIXED:
                     broken.append(rid)
                 else:
                     self._lost_one(rid, p, now)
         return broken
 
     def _lost_one(self, rid: bytes, p: Placed, now: float) -> None:
-        if not p.held and not p.pinned and rid not in self.moving:
+        if not p.held and p.kind is not Kind.FIXED and rid not in self.moving:
             self.moving[rid] = now + self.grace
 
     # ------------------------------------------------------------------ time
@@ -211,9 +221,18 @@ class Spread:
         moving = self.moving
         return min(moving.values()) if moving else math.inf
 
+    def target(self, p: Placed) -> int | None:
+        """Where ``p`` goes when it is sent again: Rule SB2, or SB6 for pub/sub and for a
+        request asked of one broker."""
+        if p.kind is Kind.HOME:
+            return self.home()
+        if p.kind is Kind.FIXED:
+            return p.broker
+        return self.choose()
+
     def due(self, now: float) -> list[bytes]:
         """Rule SB3: the requests whose grace is over, to move now (the driver moves each
-        with :meth:`choose` and :meth:`place`)."""
+        to :meth:`target` with :meth:`place`)."""
         moving = self.moving
         due = [rid for rid, at in moving.items() if at <= now]
         for rid in due:

@@ -14,7 +14,7 @@ import anyio.from_thread
 import pytest
 import zmq
 
-from dcp import Broker
+from dcp import Broker, StreamBroken
 from dcp._client.sync_brokers import BrokersReceiver
 from dcp._client.sync_client import SyncClient
 from dcp._client.sync_receive import SyncReceiver
@@ -292,3 +292,61 @@ def test_with_no_broker_up_a_request_waits_for_the_first_one_back(brokers: Broke
         assert reply.result(timeout=20) == Response((b"LATE",))
         assert wb.handled == 1
     assert client.statistics().retries == 0
+
+
+def test_services_are_asked_of_every_broker_and_merged(brokers: Brokers) -> None:
+    a, b = brokers.start(), brokers.start()
+    with (
+        RawWorker(a, b"svc", _upper) as wa,
+        RawWorker(b, b"svc", _upper) as wb,
+        RawWorker(b, b"only-b", _upper) as wo,
+        SyncClient([a, b], timeout=10) as client,
+    ):
+        assert wa.registered.wait(10) and wb.registered.wait(10) and wo.registered.wait(10)
+        wait_live(client, 0, 1)
+        listed = {s.name: s.workers for s in client.services()}
+        assert listed == {"svc": 2, "only-b": 1}
+        info = client.service_info("only-b")  # A does not know it: B's answer
+        assert info is not None and info.workers == 1
+        assert client.service_info("nobody") is None
+        brokers.stop(a)
+        deadline = time.monotonic() + 10
+        while receiver(client).live_brokers() != [1]:
+            assert time.monotonic() < deadline
+            receiver(client).pump(0.05)
+        assert {s.name for s in client.services()} == {"svc", "only-b"}  # B alone answers
+
+
+def test_a_stream_breaks_when_its_broker_is_lost(brokers: Brokers) -> None:
+    a, b = brokers.start(), brokers.start()
+    with holder([a, b]) as hold:
+        client = SyncClient([a, b], timeout=60)
+
+        def read() -> BaseException | None:
+            with client:
+                wait_live(client, 0, 1)
+                try:
+                    with client.stream("svc", b"x") as parts:
+                        list(parts)
+                except Exception as exc:
+                    return exc
+                return None
+
+        error = in_thread(read)
+        via, _ = hold.request()
+        brokers.stop([a, b][via])
+        exc = error.result(timeout=20)
+        assert isinstance(exc, StreamBroken), exc
+        assert "was lost" in str(exc)
+        assert receiver(client).spread.moved == 0
+
+
+def test_pub_sub_meets_at_the_first_live_broker(brokers: Brokers) -> None:
+    a, b = brokers.start(), brokers.start()
+    with SyncClient([a, b], timeout=10) as sub_client, SyncClient([a, b], timeout=10) as pub:
+        wait_live(sub_client, 0, 1)
+        wait_live(pub, 0, 1)
+        with sub_client.subscribe("news.>") as sub:
+            assert pub.publish("news.today", b"hello", ack=True) == 1
+            msg = sub.next(timeout=10)
+            assert msg is not None and msg.data == (b"hello",)
