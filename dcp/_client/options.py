@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from dcp._client.streams import stream_timing
+from dcp._core.client.brokers import endpoint_list
 from dcp._core.client.calls import (
     Part,
     Timing,
@@ -44,7 +45,7 @@ from dcp._core.client.calls import (
     service_bytes,
 )
 from dcp._core.client.tracker import RequestTracker
-from dcp._io.endpoints import check_peer_endpoints
+from dcp._io.endpoints import check_peer_endpoint
 from dcp._io.security import CurveClient
 from dcp._stats import ClientStatistics
 from dcp.wire.options import work_timeout_option
@@ -82,7 +83,9 @@ class ClientOptions:
         tracing: bool | TracerProvider = False,
         failover_grace: float = 0.2,
     ) -> None:
-        endpoints = check_peer_endpoints(endpoint)
+        endpoints = endpoint_list(endpoint)  # brokers Rule BK1
+        for one in endpoints:
+            check_peer_endpoint(one)
         routing_id = checked_routing_id(routing_id)
         if not failover_grace >= 0 or failover_grace == math.inf:
             raise ValueError(f"failover_grace must be >= 0 seconds, not {failover_grace!r}")

@@ -1,20 +1,31 @@
 """The blocking client's sockets when it is given several brokers: :class:`BrokersReceiver`,
 one DEALER per broker (the same routing id on each, one tracker, so one id space), read
-together; the decisions (where each request goes, when one moves) are
-:class:`~dcp._client.sync_spread.Spread`'s (Rules SB1-SB6). One endpoint takes
-:class:`~dcp._client.sync_receive.SyncReceiver` alone, unchanged.
+together. The decisions (which broker is live, where each request goes, what moves when one
+is lost, HELD notices) are :class:`~dcp._core.client.brokers.Brokers`' (Rules BK1-BK6), the
+async client's too. One endpoint takes :class:`~dcp._client.sync_receive.SyncReceiver`
+alone, unchanged.
 
 Rules (besides SyncReceiver's SX1-SX4, which hold here per socket):
 
 Rule SM1 - Every socket and its monitor are polled at once; a wake-up reads each ready socket
   in bounded batches (``batch`` messages), so one busy broker cannot starve another.
-Rule SM2 - zmq's heartbeat (``ZMQ_HEARTBEAT_IVL`` 1 s, ``ZMQ_HEARTBEAT_TIMEOUT`` 3 s: a
-  broker's default liveness) is set on each socket, so a broker that falls silent without
-  closing its connection (a machine or a network gone) is lost within about 3 s.
-Rule SM3 - A message that is not a request (a stream's credit or cancel) goes to the broker
-  that carries the request it names; a publish to the pub/sub broker (Rule SB6).
-Rule SM4 - A request moved (Rule SB3) is sent as it was last sent, its expires-in option
-  lowered by the time since (its deadline is the call's, unchanged).
+Rule SM2 - Lost and live (Rule BK2) come from each socket's monitor: a successful handshake
+  makes a broker live; ``DISCONNECTED``, a handshake failing without detail, or a failed
+  connection attempt (``CONNECT_RETRIED``) makes it lost. zmq's heartbeat
+  (``ZMQ_HEARTBEAT_IVL`` 1 s, ``ZMQ_HEARTBEAT_TIMEOUT`` 3 s: a broker's default liveness)
+  is set on each socket, so a broker that falls silent without closing its connection (a
+  machine or a network gone) is lost within about 3 s. A handshake refused for good
+  (handshakes Rules H1-H3) ends the client, as with one broker.
+Rule SM3 - Pub/sub (services starting ``\\xffDCP:``: subscribe, credit, publish) goes through
+  the *home* broker, the first live one in the order given, so a publisher and a subscriber
+  given the same list meet at the same broker (each message is delivered once); moved
+  (Rule BK4) or resent, it goes to the home of that moment. A message that is not a request
+  (a stream's credit or cancel, a publish without ack) goes through the broker that carries
+  the request it names, else the home.
+Rule SM4 - Asked of each broker. The ``mmi.*`` questions of :meth:`dcp.SyncClient.services`
+  and friends go to one broker each (:attr:`BrokersReceiver.pin`); such a request does not
+  move: its broker being lost ends it (``broker_lost``), as it ends a stream
+  (``stream_broken``, Rule BK4).
 """
 
 from __future__ import annotations
@@ -29,16 +40,15 @@ import zmq
 
 from dcp._client.subscriptions import deliver
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
-from dcp._client.sync_spread import BrokerState, Kind, Spread
+from dcp._core.client.brokers import Brokers, held_request
 from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
-from dcp._errors import RemoteError, RemoteProtocolError
+from dcp._errors import RemoteError
 from dcp._io.handshake import EVENTS, HandshakeWatch, close_monitor, read_events
 from dcp._io.sockets import try_recv, try_send
 from dcp._models import Outcome
-from dcp.wire.dcp1 import TYPE_FRAMES, MessageType, split_body
 from dcp.wire.messages import HELD_MARKER
-from dcp.wire.options import OPTION_PREFIX, expires_in_option, request_expires_in
+from dcp.wire.options import OPTION_PREFIX
 from dcp.wire.streams import STREAM_OPTION, is_stream
 
 __all__ = ["HEARTBEAT", "MONITOR_EVENTS", "BrokerLink", "BrokersReceiver"]
@@ -46,13 +56,10 @@ __all__ = ["HEARTBEAT", "MONITOR_EVENTS", "BrokerLink", "BrokersReceiver"]
 _POLLIN = zmq.POLLIN
 #: Rule SM2: zmq heartbeat interval and timeout, in milliseconds.
 HEARTBEAT = (1000, 3000)
-#: The monitor events: the handshake rules', and a failed connection attempt (Rule SB1).
+#: The monitor events: the handshake rules', and a failed connection attempt (Rule SM2).
 MONITOR_EVENTS = EVENTS | zmq.EVENT_CONNECT_RETRIED
-#: Where a request's expires-in option is (the tracker's frames: "" DGBX T service "" id).
-_EXPIRES_AT = 6
-_EXPIRES_IN = OPTION_PREFIX + b"expires-in="
-#: The type frame of a reply, in either width.
-_REPLY_TYPES = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
+#: Monitor events that make a broker lost (Rule SM2).
+_LOST_EVENTS = (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 class BrokerLink:
@@ -85,7 +92,7 @@ class BrokersReceiver(SyncReceiver):
     :param tracker: the client's request tracker
     :param links: one per broker, in the order given
     :param batch: messages read per socket and wake-up
-    :param grace: Rule SB3's wait, in seconds (the client's ``failover_grace``)
+    :param grace: Rule BK4's wait, in seconds (the client's ``failover_grace``)
     """
 
     def __init__(
@@ -102,8 +109,8 @@ class BrokersReceiver(SyncReceiver):
         )
         #: Every broker's link, in the order given.
         self.links = tuple(links)
-        #: Where requests go (Rules SB1-SB6).
-        self.spread = Spread(len(links), grace)
+        #: Where requests go (Rules BK1-BK6).
+        self.brokers = Brokers([link.endpoint for link in links], grace=grace)
         self._by_socket: dict[zmq.Socket[bytes], BrokerLink] = {}
         self._by_monitor: dict[zmq.Socket[bytes], BrokerLink] = {}
         for link in self.links:
@@ -112,8 +119,11 @@ class BrokersReceiver(SyncReceiver):
             if link is not first:
                 self.poller.register(link.sock, _POLLIN)
                 self.poller.register(link.monitor, _POLLIN)
-        #: A broker the next requests are pinned to (``mmi.*`` asked of each broker).
+        #: Rule SM4: the broker the next requests are asked of (``None``: spread them).
         self.pin: int | None = None
+        # Rule SM3: the pub/sub requests outstanding; Rule SM4: those asked of one broker.
+        self._home: set[bytes] = set()
+        self._fixed: set[bytes] = set()
 
     def close(self) -> None:
         """Close every socket (linger 0) and forget pending requests. Idempotent."""
@@ -124,14 +134,18 @@ class BrokersReceiver(SyncReceiver):
             for link in self.links:
                 close_monitor(link.sock, link.monitor)
                 link.sock.close(0)
-        self.tracker.cancel_all()
-        self.spread.placed.clear()
-        self.spread.moving.clear()
+        for rid in self.tracker.cancel_all():
+            self.brokers.done(rid)
         self.done.clear()
 
     def live_brokers(self) -> list[int]:
-        """The brokers that are live now (Rule SB1), in the order given."""
-        return [i for i, s in enumerate(self.spread.states) if s is BrokerState.LIVE]
+        """The brokers that are live now (Rule BK2), in the order given."""
+        return [i for i in range(len(self.links)) if self.brokers.is_live(i)]
+
+    def home(self) -> int | None:
+        """Rule SM3: the broker pub/sub goes through (``None``: none is live)."""
+        is_live = self.brokers.is_live
+        return next((i for i in range(len(self.links)) if is_live(i)), None)
 
     # ------------------------------------------------------------------ sending
 
@@ -142,35 +156,40 @@ class BrokersReceiver(SyncReceiver):
         metadata: Sequence[bytes],
         timing: Timing,
     ) -> bytes:
-        """:meth:`SyncReceiver.start`, to the broker Rules SB2 and SB6 choose."""
+        """:meth:`SyncReceiver.start`, through the broker Rules BK3, SM3 and SM4 choose (or
+        parked until one is live)."""
         self._check_caller()
         refuse_in_event_loop()
         tracker = self.tracker
-        now = time.monotonic()
-        rid = tracker.request(service, data, now, metadata=metadata, timing=timing)
+        rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
-        spread = self.spread
+        brokers = self.brokers
+        movable = True
         broker: int | None
         if self.pin is not None:
-            kind, broker = Kind.FIXED, self.pin
+            broker, movable = self.pin, False
+            self._fixed.add(rid)
         elif service.startswith(OPTION_PREFIX):
-            kind, broker = Kind.HOME, spread.home()
+            broker = self.home()
+            self._home.add(rid)
         else:
-            stream = any(part.startswith(STREAM_OPTION) for part in metadata)
-            kind, broker = (Kind.STREAM if stream else Kind.PLAIN), spread.choose()
-        spread.place(rid, broker, frames, now, kind)
-        if broker is not None:
-            try:
-                self._send_to(self.links[broker], frames, tracker.deadline_of(rid))
-            except BaseException:
-                tracker.cancel(rid)
-                spread.done(rid)
-                raise
+            movable = not any(part.startswith(STREAM_OPTION) for part in metadata)
+            broker = brokers.choose()
+        if broker is None:
+            brokers.park(rid)  # Rule BK3: sent once a broker is live
+            return rid
+        brokers.sent(rid, broker, movable=movable)
+        try:
+            self._send_to(self.links[broker], frames, tracker.deadline_of(rid))
+        except BaseException:
+            tracker.cancel(rid)
+            self._end(rid)
+            raise
         return rid
 
     def send(self, frames: list[bytes], deadline: float) -> None:
-        """Send ``frames`` to the broker Rule SM3 names, waiting for room until
-        ``deadline`` (Rule SX1)."""
+        """Send ``frames`` through the broker Rule SM3 names, waiting for room until
+        ``deadline`` (Rule SX1); dropped if no broker is live."""
         link = self._route(frames)
         if link is not None:
             self._send_to(link, frames, deadline)
@@ -186,16 +205,23 @@ class BrokersReceiver(SyncReceiver):
 
     def forget(self, rid: bytes) -> Outcome | None:
         """:meth:`SyncReceiver.forget`, and the request leaves its broker."""
-        self.spread.done(rid)
+        self._end(rid)
         return super().forget(rid)
 
+    def _end(self, rid: bytes) -> None:
+        self.brokers.done(rid)
+        if self._home:
+            self._home.discard(rid)
+        if self._fixed:
+            self._fixed.discard(rid)
+
     def _route(self, frames: list[bytes]) -> BrokerLink | None:
-        placed = self.spread.placed
+        where = self.brokers.where
         for part in frames[3:6]:  # a stream's control names its request there
-            p = placed.get(part)
-            if p is not None:
-                return None if p.broker is None else self.links[p.broker]
-        home = self.spread.home()
+            broker = where(part)
+            if broker is not None:
+                return self.links[broker]
+        home = self.home()
         return None if home is None else self.links[home]
 
     def _send_to(self, link: BrokerLink, frames: list[bytes], deadline: float) -> None:
@@ -217,6 +243,18 @@ class BrokersReceiver(SyncReceiver):
             if try_send(sock, frames) is None:
                 return
 
+    def _resend(self, rid: bytes, now: float, broker: int | None) -> None:
+        """Send a pending request again through ``broker`` (a move, or a parked request
+        whose broker came), with its frames as of ``now`` (tracker Rule RT8)."""
+        frames = self.tracker.moved(rid, now)
+        if frames is None:  # no longer pending
+            self._end(rid)
+        elif broker is None:
+            self.brokers.park(rid)
+        else:
+            self.brokers.sent(rid, broker, movable=rid not in self.stream_parts)
+            self._try_send(self.links[broker], frames)
+
     def _check_caller(self) -> None:
         """Rule SX2 and a closed client, as :meth:`SyncReceiver.start` checks them."""
         if self.closed:
@@ -226,21 +264,30 @@ class BrokersReceiver(SyncReceiver):
         if threading.get_ident() != self._owner:
             self._claim()
 
+    def _target(self, rid: bytes) -> int | None:
+        """Where a pending request goes when it is sent again: the home for pub/sub (Rule
+        SM3), else Rule BK3."""
+        return self.home() if rid in self._home else self.brokers.choose()
+
+    def _try_send(self, link: BrokerLink, frames: list[bytes]) -> None:
+        if try_send(link.sock, frames) is not None:  # full (dcp._io.errors Rule Z1)
+            self.tracker.resends_dropped += 1
+
     # ------------------------------------------------------------------ receiving
 
     def pump(self, wait_max: float | None = None) -> None:
         """:meth:`SyncReceiver.pump` over every broker's socket (Rule SM1), with the moves
-        of Rule SB3 and the monitors' verdicts (Rule SB1)."""
-        if self.closed:
-            raise self.closed_error()
+        of Rule BK4 and the monitors' verdicts (Rule SM2)."""
         self._check_caller()
         tracker = self.tracker
-        spread = self.spread
+        brokers = self.brokers
         due = tracker.next_deadline()
-        deadline = min(math.inf if due is None else due, spread.next_deadline())
+        moving = brokers.next_deadline()
+        if moving is not None and (due is None or moving < due):
+            due = moving
         wait_ms: int | None = None
-        if deadline < math.inf:
-            wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+        if due is not None:
+            wait_ms = max(0, math.ceil((due - time.monotonic()) * 1000))
         if wait_max is not None:
             most = math.ceil(wait_max * 1000)
             wait_ms = most if wait_ms is None else min(wait_ms, most)
@@ -257,14 +304,15 @@ class BrokersReceiver(SyncReceiver):
         due = tracker.next_deadline()
         if due is not None and due <= now:
             self._expire(now)
-        if spread.next_deadline() <= now:
-            self._move(spread.due(now), now)
+        moving = brokers.next_deadline()
+        if moving is not None and moving <= now:
+            for rid in brokers.expire(now):  # Rule BK4
+                self._resend(rid, now, self._target(rid))
 
     def _read(self, link: BrokerLink) -> None:
         sock = link.sock
         done = self.done
         receive = self.tracker.receive
-        spread = self.spread
         watch = link.watch
         for _ in range(self._batch):
             frames = try_recv(sock)
@@ -274,60 +322,42 @@ class BrokersReceiver(SyncReceiver):
             if self.stream_parts and is_stream(frames):
                 self._stream_part(frames)
                 continue
-            if self.subscriptions and self._deliver(frames):
+            if self.subscriptions and deliver(self.subscriptions, frames):
                 continue
-            if frames[-1] == HELD_MARKER and frames[-2] == b"" and self._held(frames):
-                continue
+            if frames[-1] == HELD_MARKER:
+                held = held_request(frames)
+                if held is not None:
+                    self.brokers.hold(held)  # Rule BK5
+                    continue
             resolved = receive(frames)
             if resolved is not None:
                 done[resolved[0]] = resolved[1]
-                spread.done(resolved[0])
-
-    def _held(self, frames: list[bytes]) -> bool:
-        """Rule SB5: ``frames`` (ending ``"" HELD_MARKER``) as a HELD notice; ``False`` if
-        it is no reply (then the tracker counts it)."""
-        if len(frames) < 6 or frames[2] not in _REPLY_TYPES:
-            return False
-        try:
-            _, metadata, data = split_body(frames, 3)
-        except RemoteProtocolError:
-            return False
-        if not metadata or len(data) != 1:
-            return False
-        self.spread.notice(metadata[0])
-        return True
-
-    def _deliver(self, frames: list[bytes]) -> bool:
-        return deliver(self.subscriptions, frames)
+                self._end(resolved[0])
 
     def _read_link_monitor(self, link: BrokerLink) -> None:
-        """Rule SB1 from ``link``'s monitor; the handshake rules end the client as with one
-        broker (a refused key is a mistake, not an outage).
+        """Rule SM2 from ``link``'s monitor.
 
         :raises AuthenticationFailed: a handshake failed for good (the client is closed)
         """
-        spread = self.spread
+        brokers = self.brokers
+        i = link.index
         for event, value in read_events(link.monitor):
             failure = link.watch.event(event, value)
             if failure is not None:
                 self.failure = failure
                 self.close()
                 raise self.closed_error()
-            i = link.index
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                for rid in spread.live(i):  # Rule SB4: those waiting go here at once
-                    p = spread.placed[rid]
-                    frames = _refreshed(p.frames, p.sent_at, time.monotonic())
-                    spread.place(rid, i, frames, time.monotonic())
-                    self._try_send(link, frames)
-            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL) or (
-                event == zmq.EVENT_CONNECT_RETRIED and spread.states[i] is BrokerState.CONNECTING
+                now = time.monotonic()
+                for rid in brokers.up(i):  # Rule BK3: the parked ones go now
+                    self._resend(rid, now, self._target(rid))
+            elif event in _LOST_EVENTS or (
+                event == zmq.EVENT_CONNECT_RETRIED and not brokers.is_live(i)
             ):
-                for rid in spread.lost(i, time.monotonic()):  # Rule SB3
-                    kind = spread.placed[rid].kind
-                    spread.done(rid)
+                for rid in brokers.lost(i, time.monotonic()):  # Rules BK4 and SM4
+                    code = "stream_broken" if rid in self.stream_parts else "broker_lost"
+                    self._end(rid)
                     if self.tracker.cancel(rid):
-                        code = "stream_broken" if kind is Kind.STREAM else "broker_lost"
                         self.done[rid] = RemoteError(
                             code, f"the broker at {link.endpoint} was lost"
                         )
@@ -336,52 +366,34 @@ class BrokersReceiver(SyncReceiver):
 
     def _expire(self, now: float) -> None:
         tracker = self.tracker
-        spread = self.spread
+        brokers = self.brokers
         tracker.expire(now)
         out, events = tracker.drain()
         for frames in out:
             rid = frames[5] if len(frames) > 5 else b""
-            p = spread.placed.get(rid)
-            # An attempt's resend goes to a live broker (a probe, to any).
-            broker = spread.choose() if p is None else spread.target(p)
-            if p is not None:
-                spread.place(rid, broker, frames, now)
-            if broker is not None:
-                link = self.links[broker]
-                if link.watch.unheard():  # handshakes Rule H5 (Rule SX3)
-                    link.watch.heard = link.watch.handshakes
-                    link.sock.disconnect(link.endpoint)
-                    link.sock.connect(link.endpoint)
-                self._try_send(link, frames)
+            broker: int | None
+            if not tracker.is_pending(rid):  # a probe (tracker Rule RT5): any live broker
+                broker = brokers.choose()
+            elif rid in self._fixed:
+                broker = brokers.where(rid)  # Rule SM4: its own broker only
+            elif rid in self._home:
+                broker = self.home()  # Rule SM3
+            else:
+                broker = brokers.route(rid)  # Rule BK6
+            if broker is None:
+                if tracker.is_pending(rid):
+                    brokers.park(rid)  # Rule BK3
+                continue
+            if tracker.is_pending(rid):
+                movable = rid not in self._fixed and rid not in self.stream_parts
+                brokers.sent(rid, broker, movable=movable)
+            link = self.links[broker]
+            if link.watch.unheard():  # handshakes Rule H5 (Rule SX3)
+                link.watch.heard = link.watch.handshakes
+                link.sock.disconnect(link.endpoint)
+                link.sock.connect(link.endpoint)
+            self._try_send(link, frames)
         done = self.done
         for event in events:
             done[event.request_id] = event.error
-            spread.done(event.request_id)
-
-    def _move(self, due: list[bytes], now: float) -> None:
-        """Rule SB3: send each request whose grace is over to another broker (Rule SM4)."""
-        spread = self.spread
-        for rid in due:
-            p = spread.placed.get(rid)
-            if p is None:
-                continue
-            broker = spread.target(p)
-            frames = _refreshed(p.frames, p.sent_at, now)
-            spread.place(rid, broker, frames, now)
-            if broker is not None:
-                self._try_send(self.links[broker], frames)
-
-    def _try_send(self, link: BrokerLink, frames: list[bytes]) -> None:
-        if try_send(link.sock, frames) is not None:  # full (dcp._io.errors Rule Z1)
-            self.tracker.resends_dropped += 1
-
-
-def _refreshed(frames: list[bytes], sent_at: float, now: float) -> list[bytes]:
-    """Rule SM4: ``frames`` with their expires-in option lowered by ``now - sent_at``."""
-    if len(frames) <= _EXPIRES_AT or not frames[_EXPIRES_AT].startswith(_EXPIRES_IN):
-        return frames
-    left = request_expires_in((frames[_EXPIRES_AT],))
-    if left is None:
-        return frames
-    option = expires_in_option(max(left - (now - sent_at), 0.001))
-    return [*frames[:_EXPIRES_AT], option, *frames[_EXPIRES_AT + 1 :]]
+            self._end(event.request_id)

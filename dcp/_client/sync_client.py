@@ -524,7 +524,7 @@ class SyncClient(ClientOptions):
         self, receiver: BrokersReceiver, ask: Callable[[], T], *, first: bool = False
     ) -> list[T]:
         """``ask()`` of each live broker in turn (each request goes to that broker only;
-        Rule SB6), the answers in order; a broker that fails is left out while another
+        Rule SM4), the answers in order; a broker that fails is left out while another
         answers. ``first``: stop at the first answer that is not ``None``.
 
         :raises DCPError: every broker asked failed (the first failure)

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Sequence
 
-__all__ = [
-    "SCHEMES",
-    "check_endpoint",
-    "check_peer_endpoint",
-    "check_peer_endpoints",
-    "is_loopback_host",
-]
+__all__ = ["SCHEMES", "check_endpoint", "check_peer_endpoint", "is_loopback_host"]
 
 #: The transports dcp's peers use.
 SCHEMES = ("tcp", "ipc", "inproc")
@@ -76,28 +69,6 @@ def check_peer_endpoint(endpoint: str) -> str:
         beacon_port(endpoint)
         return endpoint
     return check_endpoint(endpoint, bind=False)
-
-
-def check_peer_endpoints(endpoint: str | Sequence[str]) -> tuple[str, ...]:
-    """The brokers' endpoints a client or worker is given: one ``str`` (taken whole, a comma
-    is not split), or a sequence of them, each checked by :func:`check_peer_endpoint`.
-
-    :raises ValueError: an empty sequence, an endpoint given twice, or a malformed one
-    """
-    if isinstance(endpoint, str):
-        return (check_peer_endpoint(endpoint),)
-    endpoints = tuple(endpoint)
-    if not endpoints:
-        raise ValueError("no broker endpoint given (an empty list)")
-    seen: set[str] = set()
-    for one in endpoints:
-        if not isinstance(one, str):
-            raise ValueError(f"a broker endpoint must be a str, not {type(one).__name__}")
-        check_peer_endpoint(one)
-        if one in seen:
-            raise ValueError(f"broker endpoint {one!r} given twice")
-        seen.add(one)
-    return endpoints
 
 
 def _tcp_problem(address: str, bind: bool) -> str | None:
