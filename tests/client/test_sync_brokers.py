@@ -36,11 +36,22 @@ class Brokers:
         self._running: dict[str, concurrent.futures.Future[None]] = {}
 
     def start(self, endpoint: str = "tcp://127.0.0.1:0") -> str:
-        # Slow heartbeats: the plain-pyzmq workers here do not ping.
-        broker = Broker(endpoint, heartbeat_interval=5.0)
-        future, endpoints = self.portal.start_task(broker.serve)
-        self._running[endpoints[0]] = future
-        return str(endpoints[0])
+        """Start a broker (again, on the port of ``endpoint``): the port may be held a
+        moment by a client's connection attempt that met itself (TCP's simultaneous open
+        on loopback), so a restart waits until it binds."""
+        deadline = time.monotonic() + 10
+        while True:
+            # Slow heartbeats: the plain-pyzmq workers here do not ping.
+            broker = Broker(endpoint, heartbeat_interval=5.0)
+            try:
+                future, endpoints = self.portal.start_task(broker.serve)
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+                continue
+            self._running[endpoints[0]] = future
+            return str(endpoints[0])
 
     def stop(self, endpoint: str) -> None:
         future = self._running.pop(endpoint)
