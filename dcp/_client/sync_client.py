@@ -78,6 +78,21 @@ class SyncClient(ClientOptions):
 
     Parameters are those of :class:`dcp.Client` (``type_width=4`` for the DagBox C++
     reference broker); a bad one raises :exc:`ValueError` before the socket is created.
+
+    **Several brokers** (``docs/scaling.md``): given a list of endpoints
+    (``dcp.SyncClient(["tcp://a:5555", "tcp://b:5555"])``), it makes one socket per broker
+    (the same routing id on each, one id space) and follows the same rules as
+    :class:`dcp.Client` (:mod:`dcp._core.client.brokers`): each request goes to the live
+    broker with the fewest outstanding requests; when a broker is lost (its connection
+    closes, or zmq's heartbeat finds it silent for 3 s), each request waiting there moves
+    ``failover_grace`` seconds later (default 0.2) to another, with the same id (not a
+    retry: its ``retries`` and deadline are untouched), unless a worker said it runs it (a
+    HELD notice); a broker that comes back is used again. A stream stays on its broker
+    (lost: :exc:`~dcp.StreamBroken`). Pub/sub goes through the first live broker in the
+    list (so publishers and subscribers given the same list meet there). :meth:`services`
+    asks every live broker and merges. The waiting, sending and reading all happen in the
+    calling thread, as with one broker. :attr:`endpoint` is the first endpoint,
+    :attr:`endpoints` all of them; a ``beacon://`` entry is the first broker heard there.
     """
 
     _traced: SyncTracing | None = None

@@ -36,7 +36,7 @@ def resolve_broker(broker: str | Sequence[str] | None, spark: SparkSession | Non
        Connect has no local properties), then the session conf entry :data:`BROKER_KEY`;
     3. the environment variable :data:`BROKER_ENV`.
 
-    The values of 2 and 3 are split on commas (:func:`split_brokers`), so
+    The values of 2 and 3 are split on commas (blanks around each endpoint ignored), so
     ``DCP_BROKER=tcp://a:5555,tcp://b:5555`` gives both brokers.
 
     It is read on the driver when the plan is built (``map_service`` or ``service_column``
