@@ -367,3 +367,25 @@ def test_pub_sub_meets_at_the_first_live_broker(brokers: Brokers) -> None:
             assert pub.publish("news.today", b"hello", ack=True) == 1
             msg = sub.next(timeout=10)
             assert msg is not None and msg.data == (b"hello",)
+
+
+def test_a_subscription_moves_to_the_next_broker_when_its_broker_is_lost(
+    brokers: Brokers,
+) -> None:
+    a, b = brokers.start(), brokers.start()
+    with SyncClient([a, b], timeout=10) as sub_client, SyncClient([a, b], timeout=10) as pub:
+        wait_live(sub_client, 0, 1)
+        wait_live(pub, 0, 1)
+        with sub_client.subscribe("news.>", refresh=0.2) as sub:
+            brokers.stop(a)
+            deadline = time.monotonic() + 15
+            while sub.resubscribed == 0 or receiver(pub).live_brokers() != [1]:
+                assert time.monotonic() < deadline, (
+                    sub.resubscribed,
+                    receiver(pub).brokers.info(),
+                )
+                assert sub.next(timeout=0.05) is None
+                receiver(pub).pump(0.01)
+            assert pub.publish("news.later", b"again", ack=True) == 1  # through B
+            msg = sub.next(timeout=10)
+            assert msg is not None and msg.data == (b"again",)
