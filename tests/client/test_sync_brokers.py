@@ -1,6 +1,7 @@
 """The blocking client given several brokers (``docs/scaling.md``): real :class:`dcp.Broker`
-s on 127.0.0.1 in a background event loop, the client in a thread of its own, and plain-pyzmq
-workers the test drives (to hold a request, send a HELD notice, answer late)."""
+s on 127.0.0.1 in a background event loop (each anyio backend), the client in a thread of its
+own, and plain-pyzmq workers the test drives (to hold a request, send a HELD notice, answer
+late)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ class Brokers:
 
 
 @pytest.fixture
-def brokers() -> Iterator[Brokers]:
-    with anyio.from_thread.start_blocking_portal() as portal:
+def brokers(anyio_backend: str) -> Iterator[Brokers]:
+    """The brokers run on each anyio backend in turn."""
+    with anyio.from_thread.start_blocking_portal(backend=anyio_backend) as portal:
         b = Brokers(portal)
         try:
             yield b
