@@ -129,6 +129,16 @@ def memory_size(text: str) -> int | None:
 memory_size.__name__ = "size"
 
 
+def _endpoints(*, bind: bool) -> Callable[[str], list[str]]:
+    """The endpoints of a comma-separated value, each checked as :func:`_endpoint` does."""
+    one = _endpoint(bind=bind)
+
+    def parse(text: str) -> list[str]:
+        return [one(part.strip()) for part in text.split(",")]
+
+    return parse
+
+
 def _endpoint(*, bind: bool) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if not bind and text.startswith(BEACON_SCHEME):  # docs/services.md
@@ -353,9 +363,11 @@ def build_parser() -> _Parser:
     p.add_argument(
         "--connect",
         required=True,
-        type=_endpoint(bind=False),
+        action="extend",
+        type=_endpoints(bind=False),
         metavar="ENDPOINT",
-        help="broker endpoint, e.g. tcp://127.0.0.1:5555",
+        help="broker endpoint, e.g. tcp://127.0.0.1:5555; give it several times (or a "
+        "comma-separated list) to spread over several brokers",
     )
     p.add_argument(
         "--timeout",
@@ -440,7 +452,7 @@ def build_parser() -> _Parser:
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_keys)
     add_pubsub_commands(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
-    add_commands(command, _endpoint(bind=False), _SECONDS, _add_client_security)
+    add_commands(command, _endpoints(bind=False), _SECONDS, _add_client_security)
     add_top_command(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     return parser
 

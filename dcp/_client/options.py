@@ -6,9 +6,10 @@ Rules:
 
 Rule CO1 - Every option is checked by ``__init__`` before the client makes a socket: a bad one
    raises (``ValueError``, or ``ImportError`` for tracing without OpenTelemetry) and nothing
-   is left open. The order: the endpoint (a malformed one is a ``ValueError`` naming the
+   is left open. The order: the endpoint or endpoints (Rule BK1 of
+   :mod:`dcp._core.client.brokers`; a malformed one is a ``ValueError`` naming the
    mistake, :func:`~dcp._io.endpoints.check_peer_endpoint`, never zmq's bare ``EINVAL``),
-   routing id, tracing, work timeout, the tracker's options; then
+   ``failover_grace``, routing id, tracing, work timeout, the tracker's options; then
    the client's own :meth:`ClientOptions._setup` (the sync client connects there).
 Rule CO2 - A request that sets no metadata, work timeout or ``wait_for_worker`` of its own gets
    the metadata built once per (``work_timeout``, ``wait_for_worker``) setting of the client
@@ -26,7 +27,6 @@ Rule CO4 - Fail fast by default (as NATS answers "no responders"): every request
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from dcp._client.streams import stream_timing
-from dcp._core.client.brokers import endpoint_list
+from dcp._core.client.brokers import Brokers, check_grace, endpoint_list
 from dcp._core.client.calls import (
     Part,
     Timing,
@@ -83,17 +83,17 @@ class ClientOptions:
         tracing: bool | TracerProvider = False,
         failover_grace: float = 0.2,
     ) -> None:
-        endpoints = endpoint_list(endpoint)  # brokers Rule BK1
-        for one in endpoints:
-            check_peer_endpoint(one)
+        endpoints = endpoint_list(endpoint)
+        for each in endpoints:
+            check_peer_endpoint(each)
+        check_grace(failover_grace)
+        #: The brokers' choice and failover (``None``: one broker, the path of old).
+        self._brokers = Brokers(endpoints, grace=failover_grace) if len(endpoints) > 1 else None
+        self._endpoints = endpoints
+        endpoint = endpoints[0]
         routing_id = checked_routing_id(routing_id)
-        if not failover_grace >= 0 or failover_grace == math.inf:
-            raise ValueError(f"failover_grace must be >= 0 seconds, not {failover_grace!r}")
-        #: Seconds a request pending at a lost broker waits before it is sent to another
-        #: (several brokers only; ``docs/scaling.md``).
-        self.failover_grace = failover_grace
         if tracing:  # docs/tracing.md: spans of the requests; off costs nothing
-            self._trace(tracing, endpoints[0])
+            self._trace(tracing, endpoint)
         if work_timeout is not None:
             work_timeout_option(work_timeout)  # check it now
         #: Default work timeout of requests (seconds; ``None``: the broker's).
@@ -101,10 +101,7 @@ class ClientOptions:
         wait = wait_for_option(wait_for_worker or None, no_wait)  # False: the default
         #: Default of :meth:`request`'s ``wait_for_worker`` (Rule CO4).
         self.wait_for_worker = bool(wait_for_worker if wait is None else wait)
-        #: Every broker's endpoint, in the order given (``beacon://`` ones resolved).
-        self.endpoints: tuple[str, ...] = endpoints
-        #: The first of :attr:`endpoints`.
-        self.endpoint: str = endpoints[0]
+        self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id
         self._tracker = RequestTracker(
@@ -120,8 +117,7 @@ class ClientOptions:
             type_width=type_width,
             probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
         )
-        # Named in timeout messages (tracker Rule RT7).
-        self._tracker.endpoint = " or ".join(endpoints)
+        self._tracker.endpoint = endpoint  # named in timeout messages (tracker Rule RT7)
         self._batch = batch
         #: (work_timeout, no_wait) and the request metadata they give with no other option.
         self._plain_metadata: tuple[tuple[float | None, bool], tuple[bytes, ...]] | None = None
@@ -136,6 +132,11 @@ class ClientOptions:
     ) -> None:
         """The client's own state, once every option is checked (Rule CO1)."""
         raise NotImplementedError
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """Every broker's endpoint, in the order given (:attr:`endpoint` is the first)."""
+        return self._endpoints
 
     def statistics(self) -> ClientStatistics:
         """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""

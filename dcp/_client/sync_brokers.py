@@ -10,12 +10,12 @@ Rules (besides SyncReceiver's SX1-SX4, which hold here per socket):
 Rule SM1 - Every socket and its monitor are polled at once; a wake-up reads each ready socket
   in bounded batches (``batch`` messages), so one busy broker cannot starve another.
 Rule SM2 - Lost and live (Rule BK2) come from each socket's monitor: a successful handshake
-  makes a broker live; ``DISCONNECTED``, a handshake failing without detail, or a failed
-  connection attempt (``CONNECT_RETRIED``) makes it lost. zmq's heartbeat
-  (``ZMQ_HEARTBEAT_IVL`` 1 s, ``ZMQ_HEARTBEAT_TIMEOUT`` 3 s: a broker's default liveness)
-  is set on each socket, so a broker that falls silent without closing its connection (a
-  machine or a network gone) is lost within about 3 s. A handshake refused for good
-  (handshakes Rules H1-H3) ends the client, as with one broker.
+  makes a broker live; ``DISCONNECTED`` or a handshake failing without detail makes it lost.
+  zmq's heartbeat (1 s; a broker silent for three is lost: a broker's default liveness) is
+  set on each socket, so a broker that falls silent without closing its connection (a
+  machine or a network gone) is lost within about 3 s; and ``ZMQ_IMMEDIATE``, so nothing
+  queues for a broker that is not connected. A handshake refused for good (handshakes
+  Rules H1-H3) ends the client, as with one broker.
 Rule SM3 - Pub/sub (services starting ``\\xffDCP:``: subscribe, credit, publish) goes through
   the *home* broker, the first live one in the order given, so a publisher and a subscriber
   given the same list meet at the same broker (each message is delivered once); moved
@@ -40,24 +40,25 @@ import zmq
 
 from dcp._client.subscriptions import deliver
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
-from dcp._core.client.brokers import Brokers, held_request
+from dcp._core.client.brokers import Brokers, BrokerState, held_request
 from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._errors import RemoteError
-from dcp._io.handshake import EVENTS, HandshakeWatch, close_monitor, read_events
+from dcp._io.handshake import HandshakeWatch, close_monitor, read_events
 from dcp._io.sockets import try_recv, try_send
 from dcp._models import Outcome
 from dcp.wire.messages import HELD_MARKER
 from dcp.wire.options import OPTION_PREFIX
 from dcp.wire.streams import STREAM_OPTION, is_stream
 
-__all__ = ["HEARTBEAT", "MONITOR_EVENTS", "BrokerLink", "BrokersReceiver"]
+__all__ = ["HEARTBEAT", "SETTLE", "BrokerLink", "BrokersReceiver"]
 
 _POLLIN = zmq.POLLIN
-#: Rule SM2: zmq heartbeat interval and timeout, in milliseconds.
-HEARTBEAT = (1000, 3000)
-#: The monitor events: the handshake rules', and a failed connection attempt (Rule SM2).
-MONITOR_EVENTS = EVENTS | zmq.EVENT_CONNECT_RETRIED
+#: Rule SM2: seconds between zmq heartbeats (a broker silent for three is lost).
+HEARTBEAT = 1.0
+#: Seconds after the client is made during which asking every broker waits for their first
+#: handshakes (:meth:`BrokersReceiver.settle`).
+SETTLE = 1.0
 #: Monitor events that make a broker lost (Rule SM2).
 _LOST_EVENTS = (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -91,17 +92,17 @@ class BrokersReceiver(SyncReceiver):
 
     :param tracker: the client's request tracker
     :param links: one per broker, in the order given
+    :param brokers: the client's broker choice (the same order)
     :param batch: messages read per socket and wake-up
-    :param grace: Rule BK4's wait, in seconds (the client's ``failover_grace``)
     """
 
     def __init__(
         self,
         tracker: RequestTracker,
         links: Sequence[BrokerLink],
+        brokers: Brokers,
         *,
         batch: int,
-        grace: float,
     ) -> None:
         first = links[0]
         super().__init__(
@@ -110,7 +111,9 @@ class BrokersReceiver(SyncReceiver):
         #: Every broker's link, in the order given.
         self.links = tuple(links)
         #: Where requests go (Rules BK1-BK6).
-        self.brokers = Brokers([link.endpoint for link in links], grace=grace)
+        self.brokers = brokers
+        #: When the sockets were made (:meth:`settle`).
+        self.made_at = time.monotonic()
         self._by_socket: dict[zmq.Socket[bytes], BrokerLink] = {}
         self._by_monitor: dict[zmq.Socket[bytes], BrokerLink] = {}
         for link in self.links:
@@ -141,6 +144,17 @@ class BrokersReceiver(SyncReceiver):
     def live_brokers(self) -> list[int]:
         """The brokers that are live now (Rule BK2), in the order given."""
         return [i for i in range(len(self.links)) if self.brokers.is_live(i)]
+
+    def settle(self) -> None:
+        """Read the monitors until every broker made its first handshake (or was lost), for
+        at most :data:`SETTLE` seconds after the sockets were made."""
+        deadline = self.made_at + SETTLE
+        info = self.brokers.info
+        while any(b.state is BrokerState.CONNECTING for b in info()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.pump(left)
 
     def home(self) -> int | None:
         """Rule SM3: the broker pub/sub goes through (``None``: none is live)."""
@@ -216,11 +230,11 @@ class BrokersReceiver(SyncReceiver):
             self._fixed.discard(rid)
 
     def _route(self, frames: list[bytes]) -> BrokerLink | None:
-        where = self.brokers.where
+        brokers = self.brokers
         for part in frames[3:6]:  # a stream's control names its request there
-            broker = where(part)
-            if broker is not None:
-                return self.links[broker]
+            broker = brokers.where(part)
+            if broker is not None:  # (dropped if that broker is not live)
+                return self.links[broker] if brokers.is_live(broker) else None
         home = self.home()
         return None if home is None else self.links[home]
 
@@ -240,6 +254,8 @@ class BrokersReceiver(SyncReceiver):
             ready = dict(poller.poll(math.ceil(min(remaining, 0.1) * 1000)))
             if link.monitor in ready:
                 self._read_link_monitor(link)
+                if not self.brokers.is_live(link.index):
+                    return  # lost meanwhile: Rule BK4 moves what was sent there
             if try_send(sock, frames) is None:
                 return
 
@@ -351,9 +367,7 @@ class BrokersReceiver(SyncReceiver):
                 now = time.monotonic()
                 for rid in brokers.up(i):  # Rule BK3: the parked ones go now
                     self._resend(rid, now, self._target(rid))
-            elif event in _LOST_EVENTS or (
-                event == zmq.EVENT_CONNECT_RETRIED and not brokers.is_live(i)
-            ):
+            elif event in _LOST_EVENTS:
                 for rid in brokers.lost(i, time.monotonic()):  # Rules BK4 and SM4
                     code = "stream_broken" if rid in self.stream_parts else "broker_lost"
                     self._end(rid)

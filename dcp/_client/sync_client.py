@@ -13,7 +13,6 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import attrs
 import zmq
 
 from dcp._client.maps import map_sync, outcome_of, response_of
@@ -25,6 +24,9 @@ from dcp._client.services import (
     ServiceStats,
     ServiceSummary,
     ServiceWatch,
+    merge_info,
+    merge_stats,
+    merge_summaries,
     mmi_answer,
     mmi_args,
     mmi_page,
@@ -33,10 +35,10 @@ from dcp._client.services import (
     summaries,
 )
 from dcp._client.streams import DEFAULT_WINDOW, SyncStream
-from dcp._client.sync_brokers import HEARTBEAT, MONITOR_EVENTS, BrokerLink, BrokersReceiver
+from dcp._client.sync_brokers import HEARTBEAT, BrokerLink, BrokersReceiver
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
+from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
-from dcp._errors import DCPError
 from dcp._io.beacon import BEACON_SCHEME, resolve_blocking
 from dcp._io.handshake import HandshakeWatch, close_monitor, connect_dealer
 from dcp._io.security import CurveClient
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
 
     from dcp._client.tracing import SyncTracing
 
-__all__ = ["SyncClient", "merge_summaries"]
+__all__ = ["SyncClient"]
 
 T = TypeVar("T")
 
@@ -106,13 +108,13 @@ class SyncClient(ClientOptions):
         self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
     ) -> None:
         refuse_in_event_loop()  # Rule SX4, before a socket exists
-        if len(self.endpoints) > 1:
+        if self._brokers is not None:
             self._setup_brokers(context, security)
             return
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if security is None else security.server_key
             self.endpoint = self._tracker.endpoint = resolve_blocking(self.endpoint, key=key)
-            self.endpoints = (self.endpoint,)
+            self._endpoints = (self.endpoint,)
         sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
         watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
         #: The socket and what arrived on it (dcp._client.sync_receive).
@@ -129,10 +131,14 @@ class SyncClient(ClientOptions):
         (dcp._client.sync_brokers). Each ``beacon://`` entry is the first broker heard
         there; an endpoint heard twice is used once."""
         key = None if security is None else security.server_key
-        resolved = dict.fromkeys(resolve_blocking(e, key=key) for e in self.endpoints)
-        self.endpoints = tuple(resolved)
-        self.endpoint = self.endpoints[0]
-        self._tracker.endpoint = " or ".join(self.endpoints)
+        brokers = self._brokers
+        assert brokers is not None
+        resolved = tuple(dict.fromkeys(resolve_blocking(e, key=key) for e in self.endpoints))
+        if resolved != self.endpoints:  # beacons: the brokers heard
+            brokers = self._brokers = Brokers(resolved, grace=brokers.grace)
+        self._endpoints = resolved
+        self.endpoint = resolved[0]
+        self._tracker.endpoint = " or ".join(resolved)
         links: list[BrokerLink] = []
         try:
             for i, endpoint in enumerate(self.endpoints):
@@ -141,7 +147,6 @@ class SyncClient(ClientOptions):
                     self.routing_id,
                     security,
                     endpoint,
-                    events=MONITOR_EVENTS,
                     heartbeat=HEARTBEAT,  # Rule SM2
                 )
                 watch = HandshakeWatch(endpoint, secure=security is not None, role="client")
@@ -152,9 +157,7 @@ class SyncClient(ClientOptions):
                 link.sock.close(0)
             raise
         #: The sockets and what arrived on them (dcp._client.sync_brokers).
-        self._receiver = BrokersReceiver(
-            self._tracker, links, batch=self._batch, grace=self.failover_grace
-        )
+        self._receiver = BrokersReceiver(self._tracker, links, brokers, batch=self._batch)
         if self._traced is not None:
             self._traced.attach(self._receiver)
 
@@ -271,9 +274,8 @@ class SyncClient(ClientOptions):
         :raises RuntimeError: the broker does not answer it (not a dcp broker)
         """
         receiver = self._receiver
-        if isinstance(receiver, BrokersReceiver):
-            lists = self._each_broker(receiver, lambda: self._services(timeout))
-            return merge_summaries(lists)
+        if isinstance(receiver, BrokersReceiver):  # each live broker's, merged (services.py)
+            return merge_summaries(self._each_broker(receiver, lambda: self._services(timeout)))
         return self._services(timeout)
 
     def _services(self, timeout: float | None) -> list[ServiceSummary]:
@@ -292,13 +294,27 @@ class SyncClient(ClientOptions):
         self, name: str | bytes, *, timeout: float | None = None
     ) -> ServiceInfo | None:
         """One service's version, description, metadata and schemas (``mmi.info``);
-        ``None`` if the broker knows no such service."""
+        ``None`` if the broker knows no such service (several brokers: each live one is
+        asked, the answers merged)."""
+        receiver = self._receiver
+        if isinstance(receiver, BrokersReceiver):
+            answers = self._each_broker(
+                receiver, lambda: service_info(self._mmi("mmi.info", name, timeout))
+            )
+            return merge_info(answers)
         return service_info(self._mmi("mmi.info", name, timeout))
 
     def service_stats(
         self, name: str | bytes, *, timeout: float | None = None
     ) -> ServiceStats | None:
-        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
+        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown
+        (several brokers: each live one is asked, the figures summed)."""
+        receiver = self._receiver
+        if isinstance(receiver, BrokersReceiver):
+            answers = self._each_broker(
+                receiver, lambda: service_stats(self._mmi("mmi.stats", name, timeout))
+            )
+            return merge_stats(answers)
         return service_stats(self._mmi("mmi.stats", name, timeout))
 
     def watch_services(
@@ -520,65 +536,35 @@ class SyncClient(ClientOptions):
         return self._receiver.start(service, data, self._metadata((), None, None), timing)
 
     def _mmi(self, question: str, name: str | bytes | None, timeout: float | None) -> Any:
-        """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer
-        (given several brokers: the first live one's that knows ``name``)."""
+        """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer."""
+        response = self.request(
+            question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
+        )
+        return mmi_answer(question, response)
 
-        def ask() -> Any:
-            response = self.request(
-                question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
-            )
-            return mmi_answer(question, response)
-
-        receiver = self._receiver
-        if isinstance(receiver, BrokersReceiver):
-            answers = self._each_broker(receiver, ask, first=True)
-            return next((a for a in answers if a is not None), None)
-        return ask()
-
-    def _each_broker(
-        self, receiver: BrokersReceiver, ask: Callable[[], T], *, first: bool = False
-    ) -> list[T]:
+    def _each_broker(self, receiver: BrokersReceiver, ask: Callable[[], T]) -> list[T]:
         """``ask()`` of each live broker in turn (each request goes to that broker only;
-        Rule SM4), the answers in order; a broker that fails is left out while another
-        answers. ``first``: stop at the first answer that is not ``None``.
+        Rule SM4), the answers in the order the brokers were given; one that fails is left
+        out while another answers. With none live, one ``ask()`` goes as any request (to
+        the first broker back). Within :data:`~dcp._client.sync_brokers.SETTLE` of the
+        client's making, it first waits for each broker's first handshake.
 
-        :raises DCPError: every broker asked failed (the first failure)
+        :raises Exception: every broker asked failed (the first failure)
         """
-        brokers = receiver.live_brokers() or list(range(len(receiver.links)))
+        receiver.settle()
+        live = receiver.live_brokers()
+        if not live:
+            return [ask()]
         answers: list[T] = []
-        failures: list[DCPError] = []
-        for broker in brokers:
+        failures: list[Exception] = []
+        for broker in live:
             receiver.pin = broker
             try:
                 answers.append(ask())
-            except DCPError as exc:
+            except Exception as exc:  # another broker may answer
                 failures.append(exc)
-                continue
             finally:
                 receiver.pin = None
-            if first and answers[-1] is not None:
-                break
-        if not answers and failures:
+        if not answers:
             raise failures[0]
         return answers
-
-
-def merge_summaries(lists: Sequence[Sequence[ServiceSummary]]) -> list[ServiceSummary]:
-    """Several brokers' service lists as one (:meth:`SyncClient.services`): each name once,
-    in the order first listed; counts summed, version and description from the first."""
-    merged: dict[str, ServiceSummary] = {}
-    for listing in lists:
-        for s in listing:
-            seen = merged.get(s.name)
-            merged[s.name] = (
-                s
-                if seen is None
-                else attrs.evolve(
-                    seen,
-                    workers=seen.workers + s.workers,
-                    idle=seen.idle + s.idle,
-                    busy=seen.busy + s.busy,
-                    queued=seen.queued + s.queued,
-                )
-            )
-    return list(merged.values())

@@ -144,18 +144,16 @@ def connect_dealer(
     security: CurveClient | None,
     endpoint: str,
     *,
-    events: int = EVENTS,
-    heartbeat: tuple[int, int] | None = None,
+    heartbeat: float | None = None,
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     """A client's or worker's DEALER socket (linger 0, ``routing_id``, CURVE keys if
     ``security``) connected to the broker at ``endpoint``, and the monitor that watches its
     handshakes from the start (:func:`monitor`); nothing is left open if a step fails.
 
     :param context: zmq context (default: one shared per process)
-    :param events: the monitor's events (default :data:`EVENTS`)
-    :param heartbeat: zmq's own heartbeat on the connection, ``(interval, timeout)`` in
-        milliseconds (``ZMQ_HEARTBEAT_IVL``, ``ZMQ_HEARTBEAT_TIMEOUT``): a silent broker's
-        connection is closed (``DISCONNECTED``) after ``timeout``; default: none
+    :param heartbeat: seconds between zmq heartbeats (``ZMQ_HEARTBEAT_IVL``; a silent
+        connection is closed after three, ``DISCONNECTED``), and messages queued only on a
+        connected pipe (``ZMQ_IMMEDIATE``): a client of several brokers (``None``: neither)
     """
     ctx = context if context is not None else get_context()
     sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
@@ -165,9 +163,10 @@ def connect_dealer(
         sock.setsockopt(zmq.ROUTING_ID, routing_id)
         configure_client_socket(sock, security)
         if heartbeat is not None:
-            sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat[0])
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat[1])
-        mon = monitor(sock, events)  # handshake failures raise AuthenticationFailed
+            sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(3 * heartbeat * 1000))
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+        mon = monitor(sock)  # handshake failures raise AuthenticationFailed
         sock.connect(endpoint)
     except BaseException:
         sock.close(0)
@@ -177,7 +176,7 @@ def connect_dealer(
     return sock, mon
 
 
-def monitor(sock: zmq.Socket[bytes], events: int = EVENTS) -> zmq.Socket[bytes]:
+def monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
     """A PAIR socket that receives ``sock``'s handshake events (call before ``connect``).
 
     Close it with :func:`close_monitor`.
@@ -185,7 +184,7 @@ def monitor(sock: zmq.Socket[bytes], events: int = EVENTS) -> zmq.Socket[bytes]:
     # A unique address: pyzmq's default names it after the socket's file descriptor, which
     # a new socket reuses while libzmq may still be tearing down the old monitor (seen as
     # clients whose monitor never connected, in a long test run).
-    return sock.get_monitor_socket(events, addr=f"inproc://dcp-monitor-{next(_MONITORS)}")
+    return sock.get_monitor_socket(EVENTS, addr=f"inproc://dcp-monitor-{next(_MONITORS)}")
 
 
 def close_monitor(sock: zmq.Socket[bytes], mon: zmq.Socket[bytes]) -> None:
@@ -217,15 +216,18 @@ async def watch_handshakes(
     mon: zmq.Socket[bytes],
     watch: HandshakeWatch,
     on_failure: Callable[[AuthenticationFailed], object],
+    on_event: Callable[[int], object] | None = None,
 ) -> None:
     """Apply the rules to ``mon``'s events until one says the peer is done for (then call
     ``on_failure`` with the error and return), the monitor is closed, or cancellation.
-    Closes the monitor on the way out."""
+    Closes the monitor on the way out. ``on_event`` is given each event first."""
     amon = AsyncSocket(mon)
     try:
         while True:
             await amon.wait_readable()
             for event, value in read_events(mon):
+                if on_event is not None:
+                    on_event(event)
                 failure = watch.event(event, value)
                 if failure is not None:
                     on_failure(failure)

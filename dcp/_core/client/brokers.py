@@ -57,7 +57,14 @@ from dcp._util import DeadlineHeap
 from dcp.wire.dcp1 import PROTOCOL, TYPE_FRAMES, MessageType, split_body
 from dcp.wire.messages import HELD_MARKER
 
-__all__ = ["BrokerInfo", "BrokerState", "Brokers", "endpoint_list", "held_request"]
+__all__ = [
+    "BrokerInfo",
+    "BrokerState",
+    "Brokers",
+    "check_grace",
+    "endpoint_list",
+    "held_request",
+]
 
 #: The type frame of a reply, in either width (a HELD notice is a reply).
 _REPLY_TYPES: Final = (TYPE_FRAMES[1][MessageType.REPLY], TYPE_FRAMES[4][MessageType.REPLY])
@@ -117,6 +124,15 @@ def endpoint_list(endpoint: str | Sequence[str]) -> tuple[str, ...]:
     return endpoints
 
 
+def check_grace(grace: float) -> None:
+    """Check a client's ``failover_grace`` (Rule BK4).
+
+    :raises ValueError: not a finite number of seconds >= 0
+    """
+    if not 0 <= grace < math.inf:
+        raise ValueError(f"failover_grace must be >= 0 seconds and finite, not {grace!r}")
+
+
 def held_request(frames: Sequence[bytes]) -> bytes | None:
     """The request id a HELD notice names (Rule BK5), ``None`` if ``frames`` is not one:
     ``"" DGBX 0x05 [client ""] <id> ... "" HELD_MARKER`` (a reply to the client, whose data
@@ -163,8 +179,7 @@ class Brokers:
     def __init__(
         self, endpoints: Sequence[str], *, grace: float = 0.2, spread: str = "least"
     ) -> None:
-        if not grace >= 0 or grace == math.inf:
-            raise ValueError(f"failover_grace must be >= 0 seconds and finite, not {grace!r}")
+        check_grace(grace)
         if spread not in ("least", "round-robin"):
             raise ValueError(f"spread must be 'least' or 'round-robin', not {spread!r}")
         #: The endpoints, in the order given.
@@ -238,6 +253,11 @@ class Brokers:
     def is_live(self, broker: int) -> bool:
         """Whether broker ``broker`` is live (Rule BK2)."""
         return self._brokers[broker].state is BrokerState.LIVE
+
+    @property
+    def connecting(self) -> bool:
+        """Whether a broker has not connected yet, nor failed to (Rule BK2)."""
+        return any(b.state is BrokerState.CONNECTING for b in self._brokers)
 
     @property
     def any_live(self) -> bool:
