@@ -109,7 +109,13 @@ class Client(ClientOptions):
     finds the queue full is not made (counted in ``resends_dropped``); that attempt simply
     times out again.
 
-    :param endpoint: the broker's zmq endpoint
+    :param endpoint: the broker's zmq endpoint, or a sequence of several brokers' endpoints
+        (``docs/scaling.md``): then each request goes to one live broker, the one with the
+        fewest requests outstanding (round-robin among ties); a broker's loss moves its
+        requests to another after ``failover_grace``; ``services()`` and the other
+        ``mmi`` questions ask every live broker and merge the answers. A ``str`` is always
+        one endpoint (a comma in it is not split). An empty sequence, the same endpoint
+        twice or a malformed one: :exc:`ValueError`, before any socket exists
     :param timeout: default seconds for a whole call, every attempt and backoff included
         (``math.inf``: no overall limit). A call to an endpoint where no broker listens
         fails after this long.
@@ -143,6 +149,11 @@ class Client(ClientOptions):
         (a little-endian ``int``, as the DagBox C++ reference writes it; its broker aborts on
         1-byte types). Replies are read in either width. With 4, no ``mmi.service`` question
         is asked before a timeout (that broker has no such service).
+    :param failover_grace: with several brokers, seconds a request outstanding on a broker
+        that was lost (its connection closed, or silent for three zmq heartbeats of 1 s)
+        waits for a worker's HELD notice or replayed answer before it is resent, same id,
+        through a live broker (not a retry: ``retries`` and the call's deadline are
+        untouched). Default 0.2; unused with one broker
     :param tracing: one OpenTelemetry span per request, its context sent with the request
         (``docs/tracing.md``): ``True`` (the global tracer provider) or a
         ``TracerProvider``; needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError``

@@ -135,8 +135,9 @@ class ClientOptions:
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        """Every broker's endpoint, in the order given (:attr:`endpoint` is the first)."""
-        return self._endpoints
+        """Every broker's endpoint, in the order given (:attr:`endpoint` is the first; a
+        ``beacon://`` one is the broker heard once entered)."""
+        return self._endpoints if len(self._endpoints) > 1 else (self.endpoint,)
 
     def statistics(self) -> ClientStatistics:
         """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""
