@@ -40,7 +40,7 @@ import zmq
 
 from dcp._client.subscriptions import deliver
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
-from dcp._core.client.brokers import Brokers, BrokerState, held_request
+from dcp._core.client.brokers import Brokers, held_request
 from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._errors import RemoteError
@@ -149,8 +149,7 @@ class BrokersReceiver(SyncReceiver):
         """Read the monitors until every broker made its first handshake (or was lost), for
         at most :data:`SETTLE` seconds after the sockets were made."""
         deadline = self.made_at + SETTLE
-        info = self.brokers.info
-        while any(b.state is BrokerState.CONNECTING for b in info()):
+        while self.brokers.connecting:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
