@@ -1,7 +1,7 @@
 """Two brokers, one SIGKILLed and restarted again and again (issue 28's failover figure).
 
 ``python -m benchmarks.failover [--brokers 2] [--workers 4] [--clients 2] [--in-flight 16]
-[--duration 60] [--period 10] [--downtime 0] [--json FILE]``
+[--duration 60] [--period 10] [--downtime 0] [--sync] [--json FILE] [--raw FILE] [--logs DIR]``
 
 Processes (``tcp://127.0.0.1`` on free ports, each started here and ended by its PID
 whatever happens): ``--brokers`` ``dcp broker`` processes; ``--workers`` worker processes and
@@ -20,7 +20,7 @@ Figures (also the ``--json`` document):
   (a call still pending ``--drain`` seconds after the load stopped; each call is bounded by
   its ``--timeout`` anyway), *wrong* (a reply that is not the request's payload);
 - *run twice*: payloads the workers ran more than once, all workers together (their event
-  files), and the handler runs in all;
+  files), each with how long after the last kill it was sent, and the handler runs in all;
 - latency p50 / p99 / max of the answered calls, overall and *around the kills*: the calls in
   flight at any moment of the ``--window`` seconds (2) after a kill;
 - per kill: which broker, when the new one had bound (seconds after the kill), and when it
@@ -32,7 +32,9 @@ Figures (also the ``--json`` document):
 ``--sync`` runs the clients with :meth:`dcp.SyncClient.map_unordered` (window
 ``--in-flight``; a call that raises ends its map, whose other calls count as *hung*).
 ``--brokers 1`` is the single-broker restart path for comparison (the clients wait for the
-broker to come back). ``python -m benchmarks.capacity`` reuses the peers.
+broker to come back). ``--raw`` writes every call (sent at, latency, payload), ``--logs``
+keeps every process's stderr and the run file. ``python -m benchmarks.capacity`` reuses the
+peers.
 """
 
 from __future__ import annotations
