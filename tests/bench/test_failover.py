@@ -1,8 +1,9 @@
 """Smoke tests of ``benchmarks.failover`` and ``benchmarks.capacity`` (issue 28), real
 processes over tcp://127.0.0.1: a short failover run (two brokers, each SIGKILLed and
-restarted once under load) ends every call, its counts add up, nothing is lost, and each
+restarted once under load) ends every call, its counts add up, no answer is wrong, and each
 restarted broker carries traffic again; a short capacity run measures every broker. The
-issue's full failover run (60 s) is the slow test. Speeds are not asserted here."""
+issue's full failover run (60 s) is the slow test, which also asserts the issue's promise:
+nothing lost, nothing run twice. Speeds are not asserted here."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ def _check_failover(summary: dict[str, Any], kills: int) -> None:
     assert summary["hung"] == 0, summary["errors"]
     assert summary["wrong"] == 0
     assert summary["sent"] == summary["answered"] + summary["lost"]
-    assert summary["lost"] == 0, summary["errors"]
     assert summary["answered"] > 0
     assert summary["run_twice"] >= 0 and summary["handler_runs"] >= summary["answered"]
     assert [k["broker"] for k in summary["kills"]] == [i % BROKERS for i in range(kills)]
@@ -40,7 +40,9 @@ def _check_failover(summary: dict[str, Any], kills: int) -> None:
 @pytest.mark.timeout(120)
 def test_short_failover_run(tmp_path: Path) -> None:
     out = tmp_path / "failover.json"
-    args = ["--brokers", BROKERS, "--duration", 8, "--period", 3, "--drain", 20]
+    # Every call ends within its 10 s timeout, well inside the drain: none can be left hung.
+    args = ["--brokers", BROKERS, "--duration", 11, "--period", 4, "--timeout", 10]
+    args += ["--drain", 15]
     proc = run_module("benchmarks.failover", *args, "--json", out, timeout=110)
     summary = json.loads(out.read_text())
     _check_failover(summary, kills=2)
@@ -56,7 +58,8 @@ def test_the_issues_failover_run(tmp_path: Path) -> None:
     run_module("benchmarks.failover", "--json", out, timeout=280)
     summary = json.loads(out.read_text())
     _check_failover(summary, kills=5)
-    assert summary["run_twice"] == 0
+    assert summary["lost"] == 0, summary["errors"]
+    assert summary["run_twice"] == 0, summary["run_twice_after_kill"]
 
 
 @pytest.mark.timeout(120)
