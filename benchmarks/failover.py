@@ -1,7 +1,8 @@
 """Two brokers, one SIGKILLed and restarted again and again (issue 28's failover figure).
 
 ``python -m benchmarks.failover [--brokers 2] [--workers 4] [--clients 2] [--in-flight 16]
-[--duration 60] [--period 10] [--downtime 0] [--sync] [--json FILE] [--raw FILE] [--logs DIR]``
+[--duration 60] [--period 10] [--downtime 0] [--sync] [--failover-grace S] [--json FILE]
+[--raw FILE] [--logs DIR]``
 
 Processes (``tcp://127.0.0.1`` on free ports, each started here and ended by its PID
 whatever happens): ``--brokers`` ``dcp broker`` processes; ``--workers`` worker processes and
@@ -162,14 +163,18 @@ def client_argv(
     calls: bool = True,
     rate: float = 0.0,
     sync: bool = False,
+    failover_grace: float | None = None,
 ) -> list[str]:
     """The arguments of ``python -m`` for a client process (``calls=False``: no per-call
     record, counts only; ``rate``: requests per second, at most ``in_flight`` at once; 0: as
-    fast as ``in_flight`` allows, not with ``sync``; ``sync``: a :class:`dcp.SyncClient`)."""
+    fast as ``in_flight`` allows, not with ``sync``; ``sync``: a :class:`dcp.SyncClient`;
+    ``failover_grace``: the client's, ``None`` its default)."""
     argv = ["benchmarks.failover", "client", "--endpoints", ",".join(endpoints)]
     argv += ["--name", name, "--start-file", start_file, "--run-for", str(run_for)]
     argv += ["--in-flight", str(in_flight), "--timeout", str(timeout), "--drain", str(drain)]
     argv += ["--rate", str(rate)]
+    if failover_grace is not None:
+        argv += ["--failover-grace", str(failover_grace)]
     return argv + ([] if calls else ["--no-calls"]) + (["--sync"] if sync else [])
 
 
@@ -233,11 +238,18 @@ class Tally:
         }
 
 
+def _client_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {"timeout": args.timeout, "wait_for_worker": True}
+    if args.failover_grace is not None:
+        options["failover_grace"] = args.failover_grace
+    return options
+
+
 async def _run_client(args: argparse.Namespace) -> dict[str, Any]:
     seq = itertools.count()
     tally = Tally(args.name, args.calls)
     async with dcp.Client(
-        endpoint_arg(args.endpoints.split(",")), timeout=args.timeout, wait_for_worker=True
+        endpoint_arg(args.endpoints.split(",")), **_client_options(args)
     ) as client:
         ready(args.name)
         with anyio.fail_after(START_TIMEOUT * 5):
@@ -281,7 +293,7 @@ def _run_sync_client(args: argparse.Namespace) -> dict[str, Any]:
     seq = itertools.count()
     tally = Tally(args.name, args.calls)
     endpoint = endpoint_arg(args.endpoints.split(","))
-    with dcp.SyncClient(endpoint, timeout=args.timeout, wait_for_worker=True) as client:
+    with dcp.SyncClient(endpoint, **_client_options(args)) as client:
         ready(args.name)
         give_up = time.monotonic() + START_TIMEOUT * 5
         while (start := _start_time(args.start_file)) is None:
@@ -416,6 +428,7 @@ class Settings:
     timeout: float = 30.0
     drain: float = 35.0
     sync: bool = False
+    failover_grace: float | None = None
 
 
 def kill_times(settings: Settings) -> list[float]:
@@ -460,6 +473,7 @@ def run(settings: Settings, log_dir: Path, log: Any = print) -> dict[str, Any]:
                     timeout=settings.timeout,
                     drain=settings.drain,
                     sync=settings.sync,
+                    failover_grace=settings.failover_grace,
                 ),
             )
             for i in range(settings.clients)
@@ -623,7 +637,12 @@ def render(summary: dict[str, Any], command: str) -> str:
         f"{s['concurrency']}), {s['clients']} {'SyncClients' if s.get('sync') else 'clients'} "
         f"x {s['in_flight']} in flight, "
         f"{s['duration']:g} s, a broker SIGKILLed every {s['period']:g} s "
-        f"(restarted after {s['downtime']:g} s)",
+        f"(restarted after {s['downtime']:g} s)"
+        + (
+            ""
+            if s.get("failover_grace") is None
+            else f", failover_grace {s['failover_grace']:g} s"
+        ),
         "",
         "| sent | answered | lost | hung | wrong | run twice | p50 | p99 | p99 in failover "
         "| max | broker CPU / request |",
@@ -676,6 +695,7 @@ def _peer_parser(sub: Any) -> None:
     p.add_argument("--drain", type=float, default=35.0, help="seconds for the last calls")
     p.add_argument("--rate", type=float, default=0.0, help="requests/s (0: closed loop)")
     p.add_argument("--sync", action="store_true", help="dcp.SyncClient.map_unordered")
+    p.add_argument("--failover-grace", type=float, help="the client's (default: its own)")
     p.add_argument("--no-calls", dest="calls", action="store_false", help="counts only")
 
 
@@ -711,6 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sync", action="store_true", help="clients: dcp.SyncClient.map_unordered"
     )
+    parser.add_argument("--failover-grace", type=float, help="the clients' (default: theirs)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--raw", help="write every call's record here")
     parser.add_argument("--logs", help="keep the processes' logs in this directory")
@@ -737,6 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
         drain=args.drain,
         sync=args.sync,
+        failover_grace=args.failover_grace,
     )
 
     def say(message: str) -> None:
