@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .common import busy_seconds, cpu_seconds
+from .common import busy_seconds, cpu_seconds, python_cpu_seconds
 from .failover import START_TIMEOUT, broker_document, client_argv, worker_argv
 from .procs import Proc, Procs, alive
 from .variants import free_port
@@ -54,15 +54,17 @@ from .variants import free_port
 __all__ = ["main", "measure", "render", "summarise"]
 
 
-def _snapshot(brokers: Sequence[Proc], endpoints: Sequence[str]) -> list[tuple[float, int]]:
-    """(CPU seconds, worker replies counted) of each broker now."""
+def _snapshot(brokers: Sequence[Proc], endpoints: Sequence[str]) -> list[tuple[float, float, int]]:
+    """(CPU seconds, of which its Python threads', worker replies counted) of each broker
+    now."""
     out = []
     for proc, endpoint in zip(brokers, endpoints, strict=True):
         cpu = cpu_seconds(proc.pid)
+        python = python_cpu_seconds(proc.pid)
         doc = broker_document(endpoint, timeout=5.0)
         if doc is None:
             raise RuntimeError(f"broker {endpoint} (pid {proc.pid}) did not answer mmi.broker")
-        out.append((cpu, int(doc["replies"])))
+        out.append((cpu, python, int(doc["replies"])))
     return out
 
 
@@ -148,13 +150,14 @@ def measure(
         records = [p.result(run_for + 10.0 + START_TIMEOUT) for p in peers[workers:]]
     elapsed = t1 - t0
     per_broker: list[dict[str, Any]] = []
-    for (cpu0, rep0), (cpu1, rep1) in zip(before, after, strict=True):
+    for (cpu0, py0, rep0), (cpu1, py1, rep1) in zip(before, after, strict=True):
         replies = rep1 - rep0
         cpu = cpu1 - cpu0
         per_broker.append(
             {
                 "replies": replies,
                 "cpu_s": round(cpu, 3),
+                "python_cpu_s": round(py1 - py0, 3),
                 "cpu_us_per_request": round(cpu * 1e6 / replies, 1) if replies else None,
             }
         )
@@ -172,6 +175,11 @@ def measure(
         "replies": replies,
         "rate": round(replies / elapsed, 1),
         "cpu_us_per_request": round(cpu * 1e6 / replies, 1) if replies else None,
+        "python_us_per_request": round(
+            sum(b["python_cpu_s"] for b in per_broker) * 1e6 / replies, 1
+        )
+        if replies
+        else None,
         "broker_cpu_share": round(cpu / elapsed, 3),
         "machine_busy": round((busy1 - busy0) / elapsed / (os.cpu_count() or 1), 3),
         "per_broker": per_broker,
