@@ -379,3 +379,56 @@ async def test_a_silent_broker_is_lost_by_heartbeats_and_a_killed_one_at_once(
         await wait_for(lambda: live(client) == [False, True], within=5)
         assert (await client.request("echo", b"z")).data == (b"z",)
         worker_a.stop(grace=0)  # its handlers hang
+
+
+async def count(request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
+    for i in range(int(request.data[0])):
+        yield b"%d" % i
+
+
+async def test_streams_stay_on_their_broker_and_end_with_it() -> None:
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    started = anyio.Event()
+
+    async def stuck(request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
+        yield b"first"
+        started.set()
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        a, stop_a = await start_broker(tg, endpoints[0])
+        b, stop_b = await start_broker(tg, endpoints[1])
+        async with AsyncExitStack() as stack:
+            for endpoint in endpoints:
+                await stack.enter_async_context(dcp.Worker(endpoint, "count", count))
+            stuck_workers = [
+                await stack.enter_async_context(dcp.Worker(endpoint, "stuck", stuck))
+                for endpoint in endpoints
+            ]
+            client = await stack.enter_async_context(dcp.Client(endpoints, timeout=20))
+            brokers = client._receiver.brokers
+            assert brokers is not None
+            await wait_for(lambda: all(live(client)))
+            # Streams through both brokers, credit granted through each one's own broker.
+            for _ in range(4):
+                async with client.stream("count", b"100", window=4) as parts:
+                    assert [p async for p in parts] == [(b"%d" % i,) for i in range(100)]
+            assert a.statistics().partials > 0 and b.statistics().partials > 0
+            # Left early: the cancel goes to the stream's broker.
+            for _ in range(2):
+                async with client.stream("count", b"1000000", window=4) as parts:
+                    async for _part in parts:
+                        break
+            await wait_for(lambda: sum(x.statistics().streams.cancelled for x in (a, b)) == 2)
+            # A stream on a broker that is lost ends with StreamBroken.
+            with anyio.fail_after(10):
+                async with client.stream("stuck") as parts:
+                    assert await anext(parts) == (b"first",)
+                    await started.wait()
+                    [rid] = brokers._where
+                    (stop_a, stop_b)[brokers._where[rid]].cancel()
+                    with pytest.raises(dcp.StreamBroken, match="lost mid-stream"):
+                        await anext(parts)
+            for worker in stuck_workers:
+                worker.stop(grace=0)
+        tg.cancel_scope.cancel()
