@@ -149,13 +149,16 @@ def _failed(exc: DCPError) -> CallFailed:
 
 def _connected(client: Client, args: argparse.Namespace) -> None:
     """Rule CL2: where the call goes, and its limits."""
-    heard = "" if client.endpoint == args.connect else f" (heard from {args.connect})"
+    given = ", ".join(args.connect)
+    where = ", ".join(client.endpoints)
+    heard = "" if where == given else f" (heard from {given})"
     if args.stream:
         limits = f"timeout {args.timeout:g} s, no resends"
     else:
         attempt = args.timeout / (args.retries + 1)
         limits = f"timeout {args.timeout:g} s, {args.retries} resend(s) after {attempt:.3g} s"
-    logger.info("broker %s%s; %s", client.endpoint, heard, limits)
+    brokers = "brokers" if len(client.endpoints) > 1 else "broker"
+    logger.info("%s %s%s; %s", brokers, where, heard, limits)
 
 
 async def _watch_resends(client: Client, attempts: int) -> None:
@@ -257,7 +260,7 @@ def _call(args: argparse.Namespace) -> int:
             replies.append(reply)
 
     try:
-        with endpoint_errors("connect to", [args.connect], CLIError):  # dcp._io.errors Z3
+        with endpoint_errors("connect to", args.connect, CLIError):  # dcp._io.errors Z3
             received = run_async(args.backend, until_signal, run)
     except (TypeError, ValueError) as exc:  # the client's own checks of the request
         raise CLIError(str(exc), USAGE) from None

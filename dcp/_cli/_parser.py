@@ -365,9 +365,11 @@ def build_parser() -> _Parser:
     p.add_argument(
         "--connect",
         required=True,
-        type=_endpoint(bind=False),
+        action="extend",
+        type=_endpoints(bind=False),
         metavar="ENDPOINT",
-        help="broker endpoint, e.g. tcp://127.0.0.1:5555",
+        help="broker endpoint, e.g. tcp://127.0.0.1:5555; give it several times (or a "
+        "comma-separated list) to spread over several brokers",
     )
     p.add_argument(
         "--timeout",
@@ -452,7 +454,7 @@ def build_parser() -> _Parser:
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_keys)
     add_pubsub_commands(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
-    add_commands(command, _endpoint(bind=False), _SECONDS, _add_client_security)
+    add_commands(command, _endpoints(bind=False), _SECONDS, _add_client_security)
     add_top_command(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     return parser
 

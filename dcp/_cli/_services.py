@@ -54,7 +54,7 @@ def add_broker_beacon(p: argparse.ArgumentParser) -> None:
 
 def add_commands(
     command: Callable[..., argparse.ArgumentParser],
-    connect: Callable[[str], str],
+    connect: Callable[[str], list[str]],
     seconds: Callable[[str], float],
     security: Callable[[argparse.ArgumentParser], None],
 ) -> None:
@@ -68,9 +68,11 @@ def add_commands(
     p.add_argument(
         "--connect",
         required=True,
+        action="extend",
         type=connect,
         metavar="ENDPOINT",
-        help="broker endpoint, e.g. tcp://127.0.0.1:5555",
+        help="broker endpoint, e.g. tcp://127.0.0.1:5555; several times (or a "
+        "comma-separated list): every broker's services, merged",
     )
     p.add_argument(
         "--timeout", type=seconds, default=5.0, metavar="SECONDS", help="seconds to wait"

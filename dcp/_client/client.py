@@ -11,10 +11,18 @@ receiver (:mod:`dcp._client.maps`, :mod:`dcp._client.streams`, :mod:`dcp._client
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -32,6 +40,9 @@ from dcp._client.services import (
     ServiceStats,
     ServiceSummary,
     ServiceWatch,
+    merge_info,
+    merge_stats,
+    merge_summaries,
     mmi_answer,
     mmi_args,
     mmi_page,
@@ -41,6 +52,7 @@ from dcp._client.services import (
 )
 from dcp._client.streams import DEFAULT_WINDOW, Stream
 from dcp._client.waiters import Sink, Waiter
+from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
@@ -58,6 +70,14 @@ if TYPE_CHECKING:
 __all__ = ["Client"]
 
 logger = logging.getLogger("dcp.client")
+
+T = TypeVar("T")
+
+#: Seconds between zmq heartbeats on each socket of a client of several brokers (a broker
+#: silent for three is lost: receive Rule RX6).
+_HEARTBEAT = 1.0
+#: Seconds after entering during which asking every broker waits for their first handshakes.
+_SETTLE = 1.0
 
 
 class Client(ClientOptions):
@@ -88,7 +108,13 @@ class Client(ClientOptions):
     finds the queue full is not made (counted in ``resends_dropped``); that attempt simply
     times out again.
 
-    :param endpoint: the broker's zmq endpoint
+    :param endpoint: the broker's zmq endpoint, or a sequence of several brokers' endpoints
+        (``docs/scaling.md``): then each request goes to one live broker, the one with the
+        fewest requests outstanding (round-robin among ties); a broker's loss moves its
+        requests to another after ``failover_grace``; ``services()`` and the other
+        ``mmi`` questions ask every live broker and merge the answers. A ``str`` is always
+        one endpoint (a comma in it is not split). An empty sequence, the same endpoint
+        twice or a malformed one: :exc:`ValueError`, before any socket exists
     :param timeout: default seconds for a whole call, every attempt and backoff included
         (``math.inf``: no overall limit). A call to an endpoint where no broker listens
         fails after this long.
@@ -122,6 +148,11 @@ class Client(ClientOptions):
         (a little-endian ``int``, as the DagBox C++ reference writes it; its broker aborts on
         1-byte types). Replies are read in either width. With 4, no ``mmi.service`` question
         is asked before a timeout (that broker has no such service).
+    :param failover_grace: with several brokers, seconds a request outstanding on a broker
+        that was lost (its connection closed, or silent for three zmq heartbeats of 1 s)
+        waits for a worker's HELD notice or replayed answer before it is resent, same id,
+        through a live broker (not a retry: ``retries`` and the call's deadline are
+        untouched). Default 0.2; unused with one broker
     :param tracing: one OpenTelemetry span per request, its context sent with the request
         (``docs/tracing.md``): ``True`` (the global tracer provider) or a
         ``TracerProvider``; needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError``
@@ -179,6 +210,9 @@ class Client(ClientOptions):
         """Connect (to the broker a beacon names, if the endpoint is one), then run the
         receive task and the handshake watch until cancelled; ready once connecting began
         (zmq connects in the background). The socket is closed when it returns."""
+        if self._brokers is not None:
+            await self._serve_brokers(self._brokers, task_status=task_status)
+            return
         receiver = self._receiver
         mon = None
         try:
@@ -202,6 +236,53 @@ class Client(ClientOptions):
                 # Closed by watch_handshakes, unless a Ctrl-C kept that task from starting
                 # (dcp._io.lifecycle Rule E6); closing twice is harmless.
                 mon.close(0)
+
+    async def _serve_brokers(
+        self,
+        brokers: Brokers,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """:meth:`_serve` with several brokers (receive Rule RX6): a socket per broker (each
+        beacon resolved first), each with its receive task and its handshake watch, which
+        tells the receiver when the broker is live or lost."""
+        receiver = self._receiver
+        key = None if self._security is None else self._security.server_key
+        secure = self._security is not None
+        mons: list[zmq.Socket[bytes]] = []
+        socks: list[zmq.Socket[bytes]] = []
+        try:
+            endpoints = [
+                await resolve(e, key=key) if e.startswith(BEACON_SCHEME) else e
+                for e in self._endpoints
+            ]
+            brokers.endpoints = self._endpoints = tuple(endpoints)
+            self.endpoint = endpoints[0]
+            self._tracker.endpoint = ", ".join(endpoints)  # tracker Rule RT7
+            for endpoint in endpoints:
+                sock, mon = connect_dealer(
+                    self._context, self.routing_id, self._security, endpoint, heartbeat=_HEARTBEAT
+                )
+                socks.append(sock)
+                mons.append(mon)
+            watches = [HandshakeWatch(e, secure=secure, role="client") for e in endpoints]
+            receiver.attach_brokers([AsyncSocket(sock) for sock in socks], watches, brokers)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receiver.run)
+                for i in range(1, len(socks)):
+                    tg.start_soon(receiver.run_broker, i)
+                for i, (sock, mon, watch) in enumerate(zip(socks, mons, watches, strict=True)):
+                    on_event = functools.partial(receiver.broker_event, i)
+                    tg.start_soon(watch_handshakes, sock, mon, watch, receiver.shutdown, on_event)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            receiver.shutdown(None)
+            for sock in socks:
+                if not sock.closed:  # not attached (a later connect failed)
+                    sock.close(0)
+            for mon in mons:
+                mon.close(0)  # closed by watch_handshakes, unless it never started
 
     def _close(self) -> None:
         self._receiver.shutdown(None)
@@ -320,12 +401,20 @@ class Client(ClientOptions):
         :param timeout: seconds for each page's request (default: the client's)
         :raises RuntimeError: the broker does not answer it (not a dcp broker)
         """
+        if self._brokers is not None:  # each live broker's, merged (services.py)
+            return merge_summaries(await self._each_broker(self._services_at, timeout))
+        return await self._services_at(None, timeout)
+
+    async def _services_at(
+        self,
+        broker: int | None,
+        timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> list[ServiceSummary]:
+        """:meth:`services` of one broker (``None``: the one a request goes to)."""
         listing: list[dict[str, Any]] = []
         after: bytes | None = None
         while True:  # directory Rule D6: one page per request, until the last
-            response = await self.request(
-                "mmi.services", *mmi_args(after), timeout=timeout, retries=0, wait_for_worker=True
-            )
+            response = await self._ask(broker, "mmi.services", mmi_args(after), timeout)
             page, after = mmi_page("mmi.services", response, after)
             listing += page
             if after is None:
@@ -338,7 +427,17 @@ class Client(ClientOptions):
         timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> ServiceInfo | None:
         """One service's version, description, metadata and schemas (``mmi.info``);
-        ``None`` if the broker knows no such service."""
+        ``None`` if the broker knows no such service (several brokers: each live one is
+        asked, the answers merged)."""
+        if self._brokers is not None:
+
+            async def info(
+                broker: int | None,
+                timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+            ) -> ServiceInfo | None:
+                return service_info(await self._mmi("mmi.info", name, timeout, broker))
+
+            return merge_info(await self._each_broker(info, timeout))
         return service_info(await self._mmi("mmi.info", name, timeout))
 
     async def service_stats(
@@ -347,7 +446,17 @@ class Client(ClientOptions):
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (the request's own timeout)
     ) -> ServiceStats | None:
-        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
+        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown
+        (several brokers: each live one is asked, the figures summed)."""
+        if self._brokers is not None:
+
+            async def stats(
+                broker: int | None,
+                timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+            ) -> ServiceStats | None:
+                return service_stats(await self._mmi("mmi.stats", name, timeout, broker))
+
+            return merge_stats(await self._each_broker(stats, timeout))
         return service_stats(await self._mmi("mmi.stats", name, timeout))
 
     async def watch_services(
@@ -625,9 +734,58 @@ class Client(ClientOptions):
         question: str,
         name: str | bytes | None,
         timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+        broker: int | None = None,
     ) -> Any:
         """Ask the broker ``question`` (an ``mmi.*`` service) about ``name``: its answer."""
-        response = await self.request(
-            question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
-        )
-        return mmi_answer(question, response)
+        return mmi_answer(question, await self._ask(broker, question, mmi_args(name), timeout))
+
+    async def _ask(
+        self,
+        broker: int | None,
+        question: str,
+        data: tuple[bytes, ...],
+        timeout: float | None,  # noqa: ASYNC109 (the request's own timeout)
+    ) -> Response:
+        """One ``mmi.*`` question, sent once, queued until answered: through broker
+        ``broker`` only (receive Rule RX6), or (``None``) as any request goes."""
+        if broker is None:
+            return await self.request(
+                question, *data, timeout=timeout, retries=0, wait_for_worker=True
+            )
+        metadata = self._metadata((), None, True)
+        timing = self._tracker.timing(timeout, None, 0)
+        return await self._receiver.ask_at(broker, service_bytes(question), data, metadata, timing)
+
+    async def _each_broker(
+        self,
+        ask: Callable[[int | None, float | None], Awaitable[T]],
+        timeout: float | None,  # noqa: ASYNC109 (each request's own timeout)
+    ) -> list[T]:
+        """``ask`` each live broker at once (several brokers): their answers, in the order
+        the brokers were given; one that fails is left out while another answers (the
+        first failure is raised if none does). With none live, one ``ask`` goes as any
+        request (to the first broker back). Within ``_SETTLE`` of entering, it first waits
+        for each broker's first handshake."""
+        brokers = self._brokers
+        assert brokers is not None
+        # Just entered: give every broker its first handshake (or failure) first.
+        with anyio.CancelScope(deadline=self._receiver.attached_at + _SETTLE):
+            await self._receiver.wait_connected()
+        live = [i for i in range(len(brokers.endpoints)) if brokers.is_live(i)]
+        if not live:
+            return [await ask(None, timeout)]
+        answers: dict[int, T] = {}
+        failures: list[Exception] = []
+
+        async def one(i: int) -> None:
+            try:
+                answers[i] = await ask(i, timeout)
+            except Exception as exc:  # another broker may answer
+                failures.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i in live:
+                tg.start_soon(one, i)
+        if not answers:
+            raise failures[0]
+        return [answers[i] for i in sorted(answers)]

@@ -6,9 +6,10 @@ Rules:
 
 Rule CO1 - Every option is checked by ``__init__`` before the client makes a socket: a bad one
    raises (``ValueError``, or ``ImportError`` for tracing without OpenTelemetry) and nothing
-   is left open. The order: the endpoint (a malformed one is a ``ValueError`` naming the
+   is left open. The order: the endpoint or endpoints (Rule BK1 of
+   :mod:`dcp._core.client.brokers`; a malformed one is a ``ValueError`` naming the
    mistake, :func:`~dcp._io.endpoints.check_peer_endpoint`, never zmq's bare ``EINVAL``),
-   routing id, tracing, work timeout, the tracker's options; then
+   ``failover_grace``, routing id, tracing, work timeout, the tracker's options; then
    the client's own :meth:`ClientOptions._setup` (the sync client connects there).
 Rule CO2 - A request that sets no metadata, work timeout or ``wait_for_worker`` of its own gets
    the metadata built once per (``work_timeout``, ``wait_for_worker``) setting of the client
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from dcp._client.streams import stream_timing
+from dcp._core.client.brokers import Brokers, check_grace, endpoint_list
 from dcp._core.client.calls import (
     Part,
     Timing,
@@ -59,7 +61,7 @@ class ClientOptions:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | Sequence[str],
         *,
         timeout: float = 30.0,
         attempt_timeout: float | None = None,
@@ -79,8 +81,16 @@ class ClientOptions:
         security: CurveClient | None = None,
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
+        failover_grace: float = 0.2,
     ) -> None:
-        check_peer_endpoint(endpoint)
+        endpoints = endpoint_list(endpoint)
+        for each in endpoints:
+            check_peer_endpoint(each)
+        check_grace(failover_grace)
+        #: The brokers' choice and failover (``None``: one broker, the path of old).
+        self._brokers = Brokers(endpoints, grace=failover_grace) if len(endpoints) > 1 else None
+        self._endpoints = endpoints
+        endpoint = endpoints[0]
         routing_id = checked_routing_id(routing_id)
         if tracing:  # docs/tracing.md: spans of the requests; off costs nothing
             self._trace(tracing, endpoint)
@@ -122,6 +132,12 @@ class ClientOptions:
     ) -> None:
         """The client's own state, once every option is checked (Rule CO1)."""
         raise NotImplementedError
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """Every broker's endpoint, in the order given (``endpoint`` is the first; a
+        ``beacon://`` one is the broker heard once entered)."""
+        return self._endpoints if len(self._endpoints) > 1 else (self.endpoint,)
 
     def statistics(self) -> ClientStatistics:
         """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""

@@ -27,6 +27,17 @@ Rule RX5 - The reader. The receive task reads, unless the socket is lent: a ``re
    reading request ends with others pending or subscriptions open, or is cancelled, or could
    not send at once, and at the latest ``_LEND`` (50 ms) after the socket was last left
    free, so a late or duplicate reply is read and counted soon even when no call follows.
+   One broker only: a client of several never lends its sockets.
+Rule RX6 - Several brokers (:mod:`dcp._core.client.brokers` decides, Rules BK1-BK6): one socket
+   per broker (same routing id, zmq heartbeats, messages queued only on a connected pipe),
+   each read by its own task as Rule RX2 says; the first socket's task also runs the
+   deadlines (the tracker's and the moves'). A first attempt goes through the broker the
+   brokers choose (none live: it is parked, and sent through the first that comes back);
+   a resend, a probe and a move likewise. A HELD notice is handed to the brokers, never to
+   the tracker. A stream stays on its broker: a lost broker ends it with
+   :exc:`~dcp.StreamBroken`; its credit and cancel go to that broker. A question put to one
+   broker (``services()`` asks each) stays there too: a lost broker ends it with a
+   :exc:`~dcp.RemoteError` ``broker_lost``.
 """
 
 from __future__ import annotations
@@ -37,18 +48,22 @@ from collections.abc import Callable, Iterable, Sequence
 
 import anyio
 import anyio.lowlevel
+import zmq
 
 from dcp._client.subscriptions import SubscriptionState, deliver
-from dcp._client.waiters import Event, Sink, Waiter, deliver_part, loop_event
+from dcp._client.waiters import Event, Sink, StreamWaiter, Waiter, deliver_part, loop_event
+from dcp._core.client.brokers import Brokers, held_request
 from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
-from dcp._errors import AuthenticationFailed
+from dcp._errors import AuthenticationFailed, RemoteError
 from dcp._io.clock import loop_clock
 from dcp._io.errors import socket_errors
 from dcp._io.handshake import HandshakeWatch
 from dcp._io.lifecycle import ki_protected
 from dcp._io.sockets import AsyncSocket
 from dcp._models import Outcome, Response
+from dcp.wire.messages import HELD_MARKER
+from dcp.wire.options import REQUEST_ID_PREFIX
 from dcp.wire.streams import is_stream
 
 __all__ = ["Receiver", "Start"]
@@ -62,6 +77,17 @@ _SEND_PAUSE_MAX = 0.05
 _LEND = 0.05
 #: Who reads the socket (Rule RX5): the receive task, a request (``Receiver._caller``), nobody.
 _RECEIVER, _CALLER, _FREE = 0, 1, 2
+#: Where a request's id is in its frames (``"" DGBX T service "" id``: tracker Rule RT1).
+_ID_AT = 5
+#: The monitor events that lose a broker (Rule BK2 of dcp._core.client.brokers).
+_LOST_EVENTS = frozenset(
+    (
+        zmq.EVENT_DISCONNECTED,
+        zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+        zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+        zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+    )
+)
 
 #: :meth:`Receiver.start` (or a traced wrapper of it): service, data, metadata, timing,
 #: waiter -> the request id and its first attempt's frames.
@@ -113,6 +139,16 @@ class Receiver:
         self._park: anyio.CancelScope | None = None
         #: What a waiter waits on (the event loop's own event class; set on attach).
         self.new_event: Callable[[], Event] = anyio.Event
+        #: Rule RX6: the brokers' choices (``None``: one broker), their sockets and watches.
+        self.brokers: Brokers | None = None
+        self.sockets: list[AsyncSocket] = []
+        self._watches: list[HandshakeWatch] = []
+        #: Rule RX6: the broker of each stream forgotten before its cancel was sent.
+        self._stream_ends: dict[bytes, int] = {}
+        #: When the sockets were connected (the event loop's clock; several brokers).
+        self.attached_at = 0.0
+        #: Set when no broker is still making its first connection (:meth:`wait_connected`).
+        self._connected: Event | None = None
 
     def attach(self, socket: AsyncSocket, watch: HandshakeWatch, endpoint: str) -> None:
         """Take the client's socket, connected to ``endpoint`` (on entry, in the event loop)."""
@@ -122,6 +158,21 @@ class Receiver:
         self._now = loop_clock()
         self.new_event = loop_event()
         self._lend()  # nothing pending yet (Rule RX5)
+
+    def attach_brokers(
+        self, sockets: list[AsyncSocket], watches: list[HandshakeWatch], brokers: Brokers
+    ) -> None:
+        """Take the sockets of a client of several brokers (Rule RX6), one per endpoint of
+        ``brokers``, in order; the receive task (:meth:`run`) reads the first, one
+        :meth:`run_broker` task each of the others."""
+        self.sockets = sockets
+        self._watches = watches
+        self.brokers = brokers
+        self.attached_at = anyio.current_time()
+        self.socket = sockets[0]
+        self._endpoint = ", ".join(brokers.endpoints)
+        self._now = loop_clock()
+        self.new_event = loop_event()
 
     # ------------------------------------------------------------------ requests
 
@@ -231,6 +282,8 @@ class Receiver:
         if cancelled:
             self.tracker.cancel(rid)
             waiter.forget()
+            if self.brokers is not None:
+                self.brokers.done(rid)
         if self._caller == rid:
             self._caller = None
             if cancelled or self.waiters or self.subscriptions:
@@ -241,6 +294,9 @@ class Receiver:
     async def send(self, rid: bytes, frames: list[bytes]) -> None:
         """Send a request's first attempt, pausing while zmq's queue is full (Rule RX1: until
         the tracker's next deadline for it; then the attempt counts as lost)."""
+        if self.brokers is not None:
+            await self._send_several(self.brokers, rid, frames)
+            return
         tracker = self.tracker
         deadline = math.inf  # looked up only if the queue is full
         pause = _SEND_PAUSE
@@ -267,11 +323,111 @@ class Receiver:
             await anyio.sleep(pause)
             pause = min(2 * pause, _SEND_PAUSE_MAX)
 
+    async def _send_several(self, brokers: Brokers, rid: bytes, frames: list[bytes]) -> None:
+        """:meth:`send` with several brokers (Rule RX6): through the broker chosen; parked
+        if none is live (a stream waits as for a full queue instead)."""
+        tracker = self.tracker
+        movable = not isinstance(self.waiters.get(rid), StreamWaiter)
+        deadline = math.inf
+        pause = _SEND_PAUSE
+        counted = False
+        while True:
+            if self.closed:
+                raise self.closed_error()
+            i = brokers.choose()
+            if i is None and movable:
+                brokers.park(rid)  # sent through the first broker back (Rule BK3)
+                return
+            if i is not None:
+                try:
+                    if self.sockets[i].try_send(frames) is None:
+                        brokers.sent(rid, i, movable=movable)
+                        return
+                except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
+                    self.shutdown(exc.__cause__ or exc)
+                    raise self.closed_error() from exc.__cause__
+            if not counted:
+                counted = True
+                tracker.send_waits += 1
+                deadline = tracker.deadline_of(rid)
+            if anyio.current_time() >= deadline or not tracker.is_pending(rid):
+                return  # the attempt counts as lost; the retry rule takes over
+            await anyio.sleep(pause)
+            pause = min(2 * pause, _SEND_PAUSE_MAX)
+
+    def send_via(self, broker: int, rid: bytes, frames: list[bytes]) -> bool:
+        """Send a request through broker ``broker`` only, where it stays (a question to each
+        broker: Rule RX6); ``False`` if that broker is not live or its queue is full (not
+        sent).
+
+        :raises anyio.ClosedResourceError: the client is closed (or the error that broke it)
+        """
+        brokers = self.brokers
+        assert brokers is not None
+        if self.closed:
+            raise self.closed_error()
+        if not brokers.is_live(broker):
+            return False
+        try:
+            sent = self.sockets[broker].try_send(frames) is None
+        except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
+            self.shutdown(exc.__cause__ or exc)
+            raise self.closed_error() from exc.__cause__
+        if sent:
+            brokers.sent(rid, broker, movable=False)
+        return sent
+
+    async def ask_at(
+        self,
+        broker: int,
+        service: bytes,
+        data: Sequence[bytes],
+        metadata: Sequence[bytes],
+        timing: Timing,
+    ) -> Response:
+        """A request sent once through broker ``broker`` only, where it stays (Rule RX6: a
+        question to each broker); its response.
+
+        :raises RemoteError: its error reply, or ``broker_lost`` (that broker is not live,
+            its queue is full, or it was lost before answering)
+        :raises RequestTimeout: no answer in time
+        """
+        waiter = Waiter()
+        rid, frames = self.start(service, data, metadata, timing, waiter)
+        try:
+            if not self.send_via(broker, rid, frames):
+                assert self.brokers is not None
+                endpoint = self.brokers.endpoints[broker]
+                raise RemoteError("broker_lost", f"the broker at {endpoint} is not connected")
+            await waiter.wait(self.new_event)
+        finally:
+            self.end(rid, waiter)
+        return self.result(waiter.outcome)
+
+    def live_socket(self) -> AsyncSocket | None:
+        """The socket a message that is not a request goes through (a publish): the only
+        one, or a live broker's (Rule RX6; ``None``: none is live)."""
+        brokers = self.brokers
+        if brokers is None:
+            return self.socket
+        i = brokers.choose()
+        return None if i is None else self.sockets[i]
+
     def send_nowait(self, frames: list[bytes]) -> None:
-        """Send a message that is not a request (a stream's credit or cancel) at once.
+        """Send a message that is not a request (a stream's credit or cancel) at once
+        (several brokers: to the stream's broker, Rule RX6; dropped if it is gone).
 
         :raises zmq.Again: the send queue is full (the message is not sent)
         """
+        if self.brokers is not None:
+            rid = next((f for f in frames if f.startswith(REQUEST_ID_PREFIX)), b"")
+            i = self._stream_ends.pop(rid, None)
+            if i is None:
+                i = self.brokers.where(rid)
+            if i is None or not self.brokers.is_live(i):
+                return  # the stream's broker is gone, and the stream with it
+            self.sockets[i].send_nowait(frames)
+            return
         assert self.socket is not None
         self.socket.send_nowait(frames)
 
@@ -279,9 +435,16 @@ class Receiver:
         """Stop waiting for these requests (Rule RT6 of the tracker: a late reply is dropped)."""
         waiters = self.waiters
         tracker = self.tracker
+        brokers = self.brokers
         for rid in rids:
-            if waiters.pop(rid, None) is not None:
+            waiter = waiters.pop(rid, None)
+            if waiter is not None:
                 tracker.cancel(rid)
+                if brokers is not None:
+                    i = brokers.where(rid)
+                    if isinstance(waiter, StreamWaiter) and i is not None:
+                        self._stream_ends[rid] = i  # for its cancel (Rule RX6)
+                    brokers.done(rid)
 
     def result(self, outcome: Outcome | None) -> Response:
         """The response, or the failure raised (``None``: the client closed)."""
@@ -314,8 +477,14 @@ class Receiver:
         """The receive task (Rules RX2, RX3 and RX5); ends when the socket is closed."""
         asock = self.socket
         assert asock is not None
-        tracker = self.tracker
         failure: BaseException | None = None
+        next_deadline = self.tracker.next_deadline
+        read = self._read
+        lend = True
+        if self.brokers is not None:  # Rule RX6: this task reads the first socket
+            next_deadline = self._next_deadline
+            read = self._read_first
+            lend = False
 
         def broken(exc: BaseException) -> None:  # the socket failed (dcp._io.errors Z2, Z4)
             nonlocal failure
@@ -330,12 +499,12 @@ class Receiver:
                         if self.closed:
                             break
                         continue
-                    deadline = tracker.next_deadline()
+                    deadline = next_deadline()
                     await asock.wait_readable(math.inf if deadline is None else deadline)
                     if asock.closed:
                         break
-                    self._read(asock, self._batch)
-                    if not self.waiters and not self.subscriptions:
+                    read(asock, self._batch)
+                    if lend and not self.waiters and not self.subscriptions:
                         self._lend()  # Rule RX5: nothing pending
                     # Let other tasks run between batches, however busy the socket is. (With
                     # no input left, wait_readable parks, which lets them run: no extra pass.)
@@ -409,6 +578,210 @@ class Receiver:
             if deadline <= now:
                 self._expire(asock, now)
 
+    # ------------------------------------------------------------------ several brokers
+
+    @ki_protected  # dcp._io.lifecycle Rule E6
+    async def run_broker(self, i: int) -> None:
+        """The receive task of broker ``i``'s socket (``i`` > 0; Rule RX6), as :meth:`run`
+        (Rules RX2 and RX3); the deadlines are the first socket's task's."""
+        asock = self.sockets[i]
+        failure: BaseException | None = None
+
+        def broken(exc: BaseException) -> None:  # the socket failed (dcp._io.errors Z2, Z4)
+            nonlocal failure
+            if not asock.closed:
+                failure = exc
+
+        try:
+            with socket_errors(broken):
+                while True:
+                    await asock.wait_readable()
+                    if asock.closed:
+                        break
+                    self._read_several(i, self._batch)
+                    if asock.has_input():
+                        await anyio.lowlevel.checkpoint()
+        except anyio.ClosedResourceError:
+            pass
+        except anyio.BrokenResourceError as exc:
+            broken(exc.__cause__ or exc)
+        except Exception as exc:  # a bug: fail the callers rather than hang them
+            logger.exception("dcp client receive task failed")
+            failure = exc
+        finally:
+            self.shutdown(failure)
+
+    def broker_event(self, i: int, event: int) -> None:
+        """A monitor event of broker ``i``'s socket (Rule RX6): its handshake succeeded (it is
+        live: send what was parked) or it is lost (end its streams; its requests move after
+        the grace)."""
+        brokers = self.brokers
+        if brokers is None or self.closed:
+            return
+        now = self._now()
+        endpoint = brokers.endpoints[i]
+        try:
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if brokers.info()[i].lost:
+                    logger.info("dcp client: the broker at %s is back", endpoint)
+                for rid in brokers.up(i):
+                    self._move(brokers, rid, now)
+                for state in self.subscriptions.values():  # pubsub Rule CP5
+                    state.broker_up(i)
+            elif event in _LOST_EVENTS:
+                if brokers.is_live(i):
+                    logger.warning(
+                        "dcp client: lost the broker at %s; its requests move to another in %.3gs",
+                        endpoint,
+                        brokers.grace,
+                    )
+                for state in self.subscriptions.values():  # pubsub Rule CP5
+                    state.broker_lost(i)
+                for rid in brokers.lost(i, now):  # streams and pinned questions end here
+                    self.tracker.cancel(rid)
+                    waiter = self.waiters.pop(rid, None)
+                    if isinstance(waiter, StreamWaiter):
+                        message = f"the broker at {endpoint} was lost mid-stream"
+                        waiter.deliver(rid, RemoteError("stream_broken", message))
+                    elif waiter is not None:
+                        message = f"the broker at {endpoint} was lost"
+                        waiter.deliver(rid, RemoteError("broker_lost", message))
+                due = brokers.next_deadline()
+                if due is not None and self.socket is not None:
+                    self.socket.move_deadline(due)
+        except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
+            self.shutdown(exc.__cause__ or exc)
+        connected = self._connected
+        if connected is not None and not brokers.connecting:
+            self._connected = None
+            connected.set()
+
+    async def wait_connected(self) -> None:
+        """Wait until no broker is still making its first connection: each one's first
+        handshake succeeded or failed (Rule BK2); at once with one broker."""
+        brokers = self.brokers
+        while brokers is not None and brokers.connecting and not self.closed:
+            event = self._connected = self.new_event()
+            await event.wait()
+
+    def _next_deadline(self) -> float | None:
+        """When the tracker or the brokers next need time (Rule RX6)."""
+        due = self.tracker.next_deadline()
+        brokers = self.brokers
+        moves = None if brokers is None else brokers.next_deadline()
+        if moves is None:
+            return due
+        return moves if due is None else min(due, moves)
+
+    def _read_first(self, asock: AsyncSocket, batch: int) -> None:
+        """:meth:`_read` of the first broker's socket (Rule RX6)."""
+        self._read_several(0, batch)
+
+    def _read_several(self, i: int, batch: int) -> None:
+        """:meth:`_read` for broker ``i``'s socket (Rule RX6): HELD notices go to the
+        brokers, the outcomes end the requests there too."""
+        brokers = self.brokers
+        assert brokers is not None
+        asock = self.sockets[i]
+        tracker = self.tracker
+        waiters = self.waiters
+        received = asock.drain(batch)
+        if received:
+            watch = self._watches[i]
+            watch.heard = watch.handshakes  # handshakes Rule H5
+            if logger.isEnabledFor(logging.DEBUG):  # once per batch
+                for msg in received:
+                    logger.debug(
+                        "from broker %s: %d frame(s), %d bytes",
+                        brokers.endpoints[i],
+                        len(msg.frames),
+                        sum(len(f) for f in msg.frames),
+                    )
+            subscriptions = self.subscriptions
+            for msg in received:
+                frames = msg.frames
+                if is_stream(frames):
+                    deliver_part(frames, waiters)  # dcp streams (streams.py)
+                    continue
+                if subscriptions and deliver(subscriptions, frames):
+                    continue
+                if frames[-1] == HELD_MARKER:
+                    held = held_request(frames)
+                    if held is not None:  # brokers Rule BK5
+                        brokers.hold(held)
+                        continue
+                resolved = tracker.receive(frames)
+                if resolved is not None:
+                    rid, outcome = resolved
+                    brokers.done(rid)
+                    waiter = waiters.pop(rid, None)
+                    if waiter is not None:
+                        waiter.deliver(rid, outcome)
+        due = self._next_deadline()
+        if due is not None:
+            now = self._now()
+            if due <= now:
+                self._expire_several(brokers, now)
+
+    def _expire_several(self, brokers: Brokers, now: float) -> None:
+        """:meth:`_expire` with several brokers (Rule RX6): resends and probes through the
+        brokers' choice; then the moves whose grace ended (Rule BK4)."""
+        tracker = self.tracker
+        tracker.expire(now)
+        out, events = tracker.drain()
+        for frames in out:
+            rid = frames[_ID_AT]
+            pending = tracker.is_pending(rid)  # a probe has an id of its own
+            i = brokers.route(rid)
+            if i is None:
+                if pending:
+                    brokers.park(rid)
+                else:
+                    tracker.resends_dropped += 1
+                continue
+            asock = self.sockets[i]
+            watch = self._watches[i]
+            if watch.unheard():  # handshakes Rule H5, as in _expire
+                endpoint = brokers.endpoints[i]
+                logger.warning(
+                    "dcp client: the broker at %s has not answered on this connection since "
+                    "it reconnected; connecting again",
+                    endpoint,
+                )
+                watch.heard = watch.handshakes
+                asock.sock.disconnect(endpoint)
+                asock.sock.connect(endpoint)
+            if asock.try_send(frames) is not None:  # full (dcp._io.errors Rule Z1)
+                tracker.resends_dropped += 1
+            elif pending:
+                brokers.sent(rid, i)
+        waiters = self.waiters
+        for event in events:
+            rid = event.request_id
+            brokers.done(rid)
+            waiter = waiters.pop(rid, None)
+            if waiter is not None:
+                waiter.deliver(rid, event.error)
+        due = brokers.next_deadline()
+        if due is not None and due <= now:
+            for rid in brokers.expire(now):
+                self._move(brokers, rid, now)
+
+    def _move(self, brokers: Brokers, rid: bytes, now: float) -> None:
+        """Send ``rid`` through the broker chosen now (a move or a parked request: Rules BK3
+        and BK4; tracker Rule RT8), or park it if none is live."""
+        frames = self.tracker.moved(rid, now)
+        if frames is None:
+            brokers.done(rid)
+            return
+        i = brokers.choose()
+        if i is None:
+            brokers.park(rid)
+        elif self.sockets[i].try_send(frames) is None:
+            brokers.sent(rid, i)
+        else:  # full: the attempt timer resends it (Rule BK6)
+            self.tracker.resends_dropped += 1
+
     def _lend(self) -> None:
         """Leave the socket free (Rule RX5); the receive task takes it back in ``_LEND``
         seconds unless a request reads it first."""
@@ -456,8 +829,7 @@ class Receiver:
         if not self.closed:
             self.closed = True
             self.broken = failure
-        socket = self.socket
-        if socket is not None:
+        for socket in self.sockets or ([] if self.socket is None else [self.socket]):
             if not socket.closed:
                 # Stop the monitor before closing: libzmq's I/O thread sends the socket's
                 # last events (DISCONNECTED) to the monitor's PAIR with a blocking send; if
@@ -469,6 +841,10 @@ class Receiver:
         park = self._park
         if park is not None:
             park.cancel()
+        connected = self._connected
+        if connected is not None:
+            self._connected = None
+            connected.set()
         self.tracker.cancel_all()
         for state in self.subscriptions.values():
             state.close()

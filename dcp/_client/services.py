@@ -2,6 +2,12 @@
 :class:`ServiceInfo`, :class:`ServiceStats`), read from the answers to ``mmi.services``,
 ``mmi.info`` and ``mmi.stats``, and the changes :meth:`dcp.Client.watch_services` reports
 (``docs/services.md``). No I/O: both clients ask the questions and hand the answers here.
+
+A client of several brokers asks each live broker and merges the answers (:func:`merge_summaries`,
+:func:`merge_info`, :func:`merge_stats`): for one service, the counts (workers, idle, busy,
+queued, requests, errors, processing time) are summed, the oldest queued age is the largest,
+and the other fields come from the first broker (in the order given) that knows it. A worker
+registered with two brokers is counted at each.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ __all__ = [
     "ServiceWatch",
     "mmi_answer",
     "mmi_args",
+    "merge_info",
+    "merge_stats",
+    "merge_summaries",
     "mmi_page",
     "service_info",
     "service_stats",
@@ -184,3 +193,57 @@ class ServiceWatch:
         changes += [ServiceChange(name, False, 0) for name in known if name not in now]
         self._known = now
         return changes
+
+
+def merge_summaries(listings: list[list[ServiceSummary]]) -> list[ServiceSummary]:
+    """Several brokers' listings as one, by name (counts summed, the rest from the first)."""
+    merged: dict[str, ServiceSummary] = {}
+    for listing in listings:
+        for s in listing:
+            m = merged.get(s.name)
+            merged[s.name] = (
+                s
+                if m is None
+                else attrs.evolve(
+                    m,
+                    workers=m.workers + s.workers,
+                    idle=m.idle + s.idle,
+                    busy=m.busy + s.busy,
+                    queued=m.queued + s.queued,
+                )
+            )
+    return sorted(merged.values(), key=lambda s: s.name)
+
+
+def merge_info(answers: list[ServiceInfo | None]) -> ServiceInfo | None:
+    """Several brokers' ``mmi.info`` answers as one: the first that knows the service, with
+    every broker's workers summed and versions joined; ``None`` if none knows it."""
+    known = [a for a in answers if a is not None]
+    if not known:
+        return None
+    versions = tuple(dict.fromkeys(v for a in known for v in a.versions))
+    return attrs.evolve(known[0], versions=versions, workers=sum(a.workers for a in known))
+
+
+def merge_stats(answers: list[ServiceStats | None]) -> ServiceStats | None:
+    """Several brokers' ``mmi.stats`` answers as one (counts and times summed, the mean
+    recomputed, the oldest queued age the largest); ``None`` if none knows the service."""
+    known = [a for a in answers if a is not None]
+    if not known:
+        return None
+    total = sum(a.processing_time for a in known)
+    counted = [a for a in known if a.average_processing_time > 0]
+    # The mean over the answered requests each broker timed (its total / its mean).
+    timed = sum(a.processing_time / a.average_processing_time for a in counted)
+    return attrs.evolve(
+        known[0],
+        num_requests=sum(a.num_requests for a in known),
+        num_errors=sum(a.num_errors for a in known),
+        processing_time=total,
+        average_processing_time=total / timed if timed else 0.0,
+        queued=sum(a.queued for a in known),
+        oldest_queued_age=max(a.oldest_queued_age for a in known),
+        workers=sum(a.workers for a in known),
+        idle=sum(a.idle for a in known),
+        busy=sum(a.busy for a in known),
+    )

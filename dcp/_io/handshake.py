@@ -143,12 +143,17 @@ def connect_dealer(
     routing_id: bytes,
     security: CurveClient | None,
     endpoint: str,
+    *,
+    heartbeat: float | None = None,
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     """A client's or worker's DEALER socket (linger 0, ``routing_id``, CURVE keys if
     ``security``) connected to the broker at ``endpoint``, and the monitor that watches its
     handshakes from the start (:func:`monitor`); nothing is left open if a step fails.
 
     :param context: zmq context (default: one shared per process)
+    :param heartbeat: seconds between zmq heartbeats (``ZMQ_HEARTBEAT_IVL``; a silent
+        connection is closed after three, ``DISCONNECTED``), and messages queued only on a
+        connected pipe (``ZMQ_IMMEDIATE``): a client of several brokers (``None``: neither)
     """
     ctx = context if context is not None else get_context()
     sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
@@ -157,6 +162,10 @@ def connect_dealer(
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTING_ID, routing_id)
         configure_client_socket(sock, security)
+        if heartbeat is not None:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(3 * heartbeat * 1000))
+            sock.setsockopt(zmq.IMMEDIATE, 1)
         mon = monitor(sock)  # handshake failures raise AuthenticationFailed
         sock.connect(endpoint)
     except BaseException:
@@ -207,15 +216,18 @@ async def watch_handshakes(
     mon: zmq.Socket[bytes],
     watch: HandshakeWatch,
     on_failure: Callable[[AuthenticationFailed], object],
+    on_event: Callable[[int], object] | None = None,
 ) -> None:
     """Apply the rules to ``mon``'s events until one says the peer is done for (then call
     ``on_failure`` with the error and return), the monitor is closed, or cancellation.
-    Closes the monitor on the way out."""
+    Closes the monitor on the way out. ``on_event`` is given each event first."""
     amon = AsyncSocket(mon)
     try:
         while True:
             await amon.wait_readable()
             for event, value in read_events(mon):
+                if on_event is not None:
+                    on_event(event)
                 failure = watch.event(event, value)
                 if failure is not None:
                     on_failure(failure)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,44 @@ def test_render_table() -> None:
     rows = [{"name": "a", "workers": 1, "idle": 1, "busy": 0, "queued": 0, "version": "1.0.0"}]
     lines = render_table(rows).splitlines()
     assert lines[1].split() == ["a", "1", "1", "0", "0", "1.0.0"]
+
+
+def test_call_and_services_with_several_brokers(
+    procs: list[Proc], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, tcp_a = start_broker(procs, tmp_path / "a")
+    _, tcp_b = start_broker(procs, tmp_path / "b")
+    ready = [tmp_path / f"ready-{i}" for i in range(3)]
+    for tcp, file in ((tcp_a, ready[0]), (tcp_b, ready[1])):
+        start(
+            procs,
+            "worker",
+            "--connect",
+            tcp,
+            "--service",
+            "echo",
+            HANDLER,
+            "--ready-file",
+            str(file),
+        )
+    start(
+        procs, "worker", "--connect", tcp_b, "--service", "slow", "tests.cli.handlers:slow",
+        "--ready-file", str(ready[2]),
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not all(file.exists() for file in ready):  # each registered
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # --connect given twice, or a comma-separated list: the call goes to either broker.
+    code, out, err = run(
+        "-v", "call", "--connect", tcp_a, "--connect", tcp_b, "--wait", "echo", "hi"
+    )
+    assert (code, out) == (0, "HI\n"), err
+    assert f"brokers {tcp_a}, {tcp_b};" in err
+    assert main(["services", "--connect", f"{tcp_a},{tcp_b}", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert {e["name"]: e["workers"] for e in listing} == {"echo": 2, "slow": 1}
+    code, _, err = run("call", "--connect", tcp_a, "--connect", tcp_a, "echo", "hi")
+    assert code == 2 and "given twice" in err

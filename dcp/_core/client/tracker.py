@@ -65,6 +65,11 @@ Rule RT7 - Honest timeouts. A :class:`~dcp.RequestTimeout` says what happened: t
   (``is a dcp broker running at ...?``, as ``dcp call`` says); heard before, but the probe
   unanswered: the broker did not answer it either. Knowing costs the receive path nothing:
   the counters it keeps already say whether anything arrived.
+Rule RT8 - Moves. A client with several brokers resends a pending request through another
+  broker when the one it is on is lost (:mod:`dcp._core.client.brokers` Rule BK4):
+  :meth:`RequestTracker.moved` gives its frames as of ``now`` (same id, the time left in its
+  expires-in, Rule RT4). A move is not an attempt: it counts no retry, uses none of
+  ``retries`` and leaves the request's timers and end as they are.
 
 Deadlines live in a heap with lazy deletion: finishing a request does not touch the heap; a
 stale entry is skipped when it reaches the top. The heap is rebuilt from the pending requests
@@ -335,6 +340,14 @@ class RequestTracker:
         self._heap.clear()
         return ids
 
+    def moved(self, request_id: bytes, now: float) -> list[bytes] | None:
+        """The frames that move a pending request to another broker at ``now`` (Rule RT8),
+        for the driver to send (not put in :attr:`outbox`); ``None`` if it is not pending."""
+        p = self._pending.get(request_id)
+        if p is None:
+            return None
+        return self._frames_at(p, now)
+
     def is_pending(self, request_id: bytes) -> bool:
         """True while the request awaits its answer."""
         return request_id in self._pending
@@ -490,6 +503,11 @@ class RequestTracker:
                 self._plan_probe(p)
         else:
             p.retry_at = now + timing.attempt_timeout
+        self.outbox.append(self._frames_at(p, now))
+
+    def _frames_at(self, p: PendingCall, now: float) -> list[bytes]:
+        """A request's frames as sent at ``now`` (Rule RT4: the time left), kept as its
+        frames."""
         frames = p.frames
         if p.end < math.inf:  # Rule RT4: the time left, as of this attempt
             option = expires_in_option(p.end - now)
@@ -497,7 +515,7 @@ class RequestTracker:
             frames = [*frames[:_EXPIRES_AT], option, *rest]
             p.has_expires = True
         p.frames = frames
-        self.outbox.append(frames)
+        return frames
 
     def _plan_probe(self, p: PendingCall) -> None:
         """Set when to probe (Rule RT5), unless a probe was sent or none is wanted."""
