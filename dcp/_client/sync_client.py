@@ -93,7 +93,7 @@ class SyncClient(ClientOptions):
     (lost: :exc:`~dcp.StreamBroken`). Pub/sub goes through the first live broker in the
     list (so publishers and subscribers given the same list meet there). :meth:`services`
     asks every live broker and merges. The waiting, sending and reading all happen in the
-    calling thread, as with one broker. :attr:`endpoint` is the first endpoint,
+    calling thread, as with one broker. ``endpoint`` is the first endpoint,
     :attr:`endpoints` all of them; a ``beacon://`` entry is the first broker heard there.
     """
 
