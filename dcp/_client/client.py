@@ -54,7 +54,6 @@ from dcp._client.streams import DEFAULT_WINDOW, Stream
 from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
-from dcp._errors import RemoteError
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
 from dcp._io.lifecycle import Lifecycle, ki_protected
@@ -753,19 +752,9 @@ class Client(ClientOptions):
             return await self.request(
                 question, *data, timeout=timeout, retries=0, wait_for_worker=True
             )
-        receiver = self._receiver
         metadata = self._metadata((), None, True)
-        waiter = Waiter()
         timing = self._tracker.timing(timeout, None, 0)
-        rid, frames = receiver.start(service_bytes(question), data, metadata, timing, waiter)
-        try:
-            if not receiver.send_via(broker, rid, frames):
-                endpoint = self._endpoints[broker]
-                raise RemoteError("broker_lost", f"the broker at {endpoint} is not connected")
-            await waiter.wait(receiver.new_event)
-        finally:
-            receiver.end(rid, waiter)
-        return receiver.result(waiter.outcome)
+        return await self._receiver.ask_at(broker, service_bytes(question), data, metadata, timing)
 
     async def _each_broker(
         self,

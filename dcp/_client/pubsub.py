@@ -17,6 +17,13 @@ Rule CP3 - Re-subscribing. A grant the broker answers ``unknown_subscription`` (
   meanwhile were not routed to it (at most once).
 Rule CP4 - Leaving. Leaving the ``with`` block unsubscribes (best effort, bounded by one
   second); a subscription the broker does not hear of again expires there anyway.
+Rule CP5 - Several brokers (the async client). A subscription subscribes at every live broker
+  (the same id at each), so a message published through any broker is delivered once per
+  subscription, and a queue group's member at each broker takes its share; a broker that
+  becomes live (again) is subscribed at by the refresher's next turn, at once. Each broker
+  gets the credit granted (so up to ``window`` messages per broker may sit in the client).
+  What a lost broker held for the subscription is lost with it, uncounted. A publish goes
+  through one live broker.
 
 A subscription asks its client for requests through :class:`Requests` /
 :class:`SyncRequests` (what it needs of :class:`~dcp.Client` / :class:`~dcp.SyncClient`), and
@@ -200,6 +207,84 @@ async def _grant_credit(
             return
 
 
+async def _ask(
+    receiver: Receiver,
+    broker: int,
+    service: bytes,
+    data: Sequence[bytes],
+    timeout: float,  # noqa: ASYNC109 (the request's own)
+) -> Response:
+    """A pub/sub request through one broker (Rule CP5), sent once."""
+    timing = receiver.tracker.timing(timeout, None, 0)
+    return await receiver.ask_at(broker, service, data, (), timing)
+
+
+async def _subscribe_at(receiver: Receiver, state: SubscriptionState, broker: int) -> None:
+    """Subscribe at ``broker`` (Rule CP5)."""
+    state.renew.discard(broker)
+    await _ask(receiver, broker, SUB, state.sub, receiver.tracker.timeout)
+    state.at.add(broker)
+
+
+async def _subscribe_each(receiver: Receiver, state: SubscriptionState) -> None:
+    """Subscribe at every live broker (Rule CP5; the others when they become live): raises
+    the first refusal if every live broker refused."""
+    brokers = receiver.brokers
+    assert brokers is not None
+    await receiver.wait_connected()  # each broker's first handshake (or failure)
+    state.renew = set(range(len(brokers.endpoints)))
+    failures: list[Exception] = []
+
+    async def one(i: int) -> None:
+        try:
+            await _subscribe_at(receiver, state, i)
+        except (DCPError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(brokers.endpoints)):
+            if brokers.is_live(i):
+                tg.start_soon(one, i)
+    if failures and not state.at:
+        raise failures[0]
+
+
+async def _grant_each(
+    receiver: Receiver, state: SubscriptionState, pattern: str, refresh: float
+) -> None:
+    """:func:`_grant_credit` with several brokers (Rule CP5): each broker subscribed at gets
+    the grant; a broker that became live is subscribed at."""
+    brokers = receiver.brokers
+    assert brokers is not None
+    timeout = max(refresh, 1)
+    while True:
+        with anyio.move_on_after(refresh):
+            while state.owed * 2 < state.window and not state.renew:
+                state.owing = anyio.Event()
+                await state.owing.wait()
+        grant, state.owed = state.owed, 0
+        try:
+            for i in sorted(state.renew):
+                if brokers.is_live(i):
+                    with contextlib.suppress(DCPError):
+                        await _subscribe_at(receiver, state, i)
+            for i in sorted(state.at):
+                try:
+                    await _ask(receiver, i, CREDIT, [state.sid, b"%d" % grant], timeout)
+                except RemoteError as exc:
+                    if exc.code == "unknown_subscription":  # Rule CP3, at that broker
+                        with contextlib.suppress(DCPError):
+                            await _subscribe_at(receiver, state, i)
+                            state.resubscribed += 1
+                    elif exc.code != "broker_lost":
+                        logger.warning("credit refused for %s: %s", pattern, exc)
+                except RequestTimeout:
+                    pass  # the broker is away; the next refresh tells whether it forgot us
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            state.close()
+            return
+
+
 async def publish(
     client: Requests,
     receiver: Receiver,
@@ -218,9 +303,8 @@ async def publish(
     while True:
         if client.closed:
             raise anyio.ClosedResourceError("the client is closed")
-        socket = receiver.socket
-        assert socket is not None
-        if socket.try_send(frames) is None:
+        socket = receiver.live_socket()  # several brokers: a live one (receive Rule RX6)
+        if socket is not None and socket.try_send(frames) is None:
             return None
         await anyio.sleep(pause)  # the queue is full (dcp._io.errors Rule Z1)
         pause = min(2 * pause, _SEND_PAUSE_MAX)
@@ -248,9 +332,15 @@ async def subscribe(
     sub = Subscription(client, state, raw.decode("utf-8", "replace"))
     failure: BaseException | None = None
     try:
-        await client.request(SUB, *data)
+        if receiver.brokers is None:
+            await client.request(SUB, *data)
+        else:
+            await _subscribe_each(receiver, state)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_grant_credit, client, state, sub.pattern, refresh)
+            if receiver.brokers is None:
+                tg.start_soon(_grant_credit, client, state, sub.pattern, refresh)
+            else:
+                tg.start_soon(_grant_each, receiver, state, sub.pattern, refresh)
             try:
                 yield sub
             except BaseException as exc:  # re-raised below, not wrapped in a group
@@ -261,7 +351,12 @@ async def subscribe(
         with anyio.CancelScope(shield=True), anyio.move_on_after(1):
             if not client.closed:
                 with contextlib.suppress(DCPError, anyio.ClosedResourceError):
-                    await client.request(UNSUB, sid, timeout=1)
+                    if receiver.brokers is None:
+                        await client.request(UNSUB, sid, timeout=1)
+                    else:
+                        for i in sorted(state.at):
+                            with contextlib.suppress(DCPError):
+                                await _ask(receiver, i, UNSUB, [sid], 1)
     if failure is not None:
         raise failure
 

@@ -377,6 +377,42 @@ class Receiver:
             brokers.sent(rid, broker, movable=False)
         return sent
 
+    async def ask_at(
+        self,
+        broker: int,
+        service: bytes,
+        data: Sequence[bytes],
+        metadata: Sequence[bytes],
+        timing: Timing,
+    ) -> Response:
+        """A request sent once through broker ``broker`` only, where it stays (Rule RX6: a
+        question to each broker); its response.
+
+        :raises RemoteError: its error reply, or ``broker_lost`` (that broker is not live,
+            its queue is full, or it was lost before answering)
+        :raises RequestTimeout: no answer in time
+        """
+        waiter = Waiter()
+        rid, frames = self.start(service, data, metadata, timing, waiter)
+        try:
+            if not self.send_via(broker, rid, frames):
+                assert self.brokers is not None
+                endpoint = self.brokers.endpoints[broker]
+                raise RemoteError("broker_lost", f"the broker at {endpoint} is not connected")
+            await waiter.wait(self.new_event)
+        finally:
+            self.end(rid, waiter)
+        return self.result(waiter.outcome)
+
+    def live_socket(self) -> AsyncSocket | None:
+        """The socket a message that is not a request goes through (a publish): the only
+        one, or a live broker's (Rule RX6; ``None``: none is live)."""
+        brokers = self.brokers
+        if brokers is None:
+            return self.socket
+        i = brokers.choose()
+        return None if i is None else self.sockets[i]
+
     def send_nowait(self, frames: list[bytes]) -> None:
         """Send a message that is not a request (a stream's credit or cancel) at once
         (several brokers: to the stream's broker, Rule RX6; dropped if it is gone).
@@ -590,6 +626,8 @@ class Receiver:
                     logger.info("dcp client: the broker at %s is back", endpoint)
                 for rid in brokers.up(i):
                     self._move(brokers, rid, now)
+                for state in self.subscriptions.values():  # pubsub Rule CP5
+                    state.broker_up(i)
             elif event in _LOST_EVENTS:
                 if brokers.is_live(i):
                     logger.warning(
@@ -597,6 +635,8 @@ class Receiver:
                         endpoint,
                         brokers.grace,
                     )
+                for state in self.subscriptions.values():  # pubsub Rule CP5
+                    state.broker_lost(i)
                 for rid in brokers.lost(i, now):  # streams and pinned questions end here
                     self.tracker.cancel(rid)
                     waiter = self.waiters.pop(rid, None)

@@ -62,6 +62,22 @@ class SubscriptionState:
         self.ended: int | None = None
         self.wake: anyio.Event | None = None  # the reader waits for messages
         self.owing: anyio.Event | None = None  # the refresher waits for a grant to make
+        #: Several brokers (Rule CP5): those it is subscribed at, and those to subscribe at
+        #: (again) at the refresher's next turn.
+        self.at: set[int] = set()
+        self.renew: set[int] = set()
+
+    def broker_up(self, broker: int) -> None:
+        """Several brokers: ``broker`` is live (again): subscribe there (Rule CP5)."""
+        self.at.discard(broker)
+        self.renew.add(broker)
+        if self.owing is not None:
+            self.owing.set()
+
+    def broker_lost(self, broker: int) -> None:
+        """Several brokers: ``broker`` is lost; what it held for this subscription is lost
+        with it (Rule CP5)."""
+        self.at.discard(broker)
 
     def take(self) -> PubSubMessage | None:
         """The next message (gaps folded in, Rule CP2), ``None`` if none; raises

@@ -274,3 +274,59 @@ async def test_services_info_and_stats_are_merged_across_brokers() -> None:
                 # One broker gone: the other still answers.
                 listing = {s.name: s for s in await client.services()}
                 assert set(listing) == {"echo"} and listing["echo"].workers == 1
+
+
+async def test_a_subscription_hears_every_broker_and_is_renewed_when_one_comes_back() -> None:
+    endpoint_b = f"tcp://127.0.0.1:{free_port()}"
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(fast_broker())
+        endpoint_a = a.endpoints[0]
+        pub_a = await stack.enter_async_context(dcp.Client(endpoint_a))
+        pub_b = await stack.enter_async_context(dcp.Client(endpoint_b))
+        both = await stack.enter_async_context(dcp.Client([endpoint_a, endpoint_b]))
+        sub_client = await stack.enter_async_context(dcp.Client([endpoint_a, endpoint_b]))
+        group = [
+            await stack.enter_async_context(dcp.Client([endpoint_a, endpoint_b])) for _ in range(2)
+        ]
+        async with anyio.create_task_group() as tg:
+            _, stop_b = await start_broker(tg, endpoint_b)
+            async with AsyncExitStack() as subs:
+                sub = await subs.enter_async_context(sub_client.subscribe("t.>"))
+                members = [
+                    await subs.enter_async_context(c.subscribe("t.>", queue="q")) for c in group
+                ]
+                state = sub_client._receiver.subscriptions
+                await wait_for(lambda: all(len(s.at) == 2 for s in state.values()))
+                for i in range(5):  # through each broker: once per subscription
+                    assert await pub_a.publish("t.a", b"%d" % i, ack=True) == 2
+                    assert await pub_b.publish("t.b", b"%d" % i, ack=True) == 2
+                with anyio.fail_after(10):
+                    got = sorted([(m.subject, m.data) async for m in _take(sub, 10)])
+                assert got == sorted(
+                    [("t.a", (b"%d" % i,)) for i in range(5)]
+                    + [("t.b", (b"%d" % i,)) for i in range(5)]
+                )
+                # The queue group's members share the 10 messages, each taken once.
+                shared = [m._state for m in members]
+                await wait_for(lambda: sum(len(s.items) for s in shared) == 10)
+                # Through a client of both (one live broker each time).
+                await both.publish("t.c", b"x")
+                with anyio.fail_after(10):
+                    [msg] = [m async for m in _take(sub, 1)]
+                assert msg.subject == "t.c"
+                stop_b.cancel()
+                await wait_for(lambda: live(sub_client) == [True, False])
+                _, stop_b2 = await start_broker(tg, endpoint_b)
+                # Back: the subscriptions are renewed there, and hear what goes through it.
+                await wait_for(lambda: all(len(s.at) == 2 for s in [*state.values(), *shared]))
+                assert await pub_b.publish("t.back", b"y", ack=True) == 2
+                with anyio.fail_after(10):
+                    [msg] = [m async for m in _take(sub, 1)]
+                assert msg.subject == "t.back"
+            stop_b2.cancel()
+
+
+async def _take(sub: dcp.Subscription, n: int) -> AsyncIterator[dcp.PubSubMessage]:
+    """The next ``n`` messages of ``sub``."""
+    for _ in range(n):
+        yield await anext(sub)
