@@ -15,7 +15,8 @@ import anyio.from_thread
 import pytest
 import zmq
 
-from dcp import Broker, StreamBroken
+from dcp import Broker, StreamBroken, SyncSubscription
+from dcp._client.subscriptions import SubscriptionState
 from dcp._client.sync_brokers import BrokersReceiver
 from dcp._client.sync_client import SyncClient
 from dcp._client.sync_receive import SyncReceiver
@@ -158,6 +159,15 @@ def wait_live(client: SyncClient, *brokers: int) -> None:
         rx.pump(0.05)
 
 
+def handled(worker: RawWorker, n: int) -> None:
+    """Wait until ``worker`` counted ``n`` requests (it counts after sending the reply)."""
+    deadline = time.monotonic() + 10
+    while worker.handled < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert worker.handled == n
+
+
 def _upper(data: tuple[bytes, ...]) -> list[bytes]:
     return [d.upper() for d in data]
 
@@ -233,7 +243,7 @@ def test_a_request_at_a_lost_broker_moves_to_another_at_once(brokers: Brokers) -
         s = client.statistics()
         assert (s.replies, s.retries) == (2, 0)
         assert receiver(client).brokers.moved == 1
-        assert wb.handled == 2
+        handled(wb, 2)
 
 
 def test_a_held_request_does_not_move_and_its_answer_comes_through_another_broker(
@@ -303,7 +313,7 @@ def test_with_no_broker_up_a_request_waits_for_the_first_one_back(brokers: Broke
     brokers.start(b)
     with RawWorker(b, b"svc", _upper) as wb:
         assert reply.result(timeout=20) == Response((b"LATE",))
-        assert wb.handled == 1
+        handled(wb, 1)
     assert client.statistics().retries == 0
     client.close()  # (from this thread, once the other is done with it)
 
@@ -355,34 +365,43 @@ def test_a_stream_breaks_when_its_broker_is_lost(brokers: Brokers) -> None:
         assert receiver(client).brokers.moved == 0
 
 
-def test_pub_sub_meets_at_the_first_live_broker(brokers: Brokers) -> None:
-    a, b = brokers.start(), brokers.start()
-    with SyncClient([a, b], timeout=10) as sub_client, SyncClient([a, b], timeout=10) as pub:
-        wait_live(sub_client, 0, 1)
-        wait_live(pub, 0, 1)
-        with sub_client.subscribe("news.>") as sub:
-            assert pub.publish("news.today", b"hello", ack=True) == 1
-            msg = sub.next(timeout=10)
-            assert msg is not None and msg.data == (b"hello",)
+def sub_state(sub: SyncSubscription) -> SubscriptionState:
+    return sub._state
 
 
-def test_a_subscription_moves_to_the_next_broker_when_its_broker_is_lost(
-    brokers: Brokers,
-) -> None:
+def test_a_subscription_is_at_every_broker(brokers: Brokers) -> None:
+    """Pubsub Rule CP5: a message published through either broker is delivered once; a
+    broker lost and back is subscribed at again."""
     a, b = brokers.start(), brokers.start()
-    with SyncClient([a, b], timeout=10) as sub_client, SyncClient([a, b], timeout=10) as pub:
-        wait_live(sub_client, 0, 1)
-        wait_live(pub, 0, 1)
+    with (
+        SyncClient([a, b], timeout=10) as sub_client,
+        SyncClient([a, b], timeout=10) as pub_a,  # publishes through A (the first live)
+        SyncClient([b, a], timeout=10) as pub_b,  # through B
+    ):
+        wait_live(pub_a, 0, 1)
+        wait_live(pub_b, 0, 1)
         with sub_client.subscribe("news.>", refresh=0.2) as sub:
+            assert sub_state(sub).at == {0, 1}
+            assert pub_a.publish("news.a", b"1", ack=True) == 1
+            assert pub_b.publish("news.b", b"2", ack=True) == 1
+            got = [sub.next(timeout=10), sub.next(timeout=10)]
+            assert sorted(m.data for m in got if m is not None) == [(b"1",), (b"2",)]
+            assert sub.next(timeout=0.3) is None  # each once
             brokers.stop(a)
+            assert brokers.start(a) == a
             deadline = time.monotonic() + 15
-            while sub.resubscribed == 0 or receiver(pub).live_brokers() != [1]:
-                assert time.monotonic() < deadline, (
-                    sub.resubscribed,
-                    receiver(pub).brokers.info(),
-                )
+            # Read on: the client sees A lost and back, and subscribes there again.
+            while not (
+                sub_state(sub).at == {0, 1}
+                and receiver(sub_client).brokers.info()[0].lost == 1
+                and receiver(pub_a).live_brokers() == [0, 1]
+            ):
+                assert time.monotonic() < deadline, sub_state(sub).at
                 assert sub.next(timeout=0.05) is None
-                receiver(pub).pump(0.01)
-            assert pub.publish("news.later", b"again", ack=True) == 1  # through B
+                receiver(pub_a).pump(0.01)
+            deadline = time.monotonic() + 15
+            while pub_a.publish("news.a", b"3", ack=True) != 1:  # A has the subscription
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
             msg = sub.next(timeout=10)
-            assert msg is not None and msg.data == (b"again",)
+            assert msg is not None and msg.data == (b"3",)
