@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import anyio.from_thread
@@ -25,6 +28,8 @@ from dcp._io.context import get_context
 from dcp._models import Response
 from dcp.wire import Register, Reply, Request, parse, serialize
 from dcp.wire.messages import HELD_MARKER
+from tests.cli.procs import Proc
+from tests.cli.procs import start_broker as start_cli_broker
 from tests.fakes import RawWorker
 
 T = TypeVar("T")
@@ -405,3 +410,49 @@ def test_a_subscription_is_at_every_broker(brokers: Brokers) -> None:
                 time.sleep(0.05)
             msg = sub.next(timeout=10)
             assert msg is not None and msg.data == (b"3",)
+
+
+def test_a_silent_broker_is_lost_by_heartbeats_and_a_killed_one_at_once(
+    procs: list[Proc], tmp_path: Path
+) -> None:
+    """``dcp broker`` processes: one stopped (SIGSTOP: no FIN, no RST) is lost when zmq's
+    heartbeats time out and its request moves; back after SIGCONT; SIGKILL loses it at
+    once."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    broker_a, a = start_cli_broker(procs, tmp_path / "a")
+    _, b = start_cli_broker(procs, tmp_path / "b")
+    owner = concurrent.futures.ThreadPoolExecutor(1)  # the client's one thread
+    try:
+        with holder([a]) as hold, RawWorker(b, b"svc", _upper) as wb:
+            assert wb.registered.wait(10)
+            client = SyncClient([a, b], timeout=60, attempt_timeout=30)
+
+            def call() -> list[bytes]:
+                wait_live(client, 0, 1)
+                return [r.data[0] for r in client.map("svc", [b"x", b"y"], window=2)]
+
+            replies = owner.submit(call)
+            via, _ = hold.request()
+            assert via == 0
+            os.kill(broker_a.popen.pid, signal.SIGSTOP)
+            try:
+                assert replies.result(timeout=20) == [b"X", b"Y"]  # not the 30 s attempt
+            finally:
+                os.kill(broker_a.popen.pid, signal.SIGCONT)
+            assert receiver(client).brokers.moved == 1
+            assert client.statistics().retries == 0
+            owner.submit(wait_live, client, 0).result(timeout=20)  # back
+
+            def lost_at_once() -> None:
+                broker_a.kill()
+                deadline = time.monotonic() + 5  # not the heartbeats' 3 s and more
+                while state(client, 0) is not BrokerState.LOST:
+                    assert time.monotonic() < deadline
+                    receiver(client).pump(0.05)
+                assert client.request("svc", b"z") == Response((b"Z",))
+
+            owner.submit(lost_at_once).result(timeout=20)
+            owner.submit(client.close).result(timeout=5)
+    finally:
+        owner.shutdown(wait=False)
