@@ -10,15 +10,15 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio.from_thread
 import pytest
 import zmq
 
-from dcp import Broker, StreamBroken, SyncSubscription
+from dcp import Broker, HandlerRequest, StreamBroken, SyncSubscription, Worker
 from dcp._client.subscriptions import SubscriptionState
 from dcp._client.sync_brokers import BrokersReceiver
 from dcp._client.sync_client import SyncClient
@@ -41,6 +41,7 @@ class Brokers:
     def __init__(self, portal: anyio.from_thread.BlockingPortal) -> None:
         self.portal = portal
         self._running: dict[str, concurrent.futures.Future[None]] = {}
+        self._workers: list[concurrent.futures.Future[None]] = []
 
     def start(self, endpoint: str = "tcp://127.0.0.1:0") -> str:
         """Start a broker (again, on the port of ``endpoint``): the port may be held a
@@ -60,6 +61,12 @@ class Brokers:
             self._running[endpoints[0]] = future
             return str(endpoints[0])
 
+    def worker(self, endpoint: str, service: str, handler: Any) -> None:
+        """A :class:`dcp.Worker` of ``service`` at ``endpoint``, on the brokers' loop (it
+        stops with them)."""
+        future, _ = self.portal.start_task(Worker(endpoint, service, handler).serve)
+        self._workers.append(future)
+
     def stop(self, endpoint: str) -> None:
         future = self._running.pop(endpoint)
         future.cancel()
@@ -75,6 +82,8 @@ def brokers(anyio_backend: str) -> Iterator[Brokers]:
         try:
             yield b
         finally:
+            for future in b._workers:
+                future.cancel()
             for endpoint in list(b._running):
                 b.stop(endpoint)
 
@@ -368,6 +377,31 @@ def test_a_stream_breaks_when_its_broker_is_lost(brokers: Brokers) -> None:
         assert isinstance(exc, StreamBroken), exc
         assert "was lost" in str(exc)
         assert receiver(client).brokers.moved == 0
+
+
+async def parts(request: HandlerRequest) -> AsyncIterator[bytes]:
+    """A stream of ``int(request.data[0])`` parts."""
+    for i in range(int(request.data[0])):
+        yield b"%d" % i
+
+
+def test_streams_on_each_broker_get_their_credit_there(brokers: Brokers) -> None:
+    """Two streams, one on each broker (spread), each longer than its window: each reader's
+    credit goes to the broker its stream is on (Rule SM3), so both run to the end."""
+    a, b = brokers.start(), brokers.start()
+    brokers.worker(a, "parts", parts)
+    brokers.worker(b, "parts", parts)
+    with SyncClient([a, b], timeout=20, wait_for_worker=True) as client:
+        wait_live(client, 0, 1)
+        one = client.stream("parts", b"100", window=4, stall_timeout=10)
+        two = client.stream("parts", b"100", window=4, stall_timeout=10)
+        rx = receiver(client)
+        assert {rx.brokers.where(one._rid), rx.brokers.where(two._rid)} == {0, 1}
+        with one, two:
+            got_one = [p[0] for p in one]
+            got_two = [p[0] for p in two]
+        assert got_one == got_two == [b"%d" % i for i in range(100)]
+        assert len(rx.brokers) == 0
 
 
 def sub_state(sub: SyncSubscription) -> SubscriptionState:
