@@ -43,6 +43,7 @@ if typing.TYPE_CHECKING:
     from dcp._errors import RequestTimeout as RequestTimeout
     from dcp._errors import StreamBroken as StreamBroken
     from dcp._io.beacon import find_broker as find_broker
+    from dcp._io.beacon import find_brokers as find_brokers
     from dcp._io.security import CurveClient as CurveClient
     from dcp._io.security import CurveServer as CurveServer
     from dcp._models import Forward as Forward
@@ -98,6 +99,7 @@ __all__ = [
     "Worker",
     "WorkerStatistics",
     "find_broker",
+    "find_brokers",
     "json_reply",
 ]
 
@@ -131,6 +133,7 @@ _DEFINED_IN = {
     "RequestTimeout": "dcp._errors",
     "StreamBroken": "dcp._errors",
     "find_broker": "dcp._io.beacon",
+    "find_brokers": "dcp._io.beacon",
     "CurveClient": "dcp._io.security",
     "CurveServer": "dcp._io.security",
     "Forward": "dcp._models",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
@@ -24,6 +24,9 @@ from dcp._client.services import (
     ServiceStats,
     ServiceSummary,
     ServiceWatch,
+    merge_info,
+    merge_stats,
+    merge_summaries,
     mmi_answer,
     mmi_args,
     mmi_page,
@@ -32,10 +35,13 @@ from dcp._client.services import (
     summaries,
 )
 from dcp._client.streams import DEFAULT_WINDOW, SyncStream
+from dcp._client.sync_brokers import HEARTBEAT, BrokerLink, BrokersReceiver
+from dcp._client.sync_pubsub import subscribe_brokers
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
+from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, resolve_blocking
-from dcp._io.handshake import HandshakeWatch, connect_dealer
+from dcp._io.handshake import HandshakeWatch, close_monitor, connect_dealer
 from dcp._io.security import CurveClient
 from dcp._json import encode_json
 from dcp._models import Outcome, Response
@@ -46,6 +52,8 @@ if TYPE_CHECKING:
     from dcp._client.tracing import SyncTracing
 
 __all__ = ["SyncClient"]
+
+T = TypeVar("T")
 
 
 class SyncClient(ClientOptions):
@@ -73,6 +81,21 @@ class SyncClient(ClientOptions):
 
     Parameters are those of :class:`dcp.Client` (``type_width=4`` for the DagBox C++
     reference broker); a bad one raises :exc:`ValueError` before the socket is created.
+
+    **Several brokers** (``docs/scaling.md``): given a list of endpoints
+    (``dcp.SyncClient(["tcp://a:5555", "tcp://b:5555"])``), it makes one socket per broker
+    (the same routing id on each, one id space) and follows the same rules as
+    :class:`dcp.Client` (:mod:`dcp._core.client.brokers`): each request goes to the live
+    broker with the fewest outstanding requests; when a broker is lost (its connection
+    closes, or zmq's heartbeat finds it silent for 3 s), each request waiting there moves
+    ``failover_grace`` seconds later (default 0.2) to another, with the same id (not a
+    retry: its ``retries`` and deadline are untouched), unless a worker said it runs it (a
+    HELD notice); a broker that comes back is used again. A stream stays on its broker
+    (lost: :exc:`~dcp.StreamBroken`). A subscription subscribes at every live broker; a
+    publish goes through one (the first live in the list). :meth:`services` and friends
+    ask every live broker and merge. The waiting, sending and reading all happen in the
+    calling thread, as with one broker. ``endpoint`` is the first endpoint,
+    :attr:`endpoints` all of them; a ``beacon://`` entry is the first broker heard there.
     """
 
     _traced: SyncTracing | None = None
@@ -86,15 +109,56 @@ class SyncClient(ClientOptions):
         self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
     ) -> None:
         refuse_in_event_loop()  # Rule SX4, before a socket exists
+        if self._brokers is not None:
+            self._setup_brokers(context, security)
+            return
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if security is None else security.server_key
             self.endpoint = self._tracker.endpoint = resolve_blocking(self.endpoint, key=key)
+            self._endpoints = (self.endpoint,)
         sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
         watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
         #: The socket and what arrived on it (dcp._client.sync_receive).
         self._receiver = SyncReceiver(
             self._tracker, sock, mon, watch, endpoint=self.endpoint, batch=self._batch
         )
+        if self._traced is not None:
+            self._traced.attach(self._receiver)
+
+    def _setup_brokers(
+        self, context: zmq.Context[zmq.Socket[bytes]] | None, security: CurveClient | None
+    ) -> None:
+        """Several brokers (``docs/scaling.md``): a socket each, with the same routing id
+        (dcp._client.sync_brokers). Each ``beacon://`` entry is the first broker heard
+        there; an endpoint heard twice is used once."""
+        key = None if security is None else security.server_key
+        brokers = self._brokers
+        assert brokers is not None
+        resolved = tuple(dict.fromkeys(resolve_blocking(e, key=key) for e in self.endpoints))
+        if resolved != self.endpoints:  # beacons: the brokers heard
+            brokers = self._brokers = Brokers(resolved, grace=brokers.grace)
+        self._endpoints = resolved
+        self.endpoint = resolved[0]
+        self._tracker.endpoint = " or ".join(resolved)
+        links: list[BrokerLink] = []
+        try:
+            for i, endpoint in enumerate(self.endpoints):
+                sock, mon = connect_dealer(
+                    context,
+                    self.routing_id,
+                    security,
+                    endpoint,
+                    heartbeat=HEARTBEAT,  # Rule SM2
+                )
+                watch = HandshakeWatch(endpoint, secure=security is not None, role="client")
+                links.append(BrokerLink(i, endpoint, sock, mon, watch))
+        except BaseException:
+            for link in links:
+                close_monitor(link.sock, link.monitor)
+                link.sock.close(0)
+            raise
+        #: The sockets and what arrived on them (dcp._client.sync_brokers).
+        self._receiver = BrokersReceiver(self._tracker, links, brokers, batch=self._batch)
         if self._traced is not None:
             self._traced.attach(self._receiver)
 
@@ -201,9 +265,21 @@ class SyncClient(ClientOptions):
         (``docs/services.md``, "Pages"), so a listing taken while services come and go lists
         every service known throughout.
 
+        Given several brokers, every live one is asked and the lists merged
+        (``docs/scaling.md``): a service known to several is listed once, its ``workers``,
+        ``idle``, ``busy`` and ``queued`` summed, its version and description from the
+        first broker that knows it. A broker that fails to answer is left out while
+        another answers.
+
         :param timeout: seconds for each page's request (default: the client's)
         :raises RuntimeError: the broker does not answer it (not a dcp broker)
         """
+        receiver = self._receiver
+        if isinstance(receiver, BrokersReceiver):  # each live broker's, merged (services.py)
+            return merge_summaries(self._each_broker(receiver, lambda: self._services(timeout)))
+        return self._services(timeout)
+
+    def _services(self, timeout: float | None) -> list[ServiceSummary]:
         listing: list[dict[str, Any]] = []
         after: bytes | None = None
         while True:  # directory Rule D6: one page per request, until the last
@@ -219,13 +295,27 @@ class SyncClient(ClientOptions):
         self, name: str | bytes, *, timeout: float | None = None
     ) -> ServiceInfo | None:
         """One service's version, description, metadata and schemas (``mmi.info``);
-        ``None`` if the broker knows no such service."""
+        ``None`` if the broker knows no such service (several brokers: each live one is
+        asked, the answers merged)."""
+        receiver = self._receiver
+        if isinstance(receiver, BrokersReceiver):
+            answers = self._each_broker(
+                receiver, lambda: service_info(self._mmi("mmi.info", name, timeout))
+            )
+            return merge_info(answers)
         return service_info(self._mmi("mmi.info", name, timeout))
 
     def service_stats(
         self, name: str | bytes, *, timeout: float | None = None
     ) -> ServiceStats | None:
-        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown."""
+        """One service's live figures from the broker (``mmi.stats``); ``None`` if unknown
+        (several brokers: each live one is asked, the figures summed)."""
+        receiver = self._receiver
+        if isinstance(receiver, BrokersReceiver):
+            answers = self._each_broker(
+                receiver, lambda: service_stats(self._mmi("mmi.stats", name, timeout))
+            )
+            return merge_stats(answers)
         return service_stats(self._mmi("mmi.stats", name, timeout))
 
     def watch_services(
@@ -413,7 +503,21 @@ class SyncClient(ClientOptions):
         last_value: bool = False,
     ) -> contextlib.AbstractContextManager[SyncSubscription]:
         """:meth:`dcp.Client.subscribe`, blocking: ``for msg in sub`` (or ``sub.next(timeout)``).
-        Credit and refreshes are sent while the caller takes messages."""
+        Credit and refreshes are sent while the caller takes messages. Given several
+        brokers, it subscribes at every live one (``docs/scaling.md``)."""
+        if isinstance(self._receiver, BrokersReceiver):
+            return subscribe_brokers(
+                self,
+                self._receiver,
+                self._start_plain,
+                pattern,
+                queue,
+                max_pending,
+                overflow,
+                window,
+                refresh,
+                last_value,
+            )
         return subscribe_sync(
             self,
             self._receiver,
@@ -452,3 +556,30 @@ class SyncClient(ClientOptions):
             question, *mmi_args(name), timeout=timeout, retries=0, wait_for_worker=True
         )
         return mmi_answer(question, response)
+
+    def _each_broker(self, receiver: BrokersReceiver, ask: Callable[[], T]) -> list[T]:
+        """``ask()`` of each live broker in turn (each request goes to that broker only;
+        Rule SM4), the answers in the order the brokers were given; one that fails is left
+        out while another answers. With none live, one ``ask()`` goes as any request (to
+        the first broker back). Within :data:`~dcp._client.sync_brokers.SETTLE` of the
+        client's making, it first waits for each broker's first handshake.
+
+        :raises Exception: every broker asked failed (the first failure)
+        """
+        receiver.settle()
+        live = receiver.live_brokers()
+        if not live:
+            return [ask()]
+        answers: list[T] = []
+        failures: list[Exception] = []
+        for broker in live:
+            receiver.pin = broker
+            try:
+                answers.append(ask())
+            except Exception as exc:  # another broker may answer
+                failures.append(exc)
+            finally:
+                receiver.pin = None
+        if not answers:
+            raise failures[0]
+        return answers

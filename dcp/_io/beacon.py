@@ -9,6 +9,11 @@ A beacon is a hint, not a credential: anyone on the network can send one. Withou
 forged beacon can steer a peer to a rogue broker. With CURVE, a client or worker still
 checks the broker key it was configured with (the handshake fails against any other), and
 :func:`find_broker` given ``key`` ignores beacons announcing another key.
+
+Several brokers: :func:`find_brokers` listens for the whole of its timeout and returns every
+broker heard, in the order first heard (give the list to a client or worker to use them all).
+A ``beacon://`` endpoint stands for one broker: the first heard, as :func:`find_broker`; in
+a list of endpoints each ``beacon://`` entry is resolved so.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ __all__ = [
     "decode",
     "encode",
     "find_broker",
+    "find_brokers",
     "listen",
     "resolve",
     "resolve_blocking",
@@ -113,6 +119,23 @@ async def send_beacons(
             await anyio.sleep(interval)
 
 
+def _check_timeout(timeout: float) -> None:
+    if not timeout > 0 or math.isnan(timeout):
+        raise ValueError("timeout must be positive")
+
+
+async def _udp_listener(port: int, host: str) -> anyio.abc.UDPSocket:
+    """A UDP socket bound to ``host``:``port`` (``""``: every interface), shared with other
+    listeners on the same port."""
+    return await anyio.create_udp_socket(
+        family=socket.AF_INET, local_host=host or "0.0.0.0", local_port=port, reuse_port=True
+    )
+
+
+def _wanted(key: bytes | str | None) -> bytes | None:
+    return key.encode("ascii") if isinstance(key, str) else key
+
+
 async def listen(
     port: int,
     *,
@@ -125,11 +148,8 @@ async def listen(
     :param key: only a beacon announcing this CURVE public key (Z85) counts
     :raises TimeoutError: none within ``timeout`` seconds
     """
-    if not timeout > 0 or math.isnan(timeout):
-        raise ValueError("timeout must be positive")
-    async with await anyio.create_udp_socket(
-        family=socket.AF_INET, local_host=host or "0.0.0.0", local_port=port, reuse_port=True
-    ) as udp:
+    _check_timeout(timeout)
+    async with await _udp_listener(port, host) as udp:
         with anyio.move_on_after(timeout):
             while True:
                 datagram, (sender, _) = await udp.receive()
@@ -156,8 +176,43 @@ async def find_broker(
     :param host: the address to listen on (``""``: every interface)
     :raises TimeoutError: no beacon within ``timeout`` seconds
     """
-    wanted = key.encode("ascii") if isinstance(key, str) else key
-    return (await listen(port, host=host, timeout=timeout, key=wanted)).endpoint
+    return (await listen(port, host=host, timeout=timeout, key=_wanted(key))).endpoint
+
+
+async def find_brokers(
+    port: int,
+    *,
+    host: str = "",
+    timeout: float = 3.0,  # noqa: ASYNC109 (how long to listen)
+    key: bytes | str | None = None,
+) -> list[str]:
+    """The endpoints of every broker heard announcing itself on UDP ``port`` within
+    ``timeout`` seconds, in the order first heard, each once (``docs/scaling.md``): give
+    them to :class:`dcp.Client`, :class:`dcp.SyncClient` or :class:`dcp.Worker` to use
+    them all.
+
+    It listens for the whole ``timeout``: a broker beacons once per second (``dcp broker
+    --beacon``), so the default of 3 s hears every broker that is up, unless datagrams are
+    lost. A broker that starts later is not in the list.
+
+    :param host: the address to listen on (``""``: every interface)
+    :param key: only brokers announcing this CURVE public key (Z85) count
+    :raises TimeoutError: no beacon within ``timeout`` seconds
+    :raises ValueError: ``timeout`` is not positive
+    """
+    _check_timeout(timeout)
+    wanted = _wanted(key)
+    heard: dict[str, None] = {}  # in the order first heard
+    async with await _udp_listener(port, host) as udp:
+        with anyio.move_on_after(timeout):
+            while True:
+                datagram, (sender, _) = await udp.receive()
+                beacon = decode(datagram, sender)
+                if beacon is not None and (wanted is None or beacon.key == wanted):
+                    heard.setdefault(beacon.endpoint)
+    if not heard:
+        raise TimeoutError(f"no broker beacon on UDP port {port} within {timeout:g} s")
+    return list(heard)
 
 
 def beacon_port(endpoint: str) -> tuple[str, int]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import Literal, get_args
 
 import attrs
@@ -91,16 +91,37 @@ def _one_of(instance: object, attribute: attrs.Attribute[str], value: str) -> No
         raise ValueError(f"{attribute.name} must be one of {', '.join(allowed)}; not {value!r}")
 
 
-def _endpoint(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not isinstance(value, str) or "://" not in value:
-        raise ValueError(f"broker must be a zmq endpoint such as tcp://host:5555, not {value!r}")
+def _brokers(value: str | Sequence[str]) -> str | tuple[str, ...]:
+    """The ``broker`` field: one endpoint as given, several as a tuple."""
+    return value if isinstance(value, str) else tuple(value)
+
+
+def _endpoint(
+    instance: object,
+    attribute: attrs.Attribute[str | tuple[str, ...]],
+    value: str | tuple[str, ...],
+) -> None:
+    endpoints = (value,) if isinstance(value, str) else value
+    if not endpoints:
+        raise ValueError("broker must name at least one endpoint, not an empty list")
+    for endpoint in endpoints:
+        if not isinstance(endpoint, str) or "://" not in endpoint:
+            raise ValueError(
+                f"broker must be a zmq endpoint such as tcp://host:5555 (or a list of them), "
+                f"not {endpoint!r}"
+            )
+    if len(set(endpoints)) != len(endpoints):
+        twice = next(e for e in endpoints if endpoints.count(e) > 1)
+        raise ValueError(f"broker {twice!r} is listed twice")
 
 
 @attrs.frozen
 class ServiceCall:
     """Everything a Spark task needs to call a service; pickled into the task.
 
-    :param broker: the broker's zmq endpoint, as the executors reach it
+    :param broker: the broker's zmq endpoint, as the executors reach it, or a sequence of
+        several brokers' (kept as a tuple): each task's client spreads its requests over them
+        and fails over between them (``docs/scaling.md``)
     :param service: the service name (``str`` is sent as UTF-8)
     :param window: requests in flight per task
     :param timeout: seconds per attempt (``math.inf``: no timeout)
@@ -113,7 +134,7 @@ class ServiceCall:
         bytes, before the rest of the batch is answered
     """
 
-    broker: str = attrs.field(validator=_endpoint)
+    broker: str | tuple[str, ...] = attrs.field(converter=_brokers, validator=_endpoint)
     service: bytes = attrs.field(converter=service_bytes)
     window: int = attrs.field(default=64, validator=attrs.validators.ge(1))
     timeout: float = attrs.field(default=10.0, validator=_positive)

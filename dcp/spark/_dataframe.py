@@ -4,7 +4,7 @@ per-task code in :mod:`dcp.spark._calls`."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -27,7 +27,7 @@ def map_service(
     *,
     input_col: str,
     output_col: str,
-    broker: str | None = None,
+    broker: str | Sequence[str] | None = None,
     window: int = 64,
     timeout: float = 10.0,
     retries: int = 3,
@@ -39,9 +39,10 @@ def map_service(
     """``df`` with ``output_col`` set to ``service``'s reply to each row's ``input_col``.
 
     Built on ``DataFrame.mapInArrow`` (so it also runs over Spark Connect). Each task opens
-    one socket to the broker and keeps up to ``window`` requests in flight across its Arrow
-    batches; rows keep their order and partitioning. The other columns pass through;
-    ``output_col`` (and ``error_col``) replace columns of the same name, else are appended.
+    one socket to the broker (one per broker, given several) and keeps up to ``window``
+    requests in flight across its Arrow batches; rows keep their order and partitioning.
+    The other columns pass through; ``output_col`` (and ``error_col``) replace columns of
+    the same name, else are appended.
 
     Delivery is at least once: a retried or speculative Spark task, a retried request, and
     an action that recomputes an uncached result all call the service again for the same
@@ -50,8 +51,10 @@ def map_service(
     :param input_col: a string or binary column; each non-null value is one request's
         single data part (strings as UTF-8); null rows are not sent and give null
     :param output_col: the reply's single data part, as ``output_type``
-    :param broker: the broker's endpoint; default: the Spark local property or conf entry
-        ``spark.dcp.broker``, else the driver's ``DCP_BROKER`` environment variable
+    :param broker: the broker's endpoint, or a sequence of several brokers' endpoints (each
+        task's client spreads its rows over them and fails over between them); default:
+        the Spark local property or conf entry ``spark.dcp.broker``, else the driver's
+        ``DCP_BROKER`` environment variable (both split on commas)
     :param window: requests in flight per task; a task holds about ``window`` x reply size
         of replies (rows are handed on to Spark once their replies hold
         :data:`~dcp.spark.BATCH_BYTES`), so lower it for replies of megabytes
@@ -100,7 +103,7 @@ def service_column(
     col: Column | str,
     service: str | bytes,
     *,
-    broker: str | None = None,
+    broker: str | Sequence[str] | None = None,
     window: int = 64,
     timeout: float = 10.0,
     retries: int = 3,

@@ -145,3 +145,65 @@ async def test_a_failing_send_is_logged_once(caplog: pytest.LogCaptureFixture) -
         # Port 0 cannot be sent to: each beat fails, logged once.
         await send_beacons(0, 5555, address="127.0.0.1", interval=0.05)
     assert caplog.text.count("beacon to 127.0.0.1:0 failed") == 1
+
+
+async def test_find_brokers_hears_every_broker_once() -> None:
+    """Two brokers beaconing on one port (and noise): each endpoint once; a key filters."""
+    port = free_udp_port()
+    key = zmq.curve_keypair()[0]
+    async with anyio.create_task_group() as tg:
+        for broker_port, with_key in ((4242, None), (4343, key)):
+            await tg.start(
+                functools.partial(
+                    send_beacons, port, broker_port, address="127.0.0.1", key=with_key,
+                    interval=0.05,
+                )
+            )  # fmt: skip
+
+        async def noise() -> None:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                while True:
+                    sock.sendto(b"not a beacon", ("127.0.0.1", port))
+                    await anyio.sleep(0.02)
+
+        tg.start_soon(noise)
+        with anyio.fail_after(10):
+            found = await dcp.find_brokers(port, host="127.0.0.1", timeout=0.5)
+            assert sorted(found) == ["tcp://127.0.0.1:4242", "tcp://127.0.0.1:4343"]
+            keyed = await dcp.find_brokers(port, host="127.0.0.1", timeout=0.3, key=key.decode())
+            assert keyed == ["tcp://127.0.0.1:4343"]
+            with pytest.raises(TimeoutError, match="no broker beacon"):
+                other = zmq.curve_keypair()[0]
+                await dcp.find_brokers(port, host="127.0.0.1", timeout=0.2, key=other)
+        tg.cancel_scope.cancel()
+    with pytest.raises(TimeoutError, match="no broker beacon"):
+        await dcp.find_brokers(free_udp_port(), host="127.0.0.1", timeout=0.2)
+    with pytest.raises(ValueError, match="timeout"):
+        await dcp.find_brokers(port, timeout=0)
+
+
+async def test_every_broker_beaconing_is_found_and_served() -> None:
+    """Two brokers beaconing on one port: find_brokers gives both, a blocking client given
+    the list uses both; a ``beacon://`` entry in a list is the first broker heard."""
+    port = free_udp_port()
+    async with (
+        Broker("tcp://127.0.0.1:0", beacon=port, beacon_address="127.0.0.1") as one,
+        Broker("tcp://127.0.0.1:0", beacon=port, beacon_address="127.0.0.1") as two,
+        Worker(one.endpoints[0], "up", upper),
+        Worker(two.endpoints[0], "up", upper),
+    ):
+        with anyio.fail_after(15):
+            found = await dcp.find_brokers(port, host="127.0.0.1", timeout=2.5)
+        assert sorted(found) == sorted([one.endpoints[0], two.endpoints[0]])
+
+        def call(endpoints: list[str]) -> tuple[tuple[str, ...], bytes]:
+            with dcp.SyncClient(endpoints, timeout=5) as client:
+                return client.endpoints, client.request("up", b"c").bytes
+
+        with anyio.fail_after(15):
+            assert await anyio.to_thread.run_sync(call, found) == (tuple(found), b"C")
+            beacon = f"beacon://127.0.0.1:{port}"
+            endpoints, reply = await anyio.to_thread.run_sync(call, [beacon, two.endpoints[0]])
+        assert reply == b"C"
+        assert endpoints[0] in found and endpoints[-1] == two.endpoints[0]
+        assert len(endpoints) in (1, 2)  # the beacon may have named the other broker

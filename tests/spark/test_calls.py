@@ -27,6 +27,7 @@ from dcp.spark import (
     resolve_broker,
 )
 from dcp.spark._calls import call_column
+from dcp.spark._config import split_brokers
 from dcp.spark._dataframe import column_function
 from dcp.wire.options import REQUEST_ID_PREFIX
 from tests.spark.services import Services, services
@@ -364,3 +365,54 @@ def test_resolve_broker_without_a_session(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv(BROKER_ENV)
     with pytest.raises(ValueError, match="no dcp broker"):
         resolve_broker(None, None)
+
+
+def test_several_brokers_from_the_argument_conf_or_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sequence argument is kept as a tuple; a str argument is one endpoint as it is; the
+    environment (as the conf, tested in a session) is split on commas, blanks stripped."""
+    a, b = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2"
+    monkeypatch.setenv(BROKER_ENV, f" {a} , {b},")
+    assert resolve_broker(None, None) == (a, b)
+    assert resolve_broker([b, a], None) == (b, a)
+    assert resolve_broker(f"{a},{b}", None) == f"{a},{b}"  # not split: one endpoint
+    monkeypatch.setenv(BROKER_ENV, f"{a},")
+    assert resolve_broker(None, None) == a  # one endpoint: a str, today's path
+    assert resolve_broker([], None) == a  # an empty list is no argument
+    monkeypatch.setenv(BROKER_ENV, " , ")
+    with pytest.raises(ValueError, match="no dcp broker"):
+        resolve_broker(None, None)
+    assert split_brokers(f"{a}, {b}") == (a, b)
+    assert split_brokers("") == ()
+
+
+def test_a_service_call_takes_several_brokers() -> None:
+    a, b = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2"
+    call = ServiceCall([a, b], "score")  # converted to a tuple
+    assert call.broker == (a, b)
+    assert pickle.loads(pickle.dumps(call)) == call
+    assert ServiceCall(a, "score").broker == a
+    for bad, match in (
+        ((), "at least one endpoint"),
+        ((a, "localhost:5555"), "zmq endpoint"),
+        ((a, b, a), "listed twice"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ServiceCall(bad, "score")
+
+
+def test_a_task_spreads_its_rows_over_several_brokers(rec: Services) -> None:
+    """A task given two brokers (each with its worker) sends rows to both; every row is
+    answered once, in order."""
+    with services() as other:
+        rows: list[bytes | None] = [b"slow%d" % i for i in range(200)]
+        call = ServiceCall([rec.endpoint, other.endpoint], "svc", window=16)
+        before = open_sockets()
+        out = list(call_arrays(call, chunks(rows, 10, pa.binary())))
+        got = pa.concat_arrays([v for v, _ in out]).to_pylist()
+        assert got == [r.upper() for r in rows if r is not None]
+        assert open_sockets() == before
+        first, second = len(rec.recorder.ids), len(other.recorder.ids)
+    assert first + second == 200
+    assert first and second, (first, second)  # (the first rows may all go to one)

@@ -175,8 +175,13 @@ def test_config_shipping(
     monkeypatch.setenv(BROKER_ENV, svc.endpoint)
     assert _answers(df) == [b"X"]
     assert column_answers() == [b"X"]
+    # Split on commas: the tasks' clients use every broker, the live one answers.
+    monkeypatch.setenv(BROKER_ENV, f"{NOWHERE},{svc.endpoint}")
+    assert _answers(df) == [b"X"]
     monkeypatch.setenv(BROKER_ENV, NOWHERE)
     try:
+        spark.conf.set(BROKER_KEY, f"{NOWHERE}, {svc.endpoint}")
+        assert _answers(df) == [b"X"]  # split on commas too
         spark.conf.set(BROKER_KEY, svc.endpoint)
         assert _answers(df) == [b"X"]  # the conf beats the environment
         assert column_answers() == [b"X"]  # (service_column: the active session's conf)
