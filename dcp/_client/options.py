@@ -135,7 +135,7 @@ class ClientOptions:
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        """Every broker's endpoint, in the order given (:attr:`endpoint` is the first; a
+        """Every broker's endpoint, in the order given (``endpoint`` is the first; a
         ``beacon://`` one is the broker heard once entered)."""
         return self._endpoints if len(self._endpoints) > 1 else (self.endpoint,)
 

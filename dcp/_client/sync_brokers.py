@@ -16,16 +16,17 @@ Rule SM2 - Lost and live (Rule BK2) come from each socket's monitor: a successfu
   machine or a network gone) is lost within about 3 s; and ``ZMQ_IMMEDIATE``, so nothing
   queues for a broker that is not connected. A handshake refused for good (handshakes
   Rules H1-H3) ends the client, as with one broker.
-Rule SM3 - Pub/sub (services starting ``\\xffDCP:``: subscribe, credit, publish) goes through
-  the *home* broker, the first live one in the order given, so a publisher and a subscriber
-  given the same list meet at the same broker (each message is delivered once); moved
-  (Rule BK4) or resent, it goes to the home of that moment. A message that is not a request
+Rule SM3 - Pub/sub. A subscription subscribes at every live broker, and at each broker that
+  becomes live (pubsub Rule CP5, :mod:`dcp._client.sync_pubsub`): its requests are asked of
+  one broker each (Rule SM4). A publish (with or without ack; services starting
+  ``\\xffDCP:``) goes through the *home* broker, the first live one in the order given;
+  moved (Rule BK4) or resent, to the home of that moment. A message that is not a request
   (a stream's credit or cancel, a publish without ack) goes through the broker that carries
   the request it names, else the home.
 Rule SM4 - Asked of each broker. The ``mmi.*`` questions of :meth:`dcp.SyncClient.services`
-  and friends go to one broker each (:attr:`BrokersReceiver.pin`); such a request does not
-  move: its broker being lost ends it (``broker_lost``), as it ends a stream
-  (``stream_broken``, Rule BK4).
+  and friends, and a subscription's own requests, go to one broker each
+  (:attr:`BrokersReceiver.pin`); such a request does not move: its broker being lost ends it
+  (``broker_lost``), as it ends a stream (``stream_broken``, Rule BK4).
 """
 
 from __future__ import annotations
@@ -366,7 +367,11 @@ class BrokersReceiver(SyncReceiver):
                 now = time.monotonic()
                 for rid in brokers.up(i):  # Rule BK3: the parked ones go now
                     self._resend(rid, now, self._target(rid))
+                for state in self.subscriptions.values():
+                    state.broker_up(i)  # pubsub Rule CP5: subscribed at again
             elif event in _LOST_EVENTS:
+                for state in self.subscriptions.values():
+                    state.broker_lost(i)
                 for rid in brokers.lost(i, time.monotonic()):  # Rules BK4 and SM4
                     code = "stream_broken" if rid in self.stream_parts else "broker_lost"
                     self._end(rid)

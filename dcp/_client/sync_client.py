@@ -36,6 +36,7 @@ from dcp._client.services import (
 )
 from dcp._client.streams import DEFAULT_WINDOW, SyncStream
 from dcp._client.sync_brokers import HEARTBEAT, BrokerLink, BrokersReceiver
+from dcp._client.sync_pubsub import subscribe_brokers
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
 from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
@@ -90,10 +91,10 @@ class SyncClient(ClientOptions):
     ``failover_grace`` seconds later (default 0.2) to another, with the same id (not a
     retry: its ``retries`` and deadline are untouched), unless a worker said it runs it (a
     HELD notice); a broker that comes back is used again. A stream stays on its broker
-    (lost: :exc:`~dcp.StreamBroken`). Pub/sub goes through the first live broker in the
-    list (so publishers and subscribers given the same list meet there). :meth:`services`
-    asks every live broker and merges. The waiting, sending and reading all happen in the
-    calling thread, as with one broker. :attr:`endpoint` is the first endpoint,
+    (lost: :exc:`~dcp.StreamBroken`). A subscription subscribes at every live broker; a
+    publish goes through one (the first live in the list). :meth:`services` and friends
+    ask every live broker and merge. The waiting, sending and reading all happen in the
+    calling thread, as with one broker. ``endpoint`` is the first endpoint,
     :attr:`endpoints` all of them; a ``beacon://`` entry is the first broker heard there.
     """
 
@@ -502,7 +503,21 @@ class SyncClient(ClientOptions):
         last_value: bool = False,
     ) -> contextlib.AbstractContextManager[SyncSubscription]:
         """:meth:`dcp.Client.subscribe`, blocking: ``for msg in sub`` (or ``sub.next(timeout)``).
-        Credit and refreshes are sent while the caller takes messages."""
+        Credit and refreshes are sent while the caller takes messages. Given several
+        brokers, it subscribes at every live one (``docs/scaling.md``)."""
+        if isinstance(self._receiver, BrokersReceiver):
+            return subscribe_brokers(
+                self,
+                self._receiver,
+                self._start_plain,
+                pattern,
+                queue,
+                max_pending,
+                overflow,
+                window,
+                refresh,
+                last_value,
+            )
         return subscribe_sync(
             self,
             self._receiver,

@@ -3,9 +3,12 @@ real :class:`dcp.Broker` s on tcp 127.0.0.1 port 0, real workers, both anyio bac
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager
+from pathlib import Path
 
 import anyio
 import pytest
@@ -14,6 +17,8 @@ import dcp
 from dcp._core.client.brokers import BrokerState
 from dcp.wire.dcp1 import serialize
 from dcp.wire.messages import HELD_MARKER, Register, Reply, Request
+from tests.cli.procs import Proc
+from tests.cli.procs import start_broker as start_cli_broker
 from tests.helpers import Peers, RawPeer, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -330,3 +335,100 @@ async def _take(sub: dcp.Subscription, n: int) -> AsyncIterator[dcp.PubSubMessag
     """The next ``n`` messages of ``sub``."""
     for _ in range(n):
         yield await anext(sub)
+
+
+async def test_a_silent_broker_is_lost_by_heartbeats_and_a_killed_one_at_once(
+    procs: list[Proc], tmp_path: Path
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    broker_a, tcp_a = start_cli_broker(procs, tmp_path / "a")
+    _, tcp_b = start_cli_broker(procs, tmp_path / "b")
+    results: dict[int, tuple[bytes, ...]] = {}
+    async with (
+        dcp.Worker(tcp_a, "echo", hang, concurrency=8) as worker_a,
+        dcp.Worker(tcp_b, "echo", echo),
+        dcp.Client([tcp_a, tcp_b], attempt_timeout=30, timeout=60) as client,
+    ):
+        brokers = client._receiver.brokers
+        assert brokers is not None
+        await wait_for(lambda: all(live(client)), within=10)
+
+        async def one(i: int) -> None:
+            results[i] = (await client.request("echo", b"%d" % i, wait_for_worker=True)).data
+
+        with anyio.fail_after(20):  # less than the attempt timeout (30 s)
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(one, i)
+                # B's are answered; what is left waits at A's worker.
+                await wait_for(
+                    lambda: 0 < client.statistics().pending == brokers.info()[0].outstanding,
+                    within=10,
+                )
+                on_a = brokers.info()[0].outstanding
+                os.kill(broker_a.popen.pid, signal.SIGSTOP)  # silent: no FIN, no RST
+                # Lost when zmq's heartbeats time out (3 s), then moved to B.
+                await wait_for(lambda: len(results) == 8, within=15)
+        assert results == {i: (b"%d" % i,) for i in range(8)}
+        assert brokers.moved == on_a
+        assert client.statistics().retries == 0
+        os.kill(broker_a.popen.pid, signal.SIGCONT)
+        await wait_for(lambda: live(client) == [True, True], within=10)  # back
+        broker_a.kill()  # SIGKILL: lost at once (its connections reset)
+        await wait_for(lambda: live(client) == [False, True], within=5)
+        assert (await client.request("echo", b"z")).data == (b"z",)
+        worker_a.stop(grace=0)  # its handlers hang
+
+
+async def count(request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
+    for i in range(int(request.data[0])):
+        yield b"%d" % i
+
+
+async def test_streams_stay_on_their_broker_and_end_with_it() -> None:
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    started = anyio.Event()
+
+    async def stuck(request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
+        yield b"first"
+        started.set()
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        a, stop_a = await start_broker(tg, endpoints[0])
+        b, stop_b = await start_broker(tg, endpoints[1])
+        async with AsyncExitStack() as stack:
+            for endpoint in endpoints:
+                await stack.enter_async_context(dcp.Worker(endpoint, "count", count))
+            stuck_workers = [
+                await stack.enter_async_context(dcp.Worker(endpoint, "stuck", stuck))
+                for endpoint in endpoints
+            ]
+            client = await stack.enter_async_context(dcp.Client(endpoints, timeout=20))
+            brokers = client._receiver.brokers
+            assert brokers is not None
+            await wait_for(lambda: all(live(client)))
+            # Streams through both brokers, credit granted through each one's own broker.
+            for _ in range(4):
+                async with client.stream("count", b"100", window=4) as parts:
+                    assert [p async for p in parts] == [(b"%d" % i,) for i in range(100)]
+            assert a.statistics().partials > 0 and b.statistics().partials > 0
+            # Left early: the cancel goes to the stream's broker.
+            for _ in range(2):
+                async with client.stream("count", b"1000000", window=4) as parts:
+                    async for _part in parts:
+                        break
+            await wait_for(lambda: sum(x.statistics().streams.cancelled for x in (a, b)) == 2)
+            # A stream on a broker that is lost ends with StreamBroken.
+            with anyio.fail_after(10):
+                async with client.stream("stuck") as parts:
+                    assert await anext(parts) == (b"first",)
+                    await started.wait()
+                    [rid] = brokers._where
+                    (stop_a, stop_b)[brokers._where[rid]].cancel()
+                    with pytest.raises(dcp.StreamBroken, match="lost mid-stream"):
+                        await anext(parts)
+            for worker in stuck_workers:
+                worker.stop(grace=0)
+        tg.cancel_scope.cancel()

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
+import signal
 import time
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
 import anyio.from_thread
 import pytest
 import zmq
 
-from dcp import Broker, StreamBroken
+from dcp import Broker, HandlerRequest, StreamBroken, SyncSubscription, Worker
+from dcp._client.subscriptions import SubscriptionState
 from dcp._client.sync_brokers import BrokersReceiver
 from dcp._client.sync_client import SyncClient
 from dcp._client.sync_receive import SyncReceiver
@@ -24,6 +28,8 @@ from dcp._io.context import get_context
 from dcp._models import Response
 from dcp.wire import Register, Reply, Request, parse, serialize
 from dcp.wire.messages import HELD_MARKER
+from tests.cli.procs import Proc
+from tests.cli.procs import start_broker as start_cli_broker
 from tests.fakes import RawWorker
 
 T = TypeVar("T")
@@ -35,6 +41,7 @@ class Brokers:
     def __init__(self, portal: anyio.from_thread.BlockingPortal) -> None:
         self.portal = portal
         self._running: dict[str, concurrent.futures.Future[None]] = {}
+        self._workers: list[concurrent.futures.Future[None]] = []
 
     def start(self, endpoint: str = "tcp://127.0.0.1:0") -> str:
         """Start a broker (again, on the port of ``endpoint``): the port may be held a
@@ -54,6 +61,12 @@ class Brokers:
             self._running[endpoints[0]] = future
             return str(endpoints[0])
 
+    def worker(self, endpoint: str, service: str, handler: Any) -> None:
+        """A :class:`dcp.Worker` of ``service`` at ``endpoint``, on the brokers' loop (it
+        stops with them)."""
+        future, _ = self.portal.start_task(Worker(endpoint, service, handler).serve)
+        self._workers.append(future)
+
     def stop(self, endpoint: str) -> None:
         future = self._running.pop(endpoint)
         future.cancel()
@@ -69,6 +82,8 @@ def brokers(anyio_backend: str) -> Iterator[Brokers]:
         try:
             yield b
         finally:
+            for future in b._workers:
+                future.cancel()
             for endpoint in list(b._running):
                 b.stop(endpoint)
 
@@ -158,6 +173,15 @@ def wait_live(client: SyncClient, *brokers: int) -> None:
         rx.pump(0.05)
 
 
+def handled(worker: RawWorker, n: int) -> None:
+    """Wait until ``worker`` counted ``n`` requests (it counts after sending the reply)."""
+    deadline = time.monotonic() + 10
+    while worker.handled < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert worker.handled == n
+
+
 def _upper(data: tuple[bytes, ...]) -> list[bytes]:
     return [d.upper() for d in data]
 
@@ -233,7 +257,7 @@ def test_a_request_at_a_lost_broker_moves_to_another_at_once(brokers: Brokers) -
         s = client.statistics()
         assert (s.replies, s.retries) == (2, 0)
         assert receiver(client).brokers.moved == 1
-        assert wb.handled == 2
+        handled(wb, 2)
 
 
 def test_a_held_request_does_not_move_and_its_answer_comes_through_another_broker(
@@ -303,7 +327,7 @@ def test_with_no_broker_up_a_request_waits_for_the_first_one_back(brokers: Broke
     brokers.start(b)
     with RawWorker(b, b"svc", _upper) as wb:
         assert reply.result(timeout=20) == Response((b"LATE",))
-        assert wb.handled == 1
+        handled(wb, 1)
     assert client.statistics().retries == 0
     client.close()  # (from this thread, once the other is done with it)
 
@@ -355,34 +379,114 @@ def test_a_stream_breaks_when_its_broker_is_lost(brokers: Brokers) -> None:
         assert receiver(client).brokers.moved == 0
 
 
-def test_pub_sub_meets_at_the_first_live_broker(brokers: Brokers) -> None:
-    a, b = brokers.start(), brokers.start()
-    with SyncClient([a, b], timeout=10) as sub_client, SyncClient([a, b], timeout=10) as pub:
-        wait_live(sub_client, 0, 1)
-        wait_live(pub, 0, 1)
-        with sub_client.subscribe("news.>") as sub:
-            assert pub.publish("news.today", b"hello", ack=True) == 1
-            msg = sub.next(timeout=10)
-            assert msg is not None and msg.data == (b"hello",)
+async def parts(request: HandlerRequest) -> AsyncIterator[bytes]:
+    """A stream of ``int(request.data[0])`` parts."""
+    for i in range(int(request.data[0])):
+        yield b"%d" % i
 
 
-def test_a_subscription_moves_to_the_next_broker_when_its_broker_is_lost(
-    brokers: Brokers,
-) -> None:
+def test_streams_on_each_broker_get_their_credit_there(brokers: Brokers) -> None:
+    """Two streams, one on each broker (spread), each longer than its window: each reader's
+    credit goes to the broker its stream is on (Rule SM3), so both run to the end."""
     a, b = brokers.start(), brokers.start()
-    with SyncClient([a, b], timeout=10) as sub_client, SyncClient([a, b], timeout=10) as pub:
-        wait_live(sub_client, 0, 1)
-        wait_live(pub, 0, 1)
+    brokers.worker(a, "parts", parts)
+    brokers.worker(b, "parts", parts)
+    with SyncClient([a, b], timeout=20, wait_for_worker=True) as client:
+        wait_live(client, 0, 1)
+        one = client.stream("parts", b"100", window=4, stall_timeout=10)
+        two = client.stream("parts", b"100", window=4, stall_timeout=10)
+        rx = receiver(client)
+        assert {rx.brokers.where(one._rid), rx.brokers.where(two._rid)} == {0, 1}
+        with one, two:
+            got_one = [p[0] for p in one]
+            got_two = [p[0] for p in two]
+        assert got_one == got_two == [b"%d" % i for i in range(100)]
+        assert len(rx.brokers) == 0
+
+
+def sub_state(sub: SyncSubscription) -> SubscriptionState:
+    return sub._state
+
+
+def test_a_subscription_is_at_every_broker(brokers: Brokers) -> None:
+    """Pubsub Rule CP5: a message published through either broker is delivered once; a
+    broker lost and back is subscribed at again."""
+    a, b = brokers.start(), brokers.start()
+    with (
+        SyncClient([a, b], timeout=10) as sub_client,
+        SyncClient([a, b], timeout=10) as pub_a,  # publishes through A (the first live)
+        SyncClient([b, a], timeout=10) as pub_b,  # through B
+    ):
+        wait_live(pub_a, 0, 1)
+        wait_live(pub_b, 0, 1)
         with sub_client.subscribe("news.>", refresh=0.2) as sub:
+            assert sub_state(sub).at == {0, 1}
+            assert pub_a.publish("news.a", b"1", ack=True) == 1
+            assert pub_b.publish("news.b", b"2", ack=True) == 1
+            got = [sub.next(timeout=10), sub.next(timeout=10)]
+            assert sorted(m.data for m in got if m is not None) == [(b"1",), (b"2",)]
+            assert sub.next(timeout=0.3) is None  # each once
             brokers.stop(a)
+            assert brokers.start(a) == a
             deadline = time.monotonic() + 15
-            while sub.resubscribed == 0 or receiver(pub).live_brokers() != [1]:
-                assert time.monotonic() < deadline, (
-                    sub.resubscribed,
-                    receiver(pub).brokers.info(),
-                )
+            # Read on: the client sees A lost and back, and subscribes there again.
+            while not (
+                sub_state(sub).at == {0, 1}
+                and receiver(sub_client).brokers.info()[0].lost == 1
+                and receiver(pub_a).live_brokers() == [0, 1]
+            ):
+                assert time.monotonic() < deadline, sub_state(sub).at
                 assert sub.next(timeout=0.05) is None
-                receiver(pub).pump(0.01)
-            assert pub.publish("news.later", b"again", ack=True) == 1  # through B
+                receiver(pub_a).pump(0.01)
+            deadline = time.monotonic() + 15
+            while pub_a.publish("news.a", b"3", ack=True) != 1:  # A has the subscription
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
             msg = sub.next(timeout=10)
-            assert msg is not None and msg.data == (b"again",)
+            assert msg is not None and msg.data == (b"3",)
+
+
+def test_a_silent_broker_is_lost_by_heartbeats_and_a_killed_one_at_once(
+    procs: list[Proc], tmp_path: Path
+) -> None:
+    """``dcp broker`` processes: one stopped (SIGSTOP: no FIN, no RST) is lost when zmq's
+    heartbeats time out and its request moves; back after SIGCONT; SIGKILL loses it at
+    once."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    broker_a, a = start_cli_broker(procs, tmp_path / "a")
+    _, b = start_cli_broker(procs, tmp_path / "b")
+    owner = concurrent.futures.ThreadPoolExecutor(1)  # the client's one thread
+    try:
+        with holder([a]) as hold, RawWorker(b, b"svc", _upper) as wb:
+            assert wb.registered.wait(10)
+            client = SyncClient([a, b], timeout=60, attempt_timeout=30)
+
+            def call() -> list[bytes]:
+                wait_live(client, 0, 1)
+                return [r.data[0] for r in client.map("svc", [b"x", b"y"], window=2)]
+
+            replies = owner.submit(call)
+            via, _ = hold.request()
+            assert via == 0
+            os.kill(broker_a.popen.pid, signal.SIGSTOP)
+            try:
+                assert replies.result(timeout=20) == [b"X", b"Y"]  # not the 30 s attempt
+            finally:
+                os.kill(broker_a.popen.pid, signal.SIGCONT)
+            assert receiver(client).brokers.moved == 1
+            assert client.statistics().retries == 0
+            owner.submit(wait_live, client, 0).result(timeout=20)  # back
+
+            def lost_at_once() -> None:
+                broker_a.kill()
+                deadline = time.monotonic() + 5  # not the heartbeats' 3 s and more
+                while state(client, 0) is not BrokerState.LOST:
+                    assert time.monotonic() < deadline
+                    receiver(client).pump(0.05)
+                assert client.request("svc", b"z") == Response((b"Z",))
+
+            owner.submit(lost_at_once).result(timeout=20)
+            owner.submit(client.close).result(timeout=5)
+    finally:
+        owner.shutdown(wait=False)
