@@ -155,6 +155,13 @@ async def test_a_lost_brokers_requests_complete_through_the_other_and_it_is_used
         brokers = client._receiver.brokers
         assert brokers is not None
         assert brokers.moved == 4
+        # Failover counted in the statistics (A lost once, its four moved, no HELD notice).
+        assert (stats.failovers, stats.brokers_lost, stats.held, stats.held_dropped) == (
+            4,
+            1,
+            0,
+            0,
+        )
         assert live(client) == [False, True]
         # A comes back on the same port (a worker with it): the client uses it again.
         async with (
@@ -236,6 +243,9 @@ async def test_a_held_request_does_not_move_and_its_answer_through_the_other_com
         wb.send_frames(held)
         await wait_for(lambda: brokers.held_dropped == 1)
         assert client.statistics().replies == 1
+        stats = client.statistics()
+        counted = (stats.failovers, stats.held, stats.held_dropped, stats.brokers_lost)
+        assert counted == (0, 1, 1, 1)
 
 
 async def upper(request: dcp.HandlerRequest) -> bytes:
@@ -432,3 +442,14 @@ async def test_streams_stay_on_their_broker_and_end_with_it() -> None:
             for worker in stuck_workers:
                 worker.stop(grace=0)
         tg.cancel_scope.cancel()
+
+
+async def test_one_broker_counts_no_failover() -> None:
+    async with (
+        fast_broker() as broker,
+        dcp.Worker(broker.endpoints[0], "echo", echo),
+        dcp.Client(broker.endpoints[0]) as client,
+    ):
+        assert (await client.request("echo", b"x", wait_for_worker=True)).data == (b"x",)
+        stats = client.statistics()
+    assert (stats.failovers, stats.held, stats.held_dropped, stats.brokers_lost) == (0, 0, 0, 0)

@@ -381,6 +381,11 @@ class Brokers:
             BrokerInfo(b.endpoint, b.state, b.outstanding, b.sent, b.lost) for b in self._brokers
         ]
 
+    @property
+    def lost_count(self) -> int:
+        """Times any broker was lost (Rule BK2), summed over the brokers."""
+        return sum(b.lost for b in self._brokers)
+
     def __len__(self) -> int:
         """Outstanding requests."""
         return len(self._where)
