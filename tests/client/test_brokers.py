@@ -453,3 +453,37 @@ async def test_one_broker_counts_no_failover() -> None:
         assert (await client.request("echo", b"x", wait_for_worker=True)).data == (b"x",)
         stats = client.statistics()
     assert (stats.failovers, stats.held, stats.held_dropped, stats.brokers_lost) == (0, 0, 0, 0)
+
+
+async def test_a_killed_broker_is_said_to_its_subscriptions_as_a_gap_of_unknown_size(
+    procs: list[Proc], tmp_path: Path
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    broker_a, tcp_a = start_cli_broker(procs, tmp_path / "a")
+    _, tcp_b = start_cli_broker(procs, tmp_path / "b")
+    async with (
+        dcp.Client(tcp_a) as pub_a,
+        dcp.Client(tcp_b) as pub_b,
+        dcp.Client([tcp_a, tcp_b]) as client,
+        client.subscribe("t.>") as sub,
+    ):
+        [state] = client._receiver.subscriptions.values()
+        await wait_for(lambda: len(state.at) == 2, within=10)
+        assert await pub_a.publish("t.a", b"1", ack=True) == 1
+        with anyio.fail_after(10):
+            msg = await anext(sub)
+        assert (msg.data, msg.gap, msg.broker_lost) == ((b"1",), 0, False)
+        broker_a.kill()  # SIGKILL: what A held or had not delivered is gone, uncounted
+        await wait_for(lambda: sub.brokers_lost == 1, within=10)
+        assert live(client) == [False, True]
+        assert await pub_b.publish("t.b", b"2", ack=True) == 1
+        assert await pub_b.publish("t.b", b"3", ack=True) == 1
+        with anyio.fail_after(10):
+            after = [await anext(sub) for _ in range(2)]
+        # The gap is said before the next message, its size unknown (not in gap or lost).
+        assert [(m.data, m.gap, m.broker_lost) for m in after] == [
+            ((b"2",), 0, True),
+            ((b"3",), 0, False),
+        ]
+        assert (sub.lost, sub.brokers_lost) == (0, 1)
