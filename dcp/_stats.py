@@ -286,6 +286,17 @@ class ClientStatistics:
     no_workers: int = 0
     #: ``mmi.service`` probes sent before a request's end (Rule RT5).
     probes: int = 0
+    #: Failover across several brokers (``docs/scaling.md``; always 0 with one broker).
+    #: Requests moved to another broker after theirs was lost (Rule BK4 of
+    #: :mod:`dcp._core.client.brokers`; a move is not a retry).
+    failovers: int = 0
+    #: HELD notices that kept an outstanding request from moving (Rule BK5).
+    held: int = 0
+    #: HELD notices for a request this client no longer waits for, dropped (Rule BK5).
+    held_dropped: int = 0
+    #: Times a broker was lost (its connection closed or a handshake failed, Rule BK2),
+    #: summed over the brokers.
+    brokers_lost: int = 0
 
 
 #: How a request ended: a result, an error reply, or a timeout (maybe :class:`NoWorkers`).

@@ -26,6 +26,13 @@ Rule TP6 - The byte budget (``mmi.broker``'s ``memory``, ``dcp._core.broker.budg
    with the bytes held in every account together, of ``max_memory``, and the refusals
    (``memory_budget``) of each account that refused any; then the accounts that hold
    something, as ``name used/limit``. A broker that does not say (older) shows no line.
+Rule TP7 - Several brokers (``--connect`` given more than once): each broker is polled by a client
+   of its own (its own questions, never spread across the brokers), all at once, and shown as
+   a block of its own (its header and table, as for one broker) in the order given, under a
+   line counting those up and down. A broker that does not answer a poll (or is not a dcp
+   broker) is shown as one line, ``[down: why]``, and polling goes on; it is shown again when
+   it answers. The first poll is an error only if no broker answers it (Rule TP3). With one
+   ``--connect``, nothing changes.
 
 ``rich`` (the ``top`` extra) is imported only by :func:`cmd_top`.
 """
@@ -49,7 +56,16 @@ if TYPE_CHECKING:
 
     from dcp._client.client import Client
 
-__all__ = ["SORT_KEYS", "Row", "Snapshot", "add_top_command", "cmd_top", "make_console", "rows"]
+__all__ = [
+    "SORT_KEYS",
+    "Row",
+    "Snapshot",
+    "add_top_command",
+    "cmd_top",
+    "make_console",
+    "render_many",
+    "rows",
+]
 
 _INSTALL = "pip install 'dagbox-dcp[top]'"
 
@@ -166,9 +182,11 @@ def add_top_command(
     p.add_argument(
         "--connect",
         required=True,
+        action="append",
         type=connect,
         metavar="ENDPOINT",
-        help="broker endpoint, e.g. tcp://127.0.0.1:5555 or beacon://[HOST]:PORT",
+        help="broker endpoint, e.g. tcp://127.0.0.1:5555 or beacon://[HOST]:PORT; "
+        "repeat it to watch several brokers, each shown on its own",
     )
     p.add_argument(
         "--interval", type=seconds, default=1.0, metavar="SECONDS", help="seconds between polls"
@@ -421,6 +439,86 @@ def _need_rich() -> None:
         raise CLIError(f"needs the rich library: {_INSTALL}") from None
 
 
+def render_many(
+    endpoints: list[str],
+    views: list[tuple[Snapshot | None, Snapshot | None, str]],
+    sort: str,
+) -> RenderableType:
+    """Several brokers (Rule TP7): a line counting them, then each one's block in the order
+    given: ``views[i]`` is broker ``i``'s (previous, current, why it is down: ``""`` if up)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    down = sum(1 for _, current, why in views if why or current is None)
+    parts: list[RenderableType] = [
+        Text(f"dcp top - {len(endpoints)} brokers: {len(endpoints) - down} up, {down} down")
+    ]
+    for endpoint, (previous, current, why) in zip(endpoints, views, strict=True):
+        parts.append(Text(""))
+        if why or current is None:
+            parts.append(Text(f"dcp top - {endpoint}  [down: {why or 'no answer yet'}]"))
+        else:
+            parts.append(render(endpoint, previous, current, sort))
+    return Group(*parts)
+
+
+async def _watch_many(args: argparse.Namespace, console: Console, security: Any) -> None:
+    """``dcp top`` with several ``--connect`` (Rule TP7)."""
+    import anyio
+    from rich.live import Live
+
+    from dcp._client.client import Client
+    from dcp._errors import DCPError
+
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(Client(each, security=security, timeout=args.timeout))
+            for each in args.connect
+        ]
+        endpoints = [c.endpoint for c in clients]  # a beacon:// endpoint's broker, as heard
+        views: list[tuple[Snapshot | None, Snapshot | None, str]] = [(None, None, "")] * len(
+            clients
+        )
+
+        async def one(i: int) -> None:
+            previous, current, _ = views[i]
+            try:
+                fresh = await poll(clients[i], args.timeout)
+            except (DCPError, RuntimeError) as exc:
+                views[i] = (previous, current, str(exc))
+            else:
+                views[i] = (current, fresh, "")
+
+        async def poll_all() -> RenderableType:
+            async with anyio.create_task_group() as tg:
+                for i in range(len(clients)):
+                    tg.start_soon(one, i)
+            return render_many(endpoints, views, args.sort)
+
+        first = await poll_all()
+        if all(why for _, _, why in views):  # Rule TP3: no broker answered
+            raise CLIError(
+                f"no answer from any of {', '.join(endpoints)} within {args.timeout:g} s: "
+                "is a dcp broker running there?"
+            )
+        if args.once:
+            console.print(first)
+            return
+        live = Live(first, console=console, auto_refresh=False) if console.is_terminal else None
+        if live is None:
+            console.print(first)
+        with live or contextlib.nullcontext():
+            polls = 1
+            while args.count is None or polls < args.count:
+                polls += 1
+                await anyio.sleep(args.interval)
+                view = await poll_all()
+                if live is None:
+                    console.print(view)
+                else:
+                    live.update(view, refresh=True)
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from dcp._cli._run import exit_code
     from dcp._cli._security import client_security
@@ -435,7 +533,10 @@ def cmd_top(args: argparse.Namespace) -> int:
         import anyio
         from rich.live import Live
 
-        async with Client(args.connect, security=security, timeout=args.timeout) as client:
+        if len(args.connect) > 1:
+            await _watch_many(args, console, security)
+            return
+        async with Client(args.connect[0], security=security, timeout=args.timeout) as client:
             endpoint = client.endpoint  # a beacon:// endpoint's broker, as heard
             try:
                 current = await poll(client, args.timeout)

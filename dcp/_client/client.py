@@ -352,7 +352,13 @@ class Client(ClientOptions):
             await receiver.wait(rid, waiter)  # receive Rule RX5: maybe reading the socket
         finally:
             receiver.end(rid, waiter)
-        return receiver.result(waiter.outcome)
+        outcome = waiter.outcome
+        if outcome is None:
+            # The client closed; if that was the caller's own scope being cancelled (it
+            # ends the client's task too, which may wake this call first), the call ends
+            # with the cancellation, not ClosedResourceError.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        return receiver.result(outcome)
 
     async def request_json(
         self,

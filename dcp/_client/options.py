@@ -31,6 +31,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import attrs
 import zmq
 
 from dcp._client.streams import stream_timing
@@ -141,7 +142,17 @@ class ClientOptions:
 
     def statistics(self) -> ClientStatistics:
         """Counters: requests, replies, retries, timeouts, duplicates, pending, ..."""
-        return self._tracker.statistics()
+        stats = self._tracker.statistics()
+        brokers = self._brokers
+        if brokers is None:  # one broker: no failover
+            return stats
+        return attrs.evolve(
+            stats,
+            failovers=brokers.moved,
+            held=brokers.held,
+            held_dropped=brokers.held_dropped,
+            brokers_lost=brokers.lost_count,
+        )
 
     @property
     def no_wait(self) -> bool:

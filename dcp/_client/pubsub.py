@@ -22,8 +22,9 @@ Rule CP5 - Several brokers (the async client). A subscription subscribes at ever
   subscription, and a queue group's member at each broker takes its share; a broker that
   becomes live (again) is subscribed at by the refresher's next turn, at once. Each broker
   gets the credit granted (so up to ``window`` messages per broker may sit in the client).
-  What a lost broker held for the subscription is lost with it, uncounted. A publish goes
-  through one live broker.
+  What a lost broker held for the subscription, and what was published through it and not
+  yet delivered, is lost with it, uncounted but said (a ``broker_lost`` gap notice, Rule CP6
+  of :mod:`dcp._client.subscriptions`). A publish goes through one live broker.
 
 A subscription asks its client for requests through :class:`Requests` /
 :class:`SyncRequests` (what it needs of :class:`~dcp.Client` / :class:`~dcp.SyncClient`), and
@@ -155,6 +156,12 @@ class Subscription:
     def lost(self) -> int:
         """Messages the broker lost for this subscription so far (gap notices)."""
         return self._state.lost
+
+    @property
+    def brokers_lost(self) -> int:
+        """Brokers lost while this subscription was subscribed at them (several brokers,
+        Rule CP6): each may have lost messages, how many is unknown (not in :attr:`lost`)."""
+        return self._state.brokers_lost
 
     @property
     def resubscribed(self) -> int:
@@ -402,6 +409,12 @@ class SyncSubscription:
     def lost(self) -> int:
         """Messages the broker lost for this subscription so far (gap notices)."""
         return self._state.lost
+
+    @property
+    def brokers_lost(self) -> int:
+        """Brokers lost while this subscription was subscribed at them (several brokers,
+        Rule CP6): each may have lost messages, how many is unknown (not in :attr:`lost`)."""
+        return self._state.brokers_lost
 
     @property
     def resubscribed(self) -> int:

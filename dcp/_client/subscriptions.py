@@ -8,6 +8,12 @@ Rules (client side; the others are in :mod:`dcp._client.pubsub`):
 Rule CP2 - Gaps. A gap notice adds its count to :attr:`dcp.Subscription.lost` when it arrives,
   and to the :attr:`PubSubMessage.gap` of the next message taken. A ``disconnect`` notice ends the
   subscription: iteration raises :exc:`SlowConsumer` after the messages already received.
+Rule CP6 - Broker lost. Several brokers (Rule CP5): when a broker the subscription is subscribed
+  at is lost, the client puts a gap notice of its own in the subscription's order, reason
+  ``broker_lost``, count unknown: it adds 1 to :attr:`dcp.Subscription.brokers_lost` at once,
+  nothing to ``lost``, and the next message taken has ``broker_lost`` set (its ``gap`` counts
+  only the broker's own notices). A broker lost again before it was subscribed at again adds
+  none.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ import attrs
 from dcp._core.broker.pubsub_peers import GAP_PREFIX, MSG_PREFIX
 from dcp._errors import DCPError
 
-__all__ = ["PubSubMessage", "SlowConsumer", "SubscriptionState", "deliver"]
+__all__ = ["BROKER_LOST", "PubSubMessage", "SlowConsumer", "SubscriptionState", "deliver"]
+
+#: The reason of the gap notice a client makes when a broker is lost (Rule CP6).
+BROKER_LOST = b"broker_lost"
 
 
 class SlowConsumer(DCPError):
@@ -45,6 +54,10 @@ class PubSubMessage:
     data: tuple[bytes, ...]
     #: Messages lost just before this one (gap notices since the previous message).
     gap: int = 0
+    #: Whether a broker the subscription was subscribed at was lost since the previous
+    #: message (Rule CP6): what it held for the subscription, and what was published through
+    #: it and not yet delivered, is lost too, uncounted (not in ``gap``).
+    broker_lost: bool = False
 
 
 class SubscriptionState:
@@ -59,6 +72,10 @@ class SubscriptionState:
         self.lost = 0
         self.resubscribed = 0
         self.gap = 0
+        #: Brokers lost while subscribed at (Rule CP6), and whether one was since the last
+        #: message taken.
+        self.brokers_lost = 0
+        self.gap_unknown = False
         self.ended: int | None = None
         self.wake: anyio.Event | None = None  # the reader waits for messages
         self.owing: anyio.Event | None = None  # the refresher waits for a grant to make
@@ -77,6 +94,11 @@ class SubscriptionState:
     def broker_lost(self, broker: int) -> None:
         """Several brokers: ``broker`` is lost; what it held for this subscription is lost
         with it (Rule CP5)."""
+        if broker in self.at:  # Rule CP6: said in order, count unknown
+            self.brokers_lost += 1
+            self.items.append((0, BROKER_LOST))
+            if self.wake is not None:
+                self.wake.set()
         self.at.discard(broker)
 
     def take(self) -> PubSubMessage | None:
@@ -88,9 +110,14 @@ class SubscriptionState:
             if isinstance(item, PubSubMessage):
                 self.owed += 1
                 gap, self.gap = self.gap, 0
+                if self.gap_unknown:
+                    self.gap_unknown = False
+                    return attrs.evolve(item, gap=gap, broker_lost=True)
                 return attrs.evolve(item, gap=gap) if gap else item
             lost, reason = item
             self.gap += lost
+            if reason == BROKER_LOST:
+                self.gap_unknown = True
             if reason == b"disconnect":
                 self.ended = lost
         if self.ended is not None:

@@ -367,3 +367,61 @@ def test_console_follows_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
     assert top.make_console().width != 160
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     assert top.make_console().width == 160
+
+
+# -------------------------------------------------------------------------- several brokers
+
+
+def _blocks(out: str) -> dict[str, str]:
+    """Each broker's block of a ``dcp top`` view with several brokers, by endpoint."""
+    blocks = out.split("\ndcp top - ")[1:]
+    return {block.split()[0]: block for block in blocks}
+
+
+def test_top_shows_each_broker_and_one_that_is_down(
+    procs: list[Proc], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    _, tcp_a = start_broker(procs, tmp_path / "a")
+    broker_b, tcp_b = start_broker(procs, tmp_path / "b")
+    start(procs, "worker", "--connect", tcp_a, "--service", "echo", HANDLER)
+    start(procs, "worker", "--connect", tcp_b, "--service", "other", HANDLER)
+    for service, tcp in (("echo", tcp_a), ("other", tcp_b)):
+        assert main(["call", "--connect", tcp, "--wait", service, "hi"]) == 0
+    capsys.readouterr()
+
+    both = ["top", "--connect", tcp_a, "--connect", tcp_b]
+    assert main([*both, "--once"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dcp top - 2 brokers: 2 up, 0 down\n")
+    blocks = _blocks(out)
+    assert list(blocks) == [tcp_a, tcp_b]  # in the order given
+    # Each broker answered its own question: its own services and figures.
+    assert _service_line(blocks[tcp_a], "echo")[2] == "1"
+    assert "other" not in blocks[tcp_a]
+    assert _service_line(blocks[tcp_b], "other")[2] == "1"
+    assert "echo" not in blocks[tcp_b]
+
+    broker_b.kill()  # SIGKILL: B is down, A is still shown
+    argv = [*both, "--timeout", "0.3", "--interval", "0.05", "--count", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    views = out.split("dcp top - 2 brokers: ")[1:]
+    assert len(views) == 2
+    for view in views:
+        assert view.startswith("1 up, 1 down\n")
+        blocks = _blocks(view)
+        assert _service_line(blocks[tcp_a], "echo")[2] == "1"
+        assert blocks[tcp_b].startswith(f"{tcp_b}  [down: ")
+    assert main([*both, "--once", "--timeout", "0.3"]) == 0
+    assert "[down: " in _blocks(capsys.readouterr().out)[tcp_b]
+
+
+def test_top_with_no_broker_answering_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["top", "--connect", "tcp://127.0.0.1:1", "--connect", "tcp://127.0.0.1:2"]
+    assert main([*argv, "--timeout", "0.3", "--once"]) == 1
+    assert capsys.readouterr().err == (
+        "dcp top: no answer from any of tcp://127.0.0.1:1, tcp://127.0.0.1:2 within 0.3 s: "
+        "is a dcp broker running there?\n"
+    )

@@ -155,6 +155,13 @@ async def test_a_lost_brokers_requests_complete_through_the_other_and_it_is_used
         brokers = client._receiver.brokers
         assert brokers is not None
         assert brokers.moved == 4
+        # Failover counted in the statistics (A lost once, its four moved, no HELD notice).
+        assert (stats.failovers, stats.brokers_lost, stats.held, stats.held_dropped) == (
+            4,
+            1,
+            0,
+            0,
+        )
         assert live(client) == [False, True]
         # A comes back on the same port (a worker with it): the client uses it again.
         async with (
@@ -236,6 +243,9 @@ async def test_a_held_request_does_not_move_and_its_answer_through_the_other_com
         wb.send_frames(held)
         await wait_for(lambda: brokers.held_dropped == 1)
         assert client.statistics().replies == 1
+        stats = client.statistics()
+        counted = (stats.failovers, stats.held, stats.held_dropped, stats.brokers_lost)
+        assert counted == (0, 1, 1, 1)
 
 
 async def upper(request: dcp.HandlerRequest) -> bytes:
@@ -432,3 +442,48 @@ async def test_streams_stay_on_their_broker_and_end_with_it() -> None:
             for worker in stuck_workers:
                 worker.stop(grace=0)
         tg.cancel_scope.cancel()
+
+
+async def test_one_broker_counts_no_failover() -> None:
+    async with (
+        fast_broker() as broker,
+        dcp.Worker(broker.endpoints[0], "echo", echo),
+        dcp.Client(broker.endpoints[0]) as client,
+    ):
+        assert (await client.request("echo", b"x", wait_for_worker=True)).data == (b"x",)
+        stats = client.statistics()
+    assert (stats.failovers, stats.held, stats.held_dropped, stats.brokers_lost) == (0, 0, 0, 0)
+
+
+async def test_a_killed_broker_is_said_to_its_subscriptions_as_a_gap_of_unknown_size(
+    procs: list[Proc], tmp_path: Path
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    broker_a, tcp_a = start_cli_broker(procs, tmp_path / "a")
+    _, tcp_b = start_cli_broker(procs, tmp_path / "b")
+    async with (
+        dcp.Client(tcp_a) as pub_a,
+        dcp.Client(tcp_b) as pub_b,
+        dcp.Client([tcp_a, tcp_b]) as client,
+        client.subscribe("t.>") as sub,
+    ):
+        [state] = client._receiver.subscriptions.values()
+        await wait_for(lambda: len(state.at) == 2, within=10)
+        assert await pub_a.publish("t.a", b"1", ack=True) == 1
+        with anyio.fail_after(10):
+            msg = await anext(sub)
+        assert (msg.data, msg.gap, msg.broker_lost) == ((b"1",), 0, False)
+        broker_a.kill()  # SIGKILL: what A held or had not delivered is gone, uncounted
+        await wait_for(lambda: sub.brokers_lost == 1, within=10)
+        assert live(client) == [False, True]
+        assert await pub_b.publish("t.b", b"2", ack=True) == 1
+        assert await pub_b.publish("t.b", b"3", ack=True) == 1
+        with anyio.fail_after(10):
+            after = [await anext(sub) for _ in range(2)]
+        # The gap is said before the next message, its size unknown (not in gap or lost).
+        assert [(m.data, m.gap, m.broker_lost) for m in after] == [
+            ((b"2",), 0, True),
+            ((b"3",), 0, False),
+        ]
+        assert (sub.lost, sub.brokers_lost) == (0, 1)

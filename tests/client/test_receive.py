@@ -228,3 +228,29 @@ async def test_a_bug_while_a_request_reads_fails_the_callers(
             assert client.closed
             assert_clean(client)
     assert "failed reading its reply" in caplog.text
+
+
+@pytest.mark.parametrize("reading", [True, False], ids=["reading-request", "two-calls"])
+async def test_a_call_cancelled_as_its_client_closes_is_cancelled(reading: bool) -> None:
+    """A cancel scope around both the client and a call ends the call with the cancellation,
+    not ``ClosedResourceError``, when the client's shutdown wakes the call first (``dcp
+    call --backend asyncio`` printed a traceback after Ctrl-C, rarely, this way)."""
+    with FakeBroker(silent) as broker:
+        async with Client(broker.endpoint, timeout=30) as client:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+
+                    async def stop() -> None:
+                        calls = 1 if reading else 2
+                        await eventually(lambda: len(client._receiver.waiters) == calls)
+                        if reading:
+                            await eventually(lambda: reader(client) == receive._CALLER)
+                        client._receiver.shutdown(None)  # wakes the call with "closed" ...
+                        scope.cancel()  # ... and then its scope is cancelled
+
+                    if not reading:  # two calls pending
+                        tg.start_soon(client.request, "echo", b"first")
+                        await eventually(lambda: bool(client._receiver.waiters))
+                    tg.start_soon(stop)
+                    await client.request("echo", b"x")
+            assert scope.cancelled_caught

@@ -242,6 +242,28 @@ def test_a_held_request_does_not_move() -> None:
     assert brokers.expire(3.0) == [rid(2)]
 
 
+def test_a_held_notice_for_a_parked_request_keeps_it_from_being_sent_again() -> None:
+    brokers = live(A, B)
+    brokers.sent(rid(1), 0)
+    brokers.lost(0, 0.0)
+    brokers.lost(1, 0.0)
+    (due,) = brokers.expire(1.0)
+    brokers.park(due)  # moved, but no broker is live: waits for one
+    held = held_request(held_frames(rid(1)))
+    assert held == rid(1) and brokers.hold(held)  # the worker holding it says so
+    assert brokers.up(1) == []  # back: it is not sent again (a worker holds it)
+    assert brokers.is_held(rid(1)) and brokers.where(rid(1)) == 0
+    assert brokers.route(rid(1)) == 1  # an attempt-timeout resend still goes (Rule BK6)
+    brokers.sent(rid(1), 1)
+    assert not brokers.is_held(rid(1))
+    # A parked request never sent: nobody holds it, the notice is dropped, it stays parked.
+    brokers.lost(1, 2.0)
+    brokers.park(rid(2))
+    assert not brokers.hold(rid(2))
+    assert brokers.up(0) == [rid(2)]
+    assert (brokers.held, brokers.held_dropped) == (1, 1)
+
+
 def test_a_notice_for_nothing_outstanding_is_counted_and_dropped() -> None:
     brokers = live(A, B)
     assert not brokers.hold(rid(7))

@@ -35,7 +35,12 @@ Rule BK5 - HELD notices. A HELD notice (a reply whose data is exactly
   :data:`~dcp.wire.messages.HELD_MARKER`, through any broker) for an outstanding request marks
   it *held*: it is not moved (Rule BK4); its answer may come through any broker. One for a
   request that is not outstanding is counted (``held_dropped``) and dropped. A request sent
-  again (an attempt-timeout resend) is no longer held.
+  again (an attempt-timeout resend) is no longer held. A held request that was waiting for a
+  live broker (parked after a move) no longer waits: it is not sent when a broker comes back,
+  since a worker holds it (sent again, it would be joined to it only at a broker that worker
+  is registered at, and could run twice elsewhere); only an attempt-timeout resend sends it
+  again (Rule BK6). A parked request never sent (not outstanding) is not held by anyone: a
+  notice for it is dropped.
 Rule BK6 - Resends. An attempt-timeout resend goes through the broker the request is on if that
   one is live, else through a live broker by Rule BK3 (parked if none).
 
@@ -339,12 +344,13 @@ class Brokers:
     def hold(self, request_id: bytes) -> bool:
         """A HELD notice for ``request_id`` arrived (Rule BK5): ``True`` if it is outstanding
         (now held, not moved), ``False`` if not (counted and dropped)."""
-        if request_id not in self._where and request_id not in self._parked:
+        if request_id not in self._where:
             self.held_dropped += 1
             return False
         self.held += 1
         self._held.add(request_id)
         self._moving.pop(request_id, None)
+        self._parked.pop(request_id, None)  # a worker holds it: not sent again when one is up
         return True
 
     def is_held(self, request_id: bytes) -> bool:
@@ -380,6 +386,11 @@ class Brokers:
         return [
             BrokerInfo(b.endpoint, b.state, b.outstanding, b.sent, b.lost) for b in self._brokers
         ]
+
+    @property
+    def lost_count(self) -> int:
+        """Times any broker was lost (Rule BK2), summed over the brokers."""
+        return sum(b.lost for b in self._brokers)
 
     def __len__(self) -> int:
         """Outstanding requests."""
