@@ -64,7 +64,15 @@ import anyio.abc
 import anyio.lowlevel
 import attrs
 
-from dcp._core.worker.core import BrokerLost, Malformed, Refused, Run, State, WorkerCore
+from dcp._core.worker.core import (
+    BrokerLost,
+    Malformed,
+    Refused,
+    Replays,
+    Run,
+    State,
+    WorkerCore,
+)
 from dcp._core.worker.replay import Answered
 from dcp._errors import RegistrationRefused
 from dcp._io.sockets import AsyncSocket, Received
@@ -146,6 +154,7 @@ class Link:
         return attrs.evolve(
             self.core.statistics(),
             send_failures=self.connection.send_failures,
+            replays_dropped=self.connection.replays_dropped,
             registered=self.core.state is State.READY,
             duplicates=self.duplicates,
         )
@@ -349,6 +358,8 @@ class Brokers:
         for event in events:
             if type(event) is Run:
                 self._admit(link, event)
+            elif type(event) is Replays:  # best effort (dcp._worker.connection Rule WC7)
+                link.connection.send_replays(event.messages)
             elif type(event) is BrokerLost:
                 ended = event
             elif type(event) is Malformed:
@@ -580,13 +591,13 @@ class Brokers:
                     request = joined.request
                     notice = Reply(request.client, request.metadata, (HELD_MARKER,))
                     notices.append((notice, holders))
-        replays = lost.core.unsent_replies()
+        # Taken: sent through the others now, not again to the lost broker's successor.
+        replays = lost.core.take_replays()
         for link in others:
             core = link.core
             for notice, holders in notices:
                 if link not in holders:
                     core.relay(notice, now)
                     self.notices += 1
-            for reply in replays:
-                core.relay(reply, now)
+            core.relay_replays(replays, now)  # after the notices, best effort
             self._flush(link)

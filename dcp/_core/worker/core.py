@@ -145,6 +145,7 @@ from dcp._core.worker.outputs import (
     Event,
     Malformed,
     Refused,
+    Replays,
     Run,
     State,
     backoff_delay,
@@ -177,6 +178,7 @@ __all__ = [
     "Event",
     "Malformed",
     "Refused",
+    "Replays",
     "Run",
     "State",
     "WorkerCore",
@@ -257,6 +259,8 @@ class WorkerCore:
         #: Requests waiting for a slot, with the time their caller gives up (Rule W4).
         self._backlog: deque[tuple[Request, float]] = deque()
         self._pending: list[Message] = []
+        #: Answers to send again after the next REGISTER, best effort (Rule W13).
+        self._replays: list[Reply] = []
         self._last_send = self._last_recv = self._last_beat = 0.0
         self._failures = 0
         self._connections = 0
@@ -290,6 +294,7 @@ class WorkerCore:
         width = self.width
         for message in self._registrations():
             outbox.append(serialize(message, width=width))
+        self._emit_replays(now)  # an event: sent after the outbox (remembered first: older)
         for message in self._pending:
             outbox.append(serialize(message, width=width))
             if type(message) is Reply:
@@ -297,12 +302,18 @@ class WorkerCore:
         self._pending.clear()
         self._last_send = now
 
-    def connection_lost(self, now: float) -> None:
-        """Rule W12: the socket's connection went down (zmq is reconnecting it)."""
+    def connection_lost(self, now: float, *, congested: bool = False) -> None:
+        """Rule W12: the socket's connection went down (zmq is reconnecting it).
+
+        :param congested: the socket's send queue was found full lately (the broker was
+            behind): the whole replay window is kept, not only its last ``I`` seconds (Rule
+            W13)
+        """
         if self.state in (State.REGISTERING, State.READY):
             self.state = State.DISCONNECTED
             self._drop_backlog()
-            self._pending[:0] = self._sent.take(now)
+            window = None if congested else self.heartbeat_interval
+            self._replays[:0] = self._sent.take(now, window)
 
     def reconnected(self, now: float) -> None:
         """Rule W12: the socket has a new connection: REGISTER, then the kept results."""
@@ -395,10 +406,22 @@ class WorkerCore:
         self._last_send = now
         self.outbox.append(serialize(reply, width=self.width))
 
-    def unsent_replies(self) -> list[Reply]:
-        """The REPLYs kept for the next registration (Rules W7 and W13), oldest first, still
-        kept: what a worker serving several brokers also sends through the others (W15)."""
-        return [message for message in self._pending if type(message) is Reply]
+    def relay_replays(self, replies: Sequence[Reply], now: float) -> None:
+        """Rule W15: send ``replies`` (another broker's answers, Rule W13) as a
+        :class:`Replays` event (best effort) if READY; credit as a PING."""
+        if self.state is not State.READY or not replies:
+            return
+        self._credit = max(self._credit, 1)
+        self._last_send = now
+        width = self.width
+        self.events.append(Replays(tuple(serialize(r, width=width) for r in reversed(replies))))
+
+    def take_replays(self) -> list[Reply]:
+        """The answers kept to send again after the next registration (Rule W13), oldest
+        first, forgotten here: a worker serving several brokers sends them through the
+        others at once (W15), and not again to this broker's successor."""
+        replays, self._replays = self._replays, []
+        return replays
 
     def drain(self) -> tuple[list[list[bytes]], list[Event]]:
         """Take what the calls since the last drain asked for: the messages to send and
@@ -415,7 +438,7 @@ class WorkerCore:
         if now >= self._last_recv + self.liveness * self.heartbeat_interval:
             self.state = State.DISCONNECTED
             self._drop_backlog()
-            self._pending[:0] = self._sent.take(now)
+            self._replays[:0] = self._sent.take(now)
             delay = backoff_delay(
                 self._failures, self.reconnect_min, self.reconnect_max, self._random()
             )
@@ -451,6 +474,7 @@ class WorkerCore:
         self.state = State.CLOSED
         self._drop_backlog()
         self._pending.clear()
+        self._replays.clear()
 
     def statistics(self) -> WorkerStatistics:
         """A snapshot of the counters."""
@@ -528,11 +552,23 @@ class WorkerCore:
         self._drop_backlog()
         self._generation += 1
         self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
-        replay = self._sent.take(now)
+        self._replays[:0] = self._sent.take(now)
         for message in self._registrations():
             self._send(message, now)
-        for reply in replay:
-            self._send(reply, now)
+        self._emit_replays(now)
+
+    def _emit_replays(self, now: float) -> None:
+        """Rule W13: the kept answers, as one :class:`Replays` event (newest first), after
+        the outbox; remembered again (a later loss replays them too)."""
+        replays = self._replays
+        if not replays:
+            return
+        self._replays = []
+        width = self.width
+        remember = self._sent.remember
+        for reply in replays:
+            remember(reply, now)
+        self.events.append(Replays(tuple(serialize(r, width=width) for r in reversed(replays))))
 
     def _has_free_slot(self) -> bool:
         return not self.stopping and self._in_progress < self.concurrency
