@@ -729,10 +729,10 @@ def dcp_req(i: int, *options: bytes) -> Request:
     return Request(SVC, CLIENT, (DCP_ID + b"%08d" % i, *options), (b"data-%d" % i,))
 
 
-def replayed(msgs: Sequence[bytes], width: int = 1) -> Replays:
+def replayed(msgs: Sequence[Message], width: int = 1) -> Replays:
     """The :class:`Replays` event of ``msgs`` (given oldest first; the event is newest
     first)."""
-    return Replays(tuple(serialize(m, width=width) for m in reversed(msgs)))  # type: ignore[arg-type]
+    return Replays(tuple(serialize(m, width=width) for m in reversed(msgs)))
 
 
 def test_replies_sent_before_a_lost_connection_are_sent_again_after_register() -> None:
