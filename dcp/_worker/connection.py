@@ -23,7 +23,7 @@ Rule WC6 - What the core sends (answers, forwards, HELD notices, registrations, 
    does everything sent after it, retried by a task of the connection's (1 ms, doubling up
    to 50 ms). A send that succeeds costs what it did (one test more). The bound: the
    connection is lost (the monitor says so, Rule WC2; or the core's liveness closes it,
-   core Rule W6), or the oldest message has waited the broker's liveness (``L x I``
+   core Rule W6), or nothing of what waits could go for the broker's liveness (``L x I``
    seconds: a broker that reads nothing of ours for that long is treated as gone for those
    messages). Then what waits is dropped, counted (``send_failures``) and logged once;
    the answers among them are kept by the core for a replay (core Rule W13), the whole

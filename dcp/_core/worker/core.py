@@ -107,7 +107,16 @@ Rule W13 (answers the broker may have lost)
     REPLYs it sent in the last ``L * I`` seconds (:mod:`dcp._core.worker.replay`: at most
     ``replay_limit`` of them and ``replay_bytes`` bytes, newest kept) and, when the
     connection is lost (:meth:`WorkerCore.connection_lost`, Rule W6, or a RECONNECT, Rule
-    8), sends them again right after the next REGISTER (counted as ``replayed``). Only
+    8), sends them again right after the next REGISTER (counted as ``replayed``), best
+    effort: as one :class:`Replays` event, newest first, after the outbox (the REGISTER
+    and the answers kept meanwhile, Rule W7, go first; the driver sends replays only while
+    its queue has room, dcp._worker.connection Rule WC7). How many: a broker that fell
+    silent (W6) or sent a RECONNECT may have lost anything of the whole window; a loss
+    seen at once (the connection closed, W12) can only have taken what the broker had not
+    passed on at that moment, so only the answers of the last ``I`` seconds are replayed
+    then (a broker that reads and passes on our answers seconds late is a broker behind:
+    the driver reports such a loss ``congested``, its send queue found full lately, and
+    the whole window is replayed). Only
     answers a client recognises as duplicates: the request's first metadata part is a dcp
     request id (the client's tracker, Rule RT2, drops a reply to a finished request), and not
     a stream. MDP and DagBox clients match replies by order and never get one twice.
@@ -123,7 +132,10 @@ Rule W15 (answers for another broker's requests)
     REPLYs through a broker that did not bring their request: an answer whose own broker is
     not connected, one it replays (Rule W13) after losing that broker, and HELD notices
     (data ``[HELD_MARKER]``, :data:`dcp.wire.messages.HELD_MARKER`). :meth:`WorkerCore.relay`
-    sends one while READY (else it is dropped, not kept: the other brokers carry it). A dcp
+    sends one while READY (else it is dropped, not kept: the other brokers carry it);
+    :meth:`WorkerCore.relay_replays` the replays, as a :class:`Replays` event (best
+    effort), taken from the lost broker's core (:meth:`WorkerCore.take_replays`: not
+    replayed again to its successor after it registers). A dcp
     broker treats a reply that matches nothing it holds as a PING for credit (its credit
     becomes at least 1), so the core mirrors it as one: ``credit = max(credit, 1)``, never
     +1 (Rule W2). Whatever the broker then grants beyond the free slots waits in the backlog
