@@ -13,11 +13,13 @@ import pytest
 import zmq
 
 from dcp._core.worker.core import State, WorkerCore
+from dcp._models import HandlerRequest
 from dcp._worker.connection import Connection
 from dcp._worker.results import result_message
 from dcp._worker.streams import WorkerStreams
-from dcp.wire.dcp1 import serialize
-from dcp.wire.messages import Register, Reply, Request
+from dcp._worker.worker import Worker
+from dcp.wire.dcp1 import parse, serialize
+from dcp.wire.messages import HELD_MARKER, Message, Ping, Pong, Register, Reply, Request
 from dcp.wire.options import REQUEST_ID_PREFIX
 from tests.helpers import wait_for
 
@@ -53,14 +55,30 @@ class Peer:
         self.endpoint = str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
         self.sock = sock
 
-    async def recv(self, within: float = 10.0) -> list[bytes]:
-        """The next message, without the routing id."""
+    async def recv_raw(self, within: float = 10.0) -> list[bytes]:
+        """The next message, the routing id first."""
         with anyio.fail_after(within):
             while True:
                 try:
-                    return self.sock.recv_multipart(zmq.NOBLOCK)[1:]
+                    return self.sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     await anyio.sleep(0.001)
+
+    async def recv(self, within: float = 10.0) -> list[bytes]:
+        """The next message, without the routing id."""
+        return (await self.recv_raw(within))[1:]
+
+    async def register(self) -> bytes:
+        """Echo the worker's registration; its routing id."""
+        while True:
+            frames = await self.recv_raw()
+            msg, _ = parse(frames[1:])
+            if isinstance(msg, Register):
+                self.send(frames[0], msg)
+                return frames[0]
+
+    def send(self, ident: bytes, msg: Message) -> None:
+        self.sock.send_multipart([ident, *serialize(msg)], zmq.NOBLOCK)
 
     async def silent(self, seconds: float = 0.1) -> None:
         with anyio.move_on_after(seconds):
@@ -189,3 +207,64 @@ async def test_replays_go_only_while_the_queue_has_room_and_never_before_what_wa
             connection.close(0)
     finally:
         peer.close()
+
+
+async def test_held_notices_wait_for_room_and_go_before_the_replays(
+    context: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """Rule WB4 with WC6 and WC7: A is lost while B's queue is full (B reads nothing). The
+    HELD notice for the request A brought waits for room and reaches B after what was
+    queued before it; the answer the worker would replay through B is dropped (counted),
+    never sent ahead of the notice nor instead of it."""
+    release = anyio.Event()
+
+    async def handler(request: HandlerRequest) -> bytes:
+        if request.data[0] == b"hold":
+            await release.wait()
+        return request.data[0]
+
+    a, b = Peer(context), Peer(context)
+    worker = Worker([a.endpoint, b.endpoint], "echo", handler, concurrency=4, context=context)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.serve)
+            ident_a = await a.register()
+            ident_b = await b.register()
+            await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+            done = Request(SVC, CLIENT, (REQUEST_ID_PREFIX + b"done",), (b"d",))
+            a.send(ident_a, done)
+            while parse(await a.recv())[0] != Reply(CLIENT, done.metadata, (b"d",)):
+                pass
+            held = Request(SVC, CLIENT, (REQUEST_ID_PREFIX + b"held",), (b"hold",))
+            a.send(ident_a, held)
+            await wait_for(lambda: worker.brokers()[a.endpoint].in_progress == 1)
+            # B's queue fills with big answers it does not read.
+            for i in range(MANY // 4):
+                b.send(ident_b, Request(SVC, CLIENT, (REQUEST_ID_PREFIX + b"%d" % i,), (BIG,)))
+                await wait_for(lambda n=i + 1: worker.brokers()[b.endpoint].replies == n)
+            b.send(ident_b, Ping())  # B is alive (the worker's liveness rule, core Rule W6)
+            a.close()
+            await wait_for(lambda: not worker.brokers()[a.endpoint].registered)
+            got: list[Message] = []
+            while True:
+                msg, _ = parse(await b.recv())
+                if isinstance(msg, (Ping, Pong)):
+                    continue
+                got.append(msg)
+                if isinstance(msg, Reply) and msg.data == (HELD_MARKER,):
+                    break
+            assert len(got) == MANY // 4 + 1
+            assert got[-1] == Reply(CLIENT, held.metadata, (HELD_MARKER,))
+            release.set()
+            while True:  # the held request's answer, through B: no replay of "done" on B
+                msg, _ = parse(await b.recv())
+                if isinstance(msg, Reply):
+                    assert msg == Reply(CLIENT, held.metadata, (b"hold",))
+                    break
+            stats = worker.brokers()[b.endpoint]
+            assert stats.send_failures == 0
+            assert worker.statistics().replays_dropped == 1
+            await worker.aclose()
+    finally:
+        a.close()
+        b.close()
