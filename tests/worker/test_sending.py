@@ -5,6 +5,7 @@ and high-water marks make the queue full for sure), both anyio backends."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 
@@ -238,10 +239,14 @@ async def test_held_notices_wait_for_room_and_go_before_the_replays(
             held = Request(SVC, CLIENT, (REQUEST_ID_PREFIX + b"held",), (b"hold",))
             a.send(ident_a, held)
             await wait_for(lambda: worker.brokers()[a.endpoint].in_progress == 1)
+
             # B's queue fills with big answers it does not read.
+            def answered_at_b(n: int) -> bool:
+                return worker.brokers()[b.endpoint].replies == n
+
             for i in range(MANY // 4):
                 b.send(ident_b, Request(SVC, CLIENT, (REQUEST_ID_PREFIX + b"%d" % i,), (BIG,)))
-                await wait_for(lambda n=i + 1: worker.brokers()[b.endpoint].replies == n)
+                await wait_for(functools.partial(answered_at_b, i + 1))
             b.send(ident_b, Ping())  # B is alive (the worker's liveness rule, core Rule W6)
             a.close()
             await wait_for(lambda: not worker.brokers()[a.endpoint].registered)
