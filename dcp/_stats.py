@@ -243,6 +243,9 @@ class WorkerStatistics:
     #: Replies sent again after a lost connection, in case the broker lost them (Rule W13 of
     #: :mod:`dcp._core.worker.core`); a client drops the ones it already has.
     replayed: int = 0
+    #: Of those, replies not sent: the send queue had no room for them (they never delay a
+    #: fresh answer; Rule WC7 of :mod:`dcp._worker.connection`).
+    replays_dropped: int = 0
     #: Requests that came again (through another broker) while held or lately answered, and
     #: were not run again (a worker serving several brokers, docs/scaling.md).
     duplicates: int = 0

@@ -41,10 +41,14 @@ Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the 
   WB3), a HELD notice (a REPLY whose data is ``[HELD_MARKER]``, with the request's client
   address and metadata as received) goes through every other READY broker but those that
   brought the same request too (the worker holds their copy: there a notice would match it
-  and be taken for its answer), and so do the answers that link's core will replay (core
-  Rule W13) or kept while disconnected (W7): a client connected to several brokers learns at
-  once that its request runs, and gets the answers the lost broker took down. Each is a
-  relay (core Rule W15: credit as a PING).
+  and be taken for its answer), and then the answers that link's core would replay (core
+  Rule W13), taken from it (not replayed again to the lost broker's successor once it
+  registers; with no other READY broker they are kept for it). A client connected to
+  several brokers learns at once that its request runs, and gets the answers the lost
+  broker took down. Each is a relay (core Rule W15: credit as a PING). The notices are
+  fresh messages (never dropped for a full queue, dcp._worker.connection Rule WC6), the
+  replays best effort, after them (WC7); answers finished while the link is down go
+  through the other brokers as Rule WB2 says.
 Rule WB5 - Ends. A refused registration or a failed handshake at any broker ends serving (the
   same keys and services serve every broker: a mistake, not an outage). A stop ends each
   link once its core holds nothing (or the grace passed: the handlers are cancelled), with
@@ -64,7 +68,15 @@ import anyio.abc
 import anyio.lowlevel
 import attrs
 
-from dcp._core.worker.core import BrokerLost, Malformed, Refused, Run, State, WorkerCore
+from dcp._core.worker.core import (
+    BrokerLost,
+    Malformed,
+    Refused,
+    Replays,
+    Run,
+    State,
+    WorkerCore,
+)
 from dcp._core.worker.replay import Answered
 from dcp._errors import RegistrationRefused
 from dcp._io.sockets import AsyncSocket, Received
@@ -146,6 +158,7 @@ class Link:
         return attrs.evolve(
             self.core.statistics(),
             send_failures=self.connection.send_failures,
+            replays_dropped=self.connection.replays_dropped,
             registered=self.core.state is State.READY,
             duplicates=self.duplicates,
         )
@@ -349,6 +362,8 @@ class Brokers:
         for event in events:
             if type(event) is Run:
                 self._admit(link, event)
+            elif type(event) is Replays:  # best effort (dcp._worker.connection Rule WC7)
+                link.connection.send_replays(event.messages)
             elif type(event) is BrokerLost:
                 ended = event
             elif type(event) is Malformed:
@@ -580,13 +595,13 @@ class Brokers:
                     request = joined.request
                     notice = Reply(request.client, request.metadata, (HELD_MARKER,))
                     notices.append((notice, holders))
-        replays = lost.core.unsent_replies()
+        # Taken: sent through the others now, not again to the lost broker's successor.
+        replays = lost.core.take_replays()
         for link in others:
             core = link.core
             for notice, holders in notices:
                 if link not in holders:
                     core.relay(notice, now)
                     self.notices += 1
-            for reply in replays:
-                core.relay(reply, now)
+            core.relay_replays(replays, now)  # after the notices, best effort
             self._flush(link)

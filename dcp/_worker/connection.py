@@ -18,13 +18,32 @@ Rule WC4 - Closing stops the monitor before closing its socket (libzmq's I/O thr
    linger (after a graceful leave: long enough for the last replies and the RECONNECT).
 Rule WC5 - A send that fails is counted and logged, never raised; a stream part waits while zmq's
    queue is full (1 ms, doubling up to 50 ms) and is dropped without a connection.
+Rule WC6 - What the core sends (answers, forwards, HELD notices, registrations, heartbeats) is
+   never dropped for a full queue while the connection lives: it waits, in order, and so
+   does everything sent after it, retried by a task of the connection's (1 ms, doubling up
+   to 50 ms). A send that succeeds costs what it did (one test more). The bound: the
+   connection is lost (the monitor says so, Rule WC2; or the core's liveness closes it,
+   core Rule W6), or nothing of what waits could go for the broker's liveness (``L x I``
+   seconds: a broker that reads nothing of ours for that long is treated as gone for those
+   messages). Then what waits is dropped, counted (``send_failures``) and logged once;
+   the answers among them are kept by the core for a replay (core Rule W13), the whole
+   window of it: a connection found full lately is reported lost as ``congested``.
+Rule WC7 - Replayed answers (the core's :class:`~dcp._core.worker.outputs.Replays`) are best
+   effort and never delay a fresh answer: none is sent while something waits (Rule WC6),
+   at most half the socket's send high-water mark of them at once (the rest of the queue
+   stays for fresh answers: zmq sees the peer's progress only every millisecond or so, so a
+   burst beyond the mark is refused however fast the broker reads), and none once the
+   queue refuses one; the rest are dropped and counted (``replays_dropped``; logged once a
+   burst at INFO).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.abc
@@ -33,7 +52,7 @@ import zmq
 from dcp._core.client.calls import make_routing_id
 from dcp._core.worker.core import WorkerCore
 from dcp._errors import AuthenticationFailed
-from dcp._io.errors import socket_errors
+from dcp._io.errors import FULL, socket_errors
 from dcp._io.handshake import HandshakeWatch, connect_dealer, read_events
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
@@ -82,8 +101,18 @@ class Connection:
         self.socket: AsyncSocket | None = None
         #: Why serving must end: a failed handshake (Rule WC3), else ``None``.
         self.failure: AuthenticationFailed | None = None
-        #: Messages the socket refused to send (Rule WC5).
+        #: Messages the socket refused to send (Rule WC5), or dropped after waiting (WC6).
         self.send_failures = 0
+        #: Replayed answers not sent: no room in the queue (Rule WC7).
+        self.replays_dropped = 0
+        #: Messages waiting for room in zmq's queue, oldest first (Rule WC6), since when.
+        self._waiting: deque[list[bytes]] = deque()
+        self._waiting_since = 0.0
+        #: When a send last found the queue full (Rule WC6: ``congested``).
+        self._full_at = -math.inf
+        #: Replays sent at most at once (Rule WC7; set per socket).
+        self._replay_budget = 0
+        self._tg: anyio.abc.TaskGroup | None = None
         self._monitor: zmq.Socket[bytes] | None = None
         self._amonitor: AsyncSocket | None = None
         self._watch_scope: anyio.CancelScope | None = None
@@ -97,6 +126,9 @@ class Connection:
         sock, mon = connect_dealer(self._context, make_routing_id(), self._security, self.endpoint)
         self.socket = asock = AsyncSocket(sock)
         self._monitor = mon
+        self._tg = tg
+        hwm = int(sock.getsockopt(zmq.SNDHWM))
+        self._replay_budget = hwm // 2 if hwm > 0 else 1 << 30
         self._handshakes = 0
         self._watch = HandshakeWatch(
             self.endpoint, secure=self._security is not None, role="worker"
@@ -133,7 +165,10 @@ class Connection:
                     logger.error("worker for %s: %s", self._services, failure)
                     self.failure = failure
             elif event == zmq.EVENT_DISCONNECTED:
-                core.connection_lost(anyio.current_time())
+                now = anyio.current_time()
+                congested = bool(self._waiting) or now - self._full_at < self._liveness()
+                self._drop_waiting("the connection was lost")
+                core.connection_lost(now, congested=congested)
                 self._streams.cancel_all()  # whoever answers next has not heard of them
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._handshakes += 1
@@ -154,6 +189,7 @@ class Connection:
         mon, self._monitor = self._monitor, None
         amon, self._amonitor = self._amonitor, None
         asock, self.socket = self.socket, None
+        self._drop_waiting("the connection was closed")
         if mon is not None and asock is not None and not asock.sock.closed:
             with socket_errors():
                 asock.sock.disable_monitor()
@@ -165,9 +201,13 @@ class Connection:
             asock.close(linger)
 
     def send(self, frames: list[bytes]) -> None:
-        """Send one message the core made, now (Rule WC5: a failure is counted and logged)."""
+        """Send one message the core made, now, or after those waiting for room (Rule WC6;
+        Rule WC5: a failure is counted and logged)."""
         asock = self.socket
         if asock is None:  # pragma: no cover - the core only sends while connected
+            return
+        if self._waiting:  # Rule WC6: in order, after what waits
+            self._waiting.append(frames)
             return
         try:
             refused = asock.try_send(frames)
@@ -177,8 +217,91 @@ class Connection:
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("to broker %s: %s", self.endpoint, _type_name(frames))
             return
+        if refused == FULL and self._tg is not None:  # Rule WC6: wait for room
+            self._waiting.append(frames)
+            self._full_at = self._waiting_since = anyio.current_time()
+            self._tg.start_soon(self._send_waiting, asock)
+            return
         self.send_failures += 1
         logger.warning("could not send %s to broker: %s", _type_name(frames), refused)
+
+    def send_replays(self, messages: Sequence[list[bytes]]) -> None:
+        """Send replayed answers while the queue has room, the rest dropped and counted
+        (Rule WC7)."""
+        asock = self.socket
+        sent = 0
+        if asock is not None and not self._waiting:
+            budget = self._replay_budget
+            for frames in messages:
+                if sent >= budget:
+                    break
+                try:
+                    refused = asock.try_send(frames)
+                except anyio.BrokenResourceError:  # the socket's own (dcp._io.errors Rule Z2)
+                    break
+                if refused is not None:
+                    break
+                sent += 1
+        dropped = len(messages) - sent
+        if dropped:
+            self.replays_dropped += dropped
+            logger.info(
+                "replayed %d of %d answers to broker %s; %d dropped (no room to send them)",
+                sent,
+                len(messages),
+                self.endpoint,
+                dropped,
+            )
+
+    def _liveness(self) -> float:
+        core = self._core
+        return core.liveness * core.heartbeat_interval
+
+    def _drop_waiting(self, why: str) -> None:
+        """Rule WC6: what waits for room can no longer go (counted, logged once)."""
+        waiting = self._waiting
+        if waiting:
+            self.send_failures += len(waiting)
+            logger.warning(
+                "could not send %d message(s) to broker %s: %s while they waited for room",
+                len(waiting),
+                self.endpoint,
+                why,
+            )
+            waiting.clear()
+
+    async def _send_waiting(self, asock: AsyncSocket) -> None:
+        """Rule WC6: send what waits as the queue makes room, while the connection lives."""
+        waiting = self._waiting
+        pause = 0.001
+        while waiting and self.socket is asock:
+            await anyio.sleep(pause)  # the queue is full (dcp._io.errors Rule Z1)
+            pause = min(2 * pause, 0.05)
+            self.poll()  # Rule WC2: a lost connection drops what waits
+            if self.socket is not asock:
+                return
+            while waiting:
+                try:
+                    refused = asock.try_send(waiting[0])
+                except anyio.BrokenResourceError as exc:  # dcp._io.errors Rule Z2
+                    self._drop_waiting(str(exc.__cause__ or exc))
+                    return
+                if refused is None:
+                    waiting.popleft()
+                    pause = 0.001
+                    self._waiting_since = anyio.current_time()
+                elif refused == FULL:
+                    now = anyio.current_time()
+                    self._full_at = now
+                    if now - self._waiting_since >= self._liveness():
+                        self._drop_waiting("the broker read nothing for its liveness")
+                    break
+                else:
+                    self.send_failures += 1
+                    logger.warning(
+                        "could not send %s to broker: %s", _type_name(waiting[0]), refused
+                    )
+                    waiting.popleft()
 
     async def send_part(self, frames: list[bytes]) -> None:
         """Send a stream's part, waiting while zmq's queue is full (dropped if there is no

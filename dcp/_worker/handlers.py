@@ -50,7 +50,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from dcp._core.worker.core import Run, WorkerCore
+from dcp._core.worker.core import Replays, Run, WorkerCore
 from dcp._io.clock import loop_clock
 from dcp._models import HandlerRequest, handler_view, service_name
 from dcp._worker.connection import Connection
@@ -213,9 +213,11 @@ class Handlers:
         outbox, events = core.drain()
         for frames in outbox:
             connection.send(frames)
-        for event in events:  # only requests from the backlog (Rule WH4 of the core)
+        for event in events:  # requests from the backlog (core Rule W4), replays (W13)
             if type(event) is Run and self.slots is not None:
                 self.slots.submit(event)
+            elif type(event) is Replays:  # the poll found a new connection
+                connection.send_replays(event.messages)
         if core.stopping:
             self._wake()
 

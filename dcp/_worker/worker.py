@@ -62,7 +62,16 @@ import anyio.abc
 import attrs
 import zmq
 
-from dcp._core.worker.core import BrokerLost, Event, Malformed, Refused, Run, State, WorkerCore
+from dcp._core.worker.core import (
+    BrokerLost,
+    Event,
+    Malformed,
+    Refused,
+    Replays,
+    Run,
+    State,
+    WorkerCore,
+)
 from dcp._errors import RegistrationRefused
 from dcp._io.beacon import BEACON_SCHEME, resolve
 from dcp._io.clock import loop_clock
@@ -381,6 +390,7 @@ class Worker:
         return attrs.evolve(
             self._core.statistics(),
             send_failures=self._connection.send_failures,
+            replays_dropped=self._connection.replays_dropped,
             registered=self._core.state is State.READY,
         )
 
@@ -763,6 +773,9 @@ class Worker:
 
     def _act(self, event: Event) -> bool:
         """Act on an event that is not a :class:`Run`; whether it ends serving (a refusal)."""
+        if type(event) is Replays:  # core Rule W13, best effort (dcp._worker.connection WC7)
+            self._connection.send_replays(event.messages)
+            return False
         if type(event) is Malformed:
             logger.warning("malformed message from broker (%s): %s", event.reason, event.message)
             return False

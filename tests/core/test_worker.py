@@ -18,6 +18,7 @@ from dcp._core.worker.core import (
     Event,
     Malformed,
     Refused,
+    Replays,
     Run,
     State,
     WorkerCore,
@@ -29,6 +30,7 @@ from dcp._worker.results import error_reply, result_message
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import (
     ERROR_MARKER,
+    HELD_MARKER,
     Message,
     Ping,
     Pong,
@@ -727,6 +729,12 @@ def dcp_req(i: int, *options: bytes) -> Request:
     return Request(SVC, CLIENT, (DCP_ID + b"%08d" % i, *options), (b"data-%d" % i,))
 
 
+def replayed(msgs: Sequence[Message], width: int = 1) -> Replays:
+    """The :class:`Replays` event of ``msgs`` (given oldest first; the event is newest
+    first)."""
+    return Replays(tuple(serialize(m, width=width) for m in reversed(msgs)))
+
+
 def test_replies_sent_before_a_lost_connection_are_sent_again_after_register() -> None:
     w = ready(n=4, now=0.0)
     for i in range(4):
@@ -741,11 +749,12 @@ def test_replies_sent_before_a_lost_connection_are_sent_again_after_register() -
     w.finish(replies[3], 3.6)  # while disconnected: kept as before (Rule W7)
     assert take(w) == []
     w.reconnected(3.7)
-    assert take(w) == [Register(SVC), replies[1], replies[2], replies[3]]
+    # The fresh answer first; the replays after it, best effort (the driver's Rule WC7).
+    assert take(w) == [Register(SVC), replies[3], replayed([replies[1], replies[2]])]
     assert w.statistics().replayed == 2
     # Once sent again they are remembered again: a second restart replays them too.
     assert deliver(w, Register(SVC), 3.8) == [Pong()]
-    assert deliver(w, Reconnect(), 3.9) == [Register(SVC), replies[1], replies[2], replies[3]]
+    assert deliver(w, Reconnect(), 3.9) == [Register(SVC), replayed(replies[1:])]
     assert w.statistics().replayed == 5
 
 
@@ -758,7 +767,7 @@ def test_a_silent_broker_replays_after_the_new_connection() -> None:
     w.expire(3.0)  # Rule W6: silent for L * I
     assert take(w) == [BrokerLost(0.1)]
     w.connect(3.2)
-    assert take(w) == [Register(SVC), reply]
+    assert take(w) == [Register(SVC), replayed([reply])]
 
 
 def test_only_replies_a_client_can_tell_apart_are_replayed() -> None:
@@ -777,7 +786,7 @@ def test_only_replies_a_client_can_tell_apart_are_replayed() -> None:
     take(w)
     w.connection_lost(0.2)
     w.reconnected(0.3)
-    assert take(w) == [Register(SVC), failed]
+    assert take(w) == [Register(SVC), replayed([failed])]
 
 
 def test_replay_is_bounded_by_count_and_bytes() -> None:
@@ -793,7 +802,7 @@ def test_replay_is_bounded_by_count_and_bytes() -> None:
     w.connection_lost(0.2)
     w.reconnected(0.3)
     # The newest 3, then only 2 fit in 10 bytes.
-    assert take(w)[1:] == replies[3:5]
+    assert take(w)[1:] == [replayed(replies[3:5])]
     off = WorkerCore(SVC, replay_limit=0)
     off.connect(0.0)
     off.receive(serialize(Register(SVC)), 0.0)
@@ -838,21 +847,68 @@ def test_a_relayed_answer_lets_a_real_broker_send_one_more_request() -> None:
     assert len(wired.running) == 1  # the backlogged one took the slot
 
 
-def test_unsent_replies_are_the_kept_answers_still_kept() -> None:
+def test_taken_replays_are_not_replayed_again_to_the_successor() -> None:
+    """Rule W15 with W13: answers relayed through another broker at a loss are not sent
+    again to the lost broker's successor; a fresh answer kept meanwhile (W7) still is."""
     w = ready(n=2, now=0.0)
     deliver(w, dcp_req(1), 0.0)
     deliver(w, dcp_req(2), 0.0)
     first = result_message(dcp_req(1), b"r1")
     w.finish(first, 0.1)
     take(w)
-    assert w.unsent_replies() == []
+    assert w.take_replays() == []
     w.connection_lost(0.2)
     second = result_message(dcp_req(2), b"r2")
     w.finish(second, 0.3)  # kept for the next registration (Rule W7)
-    assert w.unsent_replies() == [first, second]
+    assert w.take_replays() == [first]
+    assert w.take_replays() == []
     w.reconnected(0.4)
-    assert take(w) == [Register(SVC), first, second]
-    assert w.unsent_replies() == []
+    assert take(w) == [Register(SVC), second]
+    # The other way round: replayed to the successor, nothing is left to take.
+    w.connection_lost(0.5)
+    w.reconnected(0.6)
+    assert take(w) == [Register(SVC), replayed([second])]
+    assert w.take_replays() == []
+
+
+def test_a_closed_connection_replays_only_its_last_heartbeat_interval() -> None:
+    """Rule W13: a loss seen at once (the connection closed) can only have taken what the
+    broker had not passed on then: the answers of the last ``I`` seconds are replayed, the
+    whole ``L x I`` window only after a silence (W6) or a congested connection."""
+    replies = [result_message(dcp_req(i), b"r%d" % i) for i in range(3)]
+
+    def loaded() -> WorkerCore:
+        w = ready(n=3, now=0.0)
+        for i in range(3):
+            deliver(w, dcp_req(i), 0.0)
+        for i, at in enumerate((0.5, 1.6, 2.2)):
+            w.finish(replies[i], at)
+        take(w)
+        return w
+
+    w = loaded()
+    w.connection_lost(2.5)
+    w.reconnected(2.6)
+    assert take(w) == [Register(SVC), replayed(replies[1:])]
+    congested = loaded()
+    congested.connection_lost(2.5, congested=True)
+    congested.reconnected(2.6)
+    assert take(congested) == [Register(SVC), replayed(replies)]
+
+
+def test_relayed_replays_are_one_event_after_the_notices_and_credit_as_a_ping() -> None:
+    w = ready(n=1, now=0.0)
+    deliver(w, dcp_req(1), 0.0)  # the one slot is busy, no credit left
+    notice = Reply(CLIENT, dcp_req(8).metadata, (HELD_MARKER,))
+    answers = [Reply(CLIENT, dcp_req(i).metadata, (b"a%d" % i,)) for i in (9, 10)]
+    w.relay(notice, 0.1)
+    w.relay_replays(answers, 0.1)
+    w.relay_replays([], 0.1)  # nothing: no event
+    assert take(w) == [notice, replayed(answers)]
+    assert deliver(w, dcp_req(2), 0.2) == []  # credit 1, as a PING: it waits (Rule W4)
+    w.connection_lost(0.3)
+    w.relay_replays(answers, 0.4)  # not READY: dropped
+    assert take(w) == []
 
 
 def test_answered_keeps_answers_by_id_within_window_and_bounds() -> None:

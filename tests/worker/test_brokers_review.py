@@ -17,7 +17,7 @@ from dcp._worker.worker import Worker
 from dcp.wire.messages import HELD_MARKER
 from dcp.wire.options import work_timeout_option
 from tests.helpers import wait_for
-from tests.worker.test_brokers import RawClient, data_of, rid
+from tests.worker.test_brokers import RawClient, data_of, rid, upper
 
 pytestmark = pytest.mark.anyio
 
@@ -312,3 +312,32 @@ async def test_a_forward_and_its_held_notice_never_go_through_the_same_broker() 
         await seconds.aclose()
         await worker.aclose()
         tg.cancel_scope.cancel()
+
+
+async def test_answers_relayed_at_a_loss_are_not_replayed_to_the_successor() -> None:
+    """Rule WB4 with core Rule W15: the answers replayed through B when A is lost are taken
+    from A's core: A's successor (a new broker on A's port) does not get them again."""
+    async with served(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "echo", upper)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            client.send(0, b"echo", (rid(1),), b"once")
+            assert data_of(await client.recv(0)) == [b"ONCE"]
+            a.stop()
+            assert data_of(await client.recv(1)) == [b"ONCE"]  # replayed through B
+            successor = Served()
+            successor.broker = Broker(a.endpoint)
+            await successor.start(tg)
+            await wait_for(lambda: worker.brokers()[a.endpoint].registered)
+            client.send(0, b"echo", (rid(2),), b"twice")  # a fresh one through A's successor
+            assert data_of(await client.recv(0)) == [b"TWICE"]
+            await client.silent(0)
+            await client.silent(1)
+        finally:
+            client.close()
+        assert successor.broker.statistics().unmatched == 0
+        assert worker.statistics().replayed == 1
+        assert worker.statistics().replays_dropped == 0
+        await worker.aclose()

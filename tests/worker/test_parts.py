@@ -98,20 +98,23 @@ async def test_a_connection_sends_the_cores_frames_and_closes_once(fake: FakeBro
 
 
 async def test_a_send_that_fails_is_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    # Nobody listens: zmq queues up to its high-water mark, then refuses (zmq.Again).
+    # Nobody listens: zmq queues up to its high-water mark, then refuses (zmq.Again); what
+    # is sent then waits for room (Rule WC6) until the connection is closed: then it is
+    # counted and logged.
     _, _, connection, _ = parts(f"tcp://127.0.0.1:{free_port()}")
     async with anyio.create_task_group() as tg:
         connection.open(tg)
         try:
             with caplog.at_level(logging.WARNING, logger="dcp.worker"):
-                for _ in range(100_000):
+                for _ in range(1_001):
                     connection.send(serialize(Ping(), width=4))
-                    if connection.send_failures:
-                        break
+                connection.send(serialize(Ping(), width=4))
+                assert connection.send_failures == 0
         finally:
-            connection.close(0)
-    assert connection.send_failures == 1
-    assert "could not send Ping to broker" in caplog.text
+            with caplog.at_level(logging.WARNING, logger="dcp.worker"):
+                connection.close(0)
+    assert connection.send_failures == 2
+    assert "could not send 2 message(s) to broker" in caplog.text
 
 
 async def test_the_monitor_gives_a_lost_and_a_new_connection_to_the_core() -> None:

@@ -107,7 +107,16 @@ Rule W13 (answers the broker may have lost)
     REPLYs it sent in the last ``L * I`` seconds (:mod:`dcp._core.worker.replay`: at most
     ``replay_limit`` of them and ``replay_bytes`` bytes, newest kept) and, when the
     connection is lost (:meth:`WorkerCore.connection_lost`, Rule W6, or a RECONNECT, Rule
-    8), sends them again right after the next REGISTER (counted as ``replayed``). Only
+    8), sends them again right after the next REGISTER (counted as ``replayed``), best
+    effort: as one :class:`Replays` event, newest first, after the outbox (the REGISTER
+    and the answers kept meanwhile, Rule W7, go first; the driver sends replays only while
+    its queue has room, dcp._worker.connection Rule WC7). How many: a broker that fell
+    silent (W6) or sent a RECONNECT may have lost anything of the whole window; a loss
+    seen at once (the connection closed, W12) can only have taken what the broker had not
+    passed on at that moment, so only the answers of the last ``I`` seconds are replayed
+    then (a broker that reads and passes on our answers seconds late is a broker behind:
+    the driver reports such a loss ``congested``, its send queue found full lately, and
+    the whole window is replayed). Only
     answers a client recognises as duplicates: the request's first metadata part is a dcp
     request id (the client's tracker, Rule RT2, drops a reply to a finished request), and not
     a stream. MDP and DagBox clients match replies by order and never get one twice.
@@ -123,7 +132,10 @@ Rule W15 (answers for another broker's requests)
     REPLYs through a broker that did not bring their request: an answer whose own broker is
     not connected, one it replays (Rule W13) after losing that broker, and HELD notices
     (data ``[HELD_MARKER]``, :data:`dcp.wire.messages.HELD_MARKER`). :meth:`WorkerCore.relay`
-    sends one while READY (else it is dropped, not kept: the other brokers carry it). A dcp
+    sends one while READY (else it is dropped, not kept: the other brokers carry it);
+    :meth:`WorkerCore.relay_replays` the replays, as a :class:`Replays` event (best
+    effort), taken from the lost broker's core (:meth:`WorkerCore.take_replays`: not
+    replayed again to its successor after it registers). A dcp
     broker treats a reply that matches nothing it holds as a PING for credit (its credit
     becomes at least 1), so the core mirrors it as one: ``credit = max(credit, 1)``, never
     +1 (Rule W2). Whatever the broker then grants beyond the free slots waits in the backlog
@@ -145,6 +157,7 @@ from dcp._core.worker.outputs import (
     Event,
     Malformed,
     Refused,
+    Replays,
     Run,
     State,
     backoff_delay,
@@ -177,6 +190,7 @@ __all__ = [
     "Event",
     "Malformed",
     "Refused",
+    "Replays",
     "Run",
     "State",
     "WorkerCore",
@@ -257,6 +271,8 @@ class WorkerCore:
         #: Requests waiting for a slot, with the time their caller gives up (Rule W4).
         self._backlog: deque[tuple[Request, float]] = deque()
         self._pending: list[Message] = []
+        #: Answers to send again after the next REGISTER, best effort (Rule W13).
+        self._replays: list[Reply] = []
         self._last_send = self._last_recv = self._last_beat = 0.0
         self._failures = 0
         self._connections = 0
@@ -290,6 +306,7 @@ class WorkerCore:
         width = self.width
         for message in self._registrations():
             outbox.append(serialize(message, width=width))
+        self._emit_replays(now)  # an event: sent after the outbox (remembered first: older)
         for message in self._pending:
             outbox.append(serialize(message, width=width))
             if type(message) is Reply:
@@ -297,12 +314,18 @@ class WorkerCore:
         self._pending.clear()
         self._last_send = now
 
-    def connection_lost(self, now: float) -> None:
-        """Rule W12: the socket's connection went down (zmq is reconnecting it)."""
+    def connection_lost(self, now: float, *, congested: bool = False) -> None:
+        """Rule W12: the socket's connection went down (zmq is reconnecting it).
+
+        :param congested: the socket's send queue was found full lately (the broker was
+            behind): the whole replay window is kept, not only its last ``I`` seconds (Rule
+            W13)
+        """
         if self.state in (State.REGISTERING, State.READY):
             self.state = State.DISCONNECTED
             self._drop_backlog()
-            self._pending[:0] = self._sent.take(now)
+            window = None if congested else self.heartbeat_interval
+            self._replays[:0] = self._sent.take(now, window)
 
     def reconnected(self, now: float) -> None:
         """Rule W12: the socket has a new connection: REGISTER, then the kept results."""
@@ -395,10 +418,22 @@ class WorkerCore:
         self._last_send = now
         self.outbox.append(serialize(reply, width=self.width))
 
-    def unsent_replies(self) -> list[Reply]:
-        """The REPLYs kept for the next registration (Rules W7 and W13), oldest first, still
-        kept: what a worker serving several brokers also sends through the others (W15)."""
-        return [message for message in self._pending if type(message) is Reply]
+    def relay_replays(self, replies: Sequence[Reply], now: float) -> None:
+        """Rule W15: send ``replies`` (another broker's answers, Rule W13) as a
+        :class:`Replays` event (best effort) if READY; credit as a PING."""
+        if self.state is not State.READY or not replies:
+            return
+        self._credit = max(self._credit, 1)
+        self._last_send = now
+        width = self.width
+        self.events.append(Replays(tuple(serialize(r, width=width) for r in reversed(replies))))
+
+    def take_replays(self) -> list[Reply]:
+        """The answers kept to send again after the next registration (Rule W13), oldest
+        first, forgotten here: a worker serving several brokers sends them through the
+        others at once (W15), and not again to this broker's successor."""
+        replays, self._replays = self._replays, []
+        return replays
 
     def drain(self) -> tuple[list[list[bytes]], list[Event]]:
         """Take what the calls since the last drain asked for: the messages to send and
@@ -415,7 +450,7 @@ class WorkerCore:
         if now >= self._last_recv + self.liveness * self.heartbeat_interval:
             self.state = State.DISCONNECTED
             self._drop_backlog()
-            self._pending[:0] = self._sent.take(now)
+            self._replays[:0] = self._sent.take(now)
             delay = backoff_delay(
                 self._failures, self.reconnect_min, self.reconnect_max, self._random()
             )
@@ -451,6 +486,7 @@ class WorkerCore:
         self.state = State.CLOSED
         self._drop_backlog()
         self._pending.clear()
+        self._replays.clear()
 
     def statistics(self) -> WorkerStatistics:
         """A snapshot of the counters."""
@@ -528,11 +564,23 @@ class WorkerCore:
         self._drop_backlog()
         self._generation += 1
         self._credit = 1  # the broker forgot us: nothing is on its way, REGISTER grants 1
-        replay = self._sent.take(now)
+        self._replays[:0] = self._sent.take(now)
         for message in self._registrations():
             self._send(message, now)
-        for reply in replay:
-            self._send(reply, now)
+        self._emit_replays(now)
+
+    def _emit_replays(self, now: float) -> None:
+        """Rule W13: the kept answers, as one :class:`Replays` event (newest first), after
+        the outbox; remembered again (a later loss replays them too)."""
+        replays = self._replays
+        if not replays:
+            return
+        self._replays = []
+        width = self.width
+        remember = self._sent.remember
+        for reply in replays:
+            remember(reply, now)
+        self.events.append(Replays(tuple(serialize(r, width=width) for r in reversed(replays))))
 
     def _has_free_slot(self) -> bool:
         return not self.stopping and self._in_progress < self.concurrency

@@ -10,7 +10,16 @@ import attrs
 
 from dcp.wire.messages import Request
 
-__all__ = ["BrokerLost", "Event", "Malformed", "Refused", "Run", "State", "backoff_delay"]
+__all__ = [
+    "BrokerLost",
+    "Event",
+    "Malformed",
+    "Refused",
+    "Replays",
+    "Run",
+    "State",
+    "backoff_delay",
+]
 
 
 def backoff_delay(failures: int, low: float, high: float, rand: float) -> float:
@@ -75,6 +84,17 @@ class Malformed:
     message: str
 
 
+@attrs.frozen
+class Replays:
+    """Event: send these answers again, best effort (worker core Rule W13): after the outbox
+    (the fresh messages and HELD notices go first), only while the socket's send queue has
+    room; the rest are dropped (counted: ``replays_dropped``). Newest first, so that what
+    is dropped is the oldest (the least likely to have been lost)."""
+
+    #: The messages, each ready for the socket.
+    messages: tuple[list[bytes], ...]
+
+
 #: What the core asks the driver to do besides sending (the items of
 #: :attr:`~dcp._core.worker.core.WorkerCore.events`).
-Event: TypeAlias = Run | BrokerLost | Refused | Malformed
+Event: TypeAlias = Run | BrokerLost | Refused | Malformed | Replays

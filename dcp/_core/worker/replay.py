@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from dcp.wire.messages import Message, Reply
+from dcp.wire.messages import Reply
 from dcp.wire.options import REQUEST_ID_PREFIX
 from dcp.wire.streams import STREAM_OPTION
 
@@ -65,11 +65,12 @@ class SentReplies:
             if not sent:
                 break
 
-    def take(self, now: float) -> list[Message]:
-        """The replies sent in the last ``window`` seconds, oldest first, forgotten here
-        (the core remembers them again as it sends them)."""
-        horizon = now - self.window
-        replies: list[Message] = [reply for t, reply, _ in self._sent if t >= horizon]
+    def take(self, now: float, window: float | None = None) -> list[Reply]:
+        """The replies sent in the last ``window`` seconds (default: :attr:`window`; never
+        more), oldest first, all forgotten here (the core remembers them again as it sends
+        them)."""
+        horizon = now - (self.window if window is None else min(window, self.window))
+        replies = [reply for t, reply, _ in self._sent if t >= horizon]
         self._sent.clear()
         self._bytes = 0
         self.replayed += len(replies)
