@@ -453,7 +453,7 @@ def build_parser() -> _Parser:
     p.add_argument("--dir", default=".", metavar="DIR", help="where to write")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_keys)
-    add_pubsub_commands(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
+    add_pubsub_commands(command, _endpoints(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     add_commands(command, _endpoints(bind=False), _SECONDS, _add_client_security)
     add_top_command(command, _endpoint(bind=False), _SECONDS, _POSITIVE, _add_client_security)
     return parser

@@ -16,19 +16,28 @@ __all__ = ["add_pubsub_commands"]
 
 def add_pubsub_commands(
     command: Callable[..., argparse.ArgumentParser],
-    endpoint: Callable[[str], str],
+    endpoints: Callable[[str], list[str]],
     seconds: Callable[[str], float],
     positive: Callable[[str], int],
     security: Callable[[argparse.ArgumentParser], None],
 ) -> None:
-    """Add ``pub`` and ``sub`` to the ``dcp`` parser (``command`` makes a subparser)."""
+    """Add ``pub`` and ``sub`` to the ``dcp`` parser (``command`` makes a subparser;
+    ``endpoints`` parses a ``--connect`` value: one endpoint or a comma-separated list)."""
     p = command(
         "pub",
         help="publish one message to a subject; print how many subscriptions it reached",
         description="Publish DATA (UTF-8 parts) to SUBJECT and print the number of\n"
         "subscriptions the broker routed it to (the publish is acknowledged).",
     )
-    p.add_argument("--connect", required=True, type=endpoint, metavar="ENDPOINT")
+    p.add_argument(
+        "--connect",
+        required=True,
+        action="extend",
+        type=endpoints,
+        metavar="ENDPOINT",
+        help="broker endpoint; give it several times (or a comma-separated list) for "
+        "several brokers (docs/scaling.md)",
+    )
     p.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS")
     p.add_argument("subject", metavar="SUBJECT")
     p.add_argument("data", nargs="*", metavar="DATA", help="data parts (UTF-8)")
@@ -40,9 +49,18 @@ def add_pubsub_commands(
         help="subscribe to a pattern and print messages as they arrive",
         description="Print each message on PATTERN ('*': one token, '>': the rest) as one\n"
         "line: the subject, then the data parts (UTF-8), separated by spaces. Gap notices\n"
-        "('lost N message(s)') go to stderr. Runs until SIGINT or --count messages.",
+        "('lost N message(s)', or a lost broker's) go to stderr. Runs until SIGINT or\n"
+        "--count messages. Given several brokers, it subscribes at every one.",
     )
-    p.add_argument("--connect", required=True, type=endpoint, metavar="ENDPOINT")
+    p.add_argument(
+        "--connect",
+        required=True,
+        action="extend",
+        type=endpoints,
+        metavar="ENDPOINT",
+        help="broker endpoint; give it several times (or a comma-separated list) for "
+        "several brokers (docs/scaling.md)",
+    )
     p.add_argument("--queue", metavar="NAME", help="join this queue group")
     p.add_argument("--count", type=positive, metavar="N", help="exit after N messages")
     p.add_argument("--max-pending", type=positive, default=1000, metavar="N", help="broker buffer")
@@ -65,8 +83,9 @@ def _run(args: argparse.Namespace, body: Callable[[Any], Any]) -> int:
     security = client_security(args)
 
     async def run() -> None:
+        connect = args.connect[0] if len(args.connect) == 1 else args.connect
         async with Client(
-            args.connect, timeout=getattr(args, "timeout", 5.0), security=security
+            connect, timeout=getattr(args, "timeout", 5.0), security=security
         ) as client:
             try:
                 await body(client)
@@ -76,7 +95,7 @@ def _run(args: argparse.Namespace, body: Callable[[Any], Any]) -> int:
                 raise CLIError(f"{type(exc).__name__}: {exc}") from None
 
     try:
-        with endpoint_errors("connect to", [args.connect], CLIError):  # dcp._io.errors Z3
+        with endpoint_errors("connect to", args.connect, CLIError):  # dcp._io.errors Z3
             received = run_async(args.backend, until_signal, run)
     except (TypeError, ValueError) as exc:
         raise CLIError(str(exc), USAGE) from None
@@ -103,6 +122,12 @@ def cmd_sub(args: argparse.Namespace) -> int:
             async for msg in sub:
                 if msg.gap:
                     print(f"lost {msg.gap} message(s)", file=sys.stderr, flush=True)
+                if msg.broker_lost:
+                    print(
+                        "a broker was lost: messages it held are lost (how many is unknown)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 parts = (p.decode("utf-8", "backslashreplace") for p in msg.data)
                 print(msg.subject, *parts, flush=True)
                 seen += 1
