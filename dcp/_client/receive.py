@@ -766,8 +766,12 @@ class Receiver:
         waiters = self.waiters
         for event in events:
             rid = event.request_id
-            brokers.done(rid)
             waiter = waiters.pop(rid, None)
+            if isinstance(waiter, StreamWaiter):  # its CANCEL goes there (streams Rule CS4)
+                i = brokers.where(rid)
+                if i is not None:
+                    self._stream_ends[rid] = i
+            brokers.done(rid)
             if waiter is not None:
                 waiter.deliver(rid, event.error)
         due = brokers.next_deadline()

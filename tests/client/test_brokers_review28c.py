@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import anyio
 import pytest
 
@@ -88,3 +90,76 @@ async def test_a_subscription_with_a_broker_down_from_the_start_does_not_wait_fo
                     assert await pub.publish("t.a", b"x", ack=True) == 1
                     msg = await anext(sub)
             assert msg.data == (b"x",)
+
+
+@pytest.mark.parametrize("several", [False, True])
+async def test_a_stream_timed_out_is_cancelled_at_its_worker(several: bool) -> None:
+    """Streams Rule CS4: a stream that timed out locally is cancelled at its worker, with
+    one broker or several (the CANCEL goes to the stream's broker)."""
+    cancelled = anyio.Event()
+
+    async def stall(request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
+        try:
+            yield b"one"
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    async with dcp.Broker("tcp://127.0.0.1:0") as a, dcp.Broker("tcp://127.0.0.1:0") as b:
+        endpoints = [a.endpoints[0], b.endpoints[0]]
+        async with (
+            dcp.Worker(endpoints, "stall", stall),
+            dcp.Client(endpoints if several else endpoints[0], timeout=0.5) as client,
+        ):
+            await wait_for(lambda: a.statistics().workers == 1 and b.statistics().workers == 1)
+            got: list[tuple[bytes, ...]] = []
+            with pytest.raises(dcp.RequestTimeout):
+                async with client.stream("stall") as parts:
+                    async for part in parts:
+                        got.append(part)
+            assert got == [(b"one",)]
+            with anyio.fail_after(5):
+                await cancelled.wait()
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("several", [False, True])
+async def test_a_sync_stream_timed_out_or_left_is_cancelled_at_its_worker(
+    several: bool, early: bool
+) -> None:
+    """Streams Rule CS4 for the blocking client: a stream that timed out, or was left early,
+    is cancelled at its worker; with several brokers the CANCEL goes to the stream's broker,
+    not the home broker."""
+    cancelled = anyio.Event()
+
+    async def stall(request: dcp.HandlerRequest) -> AsyncIterator[bytes]:
+        try:
+            yield b"one"
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    async with dcp.Broker("tcp://127.0.0.1:0") as a, dcp.Broker("tcp://127.0.0.1:0") as b:
+        endpoints = [a.endpoints[0], b.endpoints[0]]
+        # The worker is only at the second broker: the stream cannot start at the home one.
+        async with dcp.Worker(endpoints[1], "stall", stall):
+            await wait_for(lambda: b.statistics().workers == 1)
+
+            def read() -> list[tuple[bytes, ...]]:
+                got: list[tuple[bytes, ...]] = []
+                with dcp.SyncClient(endpoints if several else endpoints[1], timeout=0.5) as c:
+                    if several:
+                        c.services()  # both brokers live (their first handshakes)
+                        # The least outstanding, round-robin: use up the first broker's turn.
+                        c.request("mmi.services", wait_for_worker=True, retries=0)
+                    if early:
+                        with c.stream("stall") as parts:
+                            got.append(next(parts))
+                    else:
+                        with pytest.raises(dcp.RequestTimeout), c.stream("stall") as parts:
+                            got.extend(parts)
+                return got
+
+            assert await anyio.to_thread.run_sync(read) == [(b"one",)]
+            with anyio.fail_after(5):
+                await cancelled.wait()
