@@ -24,7 +24,9 @@ Rule CP5 - Several brokers (the async client). A subscription subscribes at ever
   gets the credit granted (so up to ``window`` messages per broker may sit in the client).
   What a lost broker held for the subscription, and what was published through it and not
   yet delivered, is lost with it, uncounted but said (a ``broker_lost`` gap notice, Rule CP6
-  of :mod:`dcp._client.subscriptions`). A publish goes through one live broker.
+  of :mod:`dcp._client.subscriptions`). A publish goes through one live broker; without
+  ``ack``, with none live once each made its first connection (or failed to), it is
+  dropped (at most once; the blocking client likewise).
 
 A subscription asks its client for requests through :class:`Requests` /
 :class:`SyncRequests` (what it needs of :class:`~dcp.Client` / :class:`~dcp.SyncClient`), and
@@ -306,12 +308,16 @@ async def publish(
         response = await client.request(PUB, raw, *parts)
         return int(response.data[0])
     frames = _publish_frames(receiver.tracker.type_width, raw, parts)
+    if receiver.brokers is not None:
+        await receiver.wait_connected()  # just entered: the brokers' first handshakes
     pause = _SEND_PAUSE
     while True:
         if client.closed:
             raise anyio.ClosedResourceError("the client is closed")
         socket = receiver.live_socket()  # several brokers: a live one (receive Rule RX6)
-        if socket is not None and socket.try_send(frames) is None:
+        if socket is None:
+            return None  # no broker is live: dropped (at most once), as SyncClient does
+        if socket.try_send(frames) is None:
             return None
         await anyio.sleep(pause)  # the queue is full (dcp._io.errors Rule Z1)
         pause = min(2 * pause, _SEND_PAUSE_MAX)

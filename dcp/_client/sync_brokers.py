@@ -207,8 +207,12 @@ class BrokersReceiver(SyncReceiver):
 
     def send(self, frames: list[bytes], deadline: float) -> None:
         """Send ``frames`` through the broker Rule SM3 names, waiting for room until
-        ``deadline`` (Rule SX1); dropped if no broker is live."""
+        ``deadline`` (Rule SX1); dropped if no broker is live (after the first handshakes,
+        :meth:`settle`)."""
         link = self._route(frames)
+        if link is None and self.brokers.connecting:  # just made: its first handshakes
+            self.settle()
+            link = self._route(frames)
         if link is not None:
             self._send_to(link, frames, deadline)
 

@@ -163,3 +163,41 @@ async def test_a_sync_stream_timed_out_or_left_is_cancelled_at_its_worker(
             assert await anyio.to_thread.run_sync(read) == [(b"one",)]
             with anyio.fail_after(5):
                 await cancelled.wait()
+
+
+async def test_a_publish_with_every_broker_down_does_not_block_for_ever() -> None:
+    """A publish without ack is at most once: with one broker down it is queued and returns
+    at once; with every broker of several down it must not wait for one to come back
+    (the blocking client drops it, Rule SM3)."""
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    async with dcp.Client(endpoints[0]) as one:
+        with anyio.fail_after(2):
+            assert await one.publish("t.a", b"x") is None
+    async with dcp.Client(endpoints) as client:
+        with anyio.fail_after(3):
+            assert await client.publish("t.a", b"x") is None
+
+
+def test_a_sync_publish_with_every_broker_down_returns() -> None:
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    with dcp.SyncClient(endpoints) as client:
+        assert client.publish("t.a", b"x") is None
+
+
+async def test_a_sync_publish_just_after_making_the_client_is_not_dropped() -> None:
+    """One broker: a publish right after the client is made is queued and delivered; with
+    several it goes through the first live broker once it connected (not dropped)."""
+    down = f"tcp://127.0.0.1:{free_port()}"
+    async with dcp.Broker("tcp://127.0.0.1:0") as a:
+        endpoint = a.endpoints[0]
+        async with dcp.Client(endpoint) as sub_client, sub_client.subscribe("t.>") as sub:
+
+            def publish() -> None:
+                with dcp.SyncClient([endpoint, down]) as client:
+                    client.publish("t.a", b"x")
+                    client.request("mmi.services", wait_for_worker=True, retries=0)
+
+            await anyio.to_thread.run_sync(publish)
+            with anyio.fail_after(3):
+                msg = await anext(sub)
+            assert msg.data == (b"x",)
