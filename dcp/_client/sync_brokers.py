@@ -186,6 +186,13 @@ class BrokersReceiver(SyncReceiver):
         broker: int | None
         if self.pin is not None:
             broker, movable = self.pin, False
+            if not brokers.is_live(broker):  # Rule SM4: ends at once, as when it is lost
+                tracker.cancel(rid)
+                endpoint = self.links[broker].endpoint
+                self.done[rid] = RemoteError(
+                    "broker_lost", f"the broker at {endpoint} is not connected"
+                )
+                return rid
             self._fixed.add(rid)
         elif service.startswith(OPTION_PREFIX):
             broker = self.home()

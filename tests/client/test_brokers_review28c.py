@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import anyio
@@ -201,3 +202,30 @@ async def test_a_sync_publish_just_after_making_the_client_is_not_dropped() -> N
             with anyio.fail_after(3):
                 msg = await anext(sub)
             assert msg.data == (b"x",)
+
+
+async def test_a_question_to_a_broker_not_live_fails_at_once_in_both_clients() -> None:
+    """A request asked of one broker (receive Rule RX6, sync Rule SM4) whose broker is not
+    live ends at once with ``broker_lost``, in the async client and the blocking one."""
+    down = f"tcp://127.0.0.1:{free_port()}"
+    async with dcp.Broker("tcp://127.0.0.1:0") as a:
+        endpoints = [a.endpoints[0], down]
+        async with dcp.Client(endpoints, timeout=5) as client:
+            timing = client._tracker.timing(5, None, 0)
+            with anyio.fail_after(2), pytest.raises(dcp.RemoteError, match="broker_lost"):
+                await client._receiver.ask_at(1, b"mmi.services", (), (), timing)
+
+        def sync() -> None:
+            with dcp.SyncClient(endpoints, timeout=5) as client:
+                receiver = client._receiver
+                receiver.settle()  # type: ignore[attr-defined]
+                receiver.pin = 1  # type: ignore[attr-defined]
+                start = time.monotonic()
+                try:
+                    with pytest.raises(dcp.RemoteError, match="broker_lost"):
+                        client.request("mmi.services", retries=0)
+                finally:
+                    receiver.pin = None  # type: ignore[attr-defined]
+                assert time.monotonic() - start < 2
+
+        await anyio.to_thread.run_sync(sync)
