@@ -20,7 +20,8 @@ Rule CP4 - Leaving. Leaving the ``with`` block unsubscribes (best effort, bounde
 Rule CP5 - Several brokers (the async client). A subscription subscribes at every live broker
   (the same id at each), so a message published through any broker is delivered once per
   subscription, and a queue group's member at each broker takes its share; a broker that
-  becomes live (again) is subscribed at by the refresher's next turn, at once. Each broker
+  becomes live (again) is subscribed at by the refresher's next turn, at once; a live one
+  whose SUB failed (unanswered, refused) is asked again a refresh later. Each broker
   gets the credit granted (so up to ``window`` messages per broker may sit in the client).
   What a lost broker held for the subscription, and what was published through it and not
   yet delivered, is lost with it, uncounted but said (a ``broker_lost`` gap notice, Rule CP6
@@ -231,7 +232,13 @@ async def _ask(
 async def _subscribe_at(receiver: Receiver, state: SubscriptionState, broker: int) -> None:
     """Subscribe at ``broker`` (Rule CP5)."""
     state.renew.discard(broker)
-    await _ask(receiver, broker, SUB, state.sub, receiver.tracker.timeout)
+    try:
+        await _ask(receiver, broker, SUB, state.sub, receiver.tracker.timeout)
+    except DCPError as exc:
+        if not (isinstance(exc, RemoteError) and exc.code == "broker_lost"):
+            state.retry.add(broker)  # still live: asked again at the next refresh
+        raise
+    state.retry.discard(broker)
     state.at.add(broker)
 
 
@@ -272,6 +279,9 @@ async def _grant_each(
                 state.owing = anyio.Event()
                 await state.owing.wait()
         grant, state.owed = state.owed, 0
+        if state.retry:  # a SUB that failed at a live broker: once per refresh
+            state.renew |= state.retry
+            state.retry.clear()
         try:
             for i in sorted(state.renew):
                 if brokers.is_live(i):

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
+import zmq
 
 import dcp
 from tests.client.test_brokers import free_port, hang, start_broker
@@ -229,3 +230,64 @@ async def test_a_question_to_a_broker_not_live_fails_at_once_in_both_clients() -
                 assert time.monotonic() - start < 2
 
         await anyio.to_thread.run_sync(sync)
+
+
+async def test_a_subscription_refused_by_a_live_broker_is_asked_there_again() -> None:
+    """Pubsub Rule CP5: a subscription subscribes at every live broker; one whose SUB went
+    unanswered (a live broker, busy) is asked again at a later refresh, not left out for
+    good."""
+    # Live (its handshakes succeed) but never answers.
+    fake: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    fake.linger = 0
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    subs = 0
+    try:
+        async with dcp.Broker("tcp://127.0.0.1:0") as a:
+            endpoints = [a.endpoints[0], f"tcp://127.0.0.1:{port}"]
+            async with (
+                dcp.Client(endpoints, timeout=0.5) as client,
+                client.subscribe("t.>", refresh=0.2),
+            ):
+                with anyio.move_on_after(4):
+                    while subs < 2:
+                        while fake.poll(0):
+                            frames = fake.recv_multipart()
+                            subs += any(f == b"\xffDCP:sub" for f in frames)
+                        await anyio.sleep(0.05)
+    finally:
+        fake.close(0)
+    assert subs >= 2
+
+
+def test_a_sync_subscription_refused_by_a_live_broker_is_asked_there_again() -> None:
+    """Pubsub Rule CP5 for the blocking client (as the async one)."""
+    # Live (its handshakes succeed) but never answers.
+    fake: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    fake.linger = 0
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    subs = 0
+
+    async def main() -> None:
+        async with dcp.Broker("tcp://127.0.0.1:0") as a:
+            endpoints = [a.endpoints[0], f"tcp://127.0.0.1:{port}"]
+
+            def sync() -> None:
+                with dcp.SyncClient(endpoints, timeout=0.5) as client:
+                    client._receiver.settle()  # type: ignore[attr-defined]
+                    with client.subscribe("t.>", refresh=0.2) as sub:
+                        time.sleep(0.1)
+                        while fake.poll(0):  # the first SUB's attempts: not counted
+                            fake.recv_multipart()
+                        end = time.monotonic() + 2
+                        while time.monotonic() < end:
+                            sub.next(0.1)
+
+            await anyio.to_thread.run_sync(sync)
+
+    try:
+        anyio.run(main)
+        while fake.poll(100):
+            subs += any(f == b"\xffDCP:sub" for f in fake.recv_multipart())
+    finally:
+        fake.close(0)
+    assert subs >= 1  # asked again after the first SUB failed
