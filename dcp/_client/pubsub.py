@@ -239,7 +239,9 @@ async def _subscribe_at(receiver: Receiver, state: SubscriptionState, broker: in
             state.retry.add(broker)  # still live: asked again at the next refresh
         raise
     state.retry.discard(broker)
-    state.at.add(broker)
+    brokers = receiver.brokers
+    if brokers is not None and brokers.is_live(broker):  # lost meanwhile: renewed when back
+        state.at.add(broker)
 
 
 async def _subscribe_each(receiver: Receiver, state: SubscriptionState) -> None:

@@ -291,3 +291,24 @@ def test_a_sync_subscription_refused_by_a_live_broker_is_asked_there_again() -> 
     finally:
         fake.close(0)
     assert subs >= 1  # asked again after the first SUB failed
+
+
+async def test_two_tasks_waiting_for_the_first_handshakes_both_wake() -> None:
+    """Receive Rule RX6: every task waiting for the brokers' first handshakes wakes when
+    they are made, not only the last one to wait (the others waited for the settle bound)."""
+    async with (
+        dcp.Broker("tcp://127.0.0.1:0") as a,
+        dcp.Broker("tcp://127.0.0.1:0") as b,
+        dcp.Client([a.endpoints[0], b.endpoints[0]]) as client,
+    ):
+        took: list[float] = []
+
+        async def wait() -> None:
+            start = anyio.current_time()
+            await client._receiver.wait_connected()
+            took.append(anyio.current_time() - start)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            tg.start_soon(wait)
+        assert len(took) == 2 and max(took) < 0.5
