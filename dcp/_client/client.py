@@ -76,8 +76,6 @@ T = TypeVar("T")
 #: Seconds between zmq heartbeats on each socket of a client of several brokers (a broker
 #: silent for three is lost: receive Rule RX6).
 _HEARTBEAT = 1.0
-#: Seconds after entering during which asking every broker waits for their first handshakes.
-_SETTLE = 1.0
 
 
 class Client(ClientOptions):
@@ -770,13 +768,12 @@ class Client(ClientOptions):
         """``ask`` each live broker at once (several brokers): their answers, in the order
         the brokers were given; one that fails is left out while another answers (the
         first failure is raised if none does). With none live, one ``ask`` goes as any
-        request (to the first broker back). Within ``_SETTLE`` of entering, it first waits
-        for each broker's first handshake."""
+        request (to the first broker back). Within ``receive.SETTLE`` of entering, it first
+        waits for each broker's first handshake."""
         brokers = self._brokers
         assert brokers is not None
         # Just entered: give every broker its first handshake (or failure) first.
-        with anyio.CancelScope(deadline=self._receiver.attached_at + _SETTLE):
-            await self._receiver.wait_connected()
+        await self._receiver.wait_connected()  # at most receive.SETTLE after entering
         live = [i for i in range(len(brokers.endpoints)) if brokers.is_live(i)]
         if not live:
             return [await ask(None, timeout)]

@@ -20,11 +20,14 @@ Rule CP4 - Leaving. Leaving the ``with`` block unsubscribes (best effort, bounde
 Rule CP5 - Several brokers (the async client). A subscription subscribes at every live broker
   (the same id at each), so a message published through any broker is delivered once per
   subscription, and a queue group's member at each broker takes its share; a broker that
-  becomes live (again) is subscribed at by the refresher's next turn, at once. Each broker
+  becomes live (again) is subscribed at by the refresher's next turn, at once; a live one
+  whose SUB failed (unanswered, refused) is asked again a refresh later. Each broker
   gets the credit granted (so up to ``window`` messages per broker may sit in the client).
   What a lost broker held for the subscription, and what was published through it and not
   yet delivered, is lost with it, uncounted but said (a ``broker_lost`` gap notice, Rule CP6
-  of :mod:`dcp._client.subscriptions`). A publish goes through one live broker.
+  of :mod:`dcp._client.subscriptions`). A publish goes through one live broker; without
+  ``ack``, with none live once each made its first connection (or failed to), it is
+  dropped (at most once; the blocking client likewise).
 
 A subscription asks its client for requests through :class:`Requests` /
 :class:`SyncRequests` (what it needs of :class:`~dcp.Client` / :class:`~dcp.SyncClient`), and
@@ -229,8 +232,16 @@ async def _ask(
 async def _subscribe_at(receiver: Receiver, state: SubscriptionState, broker: int) -> None:
     """Subscribe at ``broker`` (Rule CP5)."""
     state.renew.discard(broker)
-    await _ask(receiver, broker, SUB, state.sub, receiver.tracker.timeout)
-    state.at.add(broker)
+    try:
+        await _ask(receiver, broker, SUB, state.sub, receiver.tracker.timeout)
+    except DCPError as exc:
+        if not (isinstance(exc, RemoteError) and exc.code == "broker_lost"):
+            state.retry.add(broker)  # still live: asked again at the next refresh
+        raise
+    state.retry.discard(broker)
+    brokers = receiver.brokers
+    if brokers is not None and brokers.is_live(broker):  # lost meanwhile: renewed when back
+        state.at.add(broker)
 
 
 async def _subscribe_each(receiver: Receiver, state: SubscriptionState) -> None:
@@ -270,6 +281,9 @@ async def _grant_each(
                 state.owing = anyio.Event()
                 await state.owing.wait()
         grant, state.owed = state.owed, 0
+        if state.retry:  # a SUB that failed at a live broker: once per refresh
+            state.renew |= state.retry
+            state.retry.clear()
         try:
             for i in sorted(state.renew):
                 if brokers.is_live(i):
@@ -306,12 +320,16 @@ async def publish(
         response = await client.request(PUB, raw, *parts)
         return int(response.data[0])
     frames = _publish_frames(receiver.tracker.type_width, raw, parts)
+    if receiver.brokers is not None:
+        await receiver.wait_connected()  # just entered: the brokers' first handshakes
     pause = _SEND_PAUSE
     while True:
         if client.closed:
             raise anyio.ClosedResourceError("the client is closed")
         socket = receiver.live_socket()  # several brokers: a live one (receive Rule RX6)
-        if socket is not None and socket.try_send(frames) is None:
+        if socket is None:
+            return None  # no broker is live: dropped (at most once), as SyncClient does
+        if socket.try_send(frames) is None:
             return None
         await anyio.sleep(pause)  # the queue is full (dcp._io.errors Rule Z1)
         pause = min(2 * pause, _SEND_PAUSE_MAX)

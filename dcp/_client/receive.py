@@ -66,7 +66,7 @@ from dcp.wire.messages import HELD_MARKER
 from dcp.wire.options import REQUEST_ID_PREFIX
 from dcp.wire.streams import is_stream
 
-__all__ = ["Receiver", "Start"]
+__all__ = ["SETTLE", "Receiver", "Start"]
 
 logger = logging.getLogger("dcp.client")
 
@@ -75,6 +75,9 @@ _SEND_PAUSE = 0.001
 _SEND_PAUSE_MAX = 0.05
 #: Rule RX5: the longest the socket stays free (unread) after a reading request left it.
 _LEND = 0.05
+#: Rule RX6: seconds after the sockets were connected during which
+#: :meth:`Receiver.wait_connected` waits for each broker's first handshake.
+SETTLE = 1.0
 #: Who reads the socket (Rule RX5): the receive task, a request (``Receiver._caller``), nobody.
 _RECEIVER, _CALLER, _FREE = 0, 1, 2
 #: Where a request's id is in its frames (``"" DGBX T service "" id``: tracker Rule RT1).
@@ -658,11 +661,18 @@ class Receiver:
 
     async def wait_connected(self) -> None:
         """Wait until no broker is still making its first connection: each one's first
-        handshake succeeded or failed (Rule BK2); at once with one broker."""
+        handshake succeeded or failed (Rule BK2), for at most :data:`SETTLE` seconds after
+        the sockets were connected (a broker down from the start never fails a handshake:
+        zmq only retries its connection); at once with one broker."""
         brokers = self.brokers
-        while brokers is not None and brokers.connecting and not self.closed:
-            event = self._connected = self.new_event()
-            await event.wait()
+        if brokers is None:
+            return
+        with anyio.move_on_after(self.attached_at + SETTLE - anyio.current_time()):
+            while brokers.connecting and not self.closed:
+                event = self._connected  # shared by every task waiting
+                if event is None:
+                    event = self._connected = self.new_event()
+                await event.wait()
 
     def _next_deadline(self) -> float | None:
         """When the tracker or the brokers next need time (Rule RX6)."""
@@ -758,8 +768,12 @@ class Receiver:
         waiters = self.waiters
         for event in events:
             rid = event.request_id
-            brokers.done(rid)
             waiter = waiters.pop(rid, None)
+            if isinstance(waiter, StreamWaiter):  # its CANCEL goes there (streams Rule CS4)
+                i = brokers.where(rid)
+                if i is not None:
+                    self._stream_ends[rid] = i
+            brokers.done(rid)
             if waiter is not None:
                 waiter.deliver(rid, event.error)
         due = brokers.next_deadline()

@@ -83,6 +83,9 @@ class SubscriptionState:
         #: (again) at the refresher's next turn.
         self.at: set[int] = set()
         self.renew: set[int] = set()
+        #: Live brokers whose SUB failed (unanswered, refused): asked again at the
+        #: refresher's next turn (Rule CP5), not at once.
+        self.retry: set[int] = set()
 
     def broker_up(self, broker: int) -> None:
         """Several brokers: ``broker`` is live (again): subscribe there (Rule CP5)."""

@@ -128,6 +128,10 @@ class BrokersReceiver(SyncReceiver):
         # Rule SM3: the pub/sub requests outstanding; Rule SM4: those asked of one broker.
         self._home: set[bytes] = set()
         self._fixed: set[bytes] = set()
+        #: Streams Rule CS4: the broker of each stream that ended (answered, timed out)
+        #: before it was forgotten, and of the one forgotten last, for its CANCEL.
+        self._stream_ends: dict[bytes, int] = {}
+        self._cancel_at: tuple[bytes, int | None] = (b"", None)
 
     def close(self) -> None:
         """Close every socket (linger 0) and forget pending requests. Idempotent."""
@@ -182,6 +186,13 @@ class BrokersReceiver(SyncReceiver):
         broker: int | None
         if self.pin is not None:
             broker, movable = self.pin, False
+            if not brokers.is_live(broker):  # Rule SM4: ends at once, as when it is lost
+                tracker.cancel(rid)
+                endpoint = self.links[broker].endpoint
+                self.done[rid] = RemoteError(
+                    "broker_lost", f"the broker at {endpoint} is not connected"
+                )
+                return rid
             self._fixed.add(rid)
         elif service.startswith(OPTION_PREFIX):
             broker = self.home()
@@ -203,8 +214,12 @@ class BrokersReceiver(SyncReceiver):
 
     def send(self, frames: list[bytes], deadline: float) -> None:
         """Send ``frames`` through the broker Rule SM3 names, waiting for room until
-        ``deadline`` (Rule SX1); dropped if no broker is live."""
+        ``deadline`` (Rule SX1); dropped if no broker is live (after the first handshakes,
+        :meth:`settle`)."""
         link = self._route(frames)
+        if link is None and self.brokers.connecting:  # just made: its first handshakes
+            self.settle()
+            link = self._route(frames)
         if link is not None:
             self._send_to(link, frames, deadline)
 
@@ -218,11 +233,18 @@ class BrokersReceiver(SyncReceiver):
             link.sock.send_multipart(frames, flags=zmq.NOBLOCK)
 
     def forget(self, rid: bytes) -> Outcome | None:
-        """:meth:`SyncReceiver.forget`, and the request leaves its broker."""
+        """:meth:`SyncReceiver.forget`, and the request leaves its broker (kept for a
+        stream's CANCEL, which follows at once: Rule SM3)."""
+        broker = self._stream_ends.pop(rid, None)
+        self._cancel_at = (rid, self.brokers.where(rid) if broker is None else broker)
         self._end(rid)
         return super().forget(rid)
 
     def _end(self, rid: bytes) -> None:
+        if rid in self.stream_parts:  # a stream still read: its CANCEL may follow
+            broker = self.brokers.where(rid)
+            if broker is not None:
+                self._stream_ends[rid] = broker
         self.brokers.done(rid)
         if self._home:
             self._home.discard(rid)
@@ -232,7 +254,9 @@ class BrokersReceiver(SyncReceiver):
     def _route(self, frames: list[bytes]) -> BrokerLink | None:
         brokers = self.brokers
         for part in frames[3:6]:  # a stream's control names its request there
-            broker = brokers.where(part)
+            rid, broker = self._cancel_at
+            if part != rid:
+                broker = brokers.where(part)
             if broker is not None:  # (dropped if that broker is not live)
                 return self.links[broker] if brokers.is_live(broker) else None
         home = self.home()

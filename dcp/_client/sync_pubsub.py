@@ -119,6 +119,8 @@ def subscribe_brokers(
                 state.at.add(broker)
             except DCPError as exc:
                 failures.append(exc)
+                if not (isinstance(exc, RemoteError) and exc.code == "broker_lost"):
+                    state.renew.add(broker)  # still live: asked again (pubsub Rule CP5)
             finally:
                 receiver.pin = None
         if failures and not state.at:

@@ -68,8 +68,9 @@ Rule RT7 - Honest timeouts. A :class:`~dcp.RequestTimeout` says what happened: t
 Rule RT8 - Moves. A client with several brokers resends a pending request through another
   broker when the one it is on is lost (:mod:`dcp._core.client.brokers` Rule BK4):
   :meth:`RequestTracker.moved` gives its frames as of ``now`` (same id, the time left in its
-  expires-in, Rule RT4). A move is not an attempt: it counts no retry, uses none of
-  ``retries`` and leaves the request's timers and end as they are.
+  expires-in, Rule RT4), none once its end is reached (it is timed out, not moved). A move is
+  not an attempt: it counts no retry, uses none of ``retries`` and leaves the request's timers
+  and end as they are.
 
 Deadlines live in a heap with lazy deletion: finishing a request does not touch the heap; a
 stale entry is skipped when it reaches the top. The heap is rebuilt from the pending requests
@@ -342,9 +343,10 @@ class RequestTracker:
 
     def moved(self, request_id: bytes, now: float) -> list[bytes] | None:
         """The frames that move a pending request to another broker at ``now`` (Rule RT8),
-        for the driver to send (not put in :attr:`outbox`); ``None`` if it is not pending."""
+        for the driver to send (not put in :attr:`outbox`); ``None`` if it is not pending, or
+        its end is ``now`` or past (not moved: :meth:`expire` times it out)."""
         p = self._pending.get(request_id)
-        if p is None:
+        if p is None or p.end <= now:
             return None
         return self._frames_at(p, now)
 
