@@ -36,7 +36,7 @@ def add_pubsub_commands(
         type=endpoints,
         metavar="ENDPOINT",
         help="broker endpoint; give it several times (or a comma-separated list) for "
-        "several brokers (docs/scaling.md)",
+        "several brokers",
     )
     p.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS")
     p.add_argument("subject", metavar="SUBJECT")
@@ -59,7 +59,7 @@ def add_pubsub_commands(
         type=endpoints,
         metavar="ENDPOINT",
         help="broker endpoint; give it several times (or a comma-separated list) for "
-        "several brokers (docs/scaling.md)",
+        "several brokers",
     )
     p.add_argument("--queue", metavar="NAME", help="join this queue group")
     p.add_argument("--count", type=positive, metavar="N", help="exit after N messages")
