@@ -26,7 +26,8 @@ Rule WL1 - Leader and followers. At any time one serving task leads: it alone wa
   seen every message of a batch it read (so that it asks for more work as requests pile
   up, core Rule W2), it runs the batch's requests itself, in order, when the handlers allow
   it (Rule WH6 of :mod:`dcp._worker.handlers`): to the end if the handler never suspends,
-  its reply sent with no task switch. The first time such a handler suspends, and before
+  its reply sent with no task switch, and then, the same way, the requests its finish
+  starts from the core's backlog (a prefetching worker's, core Rule W4). The first time such a handler suspends, and before
   the event loop runs anything else, the batch's later requests go to the slots and the
   serving duties pass to a parked serving task (or a new one); the task that ran the
   handler parks once it has answered. So heartbeats, the broker's messages and the stop
@@ -273,7 +274,10 @@ class Worker:
         security: CurveClient | None = None,
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
+        prefetch: int = 0,
     ) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int, 0 or more, not {prefetch!r}")
         endpoints = check_endpoints(endpoint)  # a ValueError now, not zmq's EINVAL
         #: Every broker's endpoint, in the order given (beacons resolved once serving).
         self.endpoints: tuple[str, ...] = endpoints
@@ -309,6 +313,7 @@ class Worker:
                 type_width=type_width,
                 more_services=tuple(s.wire for s in served[1:]),
                 infos={s.wire: s.info for s in served if s.info is not None},
+                prefetch=prefetch,
             )
 
         def connect(
@@ -585,6 +590,7 @@ class Worker:
         """An inline run suspended (Rule WL1): the rest of its batch goes to the slots, and
         another task takes the socket over."""
         runs, index = self._rest
+        self._handlers.inline_run = None  # its finish now starts a backlog request in a slot
         slots = self._handlers.slots
         assert slots is not None
         for run in runs[index:]:
@@ -693,12 +699,18 @@ class Worker:
                     self._ready.set()
             # Rule WL1: the batch's requests, run here once the core has seen them all;
             # should one suspend, the rest go to the slots and another task leads.
-            for i, run in enumerate(runs):
-                self._rest = (runs, i + 1)
-                running = run_inline(run, context.copy(), hand_off)
-                await running
-                if running.suspended:
-                    return _HANDED_OFF
+            # A request that a finished run starts from the core's backlog (a prefetch, core
+            # Rule W4) is appended to ``runs`` by the finish (Rule WH6): run next, here too.
+            if runs:
+                handlers.chain = runs
+                for i, run in enumerate(runs):
+                    self._rest = (runs, i + 1)
+                    handlers.inline_run = run
+                    running = run_inline(run, context.copy(), hand_off)
+                    await running
+                    if running.suspended:
+                        return _HANDED_OFF
+                handlers.inline_run = None
             # Rule WL3: let the slots run what was just given to them before parking again
             # (their replies leave first), and let every other task run now and then
             # however busy the socket is.
