@@ -27,8 +27,9 @@ Rule WL1 - Leader and followers. At any time one serving task leads: it alone wa
   up, core Rule W2), it runs the batch's requests itself, in order, when the handlers allow
   it (Rule WH6 of :mod:`dcp._worker.handlers`): to the end if the handler never suspends,
   its reply sent with no task switch, and then, the same way, the requests its finish
-  starts from the core's backlog (a prefetching worker's, core Rule W4). The first time such a handler suspends, and before
-  the event loop runs anything else, the batch's later requests go to the slots and the
+  starts from the core's backlog (a prefetching worker's, core Rule W4). The first time
+  such a handler suspends, and before the event loop runs anything else, the batch's later
+  requests (and those it starts from the backlog) go to the slots and the
   serving duties pass to a parked serving task (or a new one); the task that ran the
   handler parks once it has answered. So heartbeats, the broker's messages and the stop
   rules are served while a handler runs, however long it takes; at most ``concurrency +
