@@ -182,6 +182,15 @@ class Worker:
     (PING) as soon as a request arrives and a slot is still free. See
     :mod:`dcp._core.worker.core` for the credit, heartbeat, liveness and backlog rules.
 
+    Prefetch (opt-in, ``docs/reliability.md``): with ``prefetch=P`` the worker asks for up to
+    ``P`` requests beyond its free slots while they are busy; those wait in the worker (its
+    backlog: ``statistics().backlog``) and start in arrival order as slots free, with no
+    round trip to the broker (a request that ends without suspending starts the next in the
+    same task). The trade: a prefetched request may wait behind a slow one while another
+    worker is idle. A prefetched request is held by the broker: redelivered if the worker
+    dies, given back by a graceful stop; one whose caller's deadline passed while it waited
+    is answered ``expired``; a work timeout counts from its handler's start.
+
     Broker failures: after ``liveness * heartbeat_interval`` seconds without any message
     from the broker, the socket is closed and a fresh DEALER (new routing id, LINGER 0)
     reconnects after an exponential backoff with jitter (``reconnect_min`` to
@@ -244,6 +253,9 @@ class Worker:
     :param tracing: run each handler in an OpenTelemetry span continuing the request's trace
         (``docs/tracing.md``): ``True`` (the global tracer provider) or a ``TracerProvider``;
         needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError`` naming it otherwise)
+    :param prefetch: requests asked for beyond ``concurrency`` while every slot is busy
+        (default 0: none); with several brokers, per broker. Not an ``int`` of 0 or more:
+        :exc:`ValueError`
 
     A broker that refuses the registration (a secure broker whose allow-list does not let
     this worker's key serve ``service``) makes :meth:`serve` raise
