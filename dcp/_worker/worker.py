@@ -205,8 +205,9 @@ class Worker:
     Several brokers (``docs/scaling.md``): given a list of endpoints, the worker registers
     with every broker (a connection each: its own heartbeats, liveness, reconnects and
     re-registrations) and serves them from one pool: at most ``concurrency`` handlers run at
-    once across all of them. Each broker may grant up to ``concurrency`` requests, so the
-    worker may hold up to ``len(endpoints) x concurrency``, those beyond the free slots
+    once across all of them. Each broker may grant up to ``concurrency`` requests (plus the
+    prefetch), so the worker may hold up to ``len(endpoints) x (concurrency + prefetch)``,
+    those beyond the free slots
     waiting in the worker, first come first run (one that waited past its caller's deadline
     is answered ``expired``). An answer goes back through the broker that brought the
     request (through any other registered broker if that one is down). A request whose dcp
