@@ -369,7 +369,10 @@ class Routing:
             self.inflight[key] = pending
         service.requests += 1
         if idle:
-            self.dispatch(_least_busy(idle), pending, now)
+            worker = next(iter(idle.values()))
+            if worker.held:  # Rule R2: busy, with credit; is another free?
+                worker = _least_busy(idle)
+            self.dispatch(worker, pending, now)
         else:
             service.queue.append(pending)
             load.queued += 1
