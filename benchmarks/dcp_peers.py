@@ -197,11 +197,17 @@ async def _run_workers(
     count: int,
     concurrency: int,
     security: dcp.CurveClient | None = None,
+    prefetch: int = 0,
 ) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(count):
             worker = dcp.Worker(
-                endpoint, service, _echo, concurrency=concurrency, security=security
+                endpoint,
+                service,
+                _echo,
+                concurrency=concurrency,
+                security=security,
+                prefetch=prefetch,
             )
             await tg.start(worker.serve)
         ready(str(count))
@@ -224,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--service", default="echo")
     p.add_argument("--count", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--prefetch", type=int, default=0, help="each worker's (dcp.Worker)")
     args = parser.parse_args(argv)
     raise_fd_limit()
     options = {"use_uvloop": True} if args.uvloop and args.backend == "asyncio" else {}
@@ -238,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.count,
             args.concurrency,
             security,
+            args.prefetch,
             backend=args.backend,
             backend_options=options,
         )

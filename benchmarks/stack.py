@@ -10,7 +10,9 @@ Sides (what a user of each library runs):
   (``map_unordered`` with *window* in flight, ``request`` one at a time for window 1) and
   :class:`dcp.Worker` echo workers, client and workers on that backend
   (:mod:`benchmarks.dcp_peers`); *dcp-uvloop* (asyncio on uvloop), where uvloop is
-  installed;
+  installed; *dcp-trio-prefetch*, *dcp-asyncio-prefetch*: the same with workers that
+  prefetch (``dcp.Worker(prefetch=PREFETCH)``: each asks for :data:`PREFETCH` requests
+  beyond its concurrency while its slots are busy);
 - *majortomo*: majortomo 0.2.0's ``Broker``, its ``Client`` (one request in flight each, so
   *window* clients in one process) and its ``Worker`` (one request at a time: one thread per
   request served at once) (:mod:`benchmarks.mdp`);
@@ -67,11 +69,17 @@ NATS = "nats"
 SIDES = (
     "dcp-trio",
     "dcp-asyncio",
+    "dcp-trio-prefetch",
+    "dcp-asyncio-prefetch",
     *(("dcp-uvloop",) if find_spec("uvloop") else ()),
     "majortomo",
     *((NATS,) if nats_peers.missing() is None else ()),
 )
 THEIRS = "majortomo"
+#: The prefetch of the ``-prefetch`` sides' workers: of 1, 2, 4 and 8, the best 4x1
+#: throughput at window 64 (docs/performance-stack.md, Round 4).
+PREFETCH = 4
+PREFETCHING = "-prefetch"
 #: The sides others are measured against, in the order of the page's tables.
 ANCHORS = (THEIRS, NATS)
 PAYLOAD = 16
@@ -129,6 +137,8 @@ def _start(
         endpoint, _, bpid = start_broker(procs, "dcp")
         argv = ["benchmarks.dcp_peers", *_backend(side), "workers", "--count", "1"]
         argv += ["--concurrency", str(concurrency)]
+        if side.endswith(PREFETCHING):
+            argv += ["--prefetch", str(PREFETCH)]
     argv += ["--endpoint", endpoint]
     started = [_launch(procs, f"{side}-workers", tree, *argv) for _ in range(nproc)]
     for proc in started:
@@ -156,7 +166,7 @@ def _backend(side: str) -> list[str]:
     """``benchmarks.dcp_peers`` options of a dcp side (``dcp-uvloop``: asyncio on uvloop)."""
     if side == "dcp-uvloop":
         return ["--backend", "asyncio", "--uvloop"]
-    return ["--backend", side.removeprefix("dcp-")]
+    return ["--backend", side.removeprefix("dcp-").removesuffix(PREFETCHING)]
 
 
 def _one(
@@ -417,6 +427,11 @@ def render_section(results: dict[str, Any], command: str) -> str:
         "  `dcp broker` on trio for both). Window *w*: `Client.map_unordered(window=w)`, or",
         "  `Client.request` one at a time for window 1. majortomo's `Client` allows one",
         "  request in flight: window *w* is *w* clients in one process.",
+        "- *dcp-trio-prefetch* / *dcp-asyncio-prefetch*: the same with workers that prefetch",
+        f"  (`dcp.Worker(prefetch={PREFETCH})`): each asks for {PREFETCH} requests beyond its",
+        "  concurrency while its slots are busy, so the next request is waiting when one",
+        "  ends (opt-in: a request may wait behind a slow one while another worker is idle;",
+        "  docs/reliability.md).",
         "- *nats*: `nats-server` (Debian's package, started on 127.0.0.1, no config file)",
         "  with nats-py on asyncio: one queue subscription per request served at once (16",
         "  in one process; 1 in each of four), and one client connection with *w* tasks",

@@ -3,7 +3,7 @@ waits on a socket, messages in and out. Unlike timings, these do not depend on h
 machine is, so they A/B a change to the hot paths on a shared machine.
 
 ``python -m benchmarks.stack_counts [--backend trio|asyncio] [--window 64] [--concurrency 1]
-[--requests 2000] [--cpu]``
+[--prefetch 0] [--requests 2000] [--cpu]``
 
 Starts ``dcp broker`` as a process, then twice: (1) one :class:`dcp.Worker` in this process,
 counted, loaded by a ``benchmarks.dcp_peers`` client process; (2) one :class:`dcp.Client`
@@ -111,11 +111,12 @@ def count_worker(
     concurrency: int,
     requests: int,
     cpu: bool = False,
+    prefetch: int = 0,
 ) -> dict[str, float]:
     counts = Counts(cpu)
 
     async def run() -> int:
-        worker = dcp.Worker(endpoint, "echo", _echo, concurrency=concurrency)
+        worker = dcp.Worker(endpoint, "echo", _echo, concurrency=concurrency, prefetch=prefetch)
         async with anyio.create_task_group() as tg:
             await tg.start(worker.serve)
             load = Load(16, window, 100, requests, 60.0)
@@ -152,6 +153,7 @@ def count_client(
     concurrency: int,
     requests: int,
     cpu: bool = False,
+    prefetch: int = 0,
 ) -> dict[str, float]:
     worker = procs.start(
         "worker",
@@ -163,6 +165,8 @@ def count_client(
         "1",
         "--concurrency",
         str(concurrency),
+        "--prefetch",
+        str(prefetch),
     )
     worker.wait_ready(START_TIMEOUT)
     counts = Counts(cpu)
@@ -192,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=1, help="the worker's")
+    parser.add_argument("--prefetch", type=int, default=0, help="the worker's (dcp.Worker)")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument(
         "--cpu", action="store_true", help="time the event loop thread's CPU, count no calls"
@@ -210,10 +215,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                     args.concurrency,
                     args.requests,
                     args.cpu,
+                    args.prefetch,
                 )
     print(
         f"per request ({args.backend}, window {args.window}, worker concurrency "
-        f"{args.concurrency}, {args.requests} requests):"
+        f"{args.concurrency}, prefetch {args.prefetch}, {args.requests} requests):"
     )
     keys = sorted({k for d in out.values() for k in d})
     print("| count | " + " | ".join(out) + " |")

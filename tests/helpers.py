@@ -282,10 +282,10 @@ class Wired:
     """A WorkerCore (routing id ``W``) and a BrokerCore connected in memory, with one client
     (``C``): every message is delivered at once."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, prefetch: int = 0) -> None:
         self.now = 0.0
         self.broker = BrokerCore(heartbeat_interval=1.0, liveness=3)
-        self.worker = WorkerCore(SVC, concurrency=n)
+        self.worker = WorkerCore(SVC, concurrency=n, prefetch=prefetch)
         self.running: list[Request] = []
         self.max_running = 0
         self.replies: list[Reply] = []

@@ -331,6 +331,16 @@ def build_parser() -> _Parser:
         metavar="N",
         help="requests handled at once (per service, with several)",
     )
+    p.add_argument(
+        "--prefetch",
+        type=_NATURAL,
+        default=0,
+        metavar="N",
+        help="requests asked for beyond --concurrency while every slot is busy (per broker): "
+        "they wait in this worker and start as slots free, which saves a wake-up per request "
+        "when handlers are short; but a request may wait here behind a slow one while "
+        "another worker is idle (default: 0, none)",
+    )
     _add_heartbeats(p, "the worker")
     p.add_argument(
         "--grace",

@@ -8,9 +8,9 @@ Rule CW1 - A handler that cannot be used is a usage error (exit status 2, one li
    (whatever it raised, named with its type and where), a name the module lacks, and a
    handler the worker refuses (:mod:`dcp._worker.services` Rule WV1).
 Rule CW2 - At default verbosity it prints one line on stderr once the broker has echoed the
-   registration (the services, the broker endpoint, the concurrency; with several
-   ``--connect``, once the first broker has, naming every endpoint), and one when the
-   first SIGINT or SIGTERM begins the graceful stop (how many requests it is finishing,
+   registration (the services, the broker endpoint, the concurrency, the prefetch if any;
+   with several ``--connect``, once the first broker has, naming every endpoint), and one
+   when the first SIGINT or SIGTERM begins the graceful stop (how many requests it is finishing,
    within how long, and that the signal again forces it). ``-v`` adds the library's INFO
    lines on ``dcp.worker``.
 Rule CW3 - ``--ready-file PATH``: a stale file is removed at start; the file is written
@@ -168,6 +168,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             liveness=args.liveness,
             security=client_security(args),
             type_width=args.type_width,
+            prefetch=args.prefetch,
         )
     except (TypeError, ValueError) as exc:
         raise CLIError(str(exc), USAGE) from None
@@ -175,6 +176,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     names = ", ".join(repr(name) for name in worker.services)
     each = " each" if len(worker.services) > 1 else ""
+    if args.prefetch:
+        each += f", prefetch {args.prefetch}"
 
     async def run() -> None:
         logger.info("worker for %s connecting to %s", names, ", ".join(args.connect))

@@ -10,8 +10,9 @@ the pool (the handlers' slots).
 Rules:
 
 Rule WB1 - One pool. At most ``concurrency`` handlers run at once across all brokers. Each
-  broker may grant up to ``concurrency`` (its own core's credit, core Rule W2), so the worker
-  may hold up to ``brokers x concurrency`` requests: those beyond the free slots wait here,
+  broker may grant up to ``concurrency`` plus the prefetch (its own core's credit, core Rule
+  W2: the prefetch is per broker), so the worker may hold up to ``brokers x (concurrency +
+  prefetch)`` requests: those beyond the free slots wait here (or in a core's backlog),
   first come first run; one whose caller's deadline (its expires-in option, counted from its
   arrival) passed while it waited is answered ``expired`` without running (as core Rule W4).
   A stop drops the waiting ones (core Rule W9); a RECONNECT from a broker (core Rule W8: it

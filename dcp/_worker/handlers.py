@@ -29,8 +29,12 @@ Rule WH6 - Inline runs. With one service whose handler is an ``async def``, the 
    serving task runs each request itself (:meth:`Handlers.run_inline`: the same run as a
    slot's, Rules WH1-WH4, in a context of its own, the slots' Rule SL4), in the task group
    of the slots, so :meth:`Handlers.cancel` cancels it as theirs; at its first suspension
-   the socket is handed to another serving task (:mod:`dcp._worker.worker`). Requests from
-   the backlog, plain ``def`` and stream handlers, and several services run in slots.
+   the socket is handed to another serving task (:mod:`dcp._worker.worker`). A request
+   that an inline run's finish starts from the core's backlog (a prefetching worker, core
+   Rule W4) is appended to :attr:`Handlers.chain` and run next by the same task, inline
+   too, with no task switch; once the run has suspended (:attr:`Handlers.inline_run` is
+   cleared) it goes to the slots. Other requests from the backlog, plain ``def`` and
+   stream handlers, and several services run in slots.
 Rule WH7 - Where a run ends. By default a run ends in this worker's one core (Rule WH3); a
    worker serving several brokers sets :attr:`Handlers.finish` (its answer goes to every
    broker that brought the request, :mod:`dcp._worker.brokers`) and :attr:`Handlers.route`
@@ -130,6 +134,10 @@ class Handlers:
         self.finish: Callable[[Reply | Request | None, Run], None] = self._finish
         #: A stream request's streams, part sender and type width (Rule WH7).
         self.route: Callable[[Request], Route] = self._route
+        #: The run the serving task is running inline and has not suspended (Rule WH6).
+        self.inline_run: Run | None = None
+        #: Where its finish puts the requests it starts from the backlog (Rule WH6).
+        self.chain: list[Run] = []
 
     async def host(self, *, task_status: anyio.abc.TaskStatus[HandlerSlots[Run]]) -> None:
         """Hold the handlers' task group until :meth:`cancel` (or serving ends); start
@@ -214,8 +222,11 @@ class Handlers:
         for frames in outbox:
             connection.send(frames)
         for event in events:  # requests from the backlog (core Rule W4), replays (W13)
-            if type(event) is Run and self.slots is not None:
-                self.slots.submit(event)
+            if type(event) is Run:
+                if run is self.inline_run:  # Rule WH6: the serving task runs it next
+                    self.chain.append(event)
+                elif self.slots is not None:
+                    self.slots.submit(event)
             elif type(event) is Replays:  # the poll found a new connection
                 connection.send_replays(event.messages)
         if core.stopping:

@@ -26,8 +26,10 @@ Rule WL1 - Leader and followers. At any time one serving task leads: it alone wa
   seen every message of a batch it read (so that it asks for more work as requests pile
   up, core Rule W2), it runs the batch's requests itself, in order, when the handlers allow
   it (Rule WH6 of :mod:`dcp._worker.handlers`): to the end if the handler never suspends,
-  its reply sent with no task switch. The first time such a handler suspends, and before
-  the event loop runs anything else, the batch's later requests go to the slots and the
+  its reply sent with no task switch, and then, the same way, the requests its finish
+  starts from the core's backlog (a prefetching worker's, core Rule W4). The first time
+  such a handler suspends, and before the event loop runs anything else, the batch's later
+  requests (and those it starts from the backlog) go to the slots and the
   serving duties pass to a parked serving task (or a new one); the task that ran the
   handler parks once it has answered. So heartbeats, the broker's messages and the stop
   rules are served while a handler runs, however long it takes; at most ``concurrency +
@@ -180,6 +182,15 @@ class Worker:
     (PING) as soon as a request arrives and a slot is still free. See
     :mod:`dcp._core.worker.core` for the credit, heartbeat, liveness and backlog rules.
 
+    Prefetch (opt-in, ``docs/reliability.md``): with ``prefetch=P`` the worker asks for up to
+    ``P`` requests beyond its free slots while they are busy; those wait in the worker (its
+    backlog: ``statistics().backlog``) and start in arrival order as slots free, with no
+    round trip to the broker (a request that ends without suspending starts the next in the
+    same task). The trade: a prefetched request may wait behind a slow one while another
+    worker is idle. A prefetched request is held by the broker: redelivered if the worker
+    dies, given back by a graceful stop; one whose caller's deadline passed while it waited
+    is answered ``expired``; a work timeout counts from its handler's start.
+
     Broker failures: after ``liveness * heartbeat_interval`` seconds without any message
     from the broker, the socket is closed and a fresh DEALER (new routing id, LINGER 0)
     reconnects after an exponential backoff with jitter (``reconnect_min`` to
@@ -194,8 +205,9 @@ class Worker:
     Several brokers (``docs/scaling.md``): given a list of endpoints, the worker registers
     with every broker (a connection each: its own heartbeats, liveness, reconnects and
     re-registrations) and serves them from one pool: at most ``concurrency`` handlers run at
-    once across all of them. Each broker may grant up to ``concurrency`` requests, so the
-    worker may hold up to ``len(endpoints) x concurrency``, those beyond the free slots
+    once across all of them. Each broker may grant up to ``concurrency`` requests (plus the
+    prefetch), so the worker may hold up to ``len(endpoints) x (concurrency + prefetch)``,
+    those beyond the free slots
     waiting in the worker, first come first run (one that waited past its caller's deadline
     is answered ``expired``). An answer goes back through the broker that brought the
     request (through any other registered broker if that one is down). A request whose dcp
@@ -242,6 +254,9 @@ class Worker:
     :param tracing: run each handler in an OpenTelemetry span continuing the request's trace
         (``docs/tracing.md``): ``True`` (the global tracer provider) or a ``TracerProvider``;
         needs ``pip install 'dagbox-dcp[otel]'`` (``ImportError`` naming it otherwise)
+    :param prefetch: requests asked for beyond ``concurrency`` while every slot is busy
+        (default 0: none); with several brokers, per broker. Not an ``int`` of 0 or more:
+        :exc:`ValueError`
 
     A broker that refuses the registration (a secure broker whose allow-list does not let
     this worker's key serve ``service``) makes :meth:`serve` raise
@@ -273,7 +288,10 @@ class Worker:
         security: CurveClient | None = None,
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
+        prefetch: int = 0,
     ) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int, 0 or more, not {prefetch!r}")
         endpoints = check_endpoints(endpoint)  # a ValueError now, not zmq's EINVAL
         #: Every broker's endpoint, in the order given (beacons resolved once serving).
         self.endpoints: tuple[str, ...] = endpoints
@@ -309,6 +327,7 @@ class Worker:
                 type_width=type_width,
                 more_services=tuple(s.wire for s in served[1:]),
                 infos={s.wire: s.info for s in served if s.info is not None},
+                prefetch=prefetch,
             )
 
         def connect(
@@ -585,6 +604,7 @@ class Worker:
         """An inline run suspended (Rule WL1): the rest of its batch goes to the slots, and
         another task takes the socket over."""
         runs, index = self._rest
+        self._handlers.inline_run = None  # its finish now starts a backlog request in a slot
         slots = self._handlers.slots
         assert slots is not None
         for run in runs[index:]:
@@ -693,12 +713,18 @@ class Worker:
                     self._ready.set()
             # Rule WL1: the batch's requests, run here once the core has seen them all;
             # should one suspend, the rest go to the slots and another task leads.
-            for i, run in enumerate(runs):
-                self._rest = (runs, i + 1)
-                running = run_inline(run, context.copy(), hand_off)
-                await running
-                if running.suspended:
-                    return _HANDED_OFF
+            # A request that a finished run starts from the core's backlog (a prefetch, core
+            # Rule W4) is appended to ``runs`` by the finish (Rule WH6): run next, here too.
+            if runs:
+                handlers.chain = runs
+                for i, run in enumerate(runs):
+                    self._rest = (runs, i + 1)
+                    handlers.inline_run = run
+                    running = run_inline(run, context.copy(), hand_off)
+                    await running
+                    if running.suspended:
+                        return _HANDED_OFF
+                handlers.inline_run = None
             # Rule WL3: let the slots run what was just given to them before parking again
             # (their replies leave first), and let every other task run now and then
             # however busy the socket is.

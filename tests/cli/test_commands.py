@@ -443,6 +443,26 @@ def test_worker_connect_repeated_serves_every_broker(procs: list[Proc], tmp_path
     assert code == 0, err
 
 
+def test_worker_prefetch_flag_reaches_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    options: dict[str, object] = {}
+
+    class Recorder:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            options.update(kwargs)
+            raise ValueError("recorded")
+
+    monkeypatch.setattr("dcp._worker.worker.Worker", Recorder)
+    argv = ["worker", "--connect", "tcp://127.0.0.1:1", "--service", "echo", HANDLER]
+    seen: list[object] = []
+    for extra in (["--prefetch", "4"], []):
+        assert main([*argv, *extra]) == 2
+        seen.append(options["prefetch"])
+    assert seen == [4, 0]
+    with pytest.raises(SystemExit) as exit_:  # not a count
+        build_parser().parse_args([*argv, "--prefetch", "-1"])
+    assert exit_.value.code == 2
+
+
 def test_worker_connect_takes_a_comma_separated_list() -> None:
     parser = build_parser()
     args = parser.parse_args(

@@ -18,7 +18,10 @@ Rule R1 - Credit. A worker has *credit*: how many more requests it may be given.
   pinging only when it has no credit left and a slot free.
 Rule R2 - Queues. Each service has a FIFO queue of requests. A worker with credit and nothing
   queued for its services waits in its services' idle lists; the least recently used idle
-  worker gets the next request; a worker serving several services takes the oldest request
+  worker gets the next request, but one that holds nothing first (among the first
+  ``IDLE_SCAN`` of the list: a worker that prefetches, or serves several requests at once,
+  may have credit while busy, and a request given to it could wait behind a slow one while
+  another worker is free); a worker serving several services takes the oldest request
   among them. A request is *held* by the worker it was given to until that worker answers it
   or leaves. An answer is matched by client address and, for dialects that carry it,
   metadata (DCP workers must pass it on unchanged; failing an exact match, one equal but for
@@ -85,7 +88,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dcp._core.broker import admission
 from dcp._core.broker.admission import Limits, Load
@@ -114,6 +117,8 @@ __all__ = [
 
 #: Services of a forward chain the broker remembers per request, the latest (Rule R9).
 MAX_CHAIN = 16
+#: Idle workers looked at for one that holds nothing before the first is taken (Rule R2).
+IDLE_SCAN = 8
 _ID = REQUEST_ID_PREFIX
 _ID_LEN = len(REQUEST_ID_PREFIX)
 
@@ -364,7 +369,10 @@ class Routing:
             self.inflight[key] = pending
         service.requests += 1
         if idle:
-            self.dispatch(next(iter(idle.values())), pending, now)
+            worker = next(iter(idle.values()))
+            if worker.held:  # Rule R2: busy, with credit; is another free?
+                worker = _least_busy(idle)
+            self.dispatch(worker, pending, now)
         else:
             service.queue.append(pending)
             load.queued += 1
@@ -668,7 +676,7 @@ class Routing:
         while service.idle and service.queue:
             queued = queues.take(service, now)
             if queued is not None:
-                self.dispatch(next(iter(service.idle.values())), queued, now)
+                self.dispatch(_least_busy(service.idle), queued, now)
 
     # --------------------------------------------------------------- workers
 
@@ -835,3 +843,16 @@ class Routing:
         if expiry is not None and (when is None or expiry < when):
             when = expiry
         return when
+
+
+def _least_busy(idle: Mapping[bytes, Session]) -> Session:
+    """Rule R2: the least recently used of ``idle`` that holds nothing, among the first
+    :data:`IDLE_SCAN`; else the least recently used."""
+    scan = IDLE_SCAN
+    for worker in idle.values():
+        if not worker.held:
+            return worker
+        scan -= 1
+        if not scan:
+            break
+    return next(iter(idle.values()))

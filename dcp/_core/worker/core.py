@@ -16,7 +16,8 @@ The driver takes both with :meth:`~WorkerCore.drain` after each call or batch, s
 messages in order and acts on the events in order. Time is :meth:`~WorkerCore.expire` at
 :meth:`~WorkerCore.next_deadline` or later.
 
-The rules (``N`` is the concurrency; ``I`` the heartbeat interval; ``L`` the liveness):
+The rules (``N`` is the concurrency; ``P`` the prefetch, 0 by default; ``I`` the heartbeat
+interval; ``L`` the liveness):
 
 Rule W1 (registration)
     Each connection starts with REGISTER. The broker's echo makes the core READY and resets
@@ -33,8 +34,9 @@ Rule W2 (credit: ask for more work while busy, never for too much)
     held request's slot); each request received takes 1; a PING sets it to at least 1. A
     PING is exact only when credit is 0 (the broker's own count can be no higher than ours,
     since ours includes requests in flight), so after receiving a request the core sends a
-    PING at once if ``in_progress < N`` and credit is 0. Invariant: ``in_progress + credit
-    <= N``, so the broker never sends more than the free slots. An answer to a request
+    PING at once if there is room (``in_progress + backlog < N + P``) and credit is 0.
+    Invariant: ``in_progress + backlog + credit <= N + P``, so the broker never sends more
+    than the free slots and the prefetch (Rule W4). An answer to a request
     received before the current registration adds nothing: the broker forgot that request
     when it forgot us, so the answer matches nothing there and earns no credit
     (:attr:`Run.generation` tells them apart).
@@ -43,7 +45,13 @@ Rule W3 (finish)
     no PING follows. If the local backlog is not empty, its oldest request takes the freed
     slot.
 Rule W4 (the backlog: never more than ``N``, whatever the broker)
-    With a dcp broker the invariant of Rule W2 keeps the backlog empty. A broker that keeps
+    With a dcp broker and no prefetch the invariant of Rule W2 keeps the backlog empty. With
+    a prefetch ``P`` the core asks for up to ``P`` requests beyond its free slots (opt-in:
+    one may wait here behind a slow one while another worker frees up): they wait in the
+    backlog below and
+    start in arrival order as slots free, the deadline rule applying as to any backlogged
+    request; work timeouts count from a handler's start (the driver's), but a dcp broker
+    counts its own from dispatch (its Rule R7), waiting included. A broker that keeps
     readiness as a single flag (as the DCP spec can be read; the DagBox reference does)
     collapses signals, so our credit can only over-estimate its count: we ask for less, not
     more. Should a request still arrive while all ``N`` slots are busy (a broker that grants
@@ -57,9 +65,10 @@ Rule W4 (the backlog: never more than ``N``, whatever the broker)
 Rule W5 (heartbeat)
     While READY, a heartbeat is due when the last one is ``I`` old and either nothing was
     sent or nothing was received for ``I`` (replies are not answered, so replies alone would
-    not prove the broker alive). It is a PING if a slot is free, the worker is not stopping,
-    and either credit is 0 or nothing is running (then a PING cannot raise the broker's
-    count above ours, and it restores lost credit with a flag-keeping broker); else a PONG:
+    not prove the broker alive). It is a PING if there is room (a free slot or, with a
+    prefetch, room in the backlog: Rule W2), the worker is not stopping, and either credit
+    is 0 or nothing is running (then a PING cannot raise the broker's count above ours, and
+    it restores lost credit with a flag-keeping broker); else a PONG:
     a dcp keep-alive that refreshes the broker's liveness without asking for work.
 Rule W6 (broker liveness)
     No message of any kind from the broker for ``L * I`` (also while waiting for the echo):
@@ -211,6 +220,8 @@ class WorkerCore:
     :param replay_limit: the most recent replies kept to send again after a lost
         connection (Rule W13; 0: none)
     :param replay_bytes: the most data bytes those replies may hold together
+    :param prefetch: ``P``, how many requests beyond ``concurrency`` to ask for while the
+        slots are busy (Rules W2 and W4; 0: none)
     """
 
     def __init__(
@@ -228,10 +239,13 @@ class WorkerCore:
         infos: Mapping[bytes, bytes] | None = None,
         replay_limit: int = 1024,
         replay_bytes: int = 8 << 20,
+        prefetch: int = 0,
     ) -> None:
         check_type_width(type_width)
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch < 0:
+            raise ValueError("prefetch must be at least 0")
         if not heartbeat_interval > 0:
             raise ValueError("heartbeat_interval must be positive")
         if liveness < 1:
@@ -246,6 +260,10 @@ class WorkerCore:
         self._unconfirmed: set[bytes] = set()
         #: ``N``, the most requests held at once.
         self.concurrency = concurrency
+        #: ``P``, the requests asked for beyond :attr:`concurrency` (Rules W2, W4).
+        self.prefetch = prefetch
+        #: ``N + P``: the most requests held at once, running or waiting (Rule W2).
+        self._room = concurrency + prefetch
         self.heartbeat_interval = heartbeat_interval
         self.liveness = liveness
         self.reconnect_min = reconnect_min
@@ -457,7 +475,7 @@ class WorkerCore:
             self._failures += 1
             self.events.append(BrokerLost(delay))
         elif self.state is State.READY and now >= self._heartbeat_due():
-            if self._has_free_slot() and (self._credit == 0 or self._in_progress == 0):
+            if self._has_room() and (self._credit == 0 or self._in_progress == 0):
                 self._credit = max(self._credit, 1)
                 self._send(Ping(), now)
             else:
@@ -535,8 +553,8 @@ class WorkerCore:
             expires_in = request_expires_in(request.metadata)
             self._backlog.append((request, math.inf if expires_in is None else now + expires_in))
             self._backlogged += 1
-        # Rule W2: ask for more if a slot is free and no request is owed to us already.
-        if self.state is State.READY and self._has_free_slot() and self._credit == 0:
+        # Rule W2: ask for more if there is room and no request is owed to us already.
+        if self.state is State.READY and self._credit == 0 and self._has_room():
             self._credit = 1
             self._send(Ping(), now)
 
@@ -582,8 +600,9 @@ class WorkerCore:
             remember(reply, now)
         self.events.append(Replays(tuple(serialize(r, width=width) for r in reversed(replays))))
 
-    def _has_free_slot(self) -> bool:
-        return not self.stopping and self._in_progress < self.concurrency
+    def _has_room(self) -> bool:
+        """Rule W2: a free slot, or (with a prefetch) room in the backlog."""
+        return not self.stopping and self._in_progress + len(self._backlog) < self._room
 
     def _heartbeat_due(self) -> float:
         quiet = min(self._last_send, self._last_recv)
