@@ -677,9 +677,9 @@ class Receiver:
             return
         with anyio.move_on_after(self.attached_at + SETTLE - anyio.current_time()):
             while brokers.connecting and not self.closed:
-                event = self._connected  # shared by every task waiting
+                event = self._connected  # shared by every task waiting: anyio's
                 if event is None:
-                    event = self._connected = self.new_event()
+                    event = self._connected = anyio.Event()
                 await event.wait()
 
     def _next_deadline(self) -> float | None:
