@@ -138,6 +138,9 @@ class Receiver:
         self._caller: bytes | None = None
         #: When the socket was last left free (Rule RX5).
         self._freed_at = 0.0
+        #: The deadline of the reader's last wait on the (first) socket: a request due no
+        #: earlier need not move it (``inf``: none).
+        self._due = math.inf
         #: The receive task's wait while the socket is lent (``None``: not parked).
         self._park: anyio.CancelScope | None = None
         #: What a waiter waits on (the event loop's own event class; set on attach).
@@ -201,7 +204,10 @@ class Receiver:
         rid = tracker.request(service, data, self._now(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt; sent by send()
         self.waiters[rid] = waiter
-        self.socket.move_deadline(tracker.deadline_of(rid))
+        due = tracker.deadline_of(rid)
+        if due < self._due:  # the reader's wait must end sooner (the common due is later)
+            self._due = due
+            self.socket.move_deadline(due)
         if self._reader == _FREE:
             self._take_back()
         return rid, frames
@@ -242,7 +248,8 @@ class Receiver:
         try:  # zmq's errors: see _failure (no socket_errors block per request)
             while not waiter.done:
                 deadline = tracker.next_deadline()
-                await asock.wait_readable(math.inf if deadline is None else deadline)
+                due = self._due = math.inf if deadline is None else deadline
+                await asock.wait_readable(due)
                 # One message at a time: its reply is most often the one waiting, and a
                 # drain that stops at its batch raises no zmq.Again (wait_readable reads
                 # zmq.EVENTS before it parks again, as the edge-triggered FD needs).
@@ -503,7 +510,8 @@ class Receiver:
                             break
                         continue
                     deadline = next_deadline()
-                    await asock.wait_readable(math.inf if deadline is None else deadline)
+                    due = self._due = math.inf if deadline is None else deadline
+                    await asock.wait_readable(due)
                     if asock.closed:
                         break
                     read(asock, self._batch)
@@ -669,9 +677,9 @@ class Receiver:
             return
         with anyio.move_on_after(self.attached_at + SETTLE - anyio.current_time()):
             while brokers.connecting and not self.closed:
-                event = self._connected  # shared by every task waiting
+                event = self._connected  # shared by every task waiting: anyio's
                 if event is None:
-                    event = self._connected = self.new_event()
+                    event = self._connected = anyio.Event()
                 await event.wait()
 
     def _next_deadline(self) -> float | None:

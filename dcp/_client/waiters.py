@@ -6,8 +6,8 @@ also takes the stream's parts)."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, MutableMapping
-from typing import Protocol
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -16,7 +16,19 @@ import dcp.wire.streams as wire
 from dcp._io.clock import running_loop
 from dcp._models import Outcome
 
-__all__ = ["Event", "Part", "Sink", "StreamWaiter", "Waiter", "deliver_part", "loop_event"]
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = [
+    "Event",
+    "FutureEvent",
+    "Part",
+    "Sink",
+    "StreamWaiter",
+    "Waiter",
+    "deliver_part",
+    "loop_event",
+]
 
 #: One part of a stream: its data frames.
 Part = tuple[bytes, ...]
@@ -27,12 +39,13 @@ class Event(Protocol):
 
     def set(self) -> object: ...
 
-    async def wait(self) -> object: ...
+    def wait(self) -> Awaitable[object]: ...
 
 
 def loop_event() -> Callable[[], Event]:
-    """The event class of the event loop running in this thread (call it from that loop):
-    ``trio.Event`` on trio, ``asyncio.Event`` on asyncio, else :class:`anyio.Event`.
+    """What makes the events of the waiters in the event loop running in this thread (call
+    it from that loop): ``trio.Event`` on trio, a :class:`FutureEvent` on asyncio, else
+    :class:`anyio.Event`. Each event is waited on by one task at most.
 
     ``anyio.Event()`` finds the running backend on every call and wraps that backend's own
     event (about ten Python calls per event made, set and waited on); a waiter waits on one
@@ -47,8 +60,28 @@ def loop_event() -> Callable[[], Event]:
     if loop == "asyncio":
         import asyncio
 
-        return asyncio.Event
+        create = asyncio.get_running_loop().create_future
+        return lambda: FutureEvent(create())
     return anyio.Event  # pragma: no cover - anyio runs on trio or asyncio
+
+
+class FutureEvent:
+    """asyncio: an event one task waits on, as the future it awaits (``asyncio.Event`` makes
+    a future per wait besides itself, and a list of them). Cancelling that task cancels the
+    future: a later :meth:`set` does nothing."""
+
+    __slots__ = ("_fut",)
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self._fut = fut
+
+    def set(self) -> None:
+        fut = self._fut
+        if not fut.done():
+            fut.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        return self._fut
 
 
 class Waiter:

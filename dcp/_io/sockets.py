@@ -446,6 +446,11 @@ class _AsyncioPark:
     The selector is level-triggered and the FD stays readable until someone reads
     ``zmq.EVENTS``: the callback reads it when no task waits (the owner reads it again
     before it parks, so nothing is missed).
+
+    The timer outlives the wait that set it: a wait whose deadline is no earlier keeps it
+    (when it fires too early it is set again for the deadline of the wait then pending, if
+    any), so the common wait, whose deadline is the same or later than the last one's (a
+    request's or a heartbeat's end), makes and cancels no timer.
     """
 
     __slots__ = (
@@ -458,6 +463,7 @@ class _AsyncioPark:
         "_running_loop",
         "_sock",
         "_timer",
+        "_timer_at",
         "_woken",
         "waiting",
     )
@@ -471,6 +477,8 @@ class _AsyncioPark:
         self._loop = loop
         self._fut: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        #: When the timer fires (``inf``: no timer).
+        self._timer_at = math.inf
         self._deadline = math.inf
         self._registered = False
         self._woken = False
@@ -513,8 +521,8 @@ class _AsyncioPark:
         self._woken = False
         self.waiting = True
         self._deadline = deadline
-        if deadline != math.inf:
-            self._timer = loop.call_at(deadline, self._timeout)
+        if deadline < self._timer_at:
+            self._set_timer(deadline)
         sock = self._sock
         readable = False
         try:
@@ -530,11 +538,15 @@ class _AsyncioPark:
                 if readable or self._woken:
                     break
         finally:
-            self.waiting = False
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self.waiting = False  # the timer stays (see the class docstring)
         return readable
+
+    def _set_timer(self, when: float) -> None:
+        """Make the timer fire at ``when`` (instead of when it would have)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._timeout)
+        self._timer_at = when
 
     def wake(self) -> None:
         if self.waiting:
@@ -544,25 +556,31 @@ class _AsyncioPark:
                 fut.set_result(None)
 
     def _timeout(self) -> None:
-        # uvloop's timers fire up to a millisecond early (its clock counts milliseconds):
-        # a wait must not end before its deadline by the loop's own clock.
-        if not self.waiting:
-            return
+        self._timer = None
+        self._timer_at = math.inf
+        if not self.waiting or self._deadline == math.inf:
+            return  # set by an earlier wait: nothing is due now
+        # uvloop's timers fire up to a millisecond early (its clock counts milliseconds), and
+        # a kept timer may be an earlier wait's: a wait must not end before its own deadline
+        # by the loop's own clock.
         if self._loop.time() >= self._deadline:
             self.wake()
         else:
-            self._timer = self._loop.call_at(self._deadline, self._timeout)
+            self._set_timer(self._deadline)
 
     def move_deadline(self, deadline: float) -> None:
         if self.waiting and deadline < self._deadline:
             self._deadline = deadline
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._loop.call_at(deadline, self._timeout)
+            if deadline < self._timer_at:
+                self._set_timer(deadline)
 
     def close(self) -> None:
         self._closed = True
         self._unregister()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = math.inf
         self.wake()
 
 

@@ -508,6 +508,21 @@ def test_the_last_attempt_ends_the_call_when_it_ends_first() -> None:
     assert [r for r, _ in expire(t, 2.5).failed] == [rid]
 
 
+def test_each_first_attempt_carries_the_time_left_of_its_own_limits() -> None:
+    """Rule RT4 for first attempts made one after the other, at different times, with the
+    same limits (the tracker reuses the option) and with other limits."""
+    t = make(timeout=3.0, attempt_timeout=None, retries=0)
+    got = [_expires_in(request(t, b"s", [], now)[1]) for now in (0.0, 12345.678, 7e6)]
+    assert got == [3.0, 3.0, 3.0]
+    assert _expires_in(request(t, b"s", [], 8.0, timeout=0.25)[1]) == 0.25
+    assert _expires_in(request(t, b"s", [], 9.0, timeout=5.0, retries=1)[1]) == 5.0
+    assert _expires_in(request(t, b"s", [], 9.5, attempt_timeout=0.5)[1]) == 0.5  # its end
+    assert _expires_in(request(t, b"s", [], 10.0)[1]) == 3.0
+    t2 = make(timeout=math.inf, retries=1)
+    assert _expires_in(request(t2, b"s", [], 0.0)[1]) is None  # no end: no option
+    assert _expires_in(request(t2, b"s", [], 1.0, timeout=2.0)[1]) == 2.0
+
+
 def _probe_of(frames: list[bytes]) -> Request:
     req, _ = parse(frames)
     assert isinstance(req, Request)

@@ -518,6 +518,50 @@ async def test_a_wait_never_ends_before_its_deadline(ctx: zmq.Context[zmq.Socket
         b.close(0)
 
 
+@pytest.mark.parametrize(
+    "anyio_backend",
+    ["asyncio", pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), "trio"],
+)
+async def test_each_wait_ends_at_its_own_deadline_after_a_wait_that_had_another(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """asyncio keeps the timer of a wait for the next (no timer made per wait): a later
+    deadline is not ended by the earlier wait's timer, an earlier one is not left to it, and
+    a wait without a deadline after one with a deadline is woken only by a message."""
+    a = ctx.socket(zmq.PAIR)
+    endpoint = bind(a, "inproc")
+    b = ctx.socket(zmq.PAIR)
+    b.connect(endpoint)
+    asock = AsyncSocket(a)
+    try:
+        with anyio.fail_after(10):
+            first = anyio.current_time() + 0.02
+            b.send(b"one")  # the first wait ends with a message, its timer still set
+            assert await asock.wait_readable(first)
+            assert [m.frames for m in asock.drain(5)] == [[b"one"]]
+            later = first + 0.03  # the kept timer fires first: not the end of this wait
+            assert not await asock.wait_readable(later)
+            assert anyio.current_time() >= later
+            b.send(b"two")  # a wait for 60 s ends with a message: its timer is kept
+            assert await asock.wait_readable(anyio.current_time() + 60)
+            assert [m.frames for m in asock.drain(5)] == [[b"two"]]
+            sooner = anyio.current_time() + 0.02  # a timer for 60 s is kept: this is sooner
+            assert not await asock.wait_readable(sooner)
+            assert anyio.current_time() >= sooner
+
+            async def send_later() -> None:
+                await anyio.sleep(0.05)
+                b.send(b"three")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send_later)
+                assert await asock.wait_readable()  # no deadline: only the message ends it
+            assert [m.frames for m in asock.drain(5)] == [[b"three"]]
+    finally:
+        asock.close()
+        b.close(0)
+
+
 async def test_a_second_waiter_is_refused(pair: Pair) -> None:
     """One task waits on a socket at a time (its FD is edge-triggered): a second is told."""
     asock = AsyncSocket(pair.dealer)

@@ -227,6 +227,10 @@ class RequestTracker:
         self._default_timing = Timing.resolve(
             (self.timeout, self.attempt_timeout, self.retries), None, None, None
         )
+        #: The limits of the last first attempt built with an expires-in option, and that
+        #: option: a first attempt's time left depends on its limits only (Rule RT4), so
+        #: the next request with the same limits reuses it.
+        self._first_expires: tuple[Timing | None, bytes] = (None, b"")
         #: Driver counters, reported by :meth:`statistics`.
         self.send_waits = 0
         self.resends_dropped = 0
@@ -287,16 +291,11 @@ class RequestTracker:
         # gives, built from the tracker's template (no message object on this path).
         if end < math.inf:
             p.has_expires = True
-            frames = [
-                *self._request_head,
-                service,
-                b"",
-                rid,
-                expires_in_option(end - now),
-                *metadata,
-                b"",
-                *data,
-            ]
+            made_for, option = self._first_expires
+            if made_for is not timing and made_for != timing:
+                option = expires_in_option(end - now)
+                self._first_expires = (timing, option)
+            frames = [*self._request_head, service, b"", rid, option, *metadata, b"", *data]
             self._plan_probe(p)
         else:
             frames = [*self._request_head, service, b"", rid, *metadata, b"", *data]
