@@ -42,6 +42,9 @@ _T = TypeVar("_T")
 logger = logging.getLogger("dcp.broker")
 
 _NOBLOCK = int(zmq.NOBLOCK)
+#: Messages of a batch after which the thread stops asking ``ZMQ_EVENTS`` whether more waits
+#: and reads until a read finds none (:mod:`dcp._io.blocking` Rule I3).
+_CHECKED = 3
 
 
 class Call(Generic[_T]):
@@ -211,12 +214,15 @@ class IOThread:
             if msg is None:
                 continue
             received = [msg]
-            # Rule I3: all that has come, before anything is sent.
-            while len(received) < batch and events(EVENTS) & POLLIN:
+            # Rule I3: all that has come, before anything is sent: ZMQ_EVENTS says whether
+            # more waits while the batch is small, then reads go on until one finds none.
+            n = 1
+            while n < batch and (n >= _CHECKED or events(EVENTS) & POLLIN):
                 more = read_one(asock, _NOBLOCK)
-                if more is None:  # pragma: no cover - ZMQ_EVENTS said one was there
+                if more is None:
                     break
                 received.append(more)
+                n += 1
             now = clock()
             woken = False
             debug = logger.isEnabledFor(logging.DEBUG)  # once per batch (oplog Rule O2)

@@ -19,12 +19,15 @@ Rule I2 - Woken by a message. Work for the thread from other threads (a stop, ca
   like any other message and never hands it to the core. It is fair-queued with the peers'
   messages, so a busy socket cannot keep it waiting long.
 Rule I3 - What has come is handled before anything is sent. After the blocking ``recv``
-  the thread reads on (without blocking) while ``ZMQ_EVENTS`` says a message waits, at most
-  ``batch``, feeds them all to the core, then sends. A peer's messages that arrived together
-  are seen together: a worker's last answers and its leave come just before its connection
-  closes, and a send to it in between would fail and remove it before its answers are read.
+  the thread reads on (without blocking) while ``ZMQ_EVENTS`` says a message waits, and
+  past the first few messages of a batch until a read finds none, at most ``batch``; it
+  feeds them all to the core, then sends. A peer's messages that arrived together are seen
+  together: a worker's last answers and its leave come just before its connection closes,
+  and a send to it in between would fail and remove it before its answers are read.
   ``ZMQ_EVENTS`` (one ``poll(2)`` on the mailbox) ends a batch more cheaply than a failed
-  ``recv`` (the same, plus a Python exception).
+  ``recv`` (the same, plus a Python exception: about 1 us against 3 here), but it costs
+  that ``poll(2)`` for every message it finds too, where a ``recv`` that finds one makes
+  no system call: in a long batch one failed ``recv`` is the cheaper end.
 """
 
 from __future__ import annotations

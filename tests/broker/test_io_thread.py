@@ -15,7 +15,7 @@ from dcp._broker.thread import CoreCalls, IOThread
 from dcp._core.broker.core import BrokerCore
 from dcp._io.blocking import Waker
 from dcp._io.sockets import AsyncSocket
-from dcp.wire import Ping, Reconnect, Register, Reply, Request
+from dcp.wire import Ping, Reconnect, Register, Reply, Request, serialize
 from tests.helpers import Peers, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -74,6 +74,73 @@ async def test_io_thread_takes_calls_while_its_socket_is_busy(router: Router) ->
                 await wait_for(lambda: core.statistics().requests == 900)
             tg.cancel_scope.cancel()
     assert link.waker is None  # the thread has stopped
+
+
+class CountingCore(BrokerCore):
+    """A broker core that counts the messages it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received = 0
+
+    def receive(self, frames: list[bytes], now: float, principal: str | None = None) -> None:
+        self.received += 1
+        super().receive(frames, now, principal)
+
+
+class RecordingLink(CoreLink):
+    """A link that records, at each flush, how many messages its core had been given."""
+
+    def __init__(self, core: CountingCore, asock: AsyncSocket) -> None:
+        super().__init__(core, asock, max_message_size=-1)
+        self.counting = core
+        self.flushed_at: list[int] = []
+
+    def flush(self) -> None:
+        self.flushed_at.append(self.counting.received)
+        super().flush()
+
+
+@pytest.mark.parametrize(("batch", "passes"), [(256, [40]), (16, [16, 32, 40]), (2, None)])
+async def test_io_thread_reads_what_waits_before_it_sends(
+    router: Router, batch: int, passes: list[int] | None
+) -> None:
+    """Rule I3 of dcp._io.blocking: messages waiting together are all given to the core
+    before anything is sent (past the first few, read on until a read finds none), at most
+    ``batch`` of them per pass; a pass ends when none is left."""
+    core = CountingCore()
+    link = RecordingLink(core, router.asock)
+    calls = CoreCalls(threaded=True)
+    calls.link = link
+    # inproc: once the sends below have returned, every message waits at the ROUTER.
+    address = f"inproc://test-io-thread-burst-{batch}"
+    router.asock.sock.bind(address)
+    dealer = router.context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.ROUTING_ID, b"C")
+    dealer.connect(address)
+    try:
+        for _ in range(40):
+            dealer.send_multipart(serialize(Ping()))  # from a non-worker: answered RECONNECT
+        thread = IOThread(link, calls, router.context, batch=batch, period=0.25)
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(thread.run)
+                await wait_for(lambda: core.received == 40)
+                answers = 0
+                while answers < 40:
+                    await wait_for(lambda: bool(dealer.poll(0)))
+                    assert dealer.recv_multipart() == serialize(Reconnect())
+                    answers += 1
+                tg.cancel_scope.cancel()
+    finally:
+        dealer.close(0)
+    # (A timer tick may flush between passes, or before the first: the same count again.)
+    counts = sorted(set(link.flushed_at) - {0})
+    if passes is not None:
+        assert counts == passes
+    else:
+        assert counts == list(range(2, 41, 2))
 
 
 async def test_without_the_thread_a_call_runs_at_once_and_is_sent(router: Router) -> None:
