@@ -90,3 +90,83 @@ async def test_a_broker_that_keeps_a_prefetch_full_does_not_starve_another(
             assert await reply_data(fake) == name
         await worker.aclose()
     assert gates.started.index(b"b1") < gates.started.index(b"a3"), gates.started
+
+
+class Proxy:
+    """A TCP relay to ``target`` whose connections :meth:`cut` closes: zmq makes them again
+    (the same socket, the same routing id) to the same broker."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.removeprefix("tcp://").rpartition(":")
+        self._host, self._port = host, int(port)
+        self._streams: list[anyio.abc.SocketStream] = []
+        self.endpoint = ""
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        async with listener:
+            task_status.started()
+            await listener.serve(self._relay)
+
+    async def _relay(self, inbound: anyio.abc.SocketStream) -> None:
+        try:
+            outbound = await anyio.connect_tcp(self._host, self._port)
+        except OSError:
+            await inbound.aclose()
+            return
+        self._streams += [inbound, outbound]
+
+        async def pipe(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream) -> None:
+            try:
+                async for chunk in src:
+                    await dst.send(chunk)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+            finally:
+                await src.aclose()
+                await dst.aclose()
+
+        async with inbound, outbound, anyio.create_task_group() as tg:
+            tg.start_soon(pipe, inbound, outbound)
+            tg.start_soon(pipe, outbound, inbound)
+
+    async def cut(self) -> None:
+        streams, self._streams = self._streams, []
+        for stream in streams:
+            await stream.aclose()
+
+
+async def test_a_cut_connection_made_again_loses_no_prefetched_request() -> None:
+    """Core Rule W12 with a prefetch: the same broker at the other end still holds the
+    prefetched requests (a retry joins the held copy, its Rule R8): the worker keeps and runs
+    them. Dropped, they were never answered while the worker lived."""
+    from dcp._broker.broker import Broker
+    from dcp._client.client import Client
+
+    gates = Gates()
+    async with anyio.create_task_group() as tg:
+        (endpoint,) = await tg.start(Broker("tcp://127.0.0.1:0").serve)
+        proxy = Proxy(endpoint)
+        await tg.start(proxy.serve)
+        worker = Worker(proxy.endpoint, "echo", gates, concurrency=1, prefetch=2)
+        await tg.start(worker.serve)
+        got: dict[bytes, bytes] = {}
+        async with Client(endpoint, timeout=10, attempt_timeout=1) as client:
+
+            async def one(name: bytes) -> None:
+                got[name] = (await client.request("echo", name)).bytes
+
+            async with anyio.create_task_group() as calls:
+                for name in (b"0", b"1", b"2"):
+                    calls.start_soon(one, name)
+                await eventually(lambda: worker.statistics().backlog == 2)
+                await proxy.cut()
+                await eventually(lambda: worker.statistics().reconnects == 1 and worker.registered)
+                for name in (b"0", b"1", b"2"):
+                    gates.open(name)
+        assert got == {b"0": b"0", b"1": b"1", b"2": b"2"}
+        assert sorted(gates.started) == [b"0", b"1", b"2"]  # each run once
+        await worker.aclose()
+        tg.cancel_scope.cancel()
