@@ -13,7 +13,9 @@ Rule WB1 - One pool. At most ``concurrency`` handlers run at once across all bro
   broker may grant up to ``concurrency`` plus the prefetch (its own core's credit, core Rule
   W2: the prefetch is per broker), so the worker may hold up to ``brokers x (concurrency +
   prefetch)`` requests: those beyond the free slots wait here (or in a core's backlog),
-  first come first run; one whose caller's deadline (its expires-in option, counted from its
+  first come first run (a request a core starts from its backlog as one of its own ends
+  joins the end of the queue here: a broker that keeps its prefetch full does not starve
+  the others' requests); one whose caller's deadline (its expires-in option, counted from its
   arrival) passed while it waited is answered ``expired`` without running (as core Rule W4).
   A stop drops the waiting ones (core Rule W9); a RECONNECT from a broker (core Rule W8: it
   gave back what it held) drops the copies it brought that wait (another worker runs them).
@@ -451,9 +453,9 @@ class Brokers:
         if key is not None:
             self._by_key[key] = held
         self._by_run[id(run)] = held
-        if self._running < self.concurrency:
+        if self._running < self.concurrency and not self._waiting:
             self._start(held)
-        else:
+        else:  # behind those waiting: one a core starts from its backlog too (Rule WB1)
             self._waiting.append(held)
 
     def _given_back(self, link: Link) -> None:

@@ -79,8 +79,10 @@ Rule W7 (requests in progress across reconnects)
     Handlers that are running when the broker vanishes keep running; their results are sent
     on whatever connection is current when they finish, or kept and sent right after the
     next REGISTER if there is none (dcp clients keep their address across reconnects and drop
-    duplicates by request id). The local backlog is dropped: the broker requeues what it had
-    dispatched, and clients retry.
+    duplicates by request id). When the broker fell silent (Rule W6: a fresh socket, a new
+    routing id) the local backlog is dropped: the broker requeues what it had dispatched,
+    and clients retry. When zmq made the connection again (Rule W12: the same socket) it is
+    kept and runs as slots free, its answers sent as the running ones'.
 Rule W8 (Reconnect from the broker)
     A RECONNECT (0x06) means the broker does not know us: REGISTER again at once on the same
     connection, and drop the local backlog (the broker requeued it when it dropped us).
@@ -104,7 +106,9 @@ Rule W12 (a new connection on the same socket)
     zmq reconnects a socket by itself, and the broker at the other end may be a new one (a
     restart) that does not know us. The driver reports the socket's connection events (zmq's
     monitor): :meth:`WorkerCore.connection_lost` makes the core DISCONNECTED without closing
-    anything (results that finish meanwhile are kept, Rule W7; the backlog is dropped; no
+    anything (results that finish meanwhile are kept, Rule W7; so is the backlog: the broker
+    there may be the same, which never lost us and holds those requests as given to us, a
+    retry joining the held copy, so that dropped they would never be answered; no
     heartbeats, no liveness deadline: zmq is reconnecting), and
     :meth:`WorkerCore.reconnected` sends REGISTER and then the kept results, so the broker
     knows us before it sees our answers. A new broker routes a registered worker's answer
@@ -340,8 +344,7 @@ class WorkerCore:
             W13)
         """
         if self.state in (State.REGISTERING, State.READY):
-            self.state = State.DISCONNECTED
-            self._drop_backlog()
+            self.state = State.DISCONNECTED  # the backlog is kept (Rule W12)
             window = None if congested else self.heartbeat_interval
             self._replays[:0] = self._sent.take(now, window)
 
