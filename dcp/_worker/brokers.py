@@ -86,7 +86,7 @@ from dcp._io.sockets import AsyncSocket, Received
 from dcp._models import service_name
 from dcp._stats import WorkerStatistics
 from dcp._worker.connection import Connection
-from dcp._worker.handlers import Handlers, Route
+from dcp._worker.handlers import Handlers, Route, capacity
 from dcp._worker.streams import WorkerStreams
 from dcp.wire.messages import HELD_MARKER, Reply, Request, error_reply_data
 from dcp.wire.options import REQUEST_ID_PREFIX, request_expires_in
@@ -410,10 +410,10 @@ class Brokers:
             if not link.announced:
                 link.announced = True
                 logger.info(
-                    "worker serving %s at %s (concurrency %d)",
+                    "worker serving %s at %s (%s)",
                     self._names,
                     link.endpoint,
-                    self.concurrency,
+                    capacity(self.concurrency, core.prefetch),
                 )
                 self._ready()
         elif state is State.REGISTERING:

@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from dcp._models import AsyncHandler, StreamHandler
     from dcp._worker.tracing import WorkerTracing
 
-__all__ = ["Handlers", "Route", "names"]
+__all__ = ["Handlers", "Route", "capacity", "names"]
 
 #: Where a stream's parts go (Rule WH7): its streams, the part sender, the type width.
 Route = tuple[WorkerStreams, Callable[[list[bytes]], Awaitable[None]], Callable[[], int]]
@@ -85,6 +85,13 @@ logger = logging.getLogger("dcp.worker")
 def names(services: Sequence[Served]) -> str:
     """The services' names for a log line: ``'a', 'b'``."""
     return ", ".join(repr(served.name) for served in services)
+
+
+def capacity(concurrency: int, prefetch: int) -> str:
+    """A worker's capacity for its serving log line: ``concurrency 1, prefetch 4``."""
+    if prefetch:
+        return f"concurrency {concurrency}, prefetch {prefetch}"
+    return f"concurrency {concurrency}"
 
 
 class Handlers:

@@ -85,7 +85,7 @@ from dcp._models import Handler, service_name
 from dcp._stats import WorkerStatistics
 from dcp._worker.brokers import Brokers, Link
 from dcp._worker.connection import Connection
-from dcp._worker.handlers import Handlers, names
+from dcp._worker.handlers import Handlers, capacity, names
 from dcp._worker.services import served_services
 from dcp._worker.slots import park
 from dcp._worker.streams import WorkerStreams
@@ -704,10 +704,10 @@ class Worker:
                         return None
                 if not self._announced and core.state is State.READY:
                     logger.info(
-                        "worker serving %s at %s (concurrency %d)",
+                        "worker serving %s at %s (%s)",
                         self._names,
                         self.endpoint,
-                        core.concurrency,
+                        capacity(core.concurrency, core.prefetch),
                     )
                     self._announced = True
                     self._ready.set()

@@ -4,6 +4,7 @@ a real :class:`Broker` with :class:`Client` callers."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
@@ -17,6 +18,7 @@ from dcp._worker.services import Service
 from dcp._worker.worker import Worker
 from dcp.wire.messages import Ping, Pong, Reply, Request, parse_error_reply
 from dcp.wire.options import expires_in_option, work_timeout_option
+from tests.integration.test_end_to_end import fast_broker
 from tests.worker.test_worker import (
     CLIENT,
     SVC,
@@ -297,3 +299,36 @@ async def test_prefetch_with_a_stream_handler() -> None:
         assert results == [[(b"%d" % i,) for i in range(20)]] * 4
         await worker.aclose()
         tg.cancel_scope.cancel()
+
+
+async def test_the_serving_log_line_names_the_prefetch(caplog: pytest.LogCaptureFixture) -> None:
+    """The library's INFO line on ``dcp.worker`` says the prefetch when there is one, as
+    ``dcp worker`` does (one broker, and each broker of several); none without one."""
+
+    async def echo(request: HandlerRequest) -> bytes:
+        return request.data[0]
+
+    def serving() -> list[str]:
+        return sorted(r.getMessage() for r in caplog.records if "serving" in r.getMessage())
+
+    line = "worker serving 'echo' at {} ({})"
+    async with fast_broker() as a, fast_broker() as b:
+        ea, eb = a.endpoints[0], b.endpoints[0]
+        cases = [
+            (Worker(ea, SVC, echo, prefetch=4), [line.format(ea, "concurrency 1, prefetch 4")]),
+            (Worker(ea, SVC, echo, concurrency=2), [line.format(ea, "concurrency 2")]),
+            (
+                Worker([ea, eb], SVC, echo, prefetch=2),
+                sorted(line.format(ep, "concurrency 1, prefetch 2") for ep in (ea, eb)),
+            ),
+        ]
+        for worker, expected in cases:
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="dcp.worker"):
+                async with anyio.create_task_group() as tg:
+                    await tg.start(worker.serve)
+                    with anyio.fail_after(5):
+                        while len(serving()) < len(expected):  # noqa: ASYNC110 - polling the log
+                            await anyio.sleep(0.005)
+                    tg.cancel_scope.cancel()
+            assert serving() == expected
