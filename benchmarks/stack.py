@@ -146,6 +146,18 @@ def _start(
     return endpoint, bpid, [p.pid for p in started]
 
 
+def _in_tree(side: str, tree: Path) -> bool:
+    """Whether ``tree`` can run ``side``'s peers: a tree from before the worker prefetch
+    cannot run the prefetch sides (said on stderr; the side then has no ``@base`` copy)."""
+    if not side.endswith("-prefetch"):
+        return True
+    peers = tree / "benchmarks" / "dcp_peers.py"
+    if peers.is_file() and "--prefetch" in peers.read_text():
+        return True
+    print(f"stack: {side}: the base tree has no worker prefetch; no {side}@base", file=sys.stderr)
+    return False
+
+
 def _tree(side: str, base: Path | None) -> tuple[str, Path | None]:
     if side.endswith("@base"):
         if base is None:
@@ -495,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sides = [x for x in args.sides.split(",") if x]
     if args.base is not None:
         args.no_page = True
-        sides += [f"{x}@base" for x in sides if x not in ANCHORS]
+        sides += [f"{x}@base" for x in sides if x not in ANCHORS and _in_tree(x, args.base)]
     profile = "tiny" if args.tiny else "quick" if args.quick else "full"
     command = f"python -m benchmarks.stack --rounds {args.rounds}"
     if args.quick:

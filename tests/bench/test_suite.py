@@ -242,3 +242,20 @@ def test_trace_broker_runs_a_tool_on_the_broker_pid(tmp_path: Path) -> None:
     )
     assert int(out.read_text()) > 0
     assert proc.stdout.startswith("minimal window 1: ") and " req/s, broker " in proc.stdout
+
+
+def test_an_ab_run_against_a_tree_without_the_prefetch_skips_its_base_copies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``benchmarks.stack --base TREE``: a tree whose peers have no ``--prefetch`` (from before
+    the worker prefetch) gets no ``X@base`` copy of the prefetch sides, and stderr says so;
+    a tree that has it does."""
+    from benchmarks.stack import _in_tree
+
+    old = tmp_path / "old" / "benchmarks"
+    old.mkdir(parents=True)
+    (old / "dcp_peers.py").write_text('p.add_argument("--concurrency")\n')
+    assert _in_tree("dcp-trio", old.parent)
+    assert not _in_tree("dcp-asyncio-prefetch", old.parent)
+    assert "the base tree has no worker prefetch" in capsys.readouterr().err
+    assert _in_tree("dcp-asyncio-prefetch", Path(__file__).parents[2])
