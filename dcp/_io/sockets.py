@@ -439,6 +439,10 @@ class _TrioPark(_ScopedPark):
         self._trio.lowlevel.notify_closing(fd)
 
 
+#: The coarsest event-loop clock dcp runs on (uvloop's: milliseconds).
+_TICK = 0.001
+
+
 class _AsyncioPark:
     """A reader callback registered once with the loop's selector, a future per wait and a
     timer only for a finite deadline.
@@ -449,8 +453,9 @@ class _AsyncioPark:
 
     The timer outlives the wait that set it: a wait whose deadline is no earlier keeps it
     (when it fires too early it is set again for the deadline of the wait then pending, if
-    any), so the common wait, whose deadline is the same or later than the last one's (a
-    request's or a heartbeat's end), makes and cancels no timer.
+    any; one clock tick on if it was set for that deadline), so the common wait, whose
+    deadline is the same or later than the last one's (a request's or a heartbeat's end),
+    makes and cancels no timer.
     """
 
     __slots__ = (
@@ -556,17 +561,25 @@ class _AsyncioPark:
                 fut.set_result(None)
 
     def _timeout(self) -> None:
+        fired_for = self._timer_at
         self._timer = None
         self._timer_at = math.inf
-        if not self.waiting or self._deadline == math.inf:
+        deadline = self._deadline
+        if not self.waiting or deadline == math.inf:
             return  # set by an earlier wait: nothing is due now
         # uvloop's timers fire up to a millisecond early (its clock counts milliseconds), and
         # a kept timer may be an earlier wait's: a wait must not end before its own deadline
         # by the loop's own clock.
-        if self._loop.time() >= self._deadline:
+        now = self._loop.time()
+        if now >= deadline:
             self.wake()
+        elif fired_for < deadline:
+            self._set_timer(deadline)  # an earlier wait's timer
         else:
-            self._set_timer(self._deadline)
+            # This wait's own timer, early: uvloop runs a timer for less than half a
+            # millisecond at once, so one set for what is left would run at every turn of
+            # the loop until its clock passes the deadline. A whole tick is past it.
+            self._set_timer(now + _TICK)
 
     def move_deadline(self, deadline: float) -> None:
         if self.waiting and deadline < self._deadline:

@@ -574,3 +574,42 @@ async def test_a_second_waiter_is_refused(pair: Pair) -> None:
     pair.router.send_multipart([b"dealer-1", b"after"])  # the first wait left no trace
     (batch,) = await receive_all(asock, 1, batch=5)
     assert [r.frames for r in batch] == [[b"after"]]
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    ["asyncio", pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")],
+)
+async def test_a_timer_that_fires_early_is_set_once_more_not_spun_on(
+    ctx: zmq.Context[zmq.Socket[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvloop counts milliseconds and runs a timer for less than half of one at once: a timer
+    set again for what is left of the deadline would run at every turn of the loop until its
+    clock passes it (hundreds of times). It is set for a whole millisecond then: each wait
+    that times out runs its timer twice at most."""
+    from dcp._io import sockets
+
+    runs = 0
+    timeout = sockets._AsyncioPark._timeout
+
+    def counted(park: sockets._AsyncioPark) -> None:
+        nonlocal runs
+        runs += 1
+        timeout(park)
+
+    monkeypatch.setattr(sockets._AsyncioPark, "_timeout", counted)
+    a = ctx.socket(zmq.PAIR)
+    endpoint = bind(a, "inproc")
+    b = ctx.socket(zmq.PAIR)
+    b.connect(endpoint)
+    asock = AsyncSocket(a)
+    try:
+        with anyio.fail_after(10):
+            for k in range(20):
+                deadline = anyio.current_time() + 0.0101 + k * 0.00037
+                assert not await asock.wait_readable(deadline)
+                assert anyio.current_time() >= deadline
+        assert runs <= 2 * 20
+    finally:
+        asock.close()
+        b.close(0)
