@@ -67,6 +67,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         shown = not (
             "%(default)" in text
+            or "(default:" in text  # the help says its default in its own words
             or action.nargs == 0  # flags: store_true, count, help, version
             or not action.option_strings
             or default is None
@@ -339,7 +340,7 @@ def build_parser() -> _Parser:
         help="requests asked for beyond --concurrency while every slot is busy (per broker): "
         "they wait in this worker and start as slots free, which saves a wake-up per request "
         "when handlers are short; but a request may wait here behind a slow one while "
-        "another worker is idle (default: 0, none)",
+        "another worker is idle (0: none)",
     )
     _add_heartbeats(p, "the worker")
     p.add_argument(

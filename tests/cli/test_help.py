@@ -32,6 +32,14 @@ def test_help_names_no_repository_path(command: str) -> None:
         assert url.startswith(DOCS_URL), url
 
 
+@pytest.mark.parametrize("command", sorted(_helps()))
+def test_each_option_says_its_default_once(command: str) -> None:
+    """An option's help that says its default itself is not followed by the formatter's own
+    ``(default: ...)`` too (``--prefetch`` once read ``(default: 0, none) (default: 0)``)."""
+    text = " ".join(_helps()[command].split())
+    assert re.findall(r"\(default: [^)]*\) \(default:", text) == []
+
+
 def test_help_links_name_pages_of_the_docs() -> None:
     """Every link is a page that ``docs/`` builds (``doc_url("security")`` for
     ``docs/security.md``), and ``dcp --help`` gives the site itself."""
