@@ -505,31 +505,11 @@ class SyncClient(ClientOptions):
         """:meth:`dcp.Client.subscribe`, blocking: ``for msg in sub`` (or ``sub.next(timeout)``).
         Credit and refreshes are sent while the caller takes messages. Given several
         brokers, it subscribes at every live one (``docs/scaling.md``)."""
-        if isinstance(self._receiver, BrokersReceiver):
-            return subscribe_brokers(
-                self,
-                self._receiver,
-                self._start_plain,
-                pattern,
-                queue,
-                max_pending,
-                overflow,
-                window,
-                refresh,
-                last_value,
-            )
-        return subscribe_sync(
-            self,
-            self._receiver,
-            self._start_plain,
-            pattern,
-            queue,
-            max_pending,
-            overflow,
-            window,
-            refresh,
-            last_value,
-        )
+        receiver = self._receiver
+        options = (pattern, queue, max_pending, overflow, window, refresh, last_value)
+        if isinstance(receiver, BrokersReceiver):
+            return subscribe_brokers(self, receiver, self._start_plain, *options)
+        return subscribe_sync(self, receiver, self._start_plain, *options)
 
     # ------------------------------------------------------------------ internals
 

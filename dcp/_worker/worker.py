@@ -207,9 +207,8 @@ class Worker:
     re-registrations) and serves them from one pool: at most ``concurrency`` handlers run at
     once across all of them. Each broker may grant up to ``concurrency`` requests (plus the
     prefetch), so the worker may hold up to ``len(endpoints) x (concurrency + prefetch)``,
-    those beyond the free slots
-    waiting in the worker, first come first run (one that waited past its caller's deadline
-    is answered ``expired``). An answer goes back through the broker that brought the
+    those beyond the free slots waiting in the worker, first come first run (one that waited
+    past its caller's deadline is answered ``expired``). An answer goes back through the broker that brought the
     request (through any other registered broker if that one is down). A request whose dcp
     request id the worker holds (running or waiting) is not run again whichever broker
     brings it: its answer goes through both; one it answered in the last ``liveness x

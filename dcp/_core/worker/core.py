@@ -48,10 +48,9 @@ Rule W4 (the backlog: never more than ``N``, whatever the broker)
     With a dcp broker and no prefetch the invariant of Rule W2 keeps the backlog empty. With
     a prefetch ``P`` the core asks for up to ``P`` requests beyond its free slots (opt-in:
     one may wait here behind a slow one while another worker frees up): they wait in the
-    backlog below and
-    start in arrival order as slots free, the deadline rule applying as to any backlogged
-    request; work timeouts count from a handler's start (the driver's), but a dcp broker
-    counts its own from dispatch (its Rule R7), waiting included. A broker that keeps
+    backlog below and start in arrival order as slots free, the deadline rule applying as to
+    any backlogged request; work timeouts count from a handler's start (the driver's), but a
+    dcp broker counts its own from dispatch (its Rule R7), waiting included. A broker that keeps
     readiness as a single flag (as the DCP spec can be read; the DagBox reference does)
     collapses signals, so our credit can only over-estimate its count: we ask for less, not
     more. Should a request still arrive while all ``N`` slots are busy (a broker that grants
