@@ -11,8 +11,11 @@ Rule CW2 - At default verbosity it prints one line on stderr once the broker has
    registration (the services, the broker endpoint, the concurrency, the prefetch if any;
    with several ``--connect``, once the first broker has, naming every endpoint), and one
    when the first SIGINT or SIGTERM begins the graceful stop (how many requests it is finishing,
-   within how long, and that the signal again forces it). ``-v`` adds the library's INFO
-   lines on ``dcp.worker``.
+   within how long, and that the signal again forces it). A signal that comes before the
+   broker has echoed the registration (a wrong endpoint, a broker not started yet) stops it
+   at once, nothing being in progress: it says so, and exits as after a stop (130 after
+   SIGINT, 0 after SIGTERM), never with a traceback. ``-v`` adds the library's INFO lines on
+   ``dcp.worker``.
 Rule CW3 - ``--ready-file PATH``: a stale file is removed at start; the file is written
    (atomically: a temporary file renamed) once the broker has echoed the registration, and
    removed when the command exits, however it exits (but SIGKILL). It holds one JSON object:
@@ -179,15 +182,36 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.prefetch:
         each += f", prefetch {args.prefetch}"
 
+    # Rule CW2: a signal before the registration cancels the start (serve() would return
+    # without reporting readiness, which tg.start() turns into a RuntimeError).
+    starting: anyio.CancelScope | None = None
+    early = started = False
+
     async def run() -> None:
+        nonlocal starting, started
         logger.info("worker for %s connecting to %s", names, ", ".join(args.connect))
+        starting = anyio.CancelScope()
+        if early:
+            starting.cancel()
         async with anyio.create_task_group() as tg:
-            await tg.start(worker.serve)
+            with starting:
+                await tg.start(worker.serve)
+            if starting.cancel_called:  # the signal came before, or as, serve() started
+                tg.cancel_scope.cancel()
+                return
+            started = True
             at = ", ".join(worker.endpoints)
             _say(f"serving {names} at {at} (concurrency {args.concurrency}{each})")
             ready.write(worker.endpoints, worker.services)
 
     def stop(sig: signal.Signals) -> None:
+        nonlocal early
+        if not started:
+            early = True
+            if starting is not None:
+                starting.cancel()
+            _say(f"{sig.name}: stopping (the broker has not confirmed the registration yet)")
+            return
         running = worker.statistics().in_progress
         worker.stop(grace=args.grace)
         again = "Ctrl-C" if sig is signal.SIGINT else sig.name

@@ -355,6 +355,39 @@ def test_ctrl_c_on_call_exits_130_quietly(backend: str) -> None:
         router.close(0)
 
 
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_before_the_registration_stops_the_worker_quietly(
+    backend: str, signum: signal.Signals
+) -> None:
+    """:mod:`dcp._cli._worker` Rule CW2: a worker whose broker never confirms its registration
+    (here a ROUTER that reads it and says nothing) stops at the first signal, says so in one
+    line and exits as after a stop, not with a traceback."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVTIMEO, 15_000)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        worker = Proc(
+            "--backend", backend, "worker", "--connect", f"tcp://127.0.0.1:{port}",
+            "--service", "echo", HANDLER,
+        )  # fmt: skip
+        try:
+            router.recv_multipart()  # its registration: it waits for the broker's echo
+            worker.popen.send_signal(signum)
+            code, out, err = worker.finish(10)
+        finally:
+            worker.kill()
+    finally:
+        router.close(0)
+    assert (code, out) == (130 if signum is signal.SIGINT else 0, "")
+    assert err == (
+        f"dcp worker: {signum.name}: stopping (the broker has not confirmed the registration "
+        "yet)\n"
+    )
+
+
 # -- the command line itself ----------------------------------------------------------------
 
 
