@@ -434,7 +434,7 @@ def build_parser() -> _Parser:
         "data parts one per line (with --json, one JSON object per part); --timeout bounds the "
         "whole stream, and the request is not resent",
     )
-    p.add_argument("service", metavar="SERVICE")
+    p.add_argument("service", metavar="SERVICE", help="the service to call, e.g. shout")
     p.add_argument(
         "data",
         nargs="*",
@@ -460,7 +460,13 @@ def build_parser() -> _Parser:
     p = command(
         "keys", help="generate a CURVE key pair: NAME.key (public), NAME.key_secret (0600)"
     )
-    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "name",
+        metavar="NAME",
+        help="the pair's name: NAME.key_secret is its owner's --keys (a broker's, a "
+        "worker's or a client's), NAME.key is what the others are given (--server-key, "
+        "--allow-client, --allow-worker)",
+    )
     p.add_argument("--dir", default=".", metavar="DIR", help="where to write")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_keys)

@@ -38,8 +38,14 @@ def add_pubsub_commands(
         help="broker endpoint; give it several times (or a comma-separated list) for "
         "several brokers",
     )
-    p.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS")
-    p.add_argument("subject", metavar="SUBJECT")
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds the broker has to acknowledge the publish, resends included",
+    )
+    p.add_argument("subject", metavar="SUBJECT", help="where to publish, e.g. orders.eu.paid")
     p.add_argument("data", nargs="*", metavar="DATA", help="data parts (UTF-8)")
     security(p)
     p.set_defaults(func=cmd_pub)
@@ -70,7 +76,9 @@ def add_pubsub_commands(
         default="drop-oldest",
         help="what the broker does when the buffer is full",
     )
-    p.add_argument("pattern", metavar="PATTERN")
+    p.add_argument(
+        "pattern", metavar="PATTERN", help="subjects to receive, e.g. orders.*.paid or orders.>"
+    )
     security(p)
     p.set_defaults(func=cmd_sub)
 
