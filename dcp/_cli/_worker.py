@@ -52,7 +52,10 @@ logger = logging.getLogger("dcp.cli")
 
 
 def _where(exc: BaseException) -> str:
-    """`` (at FILE:LINE)``: the innermost frame of ``exc``'s traceback, if any."""
+    """`` (at FILE:LINE)``: where a ``SyntaxError`` is (its traceback ends in importlib), or
+    the innermost frame of ``exc``'s traceback, if any."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
@@ -84,7 +87,8 @@ def load_handler(spec: str) -> Any:
     except Exception as exc:  # the module's own code failed: say what, and where
         raise CLIError(
             f"cannot load handler {spec!r}: importing {module_name} raised "
-            f"{type(exc).__name__}: {exc}{_where(exc)}",
+            f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}"
+            f"{_where(exc)}",
             USAGE,
         ) from None
     for part in attr.split("."):

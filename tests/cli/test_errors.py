@@ -11,7 +11,8 @@ import pytest
 import zmq
 
 from dcp._cli import main
-from dcp._cli._run import interrupted
+from dcp._cli._run import CLIError, interrupted
+from dcp._cli._worker import load_handler
 from dcp._io.errors import endpoint_problem
 from dcp._io.lifecycle import BaseExceptionGroup
 from tests.cli.procs import HANDLER, Proc, run
@@ -197,6 +198,22 @@ def test_handler_that_cannot_be_used_is_a_usage_error(spec: str, line: str) -> N
         2,
         "",
         line + see("dcp worker") + "\n",
+    )
+
+
+def test_handler_module_with_a_syntax_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule CW1: a module that does not compile is named with its file and line, not with
+    importlib's frame (``(at <frozen importlib._bootstrap>:241)``)."""
+    (tmp_path / "broken_syntax.py").write_text("x = 1\ndef f(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(CLIError) as info:
+        load_handler("broken_syntax:f")
+    assert info.value.code == 2
+    assert info.value.message == (
+        "cannot load handler 'broken_syntax:f': importing broken_syntax raised SyntaxError: "
+        f"invalid syntax (at {tmp_path / 'broken_syntax.py'}:2)"
     )
 
 
