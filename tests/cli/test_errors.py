@@ -247,7 +247,7 @@ def test_missing_key_file() -> None:
     assert run(*WORKER, *keys, HANDLER) == (
         1,
         "",
-        "dcp worker: Invalid certificate file: /no/such\n",
+        "dcp worker: --keys /no/such: no such file\n",
     )
 
 
