@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dcp._cli._run import USAGE, CLIError, run_async, until_signal
+from dcp._cli._run import USAGE, CLIError, beacon_errors, run_async, until_signal
 from dcp._cli._security import client_security
 from dcp._io.errors import endpoint_errors
 
@@ -103,7 +103,10 @@ def _run(args: argparse.Namespace, body: Callable[[Any], Any]) -> int:
                 raise CLIError(f"{type(exc).__name__}: {exc}") from None
 
     try:
-        with endpoint_errors("connect to", args.connect, CLIError):  # dcp._io.errors Z3
+        with (
+            endpoint_errors("connect to", args.connect, CLIError),  # dcp._io.errors Z3
+            beacon_errors(args.connect),
+        ):
             received = run_async(args.backend, until_signal, run)
     except (TypeError, ValueError) as exc:
         raise CLIError(str(exc), USAGE) from None

@@ -41,7 +41,7 @@ from typing import Any
 
 import anyio
 
-from dcp._cli._run import USAGE, CLIError, exit_code, run_async, until_signal
+from dcp._cli._run import USAGE, CLIError, beacon_errors, exit_code, run_async, until_signal
 from dcp._cli._security import client_security
 from dcp._cli._services import worker_services
 from dcp._io.errors import endpoint_errors
@@ -228,7 +228,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             _say(f"{sig.name}: stopping (no request in progress)")
 
     try:
-        with endpoint_errors("connect to", args.connect, CLIError):
+        with endpoint_errors("connect to", args.connect, CLIError), beacon_errors(args.connect):
             received = run_async(args.backend, until_signal, run, stop)
     except (RegistrationRefused, AuthenticationFailed) as exc:
         raise CLIError(f"{type(exc).__name__}: {exc}", 3) from None
