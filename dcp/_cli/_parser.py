@@ -20,15 +20,17 @@ from dcp._version import DISTRIBUTION, __version__
 __all__ = ["DISTRIBUTION", "build_parser"]
 
 _EPILOG = f"""\
-global options (--backend, -v) may also follow the command: dcp broker -v --bind ...
+global options (--backend, -v) may also follow the command: dcp broker -v ...
 
-exit status: 0 done; 1 error (one line on stderr: a port in use, a missing key file,
-...); 2 usage error (also a handler dcp worker cannot use); 3 the broker refused a
-worker's registration; 4 no worker serves the service of a dcp call; 5 dcp call got an
-error reply; 6 dcp call got no reply in time; 130 stopped by SIGINT (Ctrl-C). A broker or
-worker stopped by SIGTERM exits with 0 once it has stopped.
+exit status: 0 done; 1 error (one line on stderr: a port in use, a missing key
+file, ...); 2 usage error (also a handler dcp worker cannot use); 3 the broker
+refused a worker's registration; 4 no worker serves the service of a dcp call;
+5 dcp call got an error reply; 6 dcp call got no reply in time; 130 stopped by
+SIGINT (Ctrl-C). A broker or worker stopped by SIGTERM exits with 0 once it has
+stopped.
 
-documentation: {DOCS_URL}"""
+documentation: {DOCS_URL}
+the dcp command's page: {doc_url("cli")}"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -295,11 +297,12 @@ def build_parser() -> _Parser:
         "worker",
         help="serve a service with a handler function",
         description="Serve one or more services with handler functions until SIGINT or\n"
-        "SIGTERM. It says on stderr when it serves (the services, the broker) and, on the\n"
-        "first signal, how many requests it is finishing; a second signal stops it at once.\n"
-        "--ready-file PATH is written once the broker has confirmed the registration (for a\n"
-        "supervisor or a script to wait on) and removed at exit. A handler that cannot be\n"
-        "loaded or is not one (a plain def generator, no parameter, ...) is exit status 2.",
+        "SIGTERM. It says on stderr when it serves (the services, the broker) and, on\n"
+        "the first signal, how many requests it is finishing; a second signal stops it\n"
+        "at once. --ready-file PATH is written once the broker has confirmed the\n"
+        "registration (for a supervisor or a script to wait on) and removed at exit.\n"
+        "A handler that cannot be loaded or is not one (a plain def generator, no\n"
+        "parameter, ...) is exit status 2.",
     )
     p.add_argument(
         "--connect",
@@ -364,8 +367,8 @@ def build_parser() -> _Parser:
         "call",
         help="send one request and print the reply's data parts",
         description="Send one request and print the reply's data parts, one per line (or,\n"
-        "with --json, the whole reply as one JSON object). A failure is one line on stderr\n"
-        '(with --json, also {"error": {"type": ..., "code": ..., "message": ...}}\n'
+        "with --json, the whole reply as one JSON object). A failure is one line on\n"
+        'stderr (with --json, also {"error": {"type": ..., "code": ..., "message": ...}}\n'
         "on stdout) and its exit status:\n"
         "  4  no worker serves the service (at once; --wait queues the call instead)\n"
         "  5  an error reply: the worker's handler failed, or the broker refused the call\n"
@@ -583,8 +586,8 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
 def _add_server_security(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         f"CURVE security ({doc_url('security')})",
-        "SIGHUP re-reads the --allow-* files and directories: new keys get in, removed "
-        "ones are no longer heard, and their workers are removed",
+        "SIGHUP re-reads the --allow-* files and directories: new keys get in, removed\n"
+        "ones are no longer heard, and their workers are removed.",
     )
     g.add_argument(
         "--keys", metavar="FILE", help="the broker's NAME.key_secret file: turns CURVE on"

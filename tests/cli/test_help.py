@@ -40,6 +40,15 @@ def test_each_option_says_its_default_once(command: str) -> None:
     assert re.findall(r"\(default: [^)]*\) \(default:", text) == []
 
 
+@pytest.mark.parametrize("command", sorted(_helps()))
+def test_help_fits_80_columns(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a terminal of 80 columns no line of any help is wider: descriptions, epilogs and
+    group texts keep their own line breaks (a CURVE group's line was 135 wide)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    long = [line for line in _helps()[command].splitlines() if len(line) > 80]
+    assert long == []
+
+
 def test_every_argument_has_a_help_text() -> None:
     """Each option and positional argument of every command says what it is (``dcp pub
     --timeout`` once showed no help and no default)."""
