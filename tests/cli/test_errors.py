@@ -5,6 +5,7 @@ subprocess (``tests/cli/procs.py``) and compares the whole of stderr."""
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,35 @@ def test_handler_module_with_a_syntax_error(
         "cannot load handler 'broken_syntax:f': importing broken_syntax raised SyntaxError: "
         f"invalid syntax (at {tmp_path / 'broken_syntax.py'}:2)"
     )
+
+
+def test_ipc_endpoint_in_use(tmp_path: Path) -> None:
+    """zmq binds an ``ipc://`` path another process listens on without an error (it unlinks
+    the socket file), so a second broker took the first one's endpoint silently: it is a port
+    in use, as for tcp://. A stale socket file, nobody listening, is replaced as before."""
+    path = tmp_path / "b.sock"
+    endpoint = f"ipc://{path}"
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.bind(endpoint)
+        assert run("broker", "--bind", "tcp://127.0.0.1:0", "--bind", endpoint) == (
+            1,
+            "",
+            f"dcp broker: cannot bind {endpoint}: Address already in use (a process listens "
+            "there)\n",
+        )
+    finally:
+        sock.close(0)
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+        unix.bind(str(stale))  # a file nobody listens on, as a killed broker leaves
+    broker = Proc("broker", "--bind", f"ipc://{stale}")
+    try:
+        assert broker.read_lines(1) == [f"ipc://{stale}"]
+    finally:
+        broker.kill()
 
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
