@@ -18,6 +18,7 @@ import dcp
 from dcp._cli import main
 from dcp._cli._call import ERROR_REPLY, TIMED_OUT
 from dcp._cli._parser import build_parser
+from dcp._cli.demo import DemoSummary
 from dcp.wire import mdp
 from dcp.wire.messages import Reconnect, Register, Reply, Request
 from tests.cli.procs import HANDLER, Proc, run, start, start_broker
@@ -225,6 +226,20 @@ def test_demo_in_process(width: str, capsys: pytest.CaptureFixture[str]) -> None
     captured = capsys.readouterr()
     assert "  replies ok   40\n  errors       0\n" in captured.out
     assert "40/40" in captured.err  # the progress bar
+
+
+def test_demo_window_beyond_its_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--window`` larger than the requests starts one lane per request, not a million tasks
+    that blocked the event loop (and the workers' heartbeats) until every request failed."""
+    argv = ["demo", "--requests", "3", "--clients", "1", "--window", "1000000", "--no-progress"]
+    assert main(argv) == 0
+    assert "  replies ok   3\n  errors       0\n" in capsys.readouterr().out
+
+
+def test_demo_summary_without_replies() -> None:
+    """No reply at all: the latency line says so (it printed ``p50 nan ms``)."""
+    summary = DemoSummary(requests=5, ok=0, errors=5, seconds=1.0, latencies=())
+    assert "  throughput   0 req/s\n  latency      - (no reply)" in summary.render()
 
 
 def test_broker_limits_from_the_command_line(procs: list[Proc]) -> None:
