@@ -48,6 +48,19 @@ class _Intermixed(_Parser):
     --connect E echo hi --json`` (argparse stops at the first positional otherwise)."""
 
     _inner = False
+    _REQUIRED = "the following arguments are required: "
+
+    def error(self, message: str) -> NoReturn:
+        # Intermixed parsing names every positional as missing, DATA (nargs "*") too.
+        if message.startswith(self._REQUIRED):
+            optional = {
+                action.metavar or action.dest
+                for action in self._actions
+                if not action.option_strings and action.nargs in ("*", "?")
+            }
+            names = message.removeprefix(self._REQUIRED).split(", ")
+            message = self._REQUIRED + ", ".join(n for n in names if n not in optional)
+        super().error(message)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None

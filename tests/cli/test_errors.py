@@ -218,6 +218,28 @@ def test_handler_module_with_a_syntax_error(
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["call", "--connect", "tcp://127.0.0.1:1"], "dcp call: the following arguments are "
+         "required: SERVICE (see 'dcp call --help')"),
+        (["pub", "--connect", "tcp://127.0.0.1:1"], "dcp pub: the following arguments are "
+         "required: SUBJECT (see 'dcp pub --help')"),
+        (["call", "x"], "dcp call: the following arguments are required: --connect (see "
+         "'dcp call --help')"),
+    ],
+)  # fmt: skip
+def test_a_missing_argument_names_only_what_is_required(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DATA may be left out (``nargs="*"``): argparse's intermixed parsing named it as
+    required too (``required: SERVICE, DATA``)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr() == ("", line + "\n")
+
+
 def test_ipc_endpoint_in_use(tmp_path: Path) -> None:
     """zmq binds an ``ipc://`` path another process listens on without an error (it unlinks
     the socket file), so a second broker took the first one's endpoint silently: it is a port
