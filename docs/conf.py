@@ -15,7 +15,9 @@ What the build picks up by itself (see ``docs/README.md``):
   block (``docs/_ext/dcp_api.py``), which reads ``__all__`` at build time and groups the
   names by the private module they come from;
 - every private module: ``internals/modules.md`` lists them all (``dcp-modules``); a
-  reference to a private object that exists links to its module there.
+  reference to a private object that exists links to its module there;
+- every ``dcp`` command's ``--help``: ``cli.md`` has a ``dcp-cli`` block
+  (``docs/_ext/dcp_cli.py``).
 
 Third-party targets: the build runs offline (CI has no route to docs.python.org or
 readthedocs), so there is no intersphinx. References to the standard library's and
@@ -42,6 +44,7 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "dcp_api",
+    "dcp_cli",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from dcp._cli._run import USAGE, CLIError, run_async, until_signal
+from dcp._cli._run import USAGE, CLIError, beacon_errors, run_async, until_signal
 from dcp._cli._security import client_security
 from dcp._io.errors import endpoint_errors
 
@@ -260,7 +260,10 @@ def _call(args: argparse.Namespace) -> int:
             replies.append(reply)
 
     try:
-        with endpoint_errors("connect to", args.connect, CLIError):  # dcp._io.errors Z3
+        with (
+            endpoint_errors("connect to", args.connect, CLIError),  # dcp._io.errors Z3
+            beacon_errors(args.connect),
+        ):
             received = run_async(args.backend, until_signal, run)
     except (TypeError, ValueError) as exc:  # the client's own checks of the request
         raise CLIError(str(exc), USAGE) from None

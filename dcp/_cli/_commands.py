@@ -22,9 +22,34 @@ __all__ = ["cmd_broker", "cmd_demo", "cmd_keys"]
 logger = logging.getLogger("dcp.cli")
 
 
+def _ipc_in_use(endpoint: str) -> bool:
+    """Whether a process listens on the ``ipc://`` endpoint: zmq would unlink its socket file
+    and bind again, taking the endpoint from it without an error (a stale file, nobody
+    listening, is replaced as zmq does)."""
+    import socket
+
+    if not hasattr(socket, "AF_UNIX"):  # no Unix sockets: nothing to probe
+        return False
+    path = endpoint.removeprefix("ipc://")
+    if path.startswith("@"):  # Linux's abstract namespace
+        path = "\0" + path[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
     from dcp._broker.broker import Broker
 
+    for endpoint in args.bind:
+        if endpoint.startswith("ipc://") and _ipc_in_use(endpoint):
+            raise CLIError(
+                f"cannot bind {endpoint}: Address already in use (a process listens there)"
+            )
     security = server_security(args)
     http = broker_http(args)
     try:

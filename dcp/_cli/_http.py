@@ -15,7 +15,8 @@ __all__ = ["add_broker_http", "broker_http"]
 def add_broker_http(p: argparse.ArgumentParser) -> None:
     """The HTTP endpoint's options of ``dcp broker``."""
     g = p.add_argument_group(
-        f"HTTP endpoint: /metrics, /status, a live page ({doc_url('operations')})"
+        "HTTP endpoint: /metrics, /status, a live page",
+        f"(see {doc_url('operations')})",
     )
     g.add_argument(
         "--http",

@@ -20,15 +20,17 @@ from dcp._version import DISTRIBUTION, __version__
 __all__ = ["DISTRIBUTION", "build_parser"]
 
 _EPILOG = f"""\
-global options (--backend, -v) may also follow the command: dcp broker -v --bind ...
+global options (--backend, -v) may also follow the command: dcp broker -v ...
 
-exit status: 0 done; 1 error (one line on stderr: a port in use, a missing key file,
-...); 2 usage error (also a handler dcp worker cannot use); 3 the broker refused a
-worker's registration; 4 no worker serves the service of a dcp call; 5 dcp call got an
-error reply; 6 dcp call got no reply in time; 130 stopped by SIGINT (Ctrl-C). A broker or
-worker stopped by SIGTERM exits with 0 once it has stopped.
+exit status: 0 done; 1 error (one line on stderr: a port in use, a missing key
+file, ...); 2 usage error (also a handler dcp worker cannot use); 3 the broker
+refused a worker's registration; 4 no worker serves the service of a dcp call;
+5 dcp call got an error reply; 6 dcp call got no reply in time; 130 stopped by
+SIGINT (Ctrl-C). A broker or worker stopped by SIGTERM exits with 0 once it has
+stopped.
 
-documentation: {DOCS_URL}"""
+documentation: {DOCS_URL}
+the dcp command's page: {doc_url("cli")}"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +48,19 @@ class _Intermixed(_Parser):
     --connect E echo hi --json`` (argparse stops at the first positional otherwise)."""
 
     _inner = False
+    _REQUIRED = "the following arguments are required: "
+
+    def error(self, message: str) -> NoReturn:
+        # Intermixed parsing names every positional as missing, DATA (nargs "*") too.
+        if message.startswith(self._REQUIRED):
+            optional = {
+                action.metavar or action.dest
+                for action in self._actions
+                if not action.option_strings and action.nargs in ("*", "?")
+            }
+            names = message.removeprefix(self._REQUIRED).split(", ")
+            message = self._REQUIRED + ", ".join(n for n in names if n not in optional)
+        super().error(message)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -295,11 +310,12 @@ def build_parser() -> _Parser:
         "worker",
         help="serve a service with a handler function",
         description="Serve one or more services with handler functions until SIGINT or\n"
-        "SIGTERM. It says on stderr when it serves (the services, the broker) and, on the\n"
-        "first signal, how many requests it is finishing; a second signal stops it at once.\n"
-        "--ready-file PATH is written once the broker has confirmed the registration (for a\n"
-        "supervisor or a script to wait on) and removed at exit. A handler that cannot be\n"
-        "loaded or is not one (a plain def generator, no parameter, ...) is exit status 2.",
+        "SIGTERM. It says on stderr when it serves (the services, the broker) and, on\n"
+        "the first signal, how many requests it is finishing; a second signal stops it\n"
+        "at once. --ready-file PATH is written once the broker has confirmed the\n"
+        "registration (for a supervisor or a script to wait on) and removed at exit.\n"
+        "A handler that cannot be loaded or is not one (a plain def generator, no\n"
+        "parameter, ...) is exit status 2.",
     )
     p.add_argument(
         "--connect",
@@ -364,8 +380,8 @@ def build_parser() -> _Parser:
         "call",
         help="send one request and print the reply's data parts",
         description="Send one request and print the reply's data parts, one per line (or,\n"
-        "with --json, the whole reply as one JSON object). A failure is one line on stderr\n"
-        '(with --json, also {"error": {"type": ..., "code": ..., "message": ...}}\n'
+        "with --json, the whole reply as one JSON object). A failure is one line on\n"
+        'stderr (with --json, also {"error": {"type": ..., "code": ..., "message": ...}}\n'
         "on stdout) and its exit status:\n"
         "  4  no worker serves the service (at once; --wait queues the call instead)\n"
         "  5  an error reply: the worker's handler failed, or the broker refused the call\n"
@@ -434,7 +450,7 @@ def build_parser() -> _Parser:
         "data parts one per line (with --json, one JSON object per part); --timeout bounds the "
         "whole stream, and the request is not resent",
     )
-    p.add_argument("service", metavar="SERVICE")
+    p.add_argument("service", metavar="SERVICE", help="the service to call, e.g. shout")
     p.add_argument(
         "data",
         nargs="*",
@@ -460,7 +476,13 @@ def build_parser() -> _Parser:
     p = command(
         "keys", help="generate a CURVE key pair: NAME.key (public), NAME.key_secret (0600)"
     )
-    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "name",
+        metavar="NAME",
+        help="the pair's name: NAME.key_secret is its owner's --keys (a broker's, a "
+        "worker's or a client's), NAME.key is what the others are given (--server-key, "
+        "--allow-client, --allow-worker)",
+    )
     p.add_argument("--dir", default=".", metavar="DIR", help="where to write")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_keys)
@@ -577,8 +599,8 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
 def _add_server_security(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         f"CURVE security ({doc_url('security')})",
-        "SIGHUP re-reads the --allow-* files and directories: new keys get in, removed "
-        "ones are no longer heard, and their workers are removed",
+        "SIGHUP re-reads the --allow-* files and directories: new keys get in, removed\n"
+        "ones are no longer heard, and their workers are removed.",
     )
     g.add_argument(
         "--keys", metavar="FILE", help="the broker's NAME.key_secret file: turns CURVE on"

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dcp._cli._run import USAGE, CLIError, run_async, until_signal
+from dcp._cli._run import USAGE, CLIError, beacon_errors, run_async, until_signal
 from dcp._cli._security import client_security
 from dcp._io.errors import endpoint_errors
 
@@ -38,8 +38,14 @@ def add_pubsub_commands(
         help="broker endpoint; give it several times (or a comma-separated list) for "
         "several brokers",
     )
-    p.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS")
-    p.add_argument("subject", metavar="SUBJECT")
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds the broker has to acknowledge the publish, resends included",
+    )
+    p.add_argument("subject", metavar="SUBJECT", help="where to publish, e.g. orders.eu.paid")
     p.add_argument("data", nargs="*", metavar="DATA", help="data parts (UTF-8)")
     security(p)
     p.set_defaults(func=cmd_pub)
@@ -70,7 +76,9 @@ def add_pubsub_commands(
         default="drop-oldest",
         help="what the broker does when the buffer is full",
     )
-    p.add_argument("pattern", metavar="PATTERN")
+    p.add_argument(
+        "pattern", metavar="PATTERN", help="subjects to receive, e.g. orders.*.paid or orders.>"
+    )
     security(p)
     p.set_defaults(func=cmd_sub)
 
@@ -95,7 +103,10 @@ def _run(args: argparse.Namespace, body: Callable[[Any], Any]) -> int:
                 raise CLIError(f"{type(exc).__name__}: {exc}") from None
 
     try:
-        with endpoint_errors("connect to", args.connect, CLIError):  # dcp._io.errors Z3
+        with (
+            endpoint_errors("connect to", args.connect, CLIError),  # dcp._io.errors Z3
+            beacon_errors(args.connect),
+        ):
             received = run_async(args.backend, until_signal, run)
     except (TypeError, ValueError) as exc:
         raise CLIError(str(exc), USAGE) from None

@@ -14,13 +14,17 @@ Rule CR2 - SIGINT (Ctrl-C) and SIGTERM stop a command through :func:`until_signa
    finishing; a second one cancels at once.
 Rule CR3 - An ``ExceptionGroup`` around one real error is unwrapped (:func:`run_async`), so Rule
    CR1 sees the error itself.
+Rule CR4 - A ``beacon://`` endpoint that hears no beacon in time, or whose UDP port cannot be
+   listened on, is a user error of every command that takes one (:func:`beacon_errors`), as
+   in ``dcp find``: one line, exit status 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
 import anyio
@@ -31,6 +35,7 @@ __all__ = [
     "INTERRUPTED",
     "USAGE",
     "CLIError",
+    "beacon_errors",
     "exit_code",
     "interrupted",
     "run_async",
@@ -104,6 +109,27 @@ def run_async(backend: str, func: Callable[..., Awaitable[T]], *args: object) ->
         if exc is group:
             raise
         raise exc from None
+
+
+@contextlib.contextmanager
+def beacon_errors(endpoints: Sequence[str]) -> Iterator[None]:
+    """Rule CR4: with a ``beacon://`` endpoint among ``endpoints``, the block's failure to
+    hear one (``TimeoutError``, not a :exc:`dcp.RequestTimeout`) or to listen (``OSError``)
+    is raised again as a :class:`CLIError`."""
+    from dcp._errors import DCPError
+    from dcp._io.beacon import BEACON_SCHEME
+
+    if not any(endpoint.startswith(BEACON_SCHEME) for endpoint in endpoints):
+        yield
+        return
+    try:
+        yield
+    except DCPError:
+        raise
+    except TimeoutError as exc:  # dcp._io.beacon.resolve: nothing heard
+        raise CLIError(str(exc)) from None
+    except OSError as exc:  # the beacon's UDP port
+        raise CLIError(f"cannot listen for a beacon: {exc.strerror or exc}") from None
 
 
 def interrupted(exc: BaseException) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dcp._cli._docs import doc_url
-from dcp._cli._run import USAGE, CLIError, run_async
+from dcp._cli._run import USAGE, CLIError, beacon_errors, run_async
 
 __all__ = [
     "add_broker_beacon",
@@ -120,7 +120,8 @@ def cmd_services(args: argparse.Namespace) -> int:
             rows.extend({c: getattr(s, c) for c in _COLUMNS} for s in await client.services())
 
     try:
-        run_async(args.backend, run)
+        with beacon_errors(args.connect):
+            run_async(args.backend, run)
     except (DCPError, RuntimeError, ValueError) as exc:
         raise CLIError(str(exc)) from None
     if args.json:

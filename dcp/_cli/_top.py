@@ -174,10 +174,10 @@ def add_top_command(
     p = command(
         "top",
         help="a live view of a running broker: services, rates, queues, workers",
-        description="Poll a broker's mmi.stats and mmi.broker services and show, per service,\n"
-        "requests per second, replies, errors, queue depth and idle/busy workers, with the\n"
-        "broker's uptime, peers and refusals. Needs the top extra: "
-        f"{_INSTALL}.\nCtrl-C stops it. Reading the figures: {doc_url('operations')}",
+        description="Poll a broker's mmi.stats and mmi.broker services and show, per\n"
+        "service, requests per second, replies, errors, queue depth and idle/busy\n"
+        "workers, with the broker's uptime, peers and refusals. Needs the top extra:\n"
+        f"{_INSTALL}. Ctrl-C stops it.\nReading the figures: {doc_url('operations')}",
     )
     p.add_argument(
         "--connect",

@@ -11,8 +11,11 @@ Rule CW2 - At default verbosity it prints one line on stderr once the broker has
    registration (the services, the broker endpoint, the concurrency, the prefetch if any;
    with several ``--connect``, once the first broker has, naming every endpoint), and one
    when the first SIGINT or SIGTERM begins the graceful stop (how many requests it is finishing,
-   within how long, and that the signal again forces it). ``-v`` adds the library's INFO
-   lines on ``dcp.worker``.
+   within how long, and that the signal again forces it). A signal that comes before the
+   broker has echoed the registration (a wrong endpoint, a broker not started yet) stops it
+   at once, nothing being in progress: it says so, and exits as after a stop (130 after
+   SIGINT, 0 after SIGTERM), never with a traceback. ``-v`` adds the library's INFO lines on
+   ``dcp.worker``.
 Rule CW3 - ``--ready-file PATH``: a stale file is removed at start; the file is written
    (atomically: a temporary file renamed) once the broker has echoed the registration, and
    removed when the command exits, however it exits (but SIGKILL). It holds one JSON object:
@@ -38,7 +41,7 @@ from typing import Any
 
 import anyio
 
-from dcp._cli._run import USAGE, CLIError, exit_code, run_async, until_signal
+from dcp._cli._run import USAGE, CLIError, beacon_errors, exit_code, run_async, until_signal
 from dcp._cli._security import client_security
 from dcp._cli._services import worker_services
 from dcp._io.errors import endpoint_errors
@@ -49,7 +52,10 @@ logger = logging.getLogger("dcp.cli")
 
 
 def _where(exc: BaseException) -> str:
-    """`` (at FILE:LINE)``: the innermost frame of ``exc``'s traceback, if any."""
+    """`` (at FILE:LINE)``: where a ``SyntaxError`` is (its traceback ends in importlib), or
+    the innermost frame of ``exc``'s traceback, if any."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
@@ -81,7 +87,8 @@ def load_handler(spec: str) -> Any:
     except Exception as exc:  # the module's own code failed: say what, and where
         raise CLIError(
             f"cannot load handler {spec!r}: importing {module_name} raised "
-            f"{type(exc).__name__}: {exc}{_where(exc)}",
+            f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}"
+            f"{_where(exc)}",
             USAGE,
         ) from None
     for part in attr.split("."):
@@ -179,15 +186,36 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.prefetch:
         each += f", prefetch {args.prefetch}"
 
+    # Rule CW2: a signal before the registration cancels the start (serve() would return
+    # without reporting readiness, which tg.start() turns into a RuntimeError).
+    starting: anyio.CancelScope | None = None
+    early = started = False
+
     async def run() -> None:
+        nonlocal starting, started
         logger.info("worker for %s connecting to %s", names, ", ".join(args.connect))
+        starting = anyio.CancelScope()
+        if early:
+            starting.cancel()
         async with anyio.create_task_group() as tg:
-            await tg.start(worker.serve)
+            with starting:
+                await tg.start(worker.serve)
+            if starting.cancel_called:  # the signal came before, or as, serve() started
+                tg.cancel_scope.cancel()
+                return
+            started = True
             at = ", ".join(worker.endpoints)
             _say(f"serving {names} at {at} (concurrency {args.concurrency}{each})")
             ready.write(worker.endpoints, worker.services)
 
     def stop(sig: signal.Signals) -> None:
+        nonlocal early
+        if not started:
+            early = True
+            if starting is not None:
+                starting.cancel()
+            _say(f"{sig.name}: stopping (the broker has not confirmed the registration yet)")
+            return
         running = worker.statistics().in_progress
         worker.stop(grace=args.grace)
         again = "Ctrl-C" if sig is signal.SIGINT else sig.name
@@ -200,7 +228,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             _say(f"{sig.name}: stopping (no request in progress)")
 
     try:
-        with endpoint_errors("connect to", args.connect, CLIError):
+        with endpoint_errors("connect to", args.connect, CLIError), beacon_errors(args.connect):
             received = run_async(args.backend, until_signal, run, stop)
     except (RegistrationRefused, AuthenticationFailed) as exc:
         raise CLIError(f"{type(exc).__name__}: {exc}", 3) from None

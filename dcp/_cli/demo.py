@@ -85,6 +85,14 @@ class DemoSummary:
 
     def render(self) -> str:
         ms = 1000.0
+        latency = (
+            f"p50 {self.percentile(50) * ms:.2f} ms  "
+            f"p90 {self.percentile(90) * ms:.2f} ms  "
+            f"p99 {self.percentile(99) * ms:.2f} ms  "
+            f"max {max(self.latencies) * ms:.2f} ms"
+            if self.latencies
+            else "- (no reply)"
+        )
         return "\n".join(
             [
                 "dcp demo summary",
@@ -94,11 +102,7 @@ class DemoSummary:
                 f"  forwards     {self.forwards} (normalize -> stats, counted by the broker)",
                 f"  elapsed      {self.seconds:.2f} s",
                 f"  throughput   {self.throughput:,.0f} req/s",
-                "  latency      "
-                f"p50 {self.percentile(50) * ms:.2f} ms  "
-                f"p90 {self.percentile(90) * ms:.2f} ms  "
-                f"p99 {self.percentile(99) * ms:.2f} ms  "
-                f"max {max(self.latencies, default=0.0) * ms:.2f} ms",
+                f"  latency      {latency}",
             ]
         )
 
@@ -200,8 +204,10 @@ async def run_demo(
                                     errors += 1
                             bar.done += 1
 
+                    # No more lanes than requests: --window 100000 made 100,000 tasks per
+                    # client that blocked the loop for seconds (the workers' heartbeats too).
                     async with anyio.create_task_group() as lanes:
-                        for _ in range(window):
+                        for _ in range(min(window, len(chunk))):
                             lanes.start_soon(lane)
 
             async with anyio.create_task_group() as load:

@@ -18,6 +18,7 @@ import dcp
 from dcp._cli import main
 from dcp._cli._call import ERROR_REPLY, TIMED_OUT
 from dcp._cli._parser import build_parser
+from dcp._cli.demo import DemoSummary
 from dcp.wire import mdp
 from dcp.wire.messages import Reconnect, Register, Reply, Request
 from tests.cli.procs import HANDLER, Proc, run, start, start_broker
@@ -227,6 +228,20 @@ def test_demo_in_process(width: str, capsys: pytest.CaptureFixture[str]) -> None
     assert "40/40" in captured.err  # the progress bar
 
 
+def test_demo_window_beyond_its_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--window`` larger than the requests starts one lane per request, not a million tasks
+    that blocked the event loop (and the workers' heartbeats) until every request failed."""
+    argv = ["demo", "--requests", "3", "--clients", "1", "--window", "1000000", "--no-progress"]
+    assert main(argv) == 0
+    assert "  replies ok   3\n  errors       0\n" in capsys.readouterr().out
+
+
+def test_demo_summary_without_replies() -> None:
+    """No reply at all: the latency line says so (it printed ``p50 nan ms``)."""
+    summary = DemoSummary(requests=5, ok=0, errors=5, seconds=1.0, latencies=())
+    assert "  throughput   0 req/s\n  latency      - (no reply)" in summary.render()
+
+
 def test_broker_limits_from_the_command_line(procs: list[Proc]) -> None:
     broker = start(procs, "broker", "--bind", "tcp://127.0.0.1:0", "--max-client-queued", "0")
     (tcp,) = broker.read_lines(1)
@@ -353,6 +368,39 @@ def test_ctrl_c_on_call_exits_130_quietly(backend: str) -> None:
             call.kill()
     finally:
         router.close(0)
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_before_the_registration_stops_the_worker_quietly(
+    backend: str, signum: signal.Signals
+) -> None:
+    """:mod:`dcp._cli._worker` Rule CW2: a worker whose broker never confirms its registration
+    (here a ROUTER that reads it and says nothing) stops at the first signal, says so in one
+    line and exits as after a stop, not with a traceback."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVTIMEO, 15_000)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        worker = Proc(
+            "--backend", backend, "worker", "--connect", f"tcp://127.0.0.1:{port}",
+            "--service", "echo", HANDLER,
+        )  # fmt: skip
+        try:
+            router.recv_multipart()  # its registration: it waits for the broker's echo
+            worker.popen.send_signal(signum)
+            code, out, err = worker.finish(10)
+        finally:
+            worker.kill()
+    finally:
+        router.close(0)
+    assert (code, out) == (130 if signum is signal.SIGINT else 0, "")
+    assert err == (
+        f"dcp worker: {signum.name}: stopping (the broker has not confirmed the registration "
+        "yet)\n"
+    )
 
 
 # -- the command line itself ----------------------------------------------------------------

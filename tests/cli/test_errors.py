@@ -5,13 +5,15 @@ subprocess (``tests/cli/procs.py``) and compares the whole of stderr."""
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 
 import pytest
 import zmq
 
 from dcp._cli import main
-from dcp._cli._run import interrupted
+from dcp._cli._run import CLIError, interrupted
+from dcp._cli._worker import load_handler
 from dcp._io.errors import endpoint_problem
 from dcp._io.lifecycle import BaseExceptionGroup
 from tests.cli.procs import HANDLER, Proc, run
@@ -200,6 +202,73 @@ def test_handler_that_cannot_be_used_is_a_usage_error(spec: str, line: str) -> N
     )
 
 
+def test_handler_module_with_a_syntax_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule CW1: a module that does not compile is named with its file and line, not with
+    importlib's frame (``(at <frozen importlib._bootstrap>:241)``)."""
+    (tmp_path / "broken_syntax.py").write_text("x = 1\ndef f(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(CLIError) as info:
+        load_handler("broken_syntax:f")
+    assert info.value.code == 2
+    assert info.value.message == (
+        "cannot load handler 'broken_syntax:f': importing broken_syntax raised SyntaxError: "
+        f"invalid syntax (at {tmp_path / 'broken_syntax.py'}:2)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["call", "--connect", "tcp://127.0.0.1:1"], "dcp call: the following arguments are "
+         "required: SERVICE (see 'dcp call --help')"),
+        (["pub", "--connect", "tcp://127.0.0.1:1"], "dcp pub: the following arguments are "
+         "required: SUBJECT (see 'dcp pub --help')"),
+        (["call", "x"], "dcp call: the following arguments are required: --connect (see "
+         "'dcp call --help')"),
+    ],
+)  # fmt: skip
+def test_a_missing_argument_names_only_what_is_required(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DATA may be left out (``nargs="*"``): argparse's intermixed parsing named it as
+    required too (``required: SERVICE, DATA``)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr() == ("", line + "\n")
+
+
+def test_ipc_endpoint_in_use(tmp_path: Path) -> None:
+    """zmq binds an ``ipc://`` path another process listens on without an error (it unlinks
+    the socket file), so a second broker took the first one's endpoint silently: it is a port
+    in use, as for tcp://. A stale socket file, nobody listening, is replaced as before."""
+    path = tmp_path / "b.sock"
+    endpoint = f"ipc://{path}"
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.bind(endpoint)
+        assert run("broker", "--bind", "tcp://127.0.0.1:0", "--bind", endpoint) == (
+            1,
+            "",
+            f"dcp broker: cannot bind {endpoint}: Address already in use (a process listens "
+            "there)\n",
+        )
+    finally:
+        sock.close(0)
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+        unix.bind(str(stale))  # a file nobody listens on, as a killed broker leaves
+    broker = Proc("broker", "--bind", f"ipc://{stale}")
+    try:
+        assert broker.read_lines(1) == [f"ipc://{stale}"]
+    finally:
+        broker.kill()
+
+
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_port_in_use(backend: str) -> None:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -230,7 +299,7 @@ def test_missing_key_file() -> None:
     assert run(*WORKER, *keys, HANDLER) == (
         1,
         "",
-        "dcp worker: Invalid certificate file: /no/such\n",
+        "dcp worker: --keys /no/such: no such file\n",
     )
 
 

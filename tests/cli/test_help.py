@@ -40,6 +40,29 @@ def test_each_option_says_its_default_once(command: str) -> None:
     assert re.findall(r"\(default: [^)]*\) \(default:", text) == []
 
 
+@pytest.mark.parametrize("command", sorted(_helps()))
+def test_help_fits_80_columns(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a terminal of 80 columns no line of any help is wider: descriptions, epilogs and
+    group texts keep their own line breaks (a CURVE group's line was 135 wide)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    long = [line for line in _helps()[command].splitlines() if len(line) > 80]
+    assert long == []
+
+
+def test_every_argument_has_a_help_text() -> None:
+    """Each option and positional argument of every command says what it is (``dcp pub
+    --timeout`` once showed no help and no default)."""
+    parser = build_parser()
+    bare = [
+        f"dcp {name} {action.option_strings or action.dest}"
+        for name, sub in parser.commands.items()
+        for action in sub._actions
+        if not action.help
+    ]
+    assert bare == []
+    assert "(default: 5.0)" in " ".join(parser.commands["pub"].format_help().split())
+
+
 def test_help_links_name_pages_of_the_docs() -> None:
     """Every link is a page that ``docs/`` builds (``doc_url("security")`` for
     ``docs/security.md``), and ``dcp --help`` gives the site itself."""

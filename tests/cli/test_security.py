@@ -105,7 +105,7 @@ def test_secure_broker_worker_and_call(procs: list[Proc], tmp_path: Path) -> Non
             "dcp broker: --allow-worker takes SERVICE=PATH, not 'echo' (see 'dcp broker --help')",
         ),
         (["broker", "--bind", "tcp://127.0.0.1:0", "--keys", "/no/such"], 1,
-         "dcp broker: Invalid certificate file: /no/such"),
+         "dcp broker: --keys /no/such: no such file"),
         (
             ["call", "--connect", "tcp://127.0.0.1:1", "--keys", "K", "echo"], 2,
             "dcp call: --keys and --server-key go together (see 'dcp call --help')",
@@ -118,7 +118,7 @@ def test_secure_broker_worker_and_call(procs: list[Proc], tmp_path: Path) -> Non
         (
             ["call", "--connect", "tcp://127.0.0.1:1", "--keys", "/no/such", "--server-key",
              "/no/such", "echo"], 1,
-            "dcp call: Invalid certificate file: /no/such",
+            "dcp call: --keys /no/such: no such file",
         ),
     ],
 )  # fmt: skip
@@ -127,6 +127,36 @@ def test_security_argument_errors(
 ) -> None:
     assert main(argv) == code
     assert capsys.readouterr() == ("", line + "\n")
+
+
+def test_a_missing_key_file_is_named_with_its_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """zmq says ``Invalid certificate file`` for a file that is not there: the command says
+    which option named it, and that it is missing (exit status 1, one line)."""
+    assert main(["keys", "broker", "--dir", str(tmp_path)]) == 0
+    capsys.readouterr()  # the files written
+    secret, public = str(tmp_path / "broker.key_secret"), str(tmp_path / "broker.key")
+    missing = str(tmp_path / "nope.key")
+    broker = ["broker", "--bind", "tcp://127.0.0.1:0", "--keys", secret]
+    cases = [
+        (["call", "--connect", "tcp://127.0.0.1:1", "--keys", secret, "--server-key", missing,
+          "echo"], f"dcp call: --server-key {missing}: no such file"),
+        ([*broker, "--allow-client", missing],
+         f"dcp broker: --allow-client {missing}: no such file or directory"),
+        ([*broker, "--allow-worker", f"echo={missing}"],
+         f"dcp broker: --allow-worker echo={missing}: no such file or directory"),
+    ]  # fmt: skip
+    for argv, line in cases:
+        assert main(argv) == 1
+        assert capsys.readouterr() == ("", line + "\n")
+    # Files that are there go on to be read (a public file is not a key pair).
+    assert main(["call", "--connect", "tcp://127.0.0.1:1", "--keys", public, "--server-key",
+                 public, "echo"]) == 1  # fmt: skip
+    assert (
+        capsys.readouterr().err
+        == f"dcp call: {public!r} holds no secret key (use NAME.key_secret)\n"
+    )
 
 
 def test_any_client_and_wildcard_flags(tmp_path: Path) -> None:

@@ -79,6 +79,34 @@ def test_find_times_out_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "argv",
+    [["call", "x"], ["services"], ["pub", "a.b", "x"], ["worker", "--service", "s", HANDLER]],
+    ids=lambda argv: argv[0],
+)
+def test_a_beacon_nobody_sends_is_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """:mod:`dcp._cli._run` Rule CR4: ``--connect beacon://...`` where no broker announces
+    itself (after the 5 s the client listens), or a beacon address this machine cannot listen
+    on, is one line and exit status 1, as in ``dcp find``; not a ``TimeoutError``
+    traceback."""
+    port = free_udp_port()
+    command, rest = argv[0], argv[1:]
+    assert main([command, "--connect", f"beacon://127.0.0.1:{port}", *rest]) == 1
+    assert capsys.readouterr() == (
+        "",
+        f"dcp {command}: no broker beacon on UDP port {port} within 5 s\n",
+    )
+    # 192.0.2.1 (TEST-NET-1, RFC 5737) is no address of this machine's.
+    assert main([command, "--connect", f"beacon://192.0.2.1:{port}", *rest]) == 1
+    assert capsys.readouterr() == (
+        "",
+        f"dcp {command}: cannot listen for a beacon: Cannot assign requested address\n",
+    )
+
+
 def test_services_times_out_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["services", "--connect", "tcp://127.0.0.1:1", "--timeout", "0.3"])
     assert code == 1

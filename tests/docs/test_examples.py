@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import dcp
+from tests.cli.procs import Proc, start_broker
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ROOT = EXAMPLES.parent
@@ -99,6 +103,29 @@ def test_example_runs(name: str) -> None:
         assert expected in proc.stdout, (expected, proc.stdout, proc.stderr)
 
 
+def test_worker_example_serves_a_broker_until_ctrl_c(procs: list[Proc], tmp_path: Path) -> None:
+    """``worker_function.py ENDPOINT`` (its docstring's recipe) serves until Ctrl-C, then
+    stops gracefully: exit status 0 and nothing on stderr, not a KeyboardInterrupt
+    traceback."""
+    _, tcp = start_broker(procs, tmp_path)
+    worker = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "worker_function.py"), tcp],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        with dcp.SyncClient(tcp, wait_for_worker=True, timeout=20) as client:
+            assert client.request("wordcount", "a b a").json() == {"a": 2, "b": 1}
+        worker.send_signal(signal.SIGINT)
+        out, err = worker.communicate(timeout=20)
+        assert (worker.returncode, out, err) == (0, "", "")
+    finally:
+        worker.kill()
+        worker.communicate(timeout=10)
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
 def test_readme_example_runs(tmp_path: Path, page: str) -> None:
     """The README's Python example (the docs' first page has it too) does what its comment
@@ -114,6 +141,18 @@ def test_readme_example_runs(tmp_path: Path, page: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "HELLO WORLD\n"
+    # The README has it saved as mymodule.py for `dcp worker ... mymodule:shout`: imported,
+    # it runs nothing (its main only as a script).
+    load = "import readme_example as m; print(m.shout.__name__)"
+    proc = subprocess.run(
+        [sys.executable, "-c", load],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "shout\n", "")
 
 
 @pytest.mark.timeout(150)
