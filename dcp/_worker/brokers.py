@@ -16,7 +16,9 @@ Rule WB1 - One pool. At most ``concurrency`` handlers run at once across all bro
   first come first run (a request a core starts from its backlog as one of its own ends
   joins the end of the queue here: a broker that keeps its prefetch full does not starve
   the others' requests); one whose caller's deadline (its expires-in option, counted from its
-  arrival) passed while it waited is answered ``expired`` without running (as core Rule W4).
+  arrival at the worker: one a core started from its backlog keeps the deadline its core
+  counted, core Rule W4) passed while it waited is answered ``expired`` without running (as
+  core Rule W4).
   A stop drops the waiting ones (core Rule W9); a RECONNECT from a broker (core Rule W8: it
   gave back what it held) drops the copies it brought that wait (another worker runs them).
 Rule WB2 - Where an answer goes. Through every broker that brought the request (Rule WB3),
@@ -40,11 +42,13 @@ Rule WB3 - Duplicates. A request is known by its dcp request id (its first metad
 Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the connection
   down, core Rule W12, or the broker fell silent, core Rule W6; not on a RECONNECT from a
   live broker, nor when the worker leaves it or it refused the registration), then for every
-  request it brought that the worker holds (Rule WB1) and that has a dcp request id (Rule
-  WB3), a HELD notice (a REPLY whose data is ``[HELD_MARKER]``, with the request's client
-  address and metadata as received) goes through every other READY broker but those that
-  brought the same request too (the worker holds their copy: there a notice would match it
-  and be taken for its answer), and then the answers that link's core would replay (core
+  request it brought that the worker holds (Rule WB1: running, waiting here, or waiting in
+  that link's core, its prefetch, kept across the loss by core Rule W12 and run later) and
+  that has a dcp request id (Rule WB3), a HELD notice (a REPLY whose data is
+  ``[HELD_MARKER]``, with the request's client address and metadata as received) goes
+  through every other READY broker but those that brought the same request too (the worker
+  holds their copy, here or in their core's backlog: there a notice would match it and be
+  taken for its answer), and then the answers that link's core would replay (core
   Rule W13), taken from it (not replayed again to the lost broker's successor once it
   registers; with no other READY broker they are kept for it). A client connected to
   several brokers learns at once that its request runs, and gets the answers the lost
@@ -448,8 +452,11 @@ class Brokers:
                 )
                 self._flush(link)
                 return
-        expires_in = request_expires_in(request.metadata)
-        held = _Held(key, link, run, math.inf if expires_in is None else now + expires_in)
+        deadline = run.deadline  # Rule WB1: from its core's backlog, counted there
+        if deadline is None:
+            expires_in = request_expires_in(request.metadata)
+            deadline = math.inf if expires_in is None else now + expires_in
+        held = _Held(key, link, run, deadline)
         if key is not None:
             self._by_key[key] = held
         self._by_run[id(run)] = held
@@ -585,25 +592,39 @@ class Brokers:
         if not others:
             return
         now = anyio.current_time()
-        # Each notice with the links that brought the same request: not through those (the
-        # worker holds their copy: a notice would match it there and be taken for its
-        # answer, releasing it and granting a credit the worker does not mirror).
-        notices: list[tuple[Reply, tuple[Link, ...]]] = []
+        # Who holds a copy of each request: the links whose copies the pool holds, and those
+        # whose core keeps one in its backlog. No notice goes through those (the worker holds
+        # their copy: a notice would match it there and be taken for its answer, releasing
+        # it and granting a credit the worker does not mirror).
+        holders: dict[bytes, set[Link]] = {}
+        for link in self.links:
+            for request in link.core.backlog_requests():
+                key = request_key(request)
+                if key is not None:
+                    holders.setdefault(key, set()).add(link)
+        # One notice per request the lost broker brought: held here, then waiting in its
+        # core's backlog (its prefetch: kept, core Rule W12, and run later).
+        notices: dict[bytes, Reply] = {}
         for held in self._by_run.values():
-            if held.key is None:
+            key = held.key
+            if key is None:
                 continue
-            holders = tuple(link for link, _ in held.joined)
+            links = holders.setdefault(key, set())
             for link, joined in held.joined:
-                if link is lost:
+                links.add(link)
+                if link is lost and key not in notices:
                     request = joined.request
-                    notice = Reply(request.client, request.metadata, (HELD_MARKER,))
-                    notices.append((notice, holders))
+                    notices[key] = Reply(request.client, request.metadata, (HELD_MARKER,))
+        for request in lost.core.backlog_requests():
+            key = request_key(request)
+            if key is not None and key not in notices:
+                notices[key] = Reply(request.client, request.metadata, (HELD_MARKER,))
         # Taken: sent through the others now, not again to the lost broker's successor.
         replays = lost.core.take_replays()
         for link in others:
             core = link.core
-            for notice, holders in notices:
-                if link not in holders:
+            for key, notice in notices.items():
+                if link not in holders[key]:
                     core.relay(notice, now)
                     self.notices += 1
             core.relay_replays(replays, now)  # after the notices, best effort
