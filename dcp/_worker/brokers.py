@@ -34,17 +34,19 @@ Rule WB2 - Where an answer goes. Through every broker that brought the request (
 Rule WB3 - Duplicates. A request is known by its dcp request id (its first metadata part;
   not for streams, nor requests without one). One whose id the worker holds (running, or
   waiting for a slot) is not run again, whichever broker brings it: it joins the held one,
-  whose answer goes to its broker too. One answered in the last ``liveness x
-  heartbeat_interval`` seconds (core Rule W13's window and bounds) is answered again from the
-  kept answer without running (one forwarded, Rule WB2, with a HELD notice: the next service
-  answers it); one older than that runs again. Both are counted
+  whose answer goes to its broker too (a copy waiting in a core's backlog does so when its
+  core starts it, Rule WB1, or is answered from the kept answer). One answered in the last
+  ``liveness x heartbeat_interval`` seconds (core Rule W13's window and bounds) is answered
+  again from the kept answer without running (one forwarded, Rule WB2, with a HELD notice:
+  the next service answers it); one older than that runs again. Both are counted
   (``duplicates``).
 Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the connection
   down, core Rule W12, or the broker fell silent, core Rule W6; not on a RECONNECT from a
   live broker, nor when the worker leaves it or it refused the registration), then for every
   request it brought that the worker holds (Rule WB1: running, waiting here, or waiting in
-  that link's core, its prefetch, kept across the loss by core Rule W12 and run later) and
-  that has a dcp request id (Rule WB3), a HELD notice (a REPLY whose data is
+  that link's core, its prefetch: kept across a closed connection, core Rule W12, and run
+  later; dropped, so not announced, when the broker fell silent, core Rule W7) and that has
+  a dcp request id (Rule WB3), a HELD notice (a REPLY whose data is
   ``[HELD_MARKER]``, with the request's client address and metadata as received) goes
   through every other READY broker but those that brought the same request too (the worker
   holds their copy, here or in their core's backlog: there a notice would match it and be

@@ -208,15 +208,17 @@ class Worker:
     once across all of them. Each broker may grant up to ``concurrency`` requests (plus the
     prefetch), so the worker may hold up to ``len(endpoints) x (concurrency + prefetch)``,
     those beyond the free slots waiting in the worker, first come first run (one that waited
-    past its caller's deadline is answered ``expired``). An answer goes back through the
+    past its caller's deadline, counted from its arrival at the worker, is answered
+    ``expired``). An answer goes back through the
     broker that brought the request (through any other registered broker if that one is
     down). A request whose dcp request id the worker holds (running or waiting) is not run
     again whichever broker brings it: its answer goes through both; one it answered in the
     last ``liveness x heartbeat_interval`` seconds is answered again from the kept answer
     without running;
     after that it runs again (``statistics().duplicates`` counts both). When a broker is
-    lost, the requests it brought that the worker still holds are announced to their
-    clients through the other brokers (a HELD notice), with the answers the worker would
+    lost, the requests it brought that the worker still holds (running or waiting, its
+    prefetch from that broker included) are announced to their clients through the other
+    brokers (a HELD notice), with the answers the worker would
     replay to it. :meth:`serve` reports readiness once the first broker has echoed the
     registration; a refusal or a failed handshake at any broker ends serving.
     :meth:`brokers` gives each broker's counters and state; :meth:`statistics` their sum.
