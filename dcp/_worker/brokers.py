@@ -61,7 +61,12 @@ Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the 
 Rule WB5 - Ends. A refused registration or a failed handshake at any broker ends serving (the
   same keys and services serve every broker: a mistake, not an outage). A stop ends each
   link once its core holds nothing (or the grace passed: the handlers are cancelled), with
-  a RECONNECT for its broker (core Rule W9).
+  a RECONNECT for its broker (core Rule W9). What a stop drops (Rule WB1) its brokers give
+  to another worker when it leaves, but not a lost broker: the requests the worker told
+  their clients it holds (Rule WB4) that no live broker brought (waiting here, or in a
+  lost link's core) are kept and run within the grace, as the running ones (dropped, their
+  clients would wait for their attempt timeout to send them again); a live link leaves
+  only once they and the lost links' running ones are answered (through it, Rule WB2).
 """
 
 from __future__ import annotations
@@ -146,6 +151,9 @@ class Link:
         #: registration while up: a RECONNECT, or a loss not seen).
         self.generation = 0
         self.connections = 0
+        #: Whether the requests it brought were announced held when it was last lost
+        #: (Rule WB4: another broker was READY to carry the notices).
+        self.announced_loss = False
         #: Sleeping between connections: the scope :meth:`wake` cancels.
         self.sleep: anyio.CancelScope | None = None
 
@@ -242,13 +250,20 @@ class Brokers:
                 tg.start_soon(self._serve_link, link, tg)
 
     def stop(self, deadline: float) -> None:
-        """Begin a stop ending at ``deadline`` (Rule WB5); drop the waiting requests."""
+        """Begin a stop ending at ``deadline`` (Rule WB5); drop the waiting requests but
+        those announced held after a loss."""
         if self.stop_deadline is None or deadline < self.stop_deadline:
             self.stop_deadline = deadline
         for link in self.links:
-            link.core.stop()  # no more work, nor the cores' backlogs (core Rule W9)
-        while self._waiting:
-            self._answer(self._waiting.popleft(), None)
+            # No more work, nor the cores' backlogs (core Rule W9); a lost broker's that
+            # was announced (Rule WB4) runs: no broker gives it back.
+            link.core.stop(keep_backlog=link.announced_loss and not link.up)
+        waiting, self._waiting = self._waiting, deque()
+        for held in waiting:
+            if all(link.announced_loss and not link.up for link, _ in held.joined):
+                self._waiting.append(held)
+            else:
+                self._answer(held, None)
         for link in self.links:
             link.wake()
 
@@ -274,6 +289,13 @@ class Brokers:
     def in_progress(self) -> int:
         """Requests held at every broker (each broker's copy counted)."""
         return sum(link.core.in_progress for link in self.links)
+
+    def _announced_work(self) -> bool:
+        """Rule WB5: whether a lost broker's requests announced held are still held (their
+        answers go through a live broker: it leaves only after them)."""
+        return any(
+            link.announced_loss and not link.up and link.core.in_progress for link in self.links
+        )
 
     def _end(self) -> None:
         """Rule WB5: end serving at every broker."""
@@ -340,7 +362,9 @@ class Brokers:
             if connection.failure is not None:
                 return None
             stop = self.stop_deadline
-            if stop is not None and (core.in_progress == 0 or now() >= stop):
+            if stop is not None and (
+                (core.in_progress == 0 and not self._announced_work()) or now() >= stop
+            ):
                 if core.in_progress:
                     self._handlers.cancel()
                 core.leave()
@@ -591,6 +615,7 @@ class Brokers:
         others = [
             link for link in self.links if link is not lost and link.core.state is State.READY
         ]
+        lost.announced_loss = bool(others)
         if not others:
             return
         now = anyio.current_time()

@@ -124,6 +124,23 @@ def test_stop_drops_the_prefetched_requests() -> None:
     assert take(w) == [result_message(req(1), b"r")]  # nothing started
 
 
+def test_a_stop_told_to_keep_the_backlog_starts_it_as_slots_free() -> None:
+    """Rule W9: kept (a lost broker's, announced held), the backlog starts as slots free;
+    nothing more is asked for; leave() drops what is left."""
+    w = ready(1, 2)
+    for i in (1, 2, 3):
+        w.receive(serialize(req(i)), 0.0)
+    take(w)
+    w.stop(keep_backlog=True)
+    assert w.statistics().backlog == 2 and w.statistics().dropped == 0
+    w.finish(result_message(req(1), b"r"), 0.1)
+    assert take(w) == [result_message(req(1), b"r"), Run(req(2))]
+    w.expire(1.5)  # a heartbeat: a PONG, no more work asked for
+    assert take(w) == [Pong()]
+    w.leave()
+    assert w.statistics().backlog == 0 and w.statistics().dropped == 1
+
+
 def test_wired_holds_n_plus_p_and_runs_n() -> None:
     """Against the real broker core: it grants exactly ``N + P`` and queues the rest."""
     w = Wired(2, prefetch=3)

@@ -189,3 +189,43 @@ async def test_no_held_notice_through_a_broker_that_prefetched_the_same_request(
         }
         assert runs == {b"r1": 1, b"r2": 1, b"x": 1}
         await worker.aclose()
+
+
+async def test_a_stop_runs_what_a_lost_broker_brought_and_the_worker_announced() -> None:
+    """Rule WB5 with Rule WB4: a stop drops what waits, for its broker to give to another
+    worker when this one leaves; a lost broker gives nothing back. What it brought and the
+    worker announced held (a request waiting for the one handler, another in A's prefetch)
+    runs within the stop's grace: dropped, its client would wait for its attempt timeout."""
+    runs: collections.Counter[bytes] = collections.Counter()
+    release = anyio.Event()
+
+    async def gated(request: HandlerRequest) -> bytes:
+        runs[request.data[0]] += 1
+        await release.wait()
+        return request.data[0].upper()
+
+    async with brokers(2) as (tg, (a, b)):
+        worker = Worker([a.endpoint, b.endpoint], "svc", gated, concurrency=1, prefetch=1)
+        await tg.start(worker.serve)
+        await wait_for(lambda: all(s.registered for s in worker.brokers().values()))
+        client = RawClient(a.endpoint, b.endpoint)
+        try:
+            ids = {name: rid(n) for n, name in enumerate((b"b1", b"a1", b"a2"))}
+            client.send(1, b"svc", (ids[b"b1"],), b"b1")
+            await wait_for(lambda: runs[b"b1"] == 1)
+            client.send(0, b"svc", (ids[b"a1"],), b"a1")  # waits for the one handler
+            await wait_for(lambda: worker.brokers()[a.endpoint].received == 1)
+            client.send(0, b"svc", (ids[b"a2"],), b"a2")  # waits in A's core (its prefetch)
+            await wait_for(lambda: worker.brokers()[a.endpoint].backlog == 1)
+            a.stop()
+            await wait_for(lambda: not worker.brokers()[a.endpoint].registered)
+            notices = [await client.recv(1), await client.recv(1)]
+            assert all(data_of(frames) == [HELD_MARKER] for frames in notices)
+            worker.stop(grace=30)
+            release.set()
+            answers = [data_of(await client.recv(1)) for _ in range(3)]
+        finally:
+            client.close()
+        await worker.aclose()
+    assert sorted(answers) == [[b"A1"], [b"A2"], [b"B1"]]
+    assert runs == {b"b1": 1, b"a1": 1, b"a2": 1}

@@ -92,6 +92,10 @@ Rule W9 (stopping)
     drops the backlog and every request that still arrives, and lets running handlers
     finish. :meth:`WorkerCore.leave` emits a RECONNECT for the broker (dcp extension: "I am
     leaving; requeue what I hold"), so whatever was dropped is served by another worker.
+    Told to keep the backlog (a lost broker's, that no broker will give back and whose
+    clients a worker serving several brokers told it holds them, dcp._worker.brokers Rule
+    WB5), the core starts it as slots free, as before the stop; :meth:`WorkerCore.leave`
+    drops what is left.
 Rule W10 (refused registration)
     A REPLY without a client address whose data is a ``registration_refused`` error reply
     and whose metadata names our service (dcp extension, sent by a secure broker) means we
@@ -503,10 +507,14 @@ class WorkerCore:
             return min(lost, self._heartbeat_due())
         return lost
 
-    def stop(self) -> None:
-        """Stop asking for work and drop the backlog (Rule W9). Idempotent."""
+    def stop(self, *, keep_backlog: bool = False) -> None:
+        """Stop asking for work and drop the backlog (Rule W9). Idempotent.
+
+        :param keep_backlog: keep the backlog instead, to start as slots free
+        """
         self.stopping = True
-        self._drop_backlog()
+        if not keep_backlog:
+            self._drop_backlog()
 
     def leave(self) -> None:
         """Leave for good: a RECONNECT for the broker if we are (being) registered."""
