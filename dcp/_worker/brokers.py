@@ -18,9 +18,9 @@ Rule WB1 - One pool. At most ``concurrency`` handlers run at once across all bro
   the others' requests); one whose caller's deadline (its expires-in option, counted from its
   arrival at the worker: one a core started from its backlog keeps the deadline its core
   counted, core Rule W4) passed while it waited is answered ``expired`` without running (as
-  core Rule W4).
-  A stop drops the waiting ones (core Rule W9); a RECONNECT from a broker (core Rule W8: it
-  gave back what it held) drops the copies it brought that wait (another worker runs them).
+  core Rule W4). A stop drops the waiting ones (core Rule W9; not those of Rule WB5); a
+  RECONNECT from a broker (core Rule W8: it gave back what it held) drops the copies it
+  brought that wait (another worker runs them).
 Rule WB2 - Where an answer goes. Through every broker that brought the request (Rule WB3),
   each as its core's answer (core Rule W3; with the client address and metadata that broker
   gave); a core that is not connected keeps it for its next registration (core Rule W7).
