@@ -16,9 +16,11 @@ Rule WB1 - One pool. At most ``concurrency`` handlers run at once across all bro
   first come first run (a request a core starts from its backlog as one of its own ends
   joins the end of the queue here: a broker that keeps its prefetch full does not starve
   the others' requests); one whose caller's deadline (its expires-in option, counted from its
-  arrival) passed while it waited is answered ``expired`` without running (as core Rule W4).
-  A stop drops the waiting ones (core Rule W9); a RECONNECT from a broker (core Rule W8: it
-  gave back what it held) drops the copies it brought that wait (another worker runs them).
+  arrival at the worker: one a core started from its backlog keeps the deadline its core
+  counted, core Rule W4) passed while it waited is answered ``expired`` without running (as
+  core Rule W4). A stop drops the waiting ones (core Rule W9; not those of Rule WB5); a
+  RECONNECT from a broker (core Rule W8: it gave back what it held) drops the copies it
+  brought that wait (another worker runs them).
 Rule WB2 - Where an answer goes. Through every broker that brought the request (Rule WB3),
   each as its core's answer (core Rule W3; with the client address and metadata that broker
   gave); a core that is not connected keeps it for its next registration (core Rule W7).
@@ -32,19 +34,23 @@ Rule WB2 - Where an answer goes. Through every broker that brought the request (
 Rule WB3 - Duplicates. A request is known by its dcp request id (its first metadata part;
   not for streams, nor requests without one). One whose id the worker holds (running, or
   waiting for a slot) is not run again, whichever broker brings it: it joins the held one,
-  whose answer goes to its broker too. One answered in the last ``liveness x
-  heartbeat_interval`` seconds (core Rule W13's window and bounds) is answered again from the
-  kept answer without running (one forwarded, Rule WB2, with a HELD notice: the next service
-  answers it); one older than that runs again. Both are counted
+  whose answer goes to its broker too (a copy waiting in a core's backlog does so when its
+  core starts it, Rule WB1, or is answered from the kept answer). One answered in the last
+  ``liveness x heartbeat_interval`` seconds (core Rule W13's window and bounds) is answered
+  again from the kept answer without running (one forwarded, Rule WB2, with a HELD notice:
+  the next service answers it); one older than that runs again. Both are counted
   (``duplicates``).
 Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the connection
   down, core Rule W12, or the broker fell silent, core Rule W6; not on a RECONNECT from a
   live broker, nor when the worker leaves it or it refused the registration), then for every
-  request it brought that the worker holds (Rule WB1) and that has a dcp request id (Rule
-  WB3), a HELD notice (a REPLY whose data is ``[HELD_MARKER]``, with the request's client
-  address and metadata as received) goes through every other READY broker but those that
-  brought the same request too (the worker holds their copy: there a notice would match it
-  and be taken for its answer), and then the answers that link's core would replay (core
+  request it brought that the worker holds (Rule WB1: running, waiting here, or waiting in
+  that link's core, its prefetch: kept across a closed connection, core Rule W12, and run
+  later; dropped, so not announced, when the broker fell silent, core Rule W7) and that has
+  a dcp request id (Rule WB3), a HELD notice (a REPLY whose data is
+  ``[HELD_MARKER]``, with the request's client address and metadata as received) goes
+  through every other READY broker but those that brought the same request too (the worker
+  holds their copy, here or in their core's backlog: there a notice would match it and be
+  taken for its answer), and then the answers that link's core would replay (core
   Rule W13), taken from it (not replayed again to the lost broker's successor once it
   registers; with no other READY broker they are kept for it). A client connected to
   several brokers learns at once that its request runs, and gets the answers the lost
@@ -55,7 +61,12 @@ Rule WB4 - A lost broker. When a link loses its broker (its monitor reports the 
 Rule WB5 - Ends. A refused registration or a failed handshake at any broker ends serving (the
   same keys and services serve every broker: a mistake, not an outage). A stop ends each
   link once its core holds nothing (or the grace passed: the handlers are cancelled), with
-  a RECONNECT for its broker (core Rule W9).
+  a RECONNECT for its broker (core Rule W9). What a stop drops (Rule WB1) its brokers give
+  to another worker when it leaves, but not a lost broker: the requests the worker told
+  their clients it holds (Rule WB4) that no live broker brought (waiting here, or in a
+  lost link's core) are kept and run within the grace, as the running ones (dropped, their
+  clients would wait for their attempt timeout to send them again); a live link leaves
+  only once they and the lost links' running ones are answered (through it, Rule WB2).
 """
 
 from __future__ import annotations
@@ -140,6 +151,9 @@ class Link:
         #: registration while up: a RECONNECT, or a loss not seen).
         self.generation = 0
         self.connections = 0
+        #: Whether the requests it brought were announced held when it was last lost
+        #: (Rule WB4: another broker was READY to carry the notices).
+        self.announced_loss = False
         #: Sleeping between connections: the scope :meth:`wake` cancels.
         self.sleep: anyio.CancelScope | None = None
 
@@ -236,13 +250,20 @@ class Brokers:
                 tg.start_soon(self._serve_link, link, tg)
 
     def stop(self, deadline: float) -> None:
-        """Begin a stop ending at ``deadline`` (Rule WB5); drop the waiting requests."""
+        """Begin a stop ending at ``deadline`` (Rule WB5); drop the waiting requests but
+        those announced held after a loss."""
         if self.stop_deadline is None or deadline < self.stop_deadline:
             self.stop_deadline = deadline
         for link in self.links:
-            link.core.stop()  # no more work, nor the cores' backlogs (core Rule W9)
-        while self._waiting:
-            self._answer(self._waiting.popleft(), None)
+            # No more work, nor the cores' backlogs (core Rule W9); a lost broker's that
+            # was announced (Rule WB4) runs: no broker gives it back.
+            link.core.stop(keep_backlog=link.announced_loss and not link.up)
+        waiting, self._waiting = self._waiting, deque()
+        for held in waiting:
+            if all(link.announced_loss and not link.up for link, _ in held.joined):
+                self._waiting.append(held)
+            else:
+                self._answer(held, None)
         for link in self.links:
             link.wake()
 
@@ -268,6 +289,13 @@ class Brokers:
     def in_progress(self) -> int:
         """Requests held at every broker (each broker's copy counted)."""
         return sum(link.core.in_progress for link in self.links)
+
+    def _announced_work(self) -> bool:
+        """Rule WB5: whether a lost broker's requests announced held are still held (their
+        answers go through a live broker: it leaves only after them)."""
+        return any(
+            link.announced_loss and not link.up and link.core.in_progress for link in self.links
+        )
 
     def _end(self) -> None:
         """Rule WB5: end serving at every broker."""
@@ -334,7 +362,9 @@ class Brokers:
             if connection.failure is not None:
                 return None
             stop = self.stop_deadline
-            if stop is not None and (core.in_progress == 0 or now() >= stop):
+            if stop is not None and (
+                (core.in_progress == 0 and not self._announced_work()) or now() >= stop
+            ):
                 if core.in_progress:
                     self._handlers.cancel()
                 core.leave()
@@ -448,8 +478,11 @@ class Brokers:
                 )
                 self._flush(link)
                 return
-        expires_in = request_expires_in(request.metadata)
-        held = _Held(key, link, run, math.inf if expires_in is None else now + expires_in)
+        deadline = run.deadline  # Rule WB1: from its core's backlog, counted there
+        if deadline is None:
+            expires_in = request_expires_in(request.metadata)
+            deadline = math.inf if expires_in is None else now + expires_in
+        held = _Held(key, link, run, deadline)
         if key is not None:
             self._by_key[key] = held
         self._by_run[id(run)] = held
@@ -582,28 +615,43 @@ class Brokers:
         others = [
             link for link in self.links if link is not lost and link.core.state is State.READY
         ]
+        lost.announced_loss = bool(others)
         if not others:
             return
         now = anyio.current_time()
-        # Each notice with the links that brought the same request: not through those (the
-        # worker holds their copy: a notice would match it there and be taken for its
-        # answer, releasing it and granting a credit the worker does not mirror).
-        notices: list[tuple[Reply, tuple[Link, ...]]] = []
+        # Who holds a copy of each request: the links whose copies the pool holds, and those
+        # whose core keeps one in its backlog. No notice goes through those (the worker holds
+        # their copy: a notice would match it there and be taken for its answer, releasing
+        # it and granting a credit the worker does not mirror).
+        holders: dict[bytes, set[Link]] = {}
+        for link in self.links:
+            for request in link.core.backlog_requests():
+                key = request_key(request)
+                if key is not None:
+                    holders.setdefault(key, set()).add(link)
+        # One notice per request the lost broker brought: held here, then waiting in its
+        # core's backlog (its prefetch: kept, core Rule W12, and run later).
+        notices: dict[bytes, Reply] = {}
         for held in self._by_run.values():
-            if held.key is None:
+            key = held.key
+            if key is None:
                 continue
-            holders = tuple(link for link, _ in held.joined)
+            links = holders.setdefault(key, set())
             for link, joined in held.joined:
-                if link is lost:
+                links.add(link)
+                if link is lost and key not in notices:
                     request = joined.request
-                    notice = Reply(request.client, request.metadata, (HELD_MARKER,))
-                    notices.append((notice, holders))
+                    notices[key] = Reply(request.client, request.metadata, (HELD_MARKER,))
+        for request in lost.core.backlog_requests():
+            key = request_key(request)
+            if key is not None and key not in notices:
+                notices[key] = Reply(request.client, request.metadata, (HELD_MARKER,))
         # Taken: sent through the others now, not again to the lost broker's successor.
         replays = lost.core.take_replays()
         for link in others:
             core = link.core
-            for notice, holders in notices:
-                if link not in holders:
+            for key, notice in notices.items():
+                if link not in holders[key]:
                     core.relay(notice, now)
                     self.notices += 1
             core.relay_replays(replays, now)  # after the notices, best effort

@@ -202,30 +202,31 @@ class Worker:
     backlog past its caller's deadline (the expires-in option) is not run: it is answered
     with an ``expired`` error reply (``statistics().expired``).
 
-    Several brokers (``docs/scaling.md``): given a list of endpoints, the worker registers
-    with every broker (a connection each: its own heartbeats, liveness, reconnects and
-    re-registrations) and serves them from one pool: at most ``concurrency`` handlers run at
-    once across all of them. Each broker may grant up to ``concurrency`` requests (plus the
-    prefetch), so the worker may hold up to ``len(endpoints) x (concurrency + prefetch)``,
-    those beyond the free slots waiting in the worker, first come first run (one that waited
-    past its caller's deadline is answered ``expired``). An answer goes back through the
-    broker that brought the request (through any other registered broker if that one is
-    down). A request whose dcp request id the worker holds (running or waiting) is not run
-    again whichever broker brings it: its answer goes through both; one it answered in the
-    last ``liveness x heartbeat_interval`` seconds is answered again from the kept answer
-    without running;
-    after that it runs again (``statistics().duplicates`` counts both). When a broker is
-    lost, the requests it brought that the worker still holds are announced to their
-    clients through the other brokers (a HELD notice), with the answers the worker would
-    replay to it. :meth:`serve` reports readiness once the first broker has echoed the
-    registration; a refusal or a failed handshake at any broker ends serving.
+    Several brokers (``docs/scaling.md``): given a list of endpoints, the worker registers with
+    every broker (a connection each: its own heartbeats, liveness, reconnects and re-registrations)
+    and serves them from one pool: at most ``concurrency`` handlers run at once across all of them.
+    Each broker may grant up to ``concurrency`` requests (plus the prefetch), so the worker may
+    hold up to ``len(endpoints) x (concurrency + prefetch)``, those beyond the free slots waiting
+    in the worker, first come first run (one that waited past its caller's deadline, counted from
+    its arrival at the worker, is answered ``expired``). An answer goes back through the broker
+    that brought the request (through any other registered broker if that one is down). A request
+    whose dcp request id the worker holds (running or waiting) is not run again whichever broker
+    brings it: its answer goes through both; one it answered in the last ``liveness x
+    heartbeat_interval`` seconds is answered again from the kept answer without running; after that
+    it runs again (``statistics().duplicates`` counts both). When a broker is lost, the requests it
+    brought that the worker still holds (running or waiting, its prefetch from that broker
+    included) are announced to their clients through the other brokers (a HELD notice), with the
+    answers the worker would replay to it. :meth:`serve` reports readiness once the first broker
+    has echoed the registration; a refusal or a failed handshake at any broker ends serving.
     :meth:`brokers` gives each broker's counters and state; :meth:`statistics` their sum.
 
     Stopping (:meth:`stop`, :meth:`aclose`, leaving ``async with``): ask for no more work,
     let running handlers finish within ``grace`` seconds and cancel the rest (their requests
     get no reply), then send a Reconnect (0x06) to the broker (dcp extension: "I am leaving;
-    requeue what I hold") and close the socket. Cancelling the task that runs :meth:`serve`
-    cancels the handlers and closes the socket at once, without telling the broker.
+    requeue what I hold") and close the socket. With several brokers, what a lost broker
+    brought and the worker announced held is run within the grace too (no broker would
+    requeue it). Cancelling the task that runs :meth:`serve` cancels the handlers and
+    closes the socket at once, without telling the broker.
 
     :param endpoint: the broker's zmq endpoint, or a sequence of them to serve several
         brokers (a ``str`` is one endpoint: commas are not split); ``beacon://`` entries are

@@ -93,6 +93,25 @@ def test_a_prefetched_request_past_its_deadline_is_answered_expired() -> None:
     assert w.statistics().expired == 1
 
 
+def test_a_request_started_from_the_backlog_carries_its_deadline() -> None:
+    """Rule W4: a request started from the backlog carries the deadline counted from its
+    arrival (:attr:`Run.deadline`); one started at once carries none (it arrived now)."""
+    w = ready(1, 2)
+    w.receive(serialize(req(1, expires_in_option(5.0))), 0.0)
+    w.receive(serialize(req(2, expires_in_option(2.0))), 0.5)
+    w.receive(serialize(req(3)), 0.5)
+    events = [e for e in w.drain()[1] if isinstance(e, Run)]
+    assert [e.deadline for e in events] == [None]
+    assert w.backlog_requests() == [req(2, expires_in_option(2.0)), req(3)]  # left there
+    assert w.statistics().backlog == 2
+    w.finish(result_message(req(1, expires_in_option(5.0)), b"r"), 1.0)
+    w.finish(result_message(req(2, expires_in_option(2.0)), b"r"), 1.5)
+    started = [e for e in w.drain()[1] if isinstance(e, Run)]
+    assert started == [Run(req(2, expires_in_option(2.0))), Run(req(3))]
+    assert [e.deadline for e in started] == [2.5, float("inf")]
+    assert w.backlog_requests() == []
+
+
 def test_stop_drops_the_prefetched_requests() -> None:
     """Rule W9: the broker holds them until the worker leaves, then requeues them."""
     w = ready(1, 2)
@@ -103,6 +122,23 @@ def test_stop_drops_the_prefetched_requests() -> None:
     assert w.statistics().backlog == 0 and w.statistics().dropped == 2
     w.finish(result_message(req(1), b"r"), 0.1)
     assert take(w) == [result_message(req(1), b"r")]  # nothing started
+
+
+def test_a_stop_told_to_keep_the_backlog_starts_it_as_slots_free() -> None:
+    """Rule W9: kept (a lost broker's, announced held), the backlog starts as slots free;
+    nothing more is asked for; leave() drops what is left."""
+    w = ready(1, 2)
+    for i in (1, 2, 3):
+        w.receive(serialize(req(i)), 0.0)
+    take(w)
+    w.stop(keep_backlog=True)
+    assert w.statistics().backlog == 2 and w.statistics().dropped == 0
+    w.finish(result_message(req(1), b"r"), 0.1)
+    assert take(w) == [result_message(req(1), b"r"), Run(req(2))]
+    w.expire(1.5)  # a heartbeat: a PONG, no more work asked for
+    assert take(w) == [Pong()]
+    w.leave()
+    assert w.statistics().backlog == 0 and w.statistics().dropped == 1
 
 
 def test_wired_holds_n_plus_p_and_runs_n() -> None:

@@ -60,7 +60,9 @@ Rule W4 (the backlog: never more than ``N``, whatever the broker)
     caller's deadline (its expires-in option, counted from its arrival here) passed while it
     waited is not run: it is answered with an ``expired`` error reply at once (which frees
     its slot at the broker, Rule W3; its caller has given up and drops it) and counted
-    (``expired``).
+    (``expired``). One that starts carries that deadline (:attr:`Run.deadline`), so a
+    driver that makes it wait again (one pool for several brokers, dcp._worker.brokers Rule
+    WB1) counts it from the arrival here, not afresh.
 Rule W5 (heartbeat)
     While READY, a heartbeat is due when the last one is ``I`` old and either nothing was
     sent or nothing was received for ``I`` (replies are not answered, so replies alone would
@@ -90,6 +92,10 @@ Rule W9 (stopping)
     drops the backlog and every request that still arrives, and lets running handlers
     finish. :meth:`WorkerCore.leave` emits a RECONNECT for the broker (dcp extension: "I am
     leaving; requeue what I hold"), so whatever was dropped is served by another worker.
+    Told to keep the backlog (a lost broker's, that no broker will give back and whose
+    clients a worker serving several brokers told it holds them, dcp._worker.brokers Rule
+    WB5), the core starts it as slots free, as before the stop; :meth:`WorkerCore.leave`
+    drops what is left.
 Rule W10 (refused registration)
     A REPLY without a client address whose data is a ``registration_refused`` error reply
     and whose metadata names our service (dcp extension, sent by a secure broker) means we
@@ -107,7 +113,9 @@ Rule W12 (a new connection on the same socket)
     monitor): :meth:`WorkerCore.connection_lost` makes the core DISCONNECTED without closing
     anything (results that finish meanwhile are kept, Rule W7; so is the backlog: the broker
     there may be the same, which never lost us and holds those requests as given to us, a
-    retry joining the held copy, so that dropped they would never be answered; no
+    retry joining the held copy, so that dropped they would never be answered; a worker
+    serving several brokers tells their clients through the others that it holds them,
+    dcp._worker.brokers Rule WB4, so that they are not sent again elsewhere; no
     heartbeats, no liveness deadline: zmq is reconnecting), and
     :meth:`WorkerCore.reconnected` sends REGISTER and then the kept results, so the broker
     knows us before it sees our answers. A new broker routes a registered worker's answer
@@ -448,6 +456,12 @@ class WorkerCore:
         width = self.width
         self.events.append(Replays(tuple(serialize(r, width=width) for r in reversed(replies))))
 
+    def backlog_requests(self) -> list[Request]:
+        """The requests waiting in the backlog (Rule W4), oldest first, left there: a worker
+        serving several brokers tells their clients it holds them when this broker is lost
+        (Rule W12)."""
+        return [request for request, _ in self._backlog]
+
     def take_replays(self) -> list[Reply]:
         """The answers kept to send again after the next registration (Rule W13), oldest
         first, forgotten here: a worker serving several brokers sends them through the
@@ -493,10 +507,14 @@ class WorkerCore:
             return min(lost, self._heartbeat_due())
         return lost
 
-    def stop(self) -> None:
-        """Stop asking for work and drop the backlog (Rule W9). Idempotent."""
+    def stop(self, *, keep_backlog: bool = False) -> None:
+        """Stop asking for work and drop the backlog (Rule W9). Idempotent.
+
+        :param keep_backlog: keep the backlog instead, to start as slots free
+        """
         self.stopping = True
-        self._drop_backlog()
+        if not keep_backlog:
+            self._drop_backlog()
 
     def leave(self) -> None:
         """Leave for good: a RECONNECT for the broker if we are (being) registered."""
@@ -568,7 +586,7 @@ class WorkerCore:
             request, deadline = backlog.popleft()
             if now < deadline:
                 self._in_progress += 1
-                self.events.append(Run(request, self._generation))
+                self.events.append(Run(request, self._generation, deadline))
                 return
             self._expired += 1
             self._credit += 1

@@ -54,6 +54,11 @@ class Run:
     #: The registration the request came under (worker core Rule W2: only answers to requests of
     #: the current registration earn credit; the broker cannot match older ones).
     generation: int = attrs.field(default=0, eq=False)
+    #: For a request started from the backlog (worker core Rule W4): when its caller gives up
+    #: (its expires-in option counted from its arrival at the worker; ``math.inf``: never),
+    #: for a driver that makes it wait again (one pool for several brokers). ``None``: it
+    #: arrived now (count from now).
+    deadline: float | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
