@@ -1,0 +1,283 @@
+"""The smallest DCP peers one can write with pyzmq: measuring sticks for
+:mod:`benchmarks.floor`, not dcp code.
+
+``python -m benchmarks.floor_peers worker --kind block|asyncio --endpoint EP``: one DCP echo
+worker on a DEALER socket that registers, prints ``READY`` once the broker confirmed, then
+loops: receive a message, parse it (:func:`dcp.wire.dcp1.parse`), answer a request with its
+data. No credit beyond one request (it never pings), no work timeouts, no handler call; a
+keep-alive (``PONG``, which asks for no work) after a second without messages, so the broker
+does not forget it while it waits. *block*: blocking ``recv_multipart``; *asyncio*: the same
+loop on ``zmq.asyncio`` (an ``await`` per receive and send: an event-loop wake-up per
+request).
+
+``python -m benchmarks.floor_peers client --kind block|asyncio|trio --endpoint EP ...``: a
+DCP client with one request in flight (window 1): send the request, wait for its reply, and
+prints the common result record (:mod:`benchmarks.common`). *block*: blocking
+``recv_multipart``; *asyncio*: ``zmq.asyncio``; *trio*: a non-blocking receive that waits on
+the zmq socket's FD with :func:`trio.lowlevel.wait_readable` when it finds nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+
+import zmq
+import zmq.asyncio
+
+from dcp.wire.dcp1 import Pong, Register, Reply, Request, parse, serialize
+
+from .common import (
+    LoadSettings,
+    Probe,
+    Result,
+    add_load_arguments,
+    emit,
+    raise_fd_limit,
+    ready,
+    settings_from_args,
+)
+
+__all__ = ["CLIENTS", "WORKERS", "main"]
+
+#: The worker kinds and the client kinds.
+WORKERS = ("block", "asyncio")
+CLIENTS = ("block", "asyncio", "trio")
+#: Seconds without a message after which a worker sends a keep-alive (the broker forgets a
+#: DCP worker silent for ``liveness x heartbeat_interval``, 3 s by default).
+KEEPALIVE = 1.0
+#: Seconds a worker waits for the broker to confirm its registration.
+REGISTER_TIMEOUT = 30.0
+
+_clock = time.perf_counter_ns
+_PONG = serialize(Pong())
+
+
+def _dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def _confirmed(frames: Sequence[bytes], service: bytes) -> bool:
+    msg, _ = parse(frames)
+    return type(msg) is Register and msg.service == service
+
+
+def _block_worker(endpoint: str, service: bytes) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    s = _dealer(ctx, endpoint)
+    s.setsockopt(zmq.RCVTIMEO, int(REGISTER_TIMEOUT * 1000))
+    s.send_multipart(serialize(Register(service)))
+    while not _confirmed(s.recv_multipart(), service):
+        pass
+    ready()
+    s.setsockopt(zmq.RCVTIMEO, int(KEEPALIVE * 1000))
+    while True:
+        try:
+            frames = s.recv_multipart()
+        except zmq.Again:
+            s.send_multipart(_PONG)
+            continue
+        msg, _ = parse(frames)
+        if type(msg) is Request:
+            s.send_multipart(serialize(Reply(msg.client, msg.metadata, msg.data)))
+
+
+async def _asyncio_worker(endpoint: str, service: bytes) -> None:
+    ctx = zmq.asyncio.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    await s.send_multipart(serialize(Register(service)))
+    while not _confirmed(await asyncio.wait_for(s.recv_multipart(), REGISTER_TIMEOUT), service):
+        pass
+    ready()
+    last = time.monotonic()
+
+    async def keepalive() -> None:
+        # A timer a second, not a timeout per receive (which would cost every request).
+        while True:
+            await asyncio.sleep(KEEPALIVE)
+            if time.monotonic() - last >= KEEPALIVE:
+                await s.send_multipart(_PONG)
+
+    beat = asyncio.create_task(keepalive())
+    try:
+        while True:
+            frames = await s.recv_multipart()
+            last = time.monotonic()
+            msg, _ = parse(frames)
+            if type(msg) is Request:
+                await s.send_multipart(serialize(Reply(msg.client, msg.metadata, msg.data)))
+    finally:
+        beat.cancel()
+
+
+def _reply_ok(frames: Sequence[bytes]) -> bool:
+    msg, _ = parse(frames)
+    return type(msg) is Reply
+
+
+def _block_phase(
+    s: zmq.Socket[bytes], request: list[bytes], count: int, duration: float
+) -> tuple[list[int], int]:
+    """Latencies (ns) and unexpected messages; a reply missing for the receive timeout
+    raises :class:`zmq.Again`."""
+    latencies: list[int] = []
+    unexpected = 0
+    end = _clock() + int(duration * 1e9)
+    for _ in range(count):
+        t0 = _clock()
+        if t0 >= end:
+            break
+        s.send_multipart(request)
+        while not _reply_ok(s.recv_multipart()):
+            unexpected += 1
+        latencies.append(_clock() - t0)
+    return latencies, unexpected
+
+
+def _run_block_client(st: LoadSettings, request: list[bytes]) -> Result:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    s = _dealer(ctx, st.endpoint)
+    s.setsockopt(zmq.RCVTIMEO, int(st.warmup_timeout * 1000))
+    try:
+        _block_phase(s, request, st.warmup, st.warmup_timeout)
+        s.setsockopt(zmq.RCVTIMEO, int(st.drain_timeout * 1000))
+        probe = Probe(st.broker_pid, st.worker_pids)
+        probe.start()
+        latencies, unexpected = _block_phase(s, request, st.count, st.duration)
+        probe.stop()
+    finally:
+        s.close(0)
+        ctx.term()
+    return Result.build(latencies, probe, lost=0, unexpected=unexpected)
+
+
+async def _run_asyncio_client(st: LoadSettings, request: list[bytes]) -> Result:
+    ctx = zmq.asyncio.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(st.endpoint)
+
+    async def phase(count: int, duration: float, timeout: float | None) -> tuple[list[int], int]:
+        latencies: list[int] = []
+        unexpected = 0
+        end = _clock() + int(duration * 1e9)
+        for _ in range(count):
+            t0 = _clock()
+            if t0 >= end:
+                break
+            await s.send_multipart(request)
+            while True:
+                if timeout is None:
+                    frames = await s.recv_multipart()
+                else:
+                    frames = await asyncio.wait_for(s.recv_multipart(), timeout)
+                if _reply_ok(frames):
+                    break
+                unexpected += 1
+            latencies.append(_clock() - t0)
+        return latencies, unexpected
+
+    try:
+        await phase(st.warmup, st.warmup_timeout, st.warmup_timeout)
+        probe = Probe(st.broker_pid, st.worker_pids)
+        probe.start()
+        # No timeout per receive in the measured phase (a timer per request is not the
+        # floor); the process is bounded by its caller's timeout.
+        latencies, unexpected = await phase(st.count, st.duration, None)
+        probe.stop()
+    finally:
+        s.close(0)
+        ctx.term()
+    return Result.build(latencies, probe, lost=0, unexpected=unexpected)
+
+
+async def _run_trio_client(st: LoadSettings, request: list[bytes]) -> Result:
+    import trio
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    s = _dealer(ctx, st.endpoint)
+    fd = s.fileno()
+
+    async def phase(count: int, duration: float) -> tuple[list[int], int]:
+        latencies: list[int] = []
+        unexpected = 0
+        end = _clock() + int(duration * 1e9)
+        for _ in range(count):
+            t0 = _clock()
+            if t0 >= end:
+                break
+            s.send_multipart(request, zmq.NOBLOCK)
+            while True:
+                try:
+                    frames = s.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    # zmq's FD is edge-triggered: the failed read above reset it, so a
+                    # wake-up now means something changed.
+                    await trio.lowlevel.wait_readable(fd)
+                    continue
+                if _reply_ok(frames):
+                    break
+                unexpected += 1
+            latencies.append(_clock() - t0)
+        return latencies, unexpected
+
+    try:
+        with trio.fail_after(st.warmup_timeout):
+            await phase(st.warmup, st.warmup_timeout)
+        probe = Probe(st.broker_pid, st.worker_pids)
+        probe.start()
+        latencies, unexpected = await phase(st.count, st.duration)
+        probe.stop()
+    finally:
+        s.close(0)
+        ctx.term()
+    return Result.build(latencies, probe, lost=0, unexpected=unexpected)
+
+
+def _client(kind: str, st: LoadSettings) -> Result:
+    if st.window != 1 or st.clients != 1:
+        raise SystemExit("floor_peers client: one client, window 1")
+    request = serialize(Request(st.service, None, (), (b"x" * st.payload,)))
+    if kind == "block":
+        return _run_block_client(st, request)
+    if kind == "asyncio":
+        return asyncio.run(_run_asyncio_client(st, request))
+    import trio
+
+    result: Result = trio.run(_run_trio_client, st, request)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.floor_peers", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("worker")
+    p.add_argument("--kind", choices=WORKERS, required=True)
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--service", default="echo")
+    p = sub.add_parser("client")
+    p.add_argument("--kind", choices=CLIENTS, required=True)
+    add_load_arguments(p)
+    args = parser.parse_args(argv)
+    raise_fd_limit()
+    if args.command == "worker":
+        service = str(args.service).encode()
+        if args.kind == "block":
+            _block_worker(args.endpoint, service)
+        else:
+            asyncio.run(_asyncio_worker(args.endpoint, service))
+        return
+    result = _client(args.kind, settings_from_args(args))
+    result.extra["kind"] = args.kind
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
