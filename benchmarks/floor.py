@@ -10,7 +10,8 @@ Two tables, every side through ``dcp broker`` (trio, as shipped) on tcp://127.0.
   processes of one kind, one :class:`dcp.Client` on asyncio at window 64
   (``map_unordered``; :mod:`benchmarks.dcp_peers`), 16 B echo. Kinds: *block*, the smallest
   blocking pyzmq DCP worker (receive, parse, reply; :mod:`benchmarks.floor_peers`);
-  *zmq-asyncio*, the same loop on ``zmq.asyncio``; *dcp-asyncio* and *dcp-trio*,
+  *zmq-asyncio*, the same loop on ``zmq.asyncio``; *trio-fd*, the same on trio
+  (:func:`trio.lowlevel.wait_readable` on the zmq FD); *dcp-asyncio* and *dcp-trio*,
   :class:`dcp.Worker` (``concurrency=1``) on that backend; *majortomo*, majortomo 0.2.0's
   blocking ``Worker`` (the ``bench`` extra; skipped with a reason without it), which speaks
   MDP: ``dcp broker`` serves it to the same dcp client (docs/protocol.md, Majordomo).
@@ -27,7 +28,8 @@ Two tables, every side through ``dcp broker`` (trio, as shipped) on tcp://127.0.
   the thread that runs its loop (:func:`time.thread_time`) and in the whole process.
 
 Each round runs every side of a table, in an order rotated by the round; the figures are
-medians over rounds and the ratios medians of same-round ratios side / *block*. Every
+medians over rounds and the ratios medians of same-round ratios side / *block* and, for dcp's
+sides, side / the bare loop on the same backend (*zmq-asyncio*, *trio-fd*). Every
 process is killed by its PID when its run ends; every wait is bounded. Prints two markdown
 tables; ``--out FILE`` saves the raw records as JSON.
 """
@@ -63,6 +65,7 @@ MAJORTOMO = "majortomo"
 WORKER_SIDES: dict[str, tuple[str, ...]] = {
     "block": ("benchmarks.floor_peers", "worker", "--kind", "block"),
     "zmq-asyncio": ("benchmarks.floor_peers", "worker", "--kind", "asyncio"),
+    "trio-fd": ("benchmarks.floor_peers", "worker", "--kind", "trio"),
     "dcp-asyncio": ("benchmarks.dcp_peers", "--backend", "asyncio", "workers", "--count", "1"),
     "dcp-trio": ("benchmarks.dcp_peers", "--backend", "trio", "workers", "--count", "1"),
     MAJORTOMO: ("benchmarks.mdp", "workers", "--count", "1"),
@@ -79,6 +82,8 @@ CLIENT_SIDES: dict[str, tuple[str, ...]] = {
 WORKERS_CLIENT = ("benchmarks.dcp_peers", "--backend", "asyncio", "client")
 CLIENTS_WORKER = WORKER_SIDES[ANCHOR]
 TABLES = ("workers", "clients")
+#: dcp's sides and the bare loop on the same backend, the second ratio of their rows.
+BARE = {"dcp-asyncio": "zmq-asyncio", "dcp-trio": "trio-fd"}
 
 
 @dataclass(frozen=True)
@@ -278,12 +283,21 @@ def summarise(records: Sequence[dict[str, Any]], table: str) -> list[dict[str, A
             values = [get(r) for r in runs.values()]
             row[name] = statistics.median(values) if values else None
             if ratio:
-                ratios = [
-                    get(runs[n]) / get(anchor[n]) for n in runs if n in anchor and get(anchor[n])
-                ]
-                row[f"{name} ratio"] = statistics.median(ratios) if ratios else None
+                row[f"{name} ratio"] = _ratios(runs, anchor, get)
+                bare = {r["round"]: r for r in ok if r["side"] == BARE.get(side)}
+                row[f"{name} loop ratio"] = _ratios(runs, bare, get)
         rows.append(row)
     return rows
+
+
+def _ratios(
+    runs: dict[int, dict[str, Any]],
+    anchor: dict[int, dict[str, Any]],
+    get: Callable[[dict[str, Any]], float],
+) -> float | None:
+    """The median of the same-round ratios ``runs`` / ``anchor``; None without a pair."""
+    ratios = [get(runs[n]) / get(anchor[n]) for n in runs if n in anchor and get(anchor[n])]
+    return statistics.median(ratios) if ratios else None
 
 
 def _num(x: float | None, digits: int) -> str:
@@ -306,7 +320,7 @@ def render_table(records: Sequence[dict[str, Any]], table: str) -> str:
     figures = FIGURES[table]
     head = ["side"]
     for name, _, _, ratio in figures:
-        head += [name, f"x {ANCHOR}"] if ratio else [name]
+        head += [name, f"x {ANCHOR}", "x loop"] if ratio else [name]
     lines = [
         f"### {_TITLES[table]}",
         "",
@@ -318,10 +332,16 @@ def render_table(records: Sequence[dict[str, Any]], table: str) -> str:
         for name, _, digits, ratio in figures:
             cells.append(_num(row[name], digits))
             if ratio:
-                cells.append(_ratio(row[f"{name} ratio"]))
+                cells += [_ratio(row[f"{name} ratio"]), _ratio(row[f"{name} loop ratio"])]
         cells.append(f"{row['runs'][0]}/{row['runs'][1]}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _foreign(records: Sequence[dict[str, Any]]) -> str:
+    """The median of the load other processes put on the machine during the runs."""
+    loads = [float(r["foreign_load"]) for r in records if "foreign_load" in r]
+    return f"{statistics.median(loads):.2f}" if loads else "-"
 
 
 def render(results: dict[str, Any]) -> str:
@@ -331,7 +351,10 @@ def render(results: dict[str, Any]) -> str:
         f"{results['rounds']} interleaved round(s) ({results['profile']}), "
         f"{results['duration_s']:.0f} s, {mach['date']}; {mach['nproc']} CPUs; Python "
         f"{mach['python']}, pyzmq {mach['pyzmq']}, libzmq {mach['libzmq']}; dcp commit "
-        f"{mach['commit']}. Medians over rounds; *x {ANCHOR}*: median of same-round ratios.",
+        f"{mach['commit']}. Medians over rounds; *x {ANCHOR}*: median of same-round ratios "
+        f"side / {ANCHOR}; *x loop*: the same against the bare loop on the side's backend "
+        f"({', '.join(f'{k}: {v}' for k, v in BARE.items())}); other processes used "
+        f"{_foreign(results['records'])} CPUs meanwhile (median).",
         "",
     ]
     for table in TABLES:

@@ -1,14 +1,15 @@
 """The smallest DCP peers one can write with pyzmq: measuring sticks for
 :mod:`benchmarks.floor`, not dcp code.
 
-``python -m benchmarks.floor_peers worker --kind block|asyncio --endpoint EP``: one DCP echo
+``python -m benchmarks.floor_peers worker --kind block|asyncio|trio --endpoint EP``: one DCP echo
 worker on a DEALER socket that registers, prints ``READY`` once the broker confirmed, then
 loops: receive a message, parse it (:func:`dcp.wire.dcp1.parse`), answer a request with its
 data. No credit beyond one request (it never pings), no work timeouts, no handler call; a
 keep-alive (``PONG``, which asks for no work) after a second without messages, so the broker
 does not forget it while it waits. *block*: blocking ``recv_multipart``; *asyncio*: the same
 loop on ``zmq.asyncio`` (an ``await`` per receive and send: an event-loop wake-up per
-request).
+request); *trio*: the same on trio, a non-blocking receive that waits on the zmq socket's FD
+with :func:`trio.lowlevel.wait_readable` when it finds nothing, and non-blocking sends.
 
 ``python -m benchmarks.floor_peers client --kind block|asyncio|trio --endpoint EP ...``: a
 DCP client with one request in flight (window 1): send the request, wait for its reply, and
@@ -43,7 +44,7 @@ from .common import (
 __all__ = ["CLIENTS", "WORKERS", "main"]
 
 #: The worker kinds and the client kinds.
-WORKERS = ("block", "asyncio")
+WORKERS = ("block", "asyncio", "trio")
 CLIENTS = ("block", "asyncio", "trio")
 #: Seconds without a message after which a worker sends a keep-alive (the broker forgets a
 #: DCP worker silent for ``liveness x heartbeat_interval``, 3 s by default).
@@ -117,6 +118,52 @@ async def _asyncio_worker(endpoint: str, service: bytes) -> None:
         beat.cancel()
 
 
+async def _trio_worker(endpoint: str, service: bytes) -> None:
+    import trio
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    s = _dealer(ctx, endpoint)
+    fd = s.fileno()
+
+    async def recv() -> list[bytes]:
+        while True:
+            try:
+                return s.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            try:  # noqa: SIM105 (a try costs nothing; contextlib.suppress a call per wait)
+                await trio.lowlevel.wait_readable(fd)
+            except trio.ClosedResourceError:  # woken by the keep-alive below
+                pass
+
+    s.send_multipart(serialize(Register(service)))
+    with trio.fail_after(REGISTER_TIMEOUT):
+        while not _confirmed(await recv(), service):
+            pass
+    ready()
+    last = time.monotonic()
+
+    async def keepalive() -> None:
+        while True:
+            await trio.sleep(KEEPALIVE)
+            if time.monotonic() - last >= KEEPALIVE:
+                s.send_multipart(_PONG)
+                # zmq's FD is edge-triggered and this send may have taken the edge of a
+                # message that came meanwhile: then wake the receive loop's wait (trio's
+                # documented way: its waiters get ClosedResourceError; the FD stays open).
+                if s.poll(0, zmq.POLLIN):
+                    trio.lowlevel.notify_closing(fd)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keepalive)
+        while True:
+            frames = await recv()
+            last = time.monotonic()
+            msg, _ = parse(frames)
+            if type(msg) is Request:
+                s.send_multipart(serialize(Reply(msg.client, msg.metadata, msg.data)))
+
+
 def _reply_ok(frames: Sequence[bytes]) -> bool:
     msg, _ = parse(frames)
     return type(msg) is Reply
@@ -164,7 +211,7 @@ async def _run_asyncio_client(st: LoadSettings, request: list[bytes]) -> Result:
     s.setsockopt(zmq.LINGER, 0)
     s.connect(st.endpoint)
 
-    async def phase(count: int, duration: float, timeout: float | None) -> tuple[list[int], int]:
+    async def phase(count: int, duration: float, limit: float | None) -> tuple[list[int], int]:
         latencies: list[int] = []
         unexpected = 0
         end = _clock() + int(duration * 1e9)
@@ -174,10 +221,10 @@ async def _run_asyncio_client(st: LoadSettings, request: list[bytes]) -> Result:
                 break
             await s.send_multipart(request)
             while True:
-                if timeout is None:
+                if limit is None:
                     frames = await s.recv_multipart()
                 else:
-                    frames = await asyncio.wait_for(s.recv_multipart(), timeout)
+                    frames = await asyncio.wait_for(s.recv_multipart(), limit)
                 if _reply_ok(frames):
                     break
                 unexpected += 1
@@ -271,8 +318,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         service = str(args.service).encode()
         if args.kind == "block":
             _block_worker(args.endpoint, service)
-        else:
+        elif args.kind == "asyncio":
             asyncio.run(_asyncio_worker(args.endpoint, service))
+        else:
+            import trio
+
+            trio.run(_trio_worker, args.endpoint, service)
         return
     result = _client(args.kind, settings_from_args(args))
     result.extra["kind"] = args.kind

@@ -41,7 +41,7 @@ def test_one_tiny_round_measures_every_side(tmp_path: Path) -> None:
         assert rec["window"] == 64
         assert rec["workers_main_cpu_us"] + rec["workers_other_cpu_us"] > 0  # Python threads
         assert rec["workers_zmq_cpu_us"] > 0  # libzmq's I/O threads
-    for side in ("block", "zmq-asyncio", "dcp-asyncio", "dcp-trio"):
+    for side in ("block", "zmq-asyncio", "trio-fd", "dcp-asyncio", "dcp-trio"):
         assert workers[side]["workers_main_cpu_us"] > 0  # the loop is the main thread
 
     clients = {r["side"]: r for r in records if r["table"] == "clients"}
@@ -50,6 +50,13 @@ def test_one_tiny_round_measures_every_side(tmp_path: Path) -> None:
         assert rec["window"] == 1
         assert rec["workers_main_cpu_us"] > 0  # the one blocking worker served them all
 
+    for table in floor.TABLES:
+        rows_of = {row["side"]: row for row in floor.summarise(records, table)}
+        for side, bare in floor.BARE.items():  # dcp's sides against the bare loop too
+            assert bare in rows_of
+            name = floor.FIGURES[table][1][0]  # the CPU figure
+            assert rows_of[side][f"{name} loop ratio"] > 0
+            assert rows_of[floor.ANCHOR][f"{name} ratio"] == 1.0
     assert "### Workers at concurrency 1" in proc.stdout
     assert "### Clients at window 1" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
