@@ -2,7 +2,7 @@
 client at window 1, against the smallest blocking pyzmq peers (issue 27).
 
 ``python -m benchmarks.floor [--rounds 3] [--quick | --tiny] [--tables workers,clients]
-[--out FILE]``
+[--workers SIDES] [--clients SIDES] [--out FILE]``
 
 Two tables, every side through ``dcp broker`` (trio, as shipped) on tcp://127.0.0.1:
 
@@ -10,28 +10,31 @@ Two tables, every side through ``dcp broker`` (trio, as shipped) on tcp://127.0.
   processes of one kind, one :class:`dcp.Client` on asyncio at window 64
   (``map_unordered``; :mod:`benchmarks.dcp_peers`), 16 B echo. Kinds: *block*, the smallest
   blocking pyzmq DCP worker (receive, parse, reply; :mod:`benchmarks.floor_peers`);
-  *zmq-asyncio*, the same loop on ``zmq.asyncio``; *trio-fd*, the same on trio
-  (:func:`trio.lowlevel.wait_readable` on the zmq FD); *dcp-asyncio* and *dcp-trio*,
-  :class:`dcp.Worker` (``concurrency=1``) on that backend; *majortomo*, majortomo 0.2.0's
-  blocking ``Worker`` (the ``bench`` extra; skipped with a reason without it), which speaks
-  MDP: ``dcp broker`` serves it to the same dcp client (docs/protocol.md, Majordomo).
+  *zmq-asyncio*, the same loop on ``zmq.asyncio``; *asyncio-fd* and *trio-fd*, the same
+  loop on asyncio without ``zmq.asyncio`` and on trio: a non-blocking receive, and a wait
+  on the zmq socket's FD when it finds nothing (asyncio: a reader callback registered once
+  and a future per wait, as dcp's own wait; trio: :func:`trio.lowlevel.wait_readable`);
+  *dcp-asyncio* and *dcp-trio*, :class:`dcp.Worker` (``concurrency=1``) on that backend;
+  *majortomo*, majortomo 0.2.0's blocking ``Worker`` (the ``bench`` extra; skipped with a
+  reason without it), which speaks MDP: ``dcp broker`` serves it to the same dcp client
+  (docs/protocol.md, Majordomo).
   Figures: req/s, and the workers' CPU per request from ``/proc/<pid>/task/*`` summed over
   the four processes (each request is served by one): their Python threads (the event loop
   is the main thread; majortomo's ``Worker`` runs in a thread of its own) and libzmq's I/O
   threads apart.
 - **Clients, window 1**: one ``dcp broker`` and one *block* worker per round, the same for
   every client; one request in flight. Kinds: *block*, a blocking pyzmq DCP client (send,
-  blocking receive); *zmq-asyncio*, the same on ``zmq.asyncio``; *trio-fd*, the same bare
-  loop on trio (a non-blocking receive, :func:`trio.lowlevel.wait_readable` on the zmq FD
-  when it finds nothing); *dcp-asyncio* and *dcp-trio*, :class:`dcp.Client`
-  (``request`` one at a time). Figures: p50 latency, and the client's CPU per request in
-  the thread that runs its loop (:func:`time.thread_time`) and in the whole process.
+  blocking receive); *zmq-asyncio*, the same on ``zmq.asyncio``; *asyncio-fd*, *trio-fd*,
+  the same bare loop waiting on the zmq FD as the workers of those names do; *dcp-asyncio*
+  and *dcp-trio*, :class:`dcp.Client` (``request`` one at a time). Figures: p50 latency,
+  and the client's CPU per request in the thread that runs its loop
+  (:func:`time.thread_time`) and in the whole process.
 
 Each round runs every side of a table, in an order rotated by the round; the figures are
 medians over rounds and the ratios medians of same-round ratios side / *block* and, for dcp's
-sides, side / the bare loop on the same backend (*zmq-asyncio*, *trio-fd*). Every
-process is killed by its PID when its run ends; every wait is bounded. Prints two markdown
-tables; ``--out FILE`` saves the raw records as JSON.
+sides, side / the bare loop on the same backend (*asyncio-fd*, *trio-fd*). Every process is
+killed by its PID when its run ends; every wait is bounded. Prints two markdown tables;
+``--out FILE`` saves the raw records as JSON.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ MAJORTOMO = "majortomo"
 WORKER_SIDES: dict[str, tuple[str, ...]] = {
     "block": ("benchmarks.floor_peers", "worker", "--kind", "block"),
     "zmq-asyncio": ("benchmarks.floor_peers", "worker", "--kind", "asyncio"),
+    "asyncio-fd": ("benchmarks.floor_peers", "worker", "--kind", "asyncio-fd"),
     "trio-fd": ("benchmarks.floor_peers", "worker", "--kind", "trio"),
     "dcp-asyncio": ("benchmarks.dcp_peers", "--backend", "asyncio", "workers", "--count", "1"),
     "dcp-trio": ("benchmarks.dcp_peers", "--backend", "trio", "workers", "--count", "1"),
@@ -74,6 +78,7 @@ WORKER_SIDES: dict[str, tuple[str, ...]] = {
 CLIENT_SIDES: dict[str, tuple[str, ...]] = {
     "block": ("benchmarks.floor_peers", "client", "--kind", "block"),
     "zmq-asyncio": ("benchmarks.floor_peers", "client", "--kind", "asyncio"),
+    "asyncio-fd": ("benchmarks.floor_peers", "client", "--kind", "asyncio-fd"),
     "trio-fd": ("benchmarks.floor_peers", "client", "--kind", "trio"),
     "dcp-asyncio": ("benchmarks.dcp_peers", "--backend", "asyncio", "client"),
     "dcp-trio": ("benchmarks.dcp_peers", "--backend", "trio", "client"),
@@ -83,7 +88,7 @@ WORKERS_CLIENT = ("benchmarks.dcp_peers", "--backend", "asyncio", "client")
 CLIENTS_WORKER = WORKER_SIDES[ANCHOR]
 TABLES = ("workers", "clients")
 #: dcp's sides and the bare loop on the same backend, the second ratio of their rows.
-BARE = {"dcp-asyncio": "zmq-asyncio", "dcp-trio": "trio-fd"}
+BARE = {"dcp-asyncio": "asyncio-fd", "dcp-trio": "trio-fd"}
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,23 @@
 """The smallest DCP peers one can write with pyzmq: measuring sticks for
 :mod:`benchmarks.floor`, not dcp code.
 
-``python -m benchmarks.floor_peers worker --kind block|asyncio|trio --endpoint EP``: one DCP echo
-worker on a DEALER socket that registers, prints ``READY`` once the broker confirmed, then
-loops: receive a message, parse it (:func:`dcp.wire.dcp1.parse`), answer a request with its
-data. No credit beyond one request (it never pings), no work timeouts, no handler call; a
+``python -m benchmarks.floor_peers worker --kind KIND --endpoint EP``: one DCP echo worker on
+a DEALER socket that registers, prints ``READY`` once the broker confirmed, then loops:
+receive a message, parse it (:func:`dcp.wire.dcp1.parse`), answer a request with its data.
+No credit beyond one request (it never pings), no work timeouts, no handler call; a
 keep-alive (``PONG``, which asks for no work) after a second without messages, so the broker
-does not forget it while it waits. *block*: blocking ``recv_multipart``; *asyncio*: the same
-loop on ``zmq.asyncio`` (an ``await`` per receive and send: an event-loop wake-up per
-request); *trio*: the same on trio, a non-blocking receive that waits on the zmq socket's FD
-with :func:`trio.lowlevel.wait_readable` when it finds nothing, and non-blocking sends.
+does not forget it while it waits. Kinds (:data:`WORKERS`): *block*, a blocking
+``recv_multipart``; *asyncio*, the same loop on ``zmq.asyncio`` (an ``await`` per receive and
+send: an event-loop wake-up per request); *asyncio-fd*, the same on asyncio without
+``zmq.asyncio``: a non-blocking receive that, when it finds nothing, waits on the zmq
+socket's FD (a reader callback registered once, a future per wait: what dcp's own asyncio
+wait does), and non-blocking sends; *trio*, the same on trio, waiting with
+:func:`trio.lowlevel.wait_readable`.
 
-``python -m benchmarks.floor_peers client --kind block|asyncio|trio --endpoint EP ...``: a
-DCP client with one request in flight (window 1): send the request, wait for its reply, and
-prints the common result record (:mod:`benchmarks.common`). *block*: blocking
-``recv_multipart``; *asyncio*: ``zmq.asyncio``; *trio*: a non-blocking receive that waits on
-the zmq socket's FD with :func:`trio.lowlevel.wait_readable` when it finds nothing.
+``python -m benchmarks.floor_peers client --kind KIND --endpoint EP ...``: a DCP client with
+one request in flight (window 1): send the request, wait for its reply; prints the common
+result record (:mod:`benchmarks.common`). The kinds (:data:`CLIENTS`) wait as the workers of
+the same names do.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ from .common import (
 __all__ = ["CLIENTS", "WORKERS", "main"]
 
 #: The worker kinds and the client kinds.
-WORKERS = ("block", "asyncio", "trio")
-CLIENTS = ("block", "asyncio", "trio")
+WORKERS = ("block", "asyncio", "asyncio-fd", "trio")
+CLIENTS = ("block", "asyncio", "asyncio-fd", "trio")
 #: Seconds without a message after which a worker sends a keep-alive (the broker forgets a
 #: DCP worker silent for ``liveness x heartbeat_interval``, 3 s by default).
 KEEPALIVE = 1.0
@@ -61,6 +63,39 @@ def _dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[by
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     return sock
+
+
+class _Reader:
+    """Waits on a zmq socket's FD on asyncio the cheapest way we know (what dcp's own
+    asyncio wait does): one reader callback registered with the loop for good, a future per
+    wait. The selector is level-triggered and zmq's FD stays readable until ``zmq.EVENTS``
+    is read, so the callback reads it when nothing waits."""
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[None] | None = None
+        self.loop.add_reader(sock.fileno(), self.wake)
+
+    def wake(self) -> None:
+        future, self.future = self.future, None
+        if future is None:
+            self.sock.getsockopt(zmq.EVENTS)  # nothing waits: take the FD's signal
+        elif not future.done():
+            future.set_result(None)
+
+    async def recv(self) -> list[bytes]:
+        """The next message: a non-blocking read, else a wait and another read."""
+        while True:
+            try:
+                return self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            self.future = self.loop.create_future()
+            await self.future
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())
 
 
 def _confirmed(frames: Sequence[bytes], service: bytes) -> bool:
@@ -164,6 +199,38 @@ async def _trio_worker(endpoint: str, service: bytes) -> None:
                 s.send_multipart(serialize(Reply(msg.client, msg.metadata, msg.data)))
 
 
+async def _asyncio_fd_worker(endpoint: str, service: bytes) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    s = _dealer(ctx, endpoint)
+    reader = _Reader(s)
+    s.send_multipart(serialize(Register(service)))
+    while not _confirmed(await asyncio.wait_for(reader.recv(), REGISTER_TIMEOUT), service):
+        pass
+    ready()
+    last = time.monotonic()
+
+    async def keepalive() -> None:
+        while True:
+            await asyncio.sleep(KEEPALIVE)
+            if time.monotonic() - last >= KEEPALIVE:
+                s.send_multipart(_PONG)
+                # The send may have taken the FD's signal of a message that came meanwhile.
+                if s.poll(0, zmq.POLLIN):
+                    reader.wake()
+
+    beat = asyncio.create_task(keepalive())
+    try:
+        while True:
+            frames = await reader.recv()
+            last = time.monotonic()
+            msg, _ = parse(frames)
+            if type(msg) is Request:
+                s.send_multipart(serialize(Reply(msg.client, msg.metadata, msg.data)))
+    finally:
+        beat.cancel()
+        reader.close()
+
+
 def _reply_ok(frames: Sequence[bytes]) -> bool:
     msg, _ = parse(frames)
     return type(msg) is Reply
@@ -245,6 +312,38 @@ async def _run_asyncio_client(st: LoadSettings, request: list[bytes]) -> Result:
     return Result.build(latencies, probe, lost=0, unexpected=unexpected)
 
 
+async def _run_asyncio_fd_client(st: LoadSettings, request: list[bytes]) -> Result:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    s = _dealer(ctx, st.endpoint)
+    reader = _Reader(s)
+
+    async def phase(count: int, duration: float) -> tuple[list[int], int]:
+        latencies: list[int] = []
+        unexpected = 0
+        end = _clock() + int(duration * 1e9)
+        for _ in range(count):
+            t0 = _clock()
+            if t0 >= end:
+                break
+            s.send_multipart(request, zmq.NOBLOCK)
+            while not _reply_ok(await reader.recv()):
+                unexpected += 1
+            latencies.append(_clock() - t0)
+        return latencies, unexpected
+
+    try:
+        await asyncio.wait_for(phase(st.warmup, st.warmup_timeout), st.warmup_timeout)
+        probe = Probe(st.broker_pid, st.worker_pids)
+        probe.start()
+        latencies, unexpected = await phase(st.count, st.duration)
+        probe.stop()
+    finally:
+        reader.close()
+        s.close(0)
+        ctx.term()
+    return Result.build(latencies, probe, lost=0, unexpected=unexpected)
+
+
 async def _run_trio_client(st: LoadSettings, request: list[bytes]) -> Result:
     import trio
 
@@ -296,6 +395,8 @@ def _client(kind: str, st: LoadSettings) -> Result:
         return _run_block_client(st, request)
     if kind == "asyncio":
         return asyncio.run(_run_asyncio_client(st, request))
+    if kind == "asyncio-fd":
+        return asyncio.run(_run_asyncio_fd_client(st, request))
     import trio
 
     result: Result = trio.run(_run_trio_client, st, request)
@@ -320,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             _block_worker(args.endpoint, service)
         elif args.kind == "asyncio":
             asyncio.run(_asyncio_worker(args.endpoint, service))
+        elif args.kind == "asyncio-fd":
+            asyncio.run(_asyncio_fd_worker(args.endpoint, service))
         else:
             import trio
 
