@@ -186,22 +186,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.prefetch:
         each += f", prefetch {args.prefetch}"
 
-    # Rule CW2: a signal before the registration cancels the start (serve() would return
-    # without reporting readiness, which tg.start() turns into a RuntimeError).
-    starting: anyio.CancelScope | None = None
+    # Rule CW2: a signal before the registration stops the worker; serve() then reports
+    # readiness as it returns, and this says nothing more.
     early = started = False
 
     async def run() -> None:
-        nonlocal starting, started
+        nonlocal started
         logger.info("worker for %s connecting to %s", names, ", ".join(args.connect))
-        starting = anyio.CancelScope()
-        if early:
-            starting.cancel()
         async with anyio.create_task_group() as tg:
-            with starting:
-                await tg.start(worker.serve)
-            if starting.cancel_called:  # the signal came before, or as, serve() started
-                tg.cancel_scope.cancel()
+            await tg.start(worker.serve)
+            if early:
                 return
             started = True
             at = ", ".join(worker.endpoints)
@@ -212,8 +206,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         nonlocal early
         if not started:
             early = True
-            if starting is not None:
-                starting.cancel()
+            worker.stop(grace=args.grace)
             _say(f"{sig.name}: stopping (the broker has not confirmed the registration yet)")
             return
         running = worker.statistics().in_progress
