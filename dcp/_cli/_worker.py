@@ -15,7 +15,9 @@ Rule CW2 - At default verbosity it prints one line on stderr once the broker has
    broker has echoed the registration (a wrong endpoint, a broker not started yet) stops it
    at once, nothing being in progress: it says so, and exits as after a stop (130 after
    SIGINT, 0 after SIGTERM), never with a traceback. ``-v`` adds the library's INFO lines on
-   ``dcp.worker``.
+   ``dcp.worker``; its warnings show at every verbosity: among them, at once, a connection
+   refused at the endpoint (nothing listens there; the worker keeps trying, Rule WC8 of
+   :mod:`dcp._worker.connection`).
 Rule CW3 - ``--ready-file PATH``: a stale file is removed at start; the file is written
    (atomically: a temporary file renamed) once the broker has echoed the registration, and
    removed when the command exits, however it exits (but SIGKILL). It holds one JSON object:

@@ -658,8 +658,14 @@ class Worker:
             if lost is None:
                 return None
             assert type(lost) is BrokerLost
+            refused = connection.refused  # said already (dcp._worker.connection Rule WC8)
             connection.close(0)
-            logger.warning("broker %s silent; reconnecting in %.2fs", self.endpoint, lost.delay)
+            logger.log(
+                logging.DEBUG if refused else logging.WARNING,
+                "broker %s silent; reconnecting in %.2fs",
+                self.endpoint,
+                lost.delay,
+            )
             await self._wait(anyio.current_time() + lost.delay)
         # Stopping without a connection: let the handlers finish, then leave.
         deadline = self._stop_deadline

@@ -1,6 +1,6 @@
 """A worker's first contact with its broker, on real zmq sockets and both anyio backends: a
-stop before the broker has echoed the registration (``tg.start(worker.serve)`` returns), as
-anyio's ``TaskStatus`` wants.
+stop before the broker has echoed the registration (``tg.start(worker.serve)`` returns), and
+a connection refused at the endpoint (:mod:`dcp._worker.connection` Rule WC8).
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -16,7 +17,7 @@ from dcp._errors import RegistrationRefused
 from dcp._models import HandlerRequest
 from dcp._worker.worker import Worker
 from dcp.wire.messages import Register, Reply, error_reply_data
-from tests.worker.test_worker import FakeBroker, registered
+from tests.worker.test_worker import FakeBroker, eventually, registered
 
 pytestmark = pytest.mark.anyio
 
@@ -132,3 +133,92 @@ async def test_a_refusal_is_still_an_error_before_the_echo(fake: FakeBroker) -> 
             tg.start_soon(refuse)
             with pytest.raises(RegistrationRefused):
                 await tg.start(worker.serve)
+
+
+# -- a connection refused ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+async def test_a_refused_connection_is_said_once_at_once(
+    transport: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing listens: one WARNING, before the liveness (here 0.5 s) would say the broker is
+    silent; none again while the worker keeps trying, on new sockets too, and the
+    reconnections themselves are not warned about."""
+    endpoint = closed_port() if transport == "tcp" else f"ipc://{tmp_path}/none.sock"
+    worker = Worker(
+        endpoint,
+        SVC,
+        upper,
+        heartbeat_interval=0.1,
+        liveness=5,
+        reconnect_min=0.01,
+        reconnect_max=0.02,
+    )
+    caplog.set_level(logging.DEBUG, logger="dcp.worker")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker.serve)
+        await eventually(lambda: bool(refusals(caplog)))
+        assert worker.statistics().reconnects == 0  # said before the liveness ran out
+        (said,) = refusals(caplog)
+        assert said.levelno == logging.WARNING
+        assert said.getMessage() == f"worker for 'echo': the connection to {endpoint} {REFUSED}"
+        # Two new sockets later (each refused many times over): nothing more.
+        await eventually(lambda: worker.statistics().reconnects >= 2)
+        assert len(refusals(caplog)) == 1
+        assert silent_warnings(caplog) == []
+        await worker.aclose(grace=1)
+
+
+async def test_a_refusal_is_said_again_after_a_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Refused, then a broker comes and goes (a successful handshake in between): said
+    again; a broker that answers clears nothing else."""
+    endpoint = closed_port()
+    worker = Worker(endpoint, SVC, upper, reconnect_min=0.01, reconnect_max=0.02)
+    caplog.set_level(logging.WARNING, logger="dcp.worker")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker.serve)
+        await eventually(lambda: len(refusals(caplog)) == 1)
+        broker = FakeBroker(endpoint)  # the broker starts late: the worker connects
+        try:
+            ident, msg = await broker.expect(Register)
+            broker.send(ident, msg)
+            await eventually(lambda: registered(worker))
+            assert len(refusals(caplog)) == 1
+        finally:
+            broker.close()  # and goes away: refused again
+        await eventually(lambda: len(refusals(caplog)) == 2)
+        await worker.aclose(grace=1)
+
+
+async def test_a_live_broker_says_nothing_of_a_refusal(
+    fake: FakeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="dcp.worker")
+    worker = Worker(fake.endpoint, SVC, upper)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker.serve)
+        ident, msg = await fake.expect(Register)
+        fake.send(ident, msg)
+        await eventually(lambda: registered(worker))
+        await worker.aclose(grace=1)
+    assert refusals(caplog) == []
+
+
+async def test_each_broker_refusing_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Several brokers: a warning per endpoint that refuses (a connection each)."""
+    endpoints = [closed_port(), closed_port()]
+    caplog.set_level(logging.WARNING, logger="dcp.worker")
+    worker = Worker(endpoints, SVC, upper, heartbeat_interval=0.1, liveness=3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker.serve)
+        await eventually(lambda: len(refusals(caplog)) == 2)
+        await eventually(lambda: worker.statistics().reconnects >= 4)  # new sockets, each
+        said = sorted(r.getMessage() for r in refusals(caplog))
+        assert said == sorted(
+            f"worker for 'echo': the connection to {e} {REFUSED}" for e in endpoints
+        )
+        assert silent_warnings(caplog) == []
+        await worker.aclose(grace=1)
