@@ -150,7 +150,7 @@ class Worker:
             ...
 
     or ``await tg.start(worker.serve)``, which returns once the broker has echoed the
-    registration.
+    registration (or once a :meth:`stop` before it has ended serving).
 
     The handler is an ``async def`` (it runs on the event loop: it must not block it) or a
     plain ``def`` (each call runs in a worker thread, at most ``concurrency`` at once, so CPU
