@@ -10,7 +10,6 @@ live broker (Rule SM3 of :mod:`dcp._client.sync_brokers`). One broker takes
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 
@@ -18,8 +17,7 @@ from dcp._client.pubsub import (
     StartPlain,
     SyncRequests,
     SyncSubscription,
-    sub_data,
-    subject_bytes,
+    new_state,
 )
 from dcp._client.subscriptions import SubscriptionState
 from dcp._client.sync_brokers import BrokersReceiver
@@ -101,11 +99,9 @@ def subscribe_brokers(
 ) -> Iterator[SyncSubscription]:
     """:meth:`dcp.SyncClient.subscribe` with several brokers: subscribe at each live one (the
     first refusal is raised if every one refused); unsubscribe at each on the way out."""
-    raw = subject_bytes(pattern, pattern=True)
-    sid = os.urandom(8)
-    data = sub_data(sid, raw, queue, max_pending, overflow, window, refresh, last_value)
-    state = SubscriptionState(sid, data, window)
-    receiver.subscriptions[sid] = state
+    options = (queue, max_pending, overflow, window, refresh, last_value)
+    state, text = new_state(receiver.subscriptions, pattern, *options)
+    sid = state.sid
     try:
         receiver.settle()  # each broker's first handshake
         failures: list[DCPError] = []
@@ -115,7 +111,7 @@ def subscribe_brokers(
                 continue
             receiver.pin = broker
             try:
-                client.request(SUB, *data)
+                client.request(SUB, *state.sub)
                 state.at.add(broker)
             except DCPError as exc:
                 failures.append(exc)
@@ -126,7 +122,7 @@ def subscribe_brokers(
         if failures and not state.at:
             raise failures[0]
         state.renew -= state.at  # (the handshakes read meanwhile asked for them)
-        yield BrokersSubscription(receiver, start, state, raw.decode("utf-8", "replace"), refresh)
+        yield BrokersSubscription(receiver, start, state, text, refresh)
     finally:
         receiver.subscriptions.pop(sid, None)
         if not client.closed:
