@@ -76,12 +76,8 @@ class BrokersSubscription(SyncSubscription):
 
     def _at(self, broker: int, service: bytes, data: list[bytes], timeout: float) -> bytes:
         """Start a pub/sub request at ``broker`` only, sent once: its id."""
-        rx = self._brokers_rx
-        rx.pin = broker
-        try:
+        with self._brokers_rx.pinned(broker):
             return self._start(service, data, timeout=timeout, retries=0)
-        finally:
-            rx.pin = None
 
 
 @contextlib.contextmanager
@@ -109,16 +105,14 @@ def subscribe_brokers(
             if not receiver.brokers.is_live(broker):
                 state.renew.add(broker)  # subscribed at once it is live
                 continue
-            receiver.pin = broker
             try:
-                client.request(SUB, *state.sub)
+                with receiver.pinned(broker):
+                    client.request(SUB, *state.sub)
                 state.at.add(broker)
             except DCPError as exc:
                 failures.append(exc)
                 if not (isinstance(exc, RemoteError) and exc.code == "broker_lost"):
                     state.renew.add(broker)  # still live: asked again (pubsub Rule CP5)
-            finally:
-                receiver.pin = None
         if failures and not state.at:
             raise failures[0]
         state.renew -= state.at  # (the handshakes read meanwhile asked for them)
@@ -127,9 +121,5 @@ def subscribe_brokers(
         receiver.subscriptions.pop(sid, None)
         if not client.closed:
             for broker in sorted(state.at):
-                receiver.pin = broker
-                try:
-                    with contextlib.suppress(DCPError):
-                        client.request(UNSUB, sid, timeout=1)
-                finally:
-                    receiver.pin = None
+                with receiver.pinned(broker), contextlib.suppress(DCPError):
+                    client.request(UNSUB, sid, timeout=1)

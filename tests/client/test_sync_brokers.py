@@ -621,3 +621,22 @@ def test_a_sync_subscription_refused_by_a_live_broker_is_asked_there_again() -> 
     finally:
         fake.close(0)
     assert subs >= 1  # asked again after the first SUB failed
+
+
+def test_a_pin_holds_within_its_block_and_is_lifted_whatever_happens() -> None:
+    """Rule SM4: :meth:`BrokersReceiver.pinned` asks one broker within its block only."""
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    with SyncClient(endpoints, timeout=0.5) as client:
+        rx = receiver(client)
+
+        def pin() -> int | None:
+            return rx.pin  # (read afresh: mypy would narrow the attribute)
+
+        assert pin() is None
+        with rx.pinned(1):
+            assert pin() == 1
+        assert pin() is None
+        with pytest.raises(RuntimeError, match="inside"), rx.pinned(0):
+            assert pin() == 0
+            raise RuntimeError("inside")
+        assert pin() is None
