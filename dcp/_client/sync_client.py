@@ -553,13 +553,11 @@ class SyncClient(ClientOptions):
         answers: list[T] = []
         failures: list[Exception] = []
         for broker in live:
-            receiver.pin = broker
             try:
-                answers.append(ask())
+                with receiver.pinned(broker):
+                    answers.append(ask())
             except Exception as exc:  # another broker may answer
                 failures.append(exc)
-            finally:
-                receiver.pin = None
         if not answers:
             raise failures[0]
         return answers
