@@ -224,17 +224,20 @@ class BindFailed(DCPError, OSError):
     error.
 
     :ivar endpoint: the endpoint that could not be bound
+    :ivar errno: the system's error number (``errno.EADDRINUSE`` for an address in use), or
+        ``None``
     """
 
-    def __init__(self, message: str, endpoint: str) -> None:
+    def __init__(self, message: str, endpoint: str, code: int | None = None) -> None:
         super().__init__(message)
         self.endpoint = endpoint
+        self.errno = code
 
     def __str__(self) -> str:
         return str(self.args[0])
 
-    def __reduce__(self) -> tuple[type[BindFailed], tuple[str, str]]:
-        return (BindFailed, (str(self.args[0]), self.endpoint))
+    def __reduce__(self) -> tuple[type[BindFailed], tuple[str, str, int | None]]:
+        return (BindFailed, (str(self.args[0]), self.endpoint, self.errno))
 
 
 class AuthenticationFailed(DCPError, ConnectionError):

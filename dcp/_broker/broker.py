@@ -12,9 +12,10 @@ broker`` runs :meth:`Broker.serve` through :class:`dcp._io.lifecycle.Lifecycle`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -38,7 +39,7 @@ from dcp._http import require as require_http
 from dcp._io.beacon import send_beacons
 from dcp._io.context import get_context
 from dcp._io.endpoints import ipc_in_use, is_loopback_host
-from dcp._io.errors import endpoint_errors
+from dcp._io.errors import bind_errors
 from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveServer, configure_server_socket
 from dcp._io.sockets import AsyncSocket
@@ -87,11 +88,6 @@ def _local(endpoint: str) -> bool:
     if scheme in ("ipc", "inproc"):
         return True
     return is_loopback_host(rest.rpartition(":")[0].strip("[]"))
-
-
-def _bind_failed(endpoint: str) -> Callable[[str], BindFailed]:
-    """The error of a failed bind of ``endpoint``, from its one line."""
-    return lambda line: BindFailed(line, endpoint)
 
 
 def _core_options() -> frozenset[str]:
@@ -395,11 +391,11 @@ class Broker:
                             f"cannot bind {endpoint}: Address already in use (a process "
                             "listens there)",
                             endpoint,
+                            errno.EADDRINUSE,
                         )
                 bound = []
                 for endpoint in self._bind:
-                    # One line, dcp's own error (dcp._io.errors Rule Z3).
-                    with endpoint_errors("bind", [endpoint], _bind_failed(endpoint)):
+                    with bind_errors(endpoint):  # dcp's own error (dcp._io.errors Rule Z3)
                         sock.bind(endpoint)
                     bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
                 approver = None if self._approve is None else ApproverRunner(self._approve)
