@@ -5,6 +5,7 @@ shown as text, as service names are."""
 
 from __future__ import annotations
 
+import errno
 import pickle
 import socket
 import sys
@@ -53,12 +54,16 @@ async def test_a_tcp_port_in_use_is_bind_failed() -> None:
             async with dcp.Broker("tcp://127.0.0.1:0", endpoint):
                 pass  # pragma: no cover
         assert str(info.value) == f"cannot bind {endpoint}: Address already in use"
-        assert info.value.endpoint == endpoint
+        assert (info.value.endpoint, info.value.errno) == (endpoint, errno.EADDRINUSE)
         assert isinstance(info.value, OSError) and isinstance(info.value, dcp.DCPError)
         assert info.value.__cause__ is None
         assert not isinstance(info.value.__context__, zmq.ZMQError)
         again = pickle.loads(pickle.dumps(info.value))
-        assert str(again) == str(info.value) and again.endpoint == endpoint
+        assert (str(again), again.endpoint, again.errno) == (
+            str(info.value),
+            endpoint,
+            errno.EADDRINUSE,
+        )
     finally:
         holder.close(0)
 
@@ -83,6 +88,7 @@ async def test_an_ipc_path_a_live_broker_listens_on_is_bind_failed(tmp_path: Pat
         assert str(info.value) == (
             f"cannot bind {endpoint}: Address already in use (a process listens there)"
         )
+        assert info.value.errno == errno.EADDRINUSE
         # zmq would have taken the path over silently: the first broker still has it.
         async with dcp.Client(first.endpoints[0], timeout=5) as client:
             assert await client.services() == []
@@ -139,3 +145,35 @@ async def test_a_forbidden_subject_is_shown_as_text() -> None:
             async with client.subscribe("sport.*"):
                 pass  # pragma: no cover
         assert info.value.message == "may not subscribe to 'sport.*'"
+
+
+@pytest.mark.parametrize("wait_for_worker", [False, True])
+async def test_a_service_name_too_long_is_refused_as_such(wait_for_worker: bool) -> None:
+    async with (
+        dcp.Broker("tcp://127.0.0.1:0", max_service_name=10) as broker,
+        dcp.Client(broker.endpoints[0], timeout=10) as client,
+    ):
+        with pytest.raises(dcp.RemoteError) as info:
+            await client.request("a" * 20, b"x", wait_for_worker=wait_for_worker)
+        assert type(info.value) is dcp.RemoteError  # not NoWorkers
+        assert info.value.code == "service_name_too_long"
+        assert info.value.message == "service name of 20 bytes (max_service_name is 10)"
+        assert broker.statistics().rejections == {"service_name_too_long": 1}
+        # A name at the limit is a service like any other: nobody serves it.
+        with pytest.raises(dcp.NoWorkers):
+            await client.request("a" * 10, b"x")
+
+
+async def test_a_forward_to_a_name_too_long_is_refused_as_such() -> None:
+    async def forward(request: dcp.HandlerRequest) -> dcp.Forward:
+        return dcp.Forward("b" * 20, request.data[0])
+
+    async with (
+        dcp.Broker("tcp://127.0.0.1:0", max_service_name=10) as broker,
+        dcp.Worker(broker.endpoints[0], "fw", forward),
+        dcp.Client(broker.endpoints[0], timeout=10) as client,
+    ):
+        with pytest.raises(dcp.RemoteError) as info:
+            await client.request("fw", b"x", wait_for_worker=True)
+        assert type(info.value) is dcp.RemoteError  # not NoWorkers
+        assert info.value.code == "service_name_too_long"
