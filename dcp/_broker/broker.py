@@ -196,7 +196,8 @@ class Broker:
         (queued requests, held replies, subscription buffers, last values, stream parts,
         descriptions, peer state), split into accounts with per-peer shares (default 512 MiB;
         ``None``: no budget; ``docs/security.md``). A message past its account's room is
-        refused with ``memory_budget``; :meth:`statistics` shows every account's figures
+        refused with ``memory_budget``; :meth:`statistics` shows every account's figures. Any
+        other keyword is a ``TypeError`` (naming ``Broker``)
     """
 
     def __init__(
