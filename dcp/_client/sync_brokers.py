@@ -179,6 +179,7 @@ class BrokersReceiver(SyncReceiver):
         self._check_caller()
         refuse_in_event_loop()
         tracker = self.tracker
+        self.check_reachable()  # Rule SX5
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
         brokers = self.brokers
@@ -403,6 +404,8 @@ class BrokersReceiver(SyncReceiver):
                         self.done[rid] = RemoteError(
                             code, f"the broker at {link.endpoint} was lost"
                         )
+        for rid in self.unreachable():  # Rule SX5 of dcp._client.sync_receive
+            self._end(rid)
 
     # ------------------------------------------------------------------ time
 

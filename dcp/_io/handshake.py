@@ -26,13 +26,23 @@ Rule H5 - Unheard reconnections (CURVE only). A secure broker does not let a new
   drops the connection and connects again before resending. By then the broker has torn
   down the old one (zmq heartbeats, within its ``liveness x heartbeat_interval``), so the
   new connection is heard.
+Rule H6 - Refused connections. ``CONNECT_RETRIED`` follows every connection attempt that
+  failed at once (a TCP port with no listener: refused; an ``ipc://`` path with no
+  listener: no such file, or refused), and libzmq tries again after ``RECONNECT_IVL`` and a
+  random part of it (0.1-0.2 s by default). ``CONNECTED`` clears the count of refusals in
+  a row (:attr:`HandshakeWatch.refused`). :meth:`HandshakeWatch.unreachable` is true while
+  no handshake ever succeeded and :data:`REFUSED_LIMIT` attempts in a row were refused
+  (about 0.3-0.6 s after connecting); what follows is the client's choice
+  (``wait_for_broker``, tracker Rule RT9). Counted, not timed: the watch stays pure, and a
+  monitor read late (the sync client's) counts the same. ``inproc`` and a TCP peer that
+  never answers (packets dropped) give no such event: they just wait.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 import zmq
@@ -47,7 +57,9 @@ from dcp._io.sockets import AsyncSocket
 __all__ = [
     "EVENTS",
     "NO_DETAIL_LIMIT",
+    "REFUSED_LIMIT",
     "HandshakeWatch",
+    "all_unreachable",
     "close_monitor",
     "connect_dealer",
     "monitor",
@@ -57,7 +69,9 @@ __all__ = [
 
 #: The monitor events the rules use, and ``DISCONNECTED`` (the worker's Rule W12).
 EVENTS = (
-    zmq.EVENT_DISCONNECTED
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -65,6 +79,10 @@ EVENTS = (
 )
 #: Rule H3: failed handshakes in a row, without detail, that end the peer.
 NO_DETAIL_LIMIT = 3
+#: Rule H6: connection attempts refused in a row, with no handshake ever, that make the
+#: broker unreachable (the 4th comes 0.3-0.6 s after connecting, with zmq's default
+#: ``RECONNECT_IVL``).
+REFUSED_LIMIT = 4
 
 #: How to give a peer its keys, in Python and on the command line.
 _KEYS_HINT = "security=dcp.CurveClient(...) in Python, --keys and --server-key for dcp commands"
@@ -74,14 +92,14 @@ _MONITORS = (f"{os.getpid()}-{n}" for n in itertools.count())
 
 
 class HandshakeWatch:
-    """Rules H1-H4 for one socket connected to ``endpoint``.
+    """Rules H1-H6 for one socket connected to ``endpoint``.
 
     :param endpoint: the broker's endpoint, named in the error
     :param secure: whether this side uses CURVE (it shapes the explanation)
     :param role: ``"client"`` or ``"worker"``, named in the error
     """
 
-    __slots__ = ("endpoint", "handshakes", "heard", "no_detail", "role", "secure")
+    __slots__ = ("endpoint", "handshakes", "heard", "no_detail", "refused", "role", "secure")
 
     def __init__(self, endpoint: str, *, secure: bool, role: str) -> None:
         self.endpoint = endpoint
@@ -93,6 +111,13 @@ class HandshakeWatch:
         #: heard (the client sets :attr:`heard` as messages arrive).
         self.handshakes = 0
         self.heard = 0
+        #: Rule H6: connection attempts refused since the last ``CONNECTED``.
+        self.refused = 0
+
+    def unreachable(self) -> bool:
+        """Rule H6: whether no handshake ever succeeded and the last :data:`REFUSED_LIMIT`
+        connection attempts (or more) were refused."""
+        return self.handshakes == 0 and self.refused >= REFUSED_LIMIT
 
     def unheard(self) -> bool:
         """Rule H5: whether the current connection is a reconnection (CURVE) on which the
@@ -101,6 +126,12 @@ class HandshakeWatch:
 
     def event(self, event: int, value: int) -> AuthenticationFailed | None:
         """One monitor event; the error to raise if the rules say the peer is done for."""
+        if event == zmq.EVENT_CONNECT_RETRIED:
+            self.refused += 1
+            return None
+        if event == zmq.EVENT_CONNECTED:
+            self.refused = 0
+            return None
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.no_detail = 0
             self.handshakes += 1
@@ -136,6 +167,12 @@ class HandshakeWatch:
 
     def _fail(self, reason: str) -> AuthenticationFailed:
         return AuthenticationFailed(self.endpoint, reason)
+
+
+def all_unreachable(watches: Sequence[HandshakeWatch]) -> bool:
+    """Rule H6 for a client of several brokers: every one of them is unreachable (so none
+    was ever connected)."""
+    return all(watch.unreachable() for watch in watches)
 
 
 def connect_dealer(
@@ -217,10 +254,13 @@ async def watch_handshakes(
     watch: HandshakeWatch,
     on_failure: Callable[[AuthenticationFailed], object],
     on_event: Callable[[int], object] | None = None,
+    on_unreachable: Callable[[], object] | None = None,
 ) -> None:
     """Apply the rules to ``mon``'s events until one says the peer is done for (then call
     ``on_failure`` with the error and return), the monitor is closed, or cancellation.
-    Closes the monitor on the way out. ``on_event`` is given each event first."""
+    Closes the monitor on the way out. ``on_event`` is given each event first;
+    ``on_unreachable`` is called after each read of events that leaves the peer unreachable
+    (Rule H6)."""
     amon = AsyncSocket(mon)
     try:
         while True:
@@ -232,6 +272,8 @@ async def watch_handshakes(
                 if failure is not None:
                     on_failure(failure)
                     return
+            if on_unreachable is not None and watch.unreachable():
+                on_unreachable()
     except anyio.ClosedResourceError:
         pass
     finally:
