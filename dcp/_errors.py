@@ -180,7 +180,7 @@ class NoWorkers(RequestTimeout):
 class BrokerUnreachable(RequestTimeout):
     """A client made with ``wait_for_broker=False`` has never connected to any of its
     brokers and its connection attempts are refused (no broker listens there): its
-    requests fail within about half a second instead of waiting out their timeout. A
+    requests fail within half a second instead of waiting out their timeout. A
     :class:`RequestTimeout`, so ``except RequestTimeout`` catches it too.
 
     :ivar endpoints: the brokers' endpoints

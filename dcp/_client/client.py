@@ -133,8 +133,8 @@ class Client(ClientOptions):
     :param wait_for_broker: ``True`` (the default): a client started before its broker, or
         whose broker restarts, waits for it (each call within its ``timeout``). ``False``:
         while the client has never connected to any of its brokers and their connection
-        attempts are refused (nothing listens at the endpoint: four attempts in a row, about
-        0.5 s after entering), pending and later calls raise :exc:`~dcp.BrokerUnreachable`
+        attempts are refused (nothing listens at the endpoint: three attempts in a row,
+        0.2-0.4 s after entering), pending and later calls raise :exc:`~dcp.BrokerUnreachable`
         (a :exc:`~dcp.RequestTimeout`) at once; once a connection succeeded, never (a broker
         restart is waited for as with ``True``). ``inproc://``, and a host that drops the
         packets, give no refusal: calls wait as with ``True``
@@ -360,6 +360,8 @@ class Client(ClientOptions):
             ``no_wait`` disagreeing too; nothing is sent)
         :raises NoWorkers: no worker serves the service (the broker said so)
         :raises RequestTimeout: no reply within ``timeout``, or after the last attempt
+        :raises BrokerUnreachable: (a :exc:`RequestTimeout`) with ``wait_for_broker=False``,
+            no broker listens at the endpoint (refused connections, never connected)
         :raises RemoteError: a dcp error reply (from a worker or the broker)
         :raises anyio.ClosedResourceError: the client is (or was, while waiting) closed
         :raises anyio.BrokenResourceError: the socket failed

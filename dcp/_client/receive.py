@@ -203,6 +203,7 @@ class Receiver:
 
         :raises RuntimeError: the client was not entered
         :raises anyio.ClosedResourceError: the client is closed (or the error that broke it)
+        :raises BrokerUnreachable: no broker can be reached (Rule RX7)
         """
         if self.closed:
             raise self.closed_error()

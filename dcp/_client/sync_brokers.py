@@ -179,7 +179,9 @@ class BrokersReceiver(SyncReceiver):
         self._check_caller()
         refuse_in_event_loop()
         tracker = self.tracker
-        self.check_reachable()  # Rule SX5
+        refusing = self.refusing
+        if refusing is not None and refusing():  # Rule SX5 of dcp._client.sync_receive
+            raise tracker.unreachable_error()
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
         brokers = self.brokers

@@ -142,6 +142,7 @@ class SyncReceiver:
 
         :returns: the request id
         :raises anyio.ClosedResourceError: the client is closed
+        :raises BrokerUnreachable: no broker can be reached (Rule SX5)
         :raises RuntimeError: a forked child, or another thread (Rule SX2), or a thread running
             an event loop (Rule SX4)
         """
@@ -153,7 +154,9 @@ class SyncReceiver:
             self._claim()
         refuse_in_event_loop()
         tracker = self.tracker
-        self.check_reachable()
+        refusing = self.refusing
+        if refusing is not None and refusing():  # Rule SX5
+            raise tracker.unreachable_error()
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
         try:
@@ -162,15 +165,6 @@ class SyncReceiver:
             tracker.cancel(rid)
             raise
         return rid
-
-    def check_reachable(self) -> None:
-        """Rule SX5: raise the tracker's Rule RT9 error if no broker can be reached.
-
-        :raises BrokerUnreachable: so
-        """
-        refusing = self.refusing
-        if refusing is not None and refusing():
-            raise self.tracker.unreachable_error()
 
     def unreachable(self) -> list[bytes]:
         """Rule SX5: if no broker can be reached, end every pending request (its error to

@@ -32,7 +32,8 @@ Rule H6 - Refused connections. ``CONNECT_RETRIED`` follows every connection atte
   random part of it (0.1-0.2 s by default). ``CONNECTED`` clears the count of refusals in
   a row (:attr:`HandshakeWatch.refused`). :meth:`HandshakeWatch.unreachable` is true while
   no handshake ever succeeded and :data:`REFUSED_LIMIT` attempts in a row were refused
-  (about 0.3-0.6 s after connecting); what follows is the client's choice
+  (0.2-0.4 s after connecting: the first attempt is refused at once, then two
+  reconnection intervals); what follows is the client's choice
   (``wait_for_broker``, tracker Rule RT9). Counted, not timed: the watch stays pure, and a
   monitor read late (the sync client's) counts the same. ``inproc`` and a TCP peer that
   never answers (packets dropped) give no such event: they just wait.
@@ -80,9 +81,9 @@ EVENTS = (
 #: Rule H3: failed handshakes in a row, without detail, that end the peer.
 NO_DETAIL_LIMIT = 3
 #: Rule H6: connection attempts refused in a row, with no handshake ever, that make the
-#: broker unreachable (the 4th comes 0.3-0.6 s after connecting, with zmq's default
+#: broker unreachable (the 3rd comes 0.2-0.4 s after connecting, with zmq's default
 #: ``RECONNECT_IVL``).
-REFUSED_LIMIT = 4
+REFUSED_LIMIT = 3
 
 #: How to give a peer its keys, in Python and on the command line.
 _KEYS_HINT = "security=dcp.CurveClient(...) in Python, --keys and --server-key for dcp commands"
