@@ -152,9 +152,13 @@ class BrokersReceiver(SyncReceiver):
 
     def settle(self) -> None:
         """Read the monitors until every broker made its first handshake (or was lost), for
-        at most :data:`SETTLE` seconds after the sockets were made."""
+        at most :data:`SETTLE` seconds after the sockets were made, or until every broker is
+        unreachable (Rule SX5 of dcp._client.sync_receive)."""
         deadline = self.made_at + SETTLE
+        refusing = self.refusing
         while self.brokers.connecting:
+            if refusing is not None and refusing():
+                return
             left = deadline - time.monotonic()
             if left <= 0:
                 return

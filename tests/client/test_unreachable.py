@@ -104,8 +104,11 @@ async def test_outcomes_pending_when_the_verdict_comes_are_outcomes() -> None:
 async def test_several_brokers_none_listening(ipc_path: str) -> None:
     endpoints = (f"tcp://127.0.0.1:{free_port()}", ipc_path)
     async with Client(endpoints, timeout=30, wait_for_broker=False) as client:
-        with anyio.fail_after(GUARD), pytest.raises(BrokerUnreachable) as caught:
-            await client.request("svc", b"x")
+        with anyio.fail_after(GUARD):
+            with pytest.raises(BrokerUnreachable) as caught:
+                await client.request("svc", b"x")
+            with pytest.raises(BrokerUnreachable):  # each broker is asked: none is there
+                await client.services()
     _check(caught.value, *endpoints)
 
 
@@ -122,11 +125,11 @@ def test_the_sync_client_fails_too(nowhere: str) -> None:
 
 def test_the_sync_client_of_several_brokers_fails_too(ipc_path: str) -> None:
     endpoints = (f"tcp://127.0.0.1:{free_port()}", ipc_path)
-    with (
-        SyncClient(endpoints, timeout=30, wait_for_broker=False) as client,
-        pytest.raises(BrokerUnreachable) as caught,
-    ):
-        client.request("svc", b"x")
+    with SyncClient(endpoints, timeout=30, wait_for_broker=False) as client:
+        with pytest.raises(BrokerUnreachable):  # waits for no first handshake
+            client.services()
+        with pytest.raises(BrokerUnreachable) as caught:
+            client.request("svc", b"x")
     _check(caught.value, *endpoints)
 
 
@@ -176,3 +179,20 @@ async def test_inproc_gives_no_refusal_and_waits() -> None:
         with anyio.fail_after(GUARD), pytest.raises(RequestTimeout) as caught:
             await c.request("svc", b"x")
     assert type(caught.value) is RequestTimeout
+
+
+@pytest.mark.anyio
+async def test_a_broker_that_comes_after_the_refusals_is_used() -> None:
+    """Unreachable is not for good: once a connection succeeds, calls go through."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async with Client(endpoint, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            with pytest.raises(BrokerUnreachable):
+                await client.request("svc", b"x")
+            async with dcp.Broker(endpoint):
+                while True:  # until zmq's next attempt connects (within 0.2 s)
+                    try:
+                        assert await client.services() == []
+                        break
+                    except BrokerUnreachable:
+                        await anyio.sleep(0.02)
