@@ -35,6 +35,7 @@ __all__ = [
     "ready",
     "rss_bytes",
     "settings_from_args",
+    "thread_cpu_seconds",
 ]
 
 #: DCP v1 protocol frame.
@@ -130,6 +131,38 @@ def python_cpu_seconds(pid: int) -> float:
     return total
 
 
+#: The kinds of thread :func:`thread_cpu_seconds` tells apart.
+THREAD_KINDS = ("main", "other", "zmq")
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads by kind: ``main`` (the thread whose id is the PID:
+    the event loop of an asyncio or trio program), ``zmq`` (libzmq's, named ``ZMQbg/...``)
+    and ``other`` (every other thread), from each thread's ``/proc/<pid>/task/<tid>/schedstat``
+    (nanoseconds on a CPU; ``stat``'s clock ticks where the kernel keeps no schedstat).
+    Threads that ended are not counted; a process that ended counts nothing."""
+    out = dict.fromkeys(THREAD_KINDS, 0.0)
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        task = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{task}/comm") as f:
+                comm = f.read()
+            try:
+                with open(f"{task}/schedstat") as f:
+                    seconds = int(f.read().split()[0]) / 1e9
+            except FileNotFoundError:
+                seconds = cpu_seconds(pid, int(tid))
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            continue
+        kind = "main" if tid == str(pid) else "zmq" if comm.startswith("ZMQbg") else "other"
+        out[kind] += seconds
+    return out
+
+
 def _status_kib(pid: int, key: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -176,6 +209,9 @@ class Probe:
 
     CPU is ``utime + stime`` from ``/proc/<pid>/stat``: all threads of the process,
     including libzmq's I/O thread, and separately its own (Python) threads without libzmq's.
+    The workers' CPU is also split by kind of thread (:func:`thread_cpu_seconds`), and the
+    load generator's own is also taken for the thread that runs the probe alone
+    (:func:`time.thread_time`: its event loop or its blocking loop).
     Memory is the RSS at the start and the kernel's peak RSS (``VmHWM``, reset at the
     start) during the window.
     """
@@ -192,7 +228,9 @@ class Probe:
         s = self.start_values
         s["client"] = time.process_time()
         s["machine"] = busy_seconds()
+        s["client_thread"] = time.thread_time()
         s["workers"] = sum(cpu_seconds(w) for w in self.workers)
+        s.update(self._worker_threads())
         if self.broker:
             self.rss_start = rss_bytes(self.broker)
             self.peak_reset = _reset_peak_rss(self.broker)
@@ -206,7 +244,9 @@ class Probe:
         v["wall"] = time.perf_counter() - s["wall"]
         v["client"] = time.process_time() - s["client"]
         v["machine"] = busy_seconds() - s["machine"]
+        v["client_thread"] = time.thread_time() - s["client_thread"]
         v["workers"] = sum(cpu_seconds(w) for w in self.workers) - s["workers"]
+        v.update({k: x - s[k] for k, x in self._worker_threads().items()})
         if self.broker:
             v["broker"] = cpu_seconds(self.broker) - s["broker"]
             v["broker_thread"] = python_cpu_seconds(self.broker) - s["broker_thread"]
@@ -214,6 +254,14 @@ class Probe:
             rss = rss_bytes(self.broker)
             v["rss_end"] = rss
             v["peak_growth"] = float(max(peak, rss) - self.rss_start) if peak else -1.0
+
+    def _worker_threads(self) -> dict[str, float]:
+        """``workers_main``, ``workers_other``, ``workers_zmq``: summed over the workers."""
+        out = {f"workers_{kind}": 0.0 for kind in THREAD_KINDS}
+        for w in self.workers:
+            for kind, seconds in thread_cpu_seconds(w).items():
+                out[f"workers_{kind}"] += seconds
+        return out
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -244,7 +292,13 @@ class Result:
     broker_rss_mb: float = 0.0
     broker_peak_growth_mb: float = -1.0
     workers_cpu_us: float = 0.0
+    #: The workers' CPU by kind of thread (:func:`thread_cpu_seconds`), summed over them.
+    workers_main_cpu_us: float = 0.0
+    workers_other_cpu_us: float = 0.0
+    workers_zmq_cpu_us: float = 0.0
     client_cpu_us: float = 0.0
+    #: The load generator's CPU in the thread that ran the load (its event loop's).
+    client_thread_cpu_us: float = 0.0
     #: CPUs' worth of work done by processes other than the broker, the workers and the
     #: load generator during the window (another job on the machine skews the figures).
     foreign_load: float = 0.0
@@ -285,7 +339,11 @@ class Result:
                 v["peak_growth"] / 2**20 if v.get("peak_growth", -1.0) >= 0 else -1.0
             ),
             workers_cpu_us=v.get("workers", 0.0) * per,
+            workers_main_cpu_us=v.get("workers_main", 0.0) * per,
+            workers_other_cpu_us=v.get("workers_other", 0.0) * per,
+            workers_zmq_cpu_us=v.get("workers_zmq", 0.0) * per,
             client_cpu_us=v.get("client", 0.0) * per,
+            client_thread_cpu_us=v.get("client_thread", 0.0) * per,
             foreign_load=_foreign(v),
             extra=extra or {},
         )

@@ -26,17 +26,18 @@ Rule H5 - Unheard reconnections (CURVE only). A secure broker does not let a new
   drops the connection and connects again before resending. By then the broker has torn
   down the old one (zmq heartbeats, within its ``liveness x heartbeat_interval``), so the
   new connection is heard.
-Rule H6 - Refused connections. ``CONNECT_RETRIED`` follows every connection attempt that
-  failed at once (a TCP port with no listener: refused; an ``ipc://`` path with no
-  listener: no such file, or refused), and libzmq tries again after ``RECONNECT_IVL`` and a
-  random part of it (0.1-0.2 s by default). ``CONNECTED`` clears the count of refusals in
-  a row (:attr:`HandshakeWatch.refused`). :meth:`HandshakeWatch.unreachable` is true while
-  no handshake ever succeeded and :data:`REFUSED_LIMIT` attempts in a row were refused
-  (0.2-0.4 s after connecting: the first attempt is refused at once, then two
-  reconnection intervals); what follows is the client's choice
-  (``wait_for_broker``, tracker Rule RT9). Counted, not timed: the watch stays pure, and a
-  monitor read late (the sync client's) counts the same. ``inproc`` and a TCP peer that
-  never answers (packets dropped) give no such event: they just wait.
+Rule H6 - Refused connections (a client's monitor: :data:`CLIENT_EVENTS`).
+  ``CONNECT_RETRIED`` follows every connection attempt that failed at once (a TCP port with
+  no listener: refused; an ``ipc://`` path with no listener: no such file, or refused), and
+  libzmq tries again after ``RECONNECT_IVL`` and a random part of it (0.1-0.2 s by
+  default). ``CONNECTED`` clears the count of refusals in a row
+  (:attr:`HandshakeWatch.refused`). :meth:`HandshakeWatch.unreachable` is true while no
+  handshake ever succeeded and :data:`REFUSED_LIMIT` attempts in a row were refused (0.2-0.4
+  s after connecting: the first attempt is refused at once, then two reconnection
+  intervals); what follows is the client's choice (``wait_for_broker``, tracker Rule RT9).
+  Counted, not timed: the watch stays pure, and a monitor read late (the sync client's)
+  counts the same. ``inproc`` and a TCP peer that never answers (packets dropped) give no
+  such event: they just wait.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ from dcp._io.security import CurveClient, configure_client_socket
 from dcp._io.sockets import AsyncSocket
 
 __all__ = [
+    "ATTEMPT_EVENTS",
+    "CLIENT_EVENTS",
     "EVENTS",
     "NO_DETAIL_LIMIT",
     "REFUSED_LIMIT",
@@ -63,6 +66,7 @@ __all__ = [
     "all_unreachable",
     "close_monitor",
     "connect_dealer",
+    "connect_dealer_watching_attempts",
     "monitor",
     "read_events",
     "watch_handshakes",
@@ -70,14 +74,20 @@ __all__ = [
 
 #: The monitor events the rules use, and ``DISCONNECTED`` (the worker's Rule W12).
 EVENTS = (
-    zmq.EVENT_CONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | zmq.EVENT_DISCONNECTED
+    zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+#: :data:`EVENTS` and a failed connection attempt: libzmq closes the attempt's descriptor
+#: (``CLOSED``) and schedules the next (``CONNECT_RETRIED``, which also follows a
+#: ``DISCONNECTED``: a retry alone is no failure). A tcp port or ipc path where nothing
+#: listens gives ``CLOSED`` then ``CONNECT_RETRIED`` at every attempt; ``inproc`` gives none.
+ATTEMPT_EVENTS = EVENTS | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
+#: :data:`EVENTS` and what Rule H6 counts (``CONNECT_RETRIED``, ``CONNECTED``): a client's
+#: socket (:func:`connect_dealer`).
+CLIENT_EVENTS = EVENTS | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
 #: Rule H3: failed handshakes in a row, without detail, that end the peer.
 NO_DETAIL_LIMIT = 3
 #: Rule H6: connection attempts refused in a row, with no handshake ever, that make the
@@ -184,9 +194,10 @@ def connect_dealer(
     *,
     heartbeat: float | None = None,
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
-    """A client's or worker's DEALER socket (linger 0, ``routing_id``, CURVE keys if
-    ``security``) connected to the broker at ``endpoint``, and the monitor that watches its
-    handshakes from the start (:func:`monitor`); nothing is left open if a step fails.
+    """A client's DEALER socket (linger 0, ``routing_id``, CURVE keys if ``security``)
+    connected to the broker at ``endpoint``, and the monitor that watches its handshakes and
+    connection attempts from the start (:func:`monitor`, :data:`CLIENT_EVENTS`); nothing is
+    left open if a step fails.
 
     :param context: zmq context (default: one shared per process)
     :param heartbeat: seconds between zmq heartbeats (``ZMQ_HEARTBEAT_IVL``; a silent
@@ -204,7 +215,7 @@ def connect_dealer(
             sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat * 1000))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(3 * heartbeat * 1000))
             sock.setsockopt(zmq.IMMEDIATE, 1)
-        mon = monitor(sock)  # handshake failures raise AuthenticationFailed
+        mon = monitor(sock, CLIENT_EVENTS)  # handshake failures raise AuthenticationFailed
         sock.connect(endpoint)
     except BaseException:
         sock.close(0)
@@ -214,15 +225,43 @@ def connect_dealer(
     return sock, mon
 
 
-def monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
-    """A PAIR socket that receives ``sock``'s handshake events (call before ``connect``).
+def connect_dealer_watching_attempts(
+    context: zmq.Context[zmq.Socket[bytes]] | None,
+    routing_id: bytes,
+    security: CurveClient | None,
+    endpoint: str,
+) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """:func:`connect_dealer` (without its ``heartbeat``) whose monitor also gives the failed
+    connection attempts (:data:`ATTEMPT_EVENTS`): the worker's socket."""
+    ctx = context if context is not None else get_context()
+    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    mon: zmq.Socket[bytes] | None = None
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        configure_client_socket(sock, security)
+        mon = sock.get_monitor_socket(
+            ATTEMPT_EVENTS, addr=f"inproc://dcp-monitor-{next(_MONITORS)}"
+        )
+        sock.connect(endpoint)
+    except BaseException:
+        sock.close(0)
+        if mon is not None:
+            mon.close(0)
+        raise
+    return sock, mon
+
+
+def monitor(sock: zmq.Socket[bytes], events: int = EVENTS) -> zmq.Socket[bytes]:
+    """A PAIR socket that receives ``sock``'s ``events`` (default: its handshake events; call
+    before ``connect``).
 
     Close it with :func:`close_monitor`.
     """
     # A unique address: pyzmq's default names it after the socket's file descriptor, which
     # a new socket reuses while libzmq may still be tearing down the old monitor (seen as
     # clients whose monitor never connected, in a long test run).
-    return sock.get_monitor_socket(EVENTS, addr=f"inproc://dcp-monitor-{next(_MONITORS)}")
+    return sock.get_monitor_socket(events, addr=f"inproc://dcp-monitor-{next(_MONITORS)}")
 
 
 def close_monitor(sock: zmq.Socket[bytes], mon: zmq.Socket[bytes]) -> None:
