@@ -34,6 +34,7 @@ if typing.TYPE_CHECKING:
     from dcp._core.broker.pubsub_peers import PubSubOptions as PubSubOptions
     from dcp._errors import AuthenticationFailed as AuthenticationFailed
     from dcp._errors import BindFailed as BindFailed
+    from dcp._errors import BrokerUnreachable as BrokerUnreachable
     from dcp._errors import DCPError as DCPError
     from dcp._errors import LocalProtocolError as LocalProtocolError
     from dcp._errors import NoWorkers as NoWorkers
@@ -66,6 +67,7 @@ __all__ = [
     "BindFailed",
     "Broker",
     "BrokerStatistics",
+    "BrokerUnreachable",
     "Client",
     "ClientStatistics",
     "CurveClient",
@@ -126,6 +128,7 @@ _DEFINED_IN = {
     "PubSubOptions": "dcp._core.broker.pubsub_peers",
     "AuthenticationFailed": "dcp._errors",
     "BindFailed": "dcp._errors",
+    "BrokerUnreachable": "dcp._errors",
     "DCPError": "dcp._errors",
     "LocalProtocolError": "dcp._errors",
     "NoWorkers": "dcp._errors",

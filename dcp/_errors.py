@@ -16,6 +16,7 @@ __all__ = [
     "BadProtocolFrame",
     "BadTypeFrame",
     "BindFailed",
+    "BrokerUnreachable",
     "DCPError",
     "HeaderTooLong",
     "JsonTooLarge",
@@ -175,6 +176,24 @@ class NoWorkers(RequestTimeout):
 
     def __reduce__(self) -> tuple[type[NoWorkers], tuple[bytes, str, tuple[str, ...]]]:
         return (type(self), (self.service, self.message, self.chain))
+
+
+class BrokerUnreachable(RequestTimeout):
+    """A client made with ``wait_for_broker=False`` has never connected to any of its
+    brokers and its connection attempts are refused (no broker listens there): its
+    requests fail within half a second instead of waiting out their timeout. A
+    :class:`RequestTimeout`, so ``except RequestTimeout`` catches it too.
+
+    :ivar endpoints: the brokers' endpoints
+    """
+
+    def __init__(self, endpoints: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.endpoints = endpoints
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[BrokerUnreachable], tuple[tuple[str, ...], str]]:
+        return (type(self), (self.endpoints, self.message))
 
 
 class RemoteError(DCPError):

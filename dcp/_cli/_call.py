@@ -15,6 +15,9 @@ Rule CL3 - A call that timed out (not "no worker") says whether the broker answe
    library's :exc:`~dcp.RequestTimeout` says so (:mod:`dcp._core.client.tracker` Rule RT7:
    "nothing heard from ...: is a dcp broker running there?", or "the broker answers, and a
    worker serves ...").
+   A broker that refuses the connection fails it within half a second (``dcp._cli._run``
+   Rule CR5: :exc:`~dcp.BrokerUnreachable`, exit status :data:`TIMED_OUT`) unless
+   ``--wait-for-broker`` or ``--wait`` is given.
 Rule CL4 - Exit statuses: 0 a reply; :data:`NO_WORKERS` (4) no worker serves the service;
    :data:`ERROR_REPLY` (5) an error reply (the worker's handler failed, or the broker refused
    the request: its code says which); :data:`TIMED_OUT` (6) no reply in time; 1 any other
@@ -139,6 +142,8 @@ def _failed(exc: DCPError) -> CallFailed:
 
     kind = type(exc).__name__
     line = f"{kind}: {exc}"
+    if kind == "BrokerUnreachable":
+        line += " (--wait-for-broker waits for one)"
     if isinstance(exc, RemoteError):
         return CallFailed(line, ERROR_REPLY, kind=kind, error=exc.code, detail=exc.message)
     if isinstance(exc, RequestTimeout):
@@ -228,6 +233,7 @@ def _call(args: argparse.Namespace) -> int:
             retries=args.retries,
             security=security,
             type_width=args.type_width,
+            wait_for_broker=args.wait or args.wait_for_broker,  # dcp._cli._run Rule CR5
         ) as client:
             _connected(client, args)
             logger.info(

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 from dcp._cli._docs import DOCS_URL, doc_url
 from dcp._cli._http import add_broker_http
-from dcp._cli._run import USAGE
+from dcp._cli._run import USAGE, add_wait_for_broker
 from dcp._cli._services import add_broker_beacon, add_commands
 from dcp._io.beacon import BEACON_SCHEME, beacon_port
 from dcp._io.endpoints import check_endpoint
@@ -25,9 +25,9 @@ global options (--backend, -v) may also follow the command: dcp broker -v ...
 exit status: 0 done; 1 error (one line on stderr: a port in use, a missing key
 file, ...); 2 usage error (also a handler dcp worker cannot use); 3 the broker
 refused a worker's registration; 4 no worker serves the service of a dcp call;
-5 dcp call got an error reply; 6 dcp call got no reply in time; 130 stopped by
-SIGINT (Ctrl-C). A broker or worker stopped by SIGTERM exits with 0 once it has
-stopped.
+5 dcp call got an error reply; 6 dcp call got no reply in time (or no broker
+listens: --wait-for-broker waits for one); 130 stopped by SIGINT (Ctrl-C). A
+broker or worker stopped by SIGTERM exits with 0 once it has stopped.
 
 documentation: {DOCS_URL}
 the dcp command's page: {doc_url("cli")}"""
@@ -385,7 +385,8 @@ def build_parser() -> _Parser:
         "on stdout) and its exit status:\n"
         "  4  no worker serves the service (at once; --wait queues the call instead)\n"
         "  5  an error reply: the worker's handler failed, or the broker refused the call\n"
-        "  6  no reply in time (--timeout)\n"
+        "  6  no reply in time (--timeout), or no broker listens (within 0.5 s, unless\n"
+        "     --wait-for-broker or --wait)\n"
         "  1  any other error; 2 a usage error; 130 Ctrl-C\n"
         "Options may also follow SERVICE and DATA.",
     )
@@ -424,11 +425,13 @@ def build_parser() -> _Parser:
         "--wait",
         action="store_true",
         help="when no worker serves the service, queue the call until one registers or "
-        "--timeout passes (default: fail at once, exit status 4)",
+        "--timeout passes (default: fail at once, exit status 4); waits for the broker too "
+        "(--wait-for-broker)",
     )
     waiting.add_argument(
         "--no-wait", action="store_true", help="fail at once (the default; kept for scripts)"
     )
+    add_wait_for_broker(p)
     p.add_argument(
         "--metadata",
         action="append",

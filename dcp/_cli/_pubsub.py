@@ -7,7 +7,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dcp._cli._run import USAGE, CLIError, beacon_errors, run_async, until_signal
+from dcp._cli._run import (
+    USAGE,
+    CLIError,
+    add_wait_for_broker,
+    beacon_errors,
+    run_async,
+    until_signal,
+)
 from dcp._cli._security import client_security
 from dcp._io.errors import endpoint_errors
 
@@ -47,6 +54,7 @@ def add_pubsub_commands(
     )
     p.add_argument("subject", metavar="SUBJECT", help="where to publish, e.g. orders.eu.paid")
     p.add_argument("data", nargs="*", metavar="DATA", help="data parts (UTF-8)")
+    add_wait_for_broker(p)
     security(p)
     p.set_defaults(func=cmd_pub)
 
@@ -93,7 +101,11 @@ def _run(args: argparse.Namespace, body: Callable[[Any], Any]) -> int:
     async def run() -> None:
         connect = args.connect[0] if len(args.connect) == 1 else args.connect
         async with Client(
-            connect, timeout=getattr(args, "timeout", 5.0), security=security
+            connect,
+            timeout=getattr(args, "timeout", 5.0),
+            security=security,
+            # dcp._cli._run Rule CR5: dcp pub does not wait for a broker; dcp sub does
+            wait_for_broker=getattr(args, "wait_for_broker", True),
         ) as client:
             try:
                 await body(client)

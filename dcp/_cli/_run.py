@@ -17,10 +17,17 @@ Rule CR3 - An ``ExceptionGroup`` around one real error is unwrapped (:func:`run_
 Rule CR4 - A ``beacon://`` endpoint that hears no beacon in time, or whose UDP port cannot be
    listened on, is a user error of every command that takes one (:func:`beacon_errors`), as
    in ``dcp find``: one line, exit status 1.
+Rule CR5 - A one-shot command (``dcp call``, ``dcp services``, ``dcp pub``: one request, then
+   exit) does not wait for a broker that is not there: its client has
+   ``wait_for_broker=False``, so a refused connection is one line within half a
+   second (:exc:`~dcp.BrokerUnreachable`), with that command's exit status for a timeout.
+   ``--wait-for-broker`` (:func:`add_wait_for_broker`) waits for one within ``--timeout``,
+   as a script started beside its broker needs; ``dcp call --wait`` does too.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import signal
@@ -35,6 +42,7 @@ __all__ = [
     "INTERRUPTED",
     "USAGE",
     "CLIError",
+    "add_wait_for_broker",
     "beacon_errors",
     "exit_code",
     "interrupted",
@@ -50,6 +58,16 @@ T = TypeVar("T")
 USAGE = 2
 #: Exit code after SIGINT (128 + 2, as a shell reports a process killed by it).
 INTERRUPTED = 128 + signal.SIGINT
+
+
+def add_wait_for_broker(p: argparse.ArgumentParser) -> None:
+    """Rule CR5: the ``--wait-for-broker`` flag of a one-shot command."""
+    p.add_argument(
+        "--wait-for-broker",
+        action="store_true",
+        help="wait (within --timeout) for a broker that is not listening yet (default: fail "
+        "within 0.5 s when the connection is refused)",
+    )
 
 
 class CLIError(Exception):

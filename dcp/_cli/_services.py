@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dcp._cli._docs import doc_url
-from dcp._cli._run import USAGE, CLIError, beacon_errors, run_async
+from dcp._cli._run import USAGE, CLIError, add_wait_for_broker, beacon_errors, run_async
 
 __all__ = [
     "add_broker_beacon",
@@ -78,6 +78,7 @@ def add_commands(
         "--timeout", type=seconds, default=5.0, metavar="SECONDS", help="seconds to wait"
     )
     p.add_argument("--json", action="store_true", help="print one JSON list instead")
+    add_wait_for_broker(p)
     security(p)
     p.set_defaults(func=cmd_services)
 
@@ -116,7 +117,12 @@ def cmd_services(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
 
     async def run() -> None:
-        async with Client(args.connect, security=security, timeout=args.timeout) as client:
+        async with Client(
+            args.connect,
+            security=security,
+            timeout=args.timeout,
+            wait_for_broker=args.wait_for_broker,  # dcp._cli._run Rule CR5
+        ) as client:
             rows.extend({c: getattr(s, c) for c in _COLUMNS} for s in await client.services())
 
     try:

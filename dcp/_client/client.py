@@ -55,7 +55,12 @@ from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, beacon_wait, resolve
-from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
+from dcp._io.handshake import (
+    HandshakeWatch,
+    all_unreachable,
+    connect_dealer,
+    watch_handshakes,
+)
 from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
@@ -115,7 +120,7 @@ class Client(ClientOptions):
         twice or a malformed one: :exc:`ValueError`, before any socket exists
     :param timeout: default seconds for a whole call, every attempt and backoff included
         (``math.inf``: no overall limit). A call to an endpoint where no broker listens
-        fails after this long.
+        fails after this long, unless ``wait_for_broker=False``.
     :param attempt_timeout: default seconds per attempt before a resend (``None``: each
         call's ``timeout / (retries + 1)``, 10 s with the defaults)
     :param retries: default resends after a timed-out attempt
@@ -125,6 +130,14 @@ class Client(ClientOptions):
         ``True``: the broker queues the call until a worker comes or its time is up.
     :param no_wait: the old spelling of ``wait_for_worker``, inverted (``no_wait=True`` is
         ``wait_for_worker=False``); still accepted
+    :param wait_for_broker: ``True`` (the default): a client started before its broker, or
+        whose broker restarts, waits for it (each call within its ``timeout``). ``False``:
+        while the client has never connected to any of its brokers and their connection
+        attempts are refused (nothing listens at the endpoint: three attempts in a row,
+        0.2-0.4 s after entering), pending and later calls raise :exc:`~dcp.BrokerUnreachable`
+        (a :exc:`~dcp.RequestTimeout`) at once; once a connection succeeded, never (a broker
+        restart is waited for as with ``True``). ``inproc://``, and a host that drops the
+        packets, give no refusal: calls wait as with ``True``
     :param backoff: delay cap before the first resend (seconds)
     :param backoff_factor: growth of the delay cap per resend
     :param backoff_max: largest delay cap (seconds)
@@ -225,10 +238,16 @@ class Client(ClientOptions):
             )
             watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="client")
             receiver.attach(AsyncSocket(sock), watch, self.endpoint)
+            on_unreachable = None
+            if not self.wait_for_broker:  # receive Rule RX7
+                receiver.refusing = watch.unreachable
+                on_unreachable = receiver.unreachable
             async with anyio.create_task_group() as tg:
                 tg.start_soon(receiver.run)
                 if mon is not None:
-                    tg.start_soon(watch_handshakes, sock, mon, watch, receiver.shutdown)
+                    tg.start_soon(
+                        watch_handshakes, sock, mon, watch, receiver.shutdown, None, on_unreachable
+                    )
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -269,13 +288,25 @@ class Client(ClientOptions):
                 mons.append(mon)
             watches = [HandshakeWatch(e, secure=secure, role="client") for e in endpoints]
             receiver.attach_brokers([AsyncSocket(sock) for sock in socks], watches, brokers)
+            on_unreachable = None
+            if not self.wait_for_broker:  # receive Rule RX7: every broker unreachable
+                receiver.refusing = functools.partial(all_unreachable, watches)
+                on_unreachable = receiver.unreachable
             async with anyio.create_task_group() as tg:
                 tg.start_soon(receiver.run)
                 for i in range(1, len(socks)):
                     tg.start_soon(receiver.run_broker, i)
                 for i, (sock, mon, watch) in enumerate(zip(socks, mons, watches, strict=True)):
                     on_event = functools.partial(receiver.broker_event, i)
-                    tg.start_soon(watch_handshakes, sock, mon, watch, receiver.shutdown, on_event)
+                    tg.start_soon(
+                        watch_handshakes,
+                        sock,
+                        mon,
+                        watch,
+                        receiver.shutdown,
+                        on_event,
+                        on_unreachable,
+                    )
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -333,6 +364,8 @@ class Client(ClientOptions):
             ``no_wait`` disagreeing too; nothing is sent)
         :raises NoWorkers: no worker serves the service (the broker said so)
         :raises RequestTimeout: no reply within ``timeout``, or after the last attempt
+        :raises BrokerUnreachable: (a :exc:`RequestTimeout`) with ``wait_for_broker=False``,
+            no broker listens at the endpoint (refused connections, never connected)
         :raises RemoteError: a dcp error reply (from a worker or the broker)
         :raises anyio.ClosedResourceError: the client is (or was, while waiting) closed
         :raises anyio.BrokenResourceError: the socket failed

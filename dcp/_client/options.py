@@ -83,6 +83,7 @@ class ClientOptions:
         type_width: int = 1,
         tracing: bool | TracerProvider = False,
         failover_grace: float = 0.2,
+        wait_for_broker: bool = True,
     ) -> None:
         endpoints = endpoint_list(endpoint)
         for each in endpoints:
@@ -102,6 +103,9 @@ class ClientOptions:
         wait = wait_for_option(wait_for_worker or None, no_wait)  # False: the default
         #: Default of :meth:`request`'s ``wait_for_worker`` (Rule CO4).
         self.wait_for_worker = bool(wait_for_worker if wait is None else wait)
+        #: Whether requests wait for a broker that refuses connections (``False``: they
+        #: fail with :exc:`~dcp.BrokerUnreachable`, tracker Rule RT9); read on entry.
+        self.wait_for_broker = wait_for_broker
         self.endpoint = endpoint
         #: The socket's zmq routing id: the broker's address for this client.
         self.routing_id = routing_id

@@ -38,6 +38,12 @@ Rule RX6 - Several brokers (:mod:`dcp._core.client.brokers` decides, Rules BK1-B
    :exc:`~dcp.StreamBroken`; its credit and cancel go to that broker. A question put to one
    broker (``services()`` asks each) stays there too: a lost broker ends it with a
    :exc:`~dcp.RemoteError` ``broker_lost``.
+Rule RX7 - Unreachable brokers (a client with ``wait_for_broker=False``): the client sets
+   :attr:`Receiver.refusing` (true while every broker is unreachable, handshakes Rule H6);
+   the handshake watches call :meth:`Receiver.unreachable` after each read of events that
+   leaves theirs so, which ends every pending request with the tracker's Rule RT9 (the
+   request reading the socket, Rule RX5, is woken), and :meth:`Receiver.start` raises the
+   same error while it holds. ``None`` (the default): the client waits for its broker.
 """
 
 from __future__ import annotations
@@ -156,6 +162,8 @@ class Receiver:
         self.attached_at = 0.0
         #: Set when no broker is still making its first connection (:meth:`wait_connected`).
         self._connected: Event | None = None
+        #: Rule RX7: whether no broker can be reached (``None``: the client waits for one).
+        self.refusing: Callable[[], bool] | None = None
 
     def attach(self, socket: AsyncSocket, watch: HandshakeWatch, endpoint: str) -> None:
         """Take the client's socket, connected to ``endpoint`` (on entry, in the event loop)."""
@@ -196,12 +204,16 @@ class Receiver:
 
         :raises RuntimeError: the client was not entered
         :raises anyio.ClosedResourceError: the client is closed (or the error that broke it)
+        :raises BrokerUnreachable: no broker can be reached (Rule RX7)
         """
         if self.closed:
             raise self.closed_error()
         if self.socket is None:
             raise RuntimeError("use 'async with Client(...)' before sending requests")
         tracker = self.tracker
+        refusing = self.refusing
+        if refusing is not None and refusing():  # Rule RX7
+            raise tracker.unreachable_error()
         rid = tracker.request(service, data, self._now(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt; sent by send()
         self.waiters[rid] = waiter
@@ -653,6 +665,32 @@ class Receiver:
             self._connected = None
             connected.set()
 
+    def unreachable(self) -> None:
+        """Rule RX7: if no broker can be reached, end every pending request (tracker Rule
+        RT9) and wake the request reading the socket (Rule RX5) and those waiting for the
+        brokers' first connections."""
+        refusing = self.refusing
+        if self.closed or refusing is None or not refusing():
+            return
+        tracker = self.tracker
+        tracker.unreachable()
+        _, events = tracker.drain()
+        brokers = self.brokers
+        waiters = self.waiters
+        for event in events:
+            rid = event.request_id
+            waiter = waiters.pop(rid, None)
+            if brokers is not None:
+                brokers.done(rid)
+            if waiter is not None:
+                waiter.deliver(rid, event.error)
+        if self._caller is not None and self.socket is not None:
+            self.socket.move_deadline(self._now())
+        connected = self._connected
+        if connected is not None:
+            self._connected = None
+            connected.set()
+
     async def wait_connected(self) -> None:
         """Wait until no broker is still making its first connection: each one's first
         handshake succeeded or failed (Rule BK2), for at most :data:`SETTLE` seconds after
@@ -661,8 +699,11 @@ class Receiver:
         brokers = self.brokers
         if brokers is None:
             return
+        refusing = self.refusing
         with anyio.move_on_after(self.attached_at + SETTLE - anyio.current_time()):
             while brokers.connecting and not self.closed:
+                if refusing is not None and refusing():  # Rule RX7
+                    return
                 event = self._connected  # shared by every task waiting: anyio's
                 if event is None:
                     event = self._connected = anyio.Event()

@@ -153,9 +153,13 @@ class BrokersReceiver(SyncReceiver):
 
     def settle(self) -> None:
         """Read the monitors until every broker made its first handshake (or was lost), for
-        at most :data:`SETTLE` seconds after the sockets were made."""
+        at most :data:`SETTLE` seconds after the sockets were made, or until every broker is
+        unreachable (Rule SX5 of dcp._client.sync_receive)."""
         deadline = self.made_at + SETTLE
+        refusing = self.refusing
         while self.brokers.connecting:
+            if refusing is not None and refusing():
+                return
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -190,6 +194,9 @@ class BrokersReceiver(SyncReceiver):
         self._check_caller()
         refuse_in_event_loop()
         tracker = self.tracker
+        refusing = self.refusing
+        if refusing is not None and refusing():  # Rule SX5 of dcp._client.sync_receive
+            raise tracker.unreachable_error()
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
         brokers = self.brokers
@@ -414,6 +421,8 @@ class BrokersReceiver(SyncReceiver):
                         self.done[rid] = RemoteError(
                             code, f"the broker at {link.endpoint} was lost"
                         )
+        for rid in self.unreachable():  # Rule SX5 of dcp._client.sync_receive
+            self._end(rid)
 
     # ------------------------------------------------------------------ time
 

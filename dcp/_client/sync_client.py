@@ -8,6 +8,7 @@ which the maps, streams and pub/sub are given.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from types import TracebackType
@@ -41,7 +42,12 @@ from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
 from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
 from dcp._io.beacon import BEACON_SCHEME, beacon_wait, resolve_blocking
-from dcp._io.handshake import HandshakeWatch, close_monitor, connect_dealer
+from dcp._io.handshake import (
+    HandshakeWatch,
+    all_unreachable,
+    close_monitor,
+    connect_dealer,
+)
 from dcp._io.security import CurveClient
 from dcp._json import encode_json
 from dcp._models import Outcome, Response
@@ -125,6 +131,8 @@ class SyncClient(ClientOptions):
         self._receiver = SyncReceiver(
             self._tracker, sock, mon, watch, endpoint=self.endpoint, batch=self._batch
         )
+        if not self.wait_for_broker:  # sync_receive Rule SX5
+            self._receiver.refusing = watch.unreachable
         if self._traced is not None:
             self._traced.attach(self._receiver)
 
@@ -165,6 +173,9 @@ class SyncClient(ClientOptions):
             raise
         #: The sockets and what arrived on them (dcp._client.sync_brokers).
         self._receiver = BrokersReceiver(self._tracker, links, brokers, batch=self._batch)
+        if not self.wait_for_broker:  # sync_receive Rule SX5: every broker unreachable
+            watches = [link.watch for link in links]
+            self._receiver.refusing = functools.partial(all_unreachable, watches)
         if self._traced is not None:
             self._traced.attach(self._receiver)
 

@@ -17,6 +17,10 @@ Rule SX4 - Not in an event loop. A thread running an asyncio or trio event loop 
    with it, until the call timed out.
 Rule SX3 - Handshakes Rule H5: resends due on a connection the broker has not answered since it
    reconnected make a new connection first (a secure broker ignores the old one).
+Rule SX5 - Receive Rule RX7 (``wait_for_broker=False``): the client sets
+   :attr:`SyncReceiver.refusing`; each read of the monitors that leaves every broker
+   unreachable (handshakes Rule H6) ends every pending request (tracker Rule RT9), and a
+   request started while that holds raises the same error.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import zmq
@@ -102,6 +106,8 @@ class SyncReceiver:
         self._owner: int | None = None
         self._owner_name = ""
         self._owner_lock = threading.Lock()
+        #: Rule SX5: whether no broker can be reached (``None``: the client waits for one).
+        self.refusing: Callable[[], bool] | None = None
 
     def close(self) -> None:
         """Close the socket (linger 0) and forget pending requests. Idempotent."""
@@ -136,6 +142,7 @@ class SyncReceiver:
 
         :returns: the request id
         :raises anyio.ClosedResourceError: the client is closed
+        :raises BrokerUnreachable: no broker can be reached (Rule SX5)
         :raises RuntimeError: a forked child, or another thread (Rule SX2), or a thread running
             an event loop (Rule SX4)
         """
@@ -147,6 +154,9 @@ class SyncReceiver:
             self._claim()
         refuse_in_event_loop()
         tracker = self.tracker
+        refusing = self.refusing
+        if refusing is not None and refusing():  # Rule SX5
+            raise tracker.unreachable_error()
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
         try:
@@ -155,6 +165,20 @@ class SyncReceiver:
             tracker.cancel(rid)
             raise
         return rid
+
+    def unreachable(self) -> list[bytes]:
+        """Rule SX5: if no broker can be reached, end every pending request (its error to
+        :attr:`done`); the ids of those ended."""
+        refusing = self.refusing
+        if refusing is None or not refusing():
+            return []
+        tracker = self.tracker
+        tracker.unreachable()
+        _, events = tracker.drain()
+        done = self.done
+        for event in events:
+            done[event.request_id] = event.error
+        return [event.request_id for event in events]
 
     def send(self, frames: list[bytes], deadline: float) -> None:
         """Send ``frames``, waiting for room in a full queue until ``deadline`` (Rule SX1)."""
@@ -231,6 +255,7 @@ class SyncReceiver:
                 self.failure = failure
                 self.close()
                 raise self.closed_error()
+        self.unreachable()
 
     def pump(self, wait_max: float | None = None) -> None:
         """Wait for replies or the next deadline (whichever is first, or ``wait_max``

@@ -26,13 +26,25 @@ Rule H5 - Unheard reconnections (CURVE only). A secure broker does not let a new
   drops the connection and connects again before resending. By then the broker has torn
   down the old one (zmq heartbeats, within its ``liveness x heartbeat_interval``), so the
   new connection is heard.
+Rule H6 - Refused connections (a client's monitor: :data:`CLIENT_EVENTS`).
+  ``CONNECT_RETRIED`` follows every connection attempt that failed at once (a TCP port with
+  no listener: refused; an ``ipc://`` path with no listener: no such file, or refused), and
+  libzmq tries again after ``RECONNECT_IVL`` and a random part of it (0.1-0.2 s by
+  default). ``CONNECTED`` clears the count of refusals in a row
+  (:attr:`HandshakeWatch.refused`). :meth:`HandshakeWatch.unreachable` is true while no
+  handshake ever succeeded and :data:`REFUSED_LIMIT` attempts in a row were refused (0.2-0.4
+  s after connecting: the first attempt is refused at once, then two reconnection
+  intervals); what follows is the client's choice (``wait_for_broker``, tracker Rule RT9).
+  Counted, not timed: the watch stays pure, and a monitor read late (the sync client's)
+  counts the same. ``inproc`` and a TCP peer that never answers (packets dropped) give no
+  such event: they just wait.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 import zmq
@@ -45,10 +57,13 @@ from dcp._io.security import CurveClient, configure_client_socket
 from dcp._io.sockets import AsyncSocket
 
 __all__ = [
+    "ATTEMPT_EVENTS",
+    "CLIENT_EVENTS",
     "EVENTS",
     "NO_DETAIL_LIMIT",
+    "REFUSED_LIMIT",
     "HandshakeWatch",
-    "ATTEMPT_EVENTS",
+    "all_unreachable",
     "close_monitor",
     "connect_dealer",
     "connect_dealer_watching_attempts",
@@ -70,8 +85,15 @@ EVENTS = (
 #: ``DISCONNECTED``: a retry alone is no failure). A tcp port or ipc path where nothing
 #: listens gives ``CLOSED`` then ``CONNECT_RETRIED`` at every attempt; ``inproc`` gives none.
 ATTEMPT_EVENTS = EVENTS | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
+#: :data:`EVENTS` and what Rule H6 counts (``CONNECT_RETRIED``, ``CONNECTED``): a client's
+#: socket (:func:`connect_dealer`).
+CLIENT_EVENTS = EVENTS | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
 #: Rule H3: failed handshakes in a row, without detail, that end the peer.
 NO_DETAIL_LIMIT = 3
+#: Rule H6: connection attempts refused in a row, with no handshake ever, that make the
+#: broker unreachable (the 3rd comes 0.2-0.4 s after connecting, with zmq's default
+#: ``RECONNECT_IVL``).
+REFUSED_LIMIT = 3
 
 #: How to give a peer its keys, in Python and on the command line.
 _KEYS_HINT = "security=dcp.CurveClient(...) in Python, --keys and --server-key for dcp commands"
@@ -81,14 +103,14 @@ _MONITORS = (f"{os.getpid()}-{n}" for n in itertools.count())
 
 
 class HandshakeWatch:
-    """Rules H1-H4 for one socket connected to ``endpoint``.
+    """Rules H1-H6 for one socket connected to ``endpoint``.
 
     :param endpoint: the broker's endpoint, named in the error
     :param secure: whether this side uses CURVE (it shapes the explanation)
     :param role: ``"client"`` or ``"worker"``, named in the error
     """
 
-    __slots__ = ("endpoint", "handshakes", "heard", "no_detail", "role", "secure")
+    __slots__ = ("endpoint", "handshakes", "heard", "no_detail", "refused", "role", "secure")
 
     def __init__(self, endpoint: str, *, secure: bool, role: str) -> None:
         self.endpoint = endpoint
@@ -100,6 +122,13 @@ class HandshakeWatch:
         #: heard (the client sets :attr:`heard` as messages arrive).
         self.handshakes = 0
         self.heard = 0
+        #: Rule H6: connection attempts refused since the last ``CONNECTED``.
+        self.refused = 0
+
+    def unreachable(self) -> bool:
+        """Rule H6: whether no handshake ever succeeded and the last :data:`REFUSED_LIMIT`
+        connection attempts (or more) were refused."""
+        return self.handshakes == 0 and self.refused >= REFUSED_LIMIT
 
     def unheard(self) -> bool:
         """Rule H5: whether the current connection is a reconnection (CURVE) on which the
@@ -108,6 +137,12 @@ class HandshakeWatch:
 
     def event(self, event: int, value: int) -> AuthenticationFailed | None:
         """One monitor event; the error to raise if the rules say the peer is done for."""
+        if event == zmq.EVENT_CONNECT_RETRIED:
+            self.refused += 1
+            return None
+        if event == zmq.EVENT_CONNECTED:
+            self.refused = 0
+            return None
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.no_detail = 0
             self.handshakes += 1
@@ -145,6 +180,12 @@ class HandshakeWatch:
         return AuthenticationFailed(self.endpoint, reason)
 
 
+def all_unreachable(watches: Sequence[HandshakeWatch]) -> bool:
+    """Rule H6 for a client of several brokers: every one of them is unreachable (so none
+    was ever connected)."""
+    return all(watch.unreachable() for watch in watches)
+
+
 def connect_dealer(
     context: zmq.Context[zmq.Socket[bytes]] | None,
     routing_id: bytes,
@@ -153,9 +194,10 @@ def connect_dealer(
     *,
     heartbeat: float | None = None,
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
-    """A client's or worker's DEALER socket (linger 0, ``routing_id``, CURVE keys if
-    ``security``) connected to the broker at ``endpoint``, and the monitor that watches its
-    handshakes from the start (:func:`monitor`); nothing is left open if a step fails.
+    """A client's DEALER socket (linger 0, ``routing_id``, CURVE keys if ``security``)
+    connected to the broker at ``endpoint``, and the monitor that watches its handshakes and
+    connection attempts from the start (:func:`monitor`, :data:`CLIENT_EVENTS`); nothing is
+    left open if a step fails.
 
     :param context: zmq context (default: one shared per process)
     :param heartbeat: seconds between zmq heartbeats (``ZMQ_HEARTBEAT_IVL``; a silent
@@ -173,7 +215,7 @@ def connect_dealer(
             sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat * 1000))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(3 * heartbeat * 1000))
             sock.setsockopt(zmq.IMMEDIATE, 1)
-        mon = monitor(sock)  # handshake failures raise AuthenticationFailed
+        mon = monitor(sock, CLIENT_EVENTS)  # handshake failures raise AuthenticationFailed
         sock.connect(endpoint)
     except BaseException:
         sock.close(0)
@@ -210,15 +252,16 @@ def connect_dealer_watching_attempts(
     return sock, mon
 
 
-def monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
-    """A PAIR socket that receives ``sock``'s handshake events (call before ``connect``).
+def monitor(sock: zmq.Socket[bytes], events: int = EVENTS) -> zmq.Socket[bytes]:
+    """A PAIR socket that receives ``sock``'s ``events`` (default: its handshake events; call
+    before ``connect``).
 
     Close it with :func:`close_monitor`.
     """
     # A unique address: pyzmq's default names it after the socket's file descriptor, which
     # a new socket reuses while libzmq may still be tearing down the old monitor (seen as
     # clients whose monitor never connected, in a long test run).
-    return sock.get_monitor_socket(EVENTS, addr=f"inproc://dcp-monitor-{next(_MONITORS)}")
+    return sock.get_monitor_socket(events, addr=f"inproc://dcp-monitor-{next(_MONITORS)}")
 
 
 def close_monitor(sock: zmq.Socket[bytes], mon: zmq.Socket[bytes]) -> None:
@@ -251,10 +294,13 @@ async def watch_handshakes(
     watch: HandshakeWatch,
     on_failure: Callable[[AuthenticationFailed], object],
     on_event: Callable[[int], object] | None = None,
+    on_unreachable: Callable[[], object] | None = None,
 ) -> None:
     """Apply the rules to ``mon``'s events until one says the peer is done for (then call
     ``on_failure`` with the error and return), the monitor is closed, or cancellation.
-    Closes the monitor on the way out. ``on_event`` is given each event first."""
+    Closes the monitor on the way out. ``on_event`` is given each event first;
+    ``on_unreachable`` is called after each read of events that leaves the peer unreachable
+    (Rule H6)."""
     amon = AsyncSocket(mon)
     try:
         while True:
@@ -266,6 +312,8 @@ async def watch_handshakes(
                 if failure is not None:
                     on_failure(failure)
                     return
+            if on_unreachable is not None and watch.unreachable():
+                on_unreachable()
     except anyio.ClosedResourceError:
         pass
     finally:

@@ -111,6 +111,7 @@ def test_verbose_stream_logs_each_part(
 def test_stream_to_a_silent_endpoint_times_out(capsys: pytest.CaptureFixture[str]) -> None:
     """No answer to ``mmi.service`` (nobody listens): the stream is tried, and times out."""
     argv = ["call", "--connect", "tcp://127.0.0.1:1", "--stream", "--timeout", "0.2", "x"]
+    argv.append("--wait-for-broker")  # not BrokerUnreachable: the stream times out
     assert main(argv) == TIMED_OUT
     assert capsys.readouterr().err.startswith("dcp call: RequestTimeout: ")
 

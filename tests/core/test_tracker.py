@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcp._core.client.tracker as tracker_module
-from dcp import LocalProtocolError, NoWorkers, RemoteError, RequestTimeout
+from dcp import BrokerUnreachable, LocalProtocolError, NoWorkers, RemoteError, RequestTimeout
 from dcp._core.client.calls import Timing
 from dcp._core.client.events import TimedOut
 from dcp._core.client.tracker import RequestTracker
@@ -773,3 +773,34 @@ def test_service_names_given_as_str_are_encoded_once() -> None:
     finally:
         calls._NAMES.clear()
         calls._NAMES.update(before)
+
+
+def test_an_unreachable_broker_ends_every_pending_request_at_once() -> None:
+    """Rule RT9: each pending request ends with a BrokerUnreachable naming the endpoints and
+    the refused connection, counted as a timeout; a reply after it is late."""
+    t = make(timeout=30.0, attempt_timeout=None, probe=True)
+    t.endpoint = "tcp://a:1, ipc:///tmp/b"
+    rid1, frames1 = request(t, b"echo", [b"x"], 0.0)
+    rid2, _ = request(t, b"echo", [b"y"], 0.1)
+    t.unreachable()
+    out, events = t.drain()
+    assert out == []
+    assert [e.request_id for e in events] == [rid1, rid2]
+    for event in events:
+        error = event.error
+        assert type(error) is BrokerUnreachable
+        assert isinstance(error, RequestTimeout)
+        assert error.endpoints == ("tcp://a:1", "ipc:///tmp/b")
+        assert str(error) == (
+            "cannot connect to tcp://a:1, ipc:///tmp/b: connection refused (nothing listens "
+            "there): is a dcp broker running there?"
+        )
+        assert pickle.loads(pickle.dumps(error)).endpoints == error.endpoints
+    assert events[0].error is not events[1].error  # one each: raised in different tasks
+    assert len(t) == 0 and t.next_deadline() is None
+    stats = t.statistics()
+    assert stats.timeouts == 2 and stats.pending == 0
+    assert t.receive(reply_frames(frames1, b"late")) is None
+    assert t.statistics().late == 1
+    t.unreachable()  # nothing pending: nothing to do
+    assert t.drain() == ([], ())

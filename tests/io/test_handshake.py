@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from dcp import AuthenticationFailed, Broker, Client, CurveClient, CurveServer, SyncClient, Worker
-from dcp._io.handshake import NO_DETAIL_LIMIT, HandshakeWatch
+from dcp._io.handshake import NO_DETAIL_LIMIT, REFUSED_LIMIT, HandshakeWatch, all_unreachable
 from dcp._models import HandlerRequest
 
 BROKER = zmq.curve_keypair()
@@ -202,3 +202,32 @@ async def test_a_sync_client_whose_handshake_failed_before_its_first_send_is_tol
         assert "refused this client's CURVE key" in said
         assert send_waits == 1  # the first send found no connection
         assert elapsed < 30  # a hang guard: at once, not at the attempt's end (60 s)
+
+
+def test_refused_connections_make_a_never_connected_broker_unreachable() -> None:
+    """Rule H6: REFUSED_LIMIT refusals in a row, no handshake ever."""
+    watch = HandshakeWatch("tcp://b:1", secure=False, role="client")
+    for _ in range(REFUSED_LIMIT - 1):
+        assert watch.event(zmq.EVENT_CONNECT_RETRIED, 100) is None
+    assert not watch.unreachable()
+    watch.event(zmq.EVENT_CONNECTED, 7)  # a connection made clears the count
+    for _ in range(REFUSED_LIMIT - 1):
+        watch.event(zmq.EVENT_CONNECT_RETRIED, 100)
+    assert not watch.unreachable()
+    watch.event(zmq.EVENT_CONNECT_RETRIED, 100)
+    assert watch.unreachable()
+    other = HandshakeWatch("tcp://c:1", secure=False, role="client")
+    assert not all_unreachable([watch, other])
+    for _ in range(REFUSED_LIMIT):
+        other.event(zmq.EVENT_CONNECT_RETRIED, 100)
+    assert all_unreachable([watch, other])
+
+
+def test_a_broker_once_connected_is_never_unreachable() -> None:
+    watch = HandshakeWatch("tcp://b:1", secure=False, role="client")
+    watch.event(zmq.EVENT_CONNECTED, 7)
+    watch.event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0)
+    watch.event(zmq.EVENT_DISCONNECTED, 7)
+    for _ in range(10 * REFUSED_LIMIT):
+        watch.event(zmq.EVENT_CONNECT_RETRIED, 100)
+    assert not watch.unreachable()

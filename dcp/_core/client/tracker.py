@@ -71,6 +71,15 @@ Rule RT8 - Moves. A client with several brokers resends a pending request throug
   expires-in, Rule RT4), none once its end is reached (it is timed out, not moved). A move is
   not an attempt: it counts no retry, uses none of ``retries`` and leaves the request's timers
   and end as they are.
+Rule RT9 - Unreachable broker. A client that does not wait for its broker
+  (``wait_for_broker=False``) and has never connected to any of its brokers, whose
+  connection attempts are refused (:mod:`dcp._io.handshake` Rule H6), ends every pending
+  request at once: :meth:`RequestTracker.unreachable` gives each a
+  :class:`~dcp._core.client.events.TimedOut` with a :class:`~dcp.BrokerUnreachable` (a
+  :class:`~dcp.RequestTimeout`, counted as a timeout) naming the endpoint(s) and the refused
+  connection; a request started while that holds raises the same error
+  (:meth:`RequestTracker.unreachable_error`, the driver's to raise). Once a connection
+  completed, never: a broker that goes away later is waited for as before.
 
 Deadlines live in a heap with lazy deletion: finishing a request does not touch the heap; a
 stale entry is skipped when it reaches the top. The heap is rebuilt from the pending requests
@@ -87,6 +96,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 from collections import deque
 from collections.abc import Sequence
 from typing import Final
@@ -94,6 +104,7 @@ from typing import Final
 from dcp._core.client.calls import PendingCall, Timing, check_retries, check_timeout
 from dcp._core.client.events import TimedOut
 from dcp._errors import (
+    BrokerUnreachable,
     LocalProtocolError,
     NoWorkers,
     RemoteError,
@@ -339,6 +350,26 @@ class RequestTracker:
             self.cancel(rid)
         self._heap.clear()
         return ids
+
+    def unreachable(self) -> None:
+        """End every pending request at once (Rule RT9): a
+        :class:`~dcp._core.client.events.TimedOut` each, with
+        :meth:`unreachable_error`, to :attr:`events`."""
+        pending = self._pending
+        for rid in list(pending):
+            p = pending.pop(rid)
+            self._timeouts += 1
+            self.events.append(TimedOut(rid, self.unreachable_error()))
+            self._done(rid, p, answered=False)
+
+    def unreachable_error(self) -> BrokerUnreachable:
+        """What a request fails with while no broker can be reached (Rule RT9)."""
+        where = self.endpoint or "the endpoint"
+        return BrokerUnreachable(
+            tuple(re.split(", | or ", where)),
+            f"cannot connect to {where}: connection refused (nothing listens there): "
+            "is a dcp broker running there?",
+        )
 
     def moved(self, request_id: bytes, now: float) -> list[bytes] | None:
         """The frames that move a pending request to another broker at ``now`` (Rule RT8),

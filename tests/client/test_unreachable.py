@@ -1,0 +1,198 @@
+"""A broker that is not there fails in under a second when the client says so
+(``wait_for_broker=False``: dcp._io.handshake Rule H6, dcp._core.client.tracker Rule RT9,
+dcp._client.receive Rule RX7, dcp._client.sync_receive Rule SX5); by default the client waits
+for its broker, and a client that connected once never fails this way. Real sockets: a TCP
+port taken from port 0 then closed (nothing listens), an ``ipc://`` path with no listener.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+import dcp
+from dcp import BrokerUnreachable, Client, HandlerRequest, RequestTimeout, SyncClient
+
+#: A hang guard only: every call below has a 30 s timeout and should fail in about 0.5 s.
+GUARD = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def ipc_path() -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        yield f"ipc://{os.path.join(tmp, 'none.sock')}"
+
+
+@pytest.fixture(params=["tcp", "ipc"])
+def nowhere(request: pytest.FixtureRequest, ipc_path: str) -> str:
+    """An endpoint where nothing listens."""
+    return f"tcp://127.0.0.1:{free_port()}" if request.param == "tcp" else ipc_path
+
+
+async def upper(request: HandlerRequest) -> bytes:
+    return request.data[0].upper()
+
+
+def _check(exc: BrokerUnreachable, *endpoints: str) -> None:
+    assert isinstance(exc, RequestTimeout)
+    assert exc.endpoints == endpoints
+    assert "connection refused" in str(exc)
+    for endpoint in endpoints:
+        assert endpoint in str(exc)
+
+
+@pytest.mark.anyio
+async def test_a_client_that_does_not_wait_fails_when_no_broker_listens(nowhere: str) -> None:
+    async with Client(nowhere, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            with pytest.raises(BrokerUnreachable) as caught:
+                await client.request("svc", b"x")
+            _check(caught.value, nowhere)
+            # Later calls fail at once, whatever they are.
+            with pytest.raises(BrokerUnreachable):
+                await client.request("svc", b"y")
+            with pytest.raises(BrokerUnreachable):  # nothing sent: raised, not an outcome
+                async for _ in client.map_outcomes("svc", [b"a"]):
+                    pass  # pragma: no cover
+            with pytest.raises(BrokerUnreachable):
+                async with client.stream("svc", b"x") as parts:
+                    async for _ in parts:
+                        pass  # pragma: no cover
+        assert client.statistics().pending == 0
+
+
+@pytest.mark.anyio
+async def test_pending_requests_of_every_caller_fail_together() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    failed: list[BaseException] = []
+
+    async def call(client: Client, data: bytes) -> None:
+        try:
+            await client.request("svc", data)
+        except BrokerUnreachable as exc:
+            failed.append(exc)
+
+    async with Client(endpoint, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(call, client, b"%d" % i)
+    assert len(failed) == 3
+
+
+@pytest.mark.anyio
+async def test_outcomes_pending_when_the_verdict_comes_are_outcomes() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async with Client(endpoint, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            outcomes = [o async for o in client.map_outcomes("svc", [b"a", b"b"])]
+    assert [type(o) for o in outcomes] == [BrokerUnreachable, BrokerUnreachable]
+
+
+@pytest.mark.anyio
+async def test_several_brokers_none_listening(ipc_path: str) -> None:
+    endpoints = (f"tcp://127.0.0.1:{free_port()}", ipc_path)
+    async with Client(endpoints, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            with pytest.raises(BrokerUnreachable) as caught:
+                await client.request("svc", b"x")
+            with pytest.raises(BrokerUnreachable):  # each broker is asked: none is there
+                await client.services()
+    _check(caught.value, *endpoints)
+
+
+def test_the_sync_client_fails_too(nowhere: str) -> None:
+    with SyncClient(nowhere, timeout=30, wait_for_broker=False) as client:
+        with pytest.raises(BrokerUnreachable) as caught:
+            client.request("svc", b"x")
+        _check(caught.value, nowhere)
+        with pytest.raises(BrokerUnreachable):
+            client.request("svc", b"y")
+        with pytest.raises(BrokerUnreachable):  # nothing sent: raised, not an outcome
+            list(client.map_outcomes("svc", [b"a"]))
+
+
+def test_the_sync_client_of_several_brokers_fails_too(ipc_path: str) -> None:
+    endpoints = (f"tcp://127.0.0.1:{free_port()}", ipc_path)
+    with SyncClient(endpoints, timeout=30, wait_for_broker=False) as client:
+        with pytest.raises(BrokerUnreachable):  # waits for no first handshake
+            client.services()
+        with pytest.raises(BrokerUnreachable) as caught:
+            client.request("svc", b"x")
+    _check(caught.value, *endpoints)
+
+
+@pytest.mark.anyio
+async def test_by_default_a_client_waits_for_a_broker_that_starts_later() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async with Client(endpoint, timeout=30) as client:
+        with anyio.fail_after(GUARD * 2):
+            async with anyio.create_task_group() as tg:
+                replies: list[bytes] = []
+                answered = anyio.Event()
+
+                async def call() -> None:
+                    response = await client.request("late", b"q", wait_for_worker=True)
+                    replies.append(response.data[0])
+                    answered.set()
+
+                tg.start_soon(call)
+                await anyio.sleep(0.3)  # the broker comes 0.3 s after the client's call
+                async with dcp.Broker(endpoint), dcp.Worker(endpoint, "late", upper):
+                    await answered.wait()
+    assert replies == [b"Q"]
+
+
+@pytest.mark.anyio
+async def test_a_client_that_connected_once_never_fails_as_unreachable() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async with Client(endpoint, timeout=30, wait_for_broker=False) as client:
+        async with dcp.Broker(endpoint):
+            with anyio.fail_after(GUARD):
+                assert await client.services() == []  # connected and heard
+        # The broker is gone: the reconnections are refused, far more than four times
+        # during this call, which still waits its whole time.
+        with anyio.fail_after(GUARD), pytest.raises(RequestTimeout) as caught:
+            await client.request("svc", b"x", timeout=1.5)
+        assert type(caught.value) is RequestTimeout
+        # A broker back on the same endpoint answers, as with the default.
+        async with dcp.Broker(endpoint), dcp.Worker(endpoint, "svc", upper):
+            with anyio.fail_after(GUARD * 2):
+                response = await client.request("svc", b"x", wait_for_worker=True)
+        assert response.data == (b"X",)
+
+
+@pytest.mark.anyio
+async def test_inproc_gives_no_refusal_and_waits() -> None:
+    async with Client("inproc://dcp-nobody-here", timeout=0.7, wait_for_broker=False) as c:
+        with anyio.fail_after(GUARD), pytest.raises(RequestTimeout) as caught:
+            await c.request("svc", b"x")
+    assert type(caught.value) is RequestTimeout
+
+
+@pytest.mark.anyio
+async def test_a_broker_that_comes_after_the_refusals_is_used() -> None:
+    """Unreachable is not for good: once a connection succeeds, calls go through."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async with Client(endpoint, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            with pytest.raises(BrokerUnreachable):
+                await client.request("svc", b"x")
+            async with dcp.Broker(endpoint):
+                while True:  # until zmq's next attempt connects (within 0.2 s)
+                    try:
+                        assert await client.services() == []
+                        break
+                    except BrokerUnreachable:
+                        await anyio.sleep(0.02)
