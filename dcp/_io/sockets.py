@@ -11,9 +11,10 @@ changes, not while a message is waiting, and a ``send`` can consume the edge. So
   the FD at that moment and a message is ready, the sender wakes it, since its send may have
   eaten the edge the owner was waiting for;
 - before closing, the owner is woken and raises ``anyio.ClosedResourceError``;
-- the owner parks the event loop's own way (trio's ``wait_readable`` in trio's cancel scope;
-  on asyncio a reader callback registered once and a future per wait), not through anyio's
-  wrappers: about 20 us of CPU less per wake-up, measured with ``benchmarks.wake``.
+- the owner parks the event loop's own way (trio's ``wait_readable`` with no cancel scope per
+  wait: a timer task for deadlines, ``notify_closing`` for wake-ups; on asyncio a reader
+  callback registered once and a future per wait), not through anyio's wrappers: about 20 us
+  of CPU less per wake-up, measured with ``benchmarks.wake``.
 
 We do not use the zmq-anyio package: measured here it cost 4-5x more broker CPU per request
 than this adapter and it lost messages when a receive was cancelled.
@@ -512,7 +513,11 @@ class _TrioPark:
             scope.deadline = when
         elif not self._timing:
             self._timing = True
-            self._trio.lowlevel.spawn_system_task(self._timer, name="dcp socket timer")
+            try:
+                self._trio.lowlevel.spawn_system_task(self._timer, name="dcp socket timer")
+            except RuntimeError:  # pragma: no cover - trio's run is ending: all is cancelled
+                self._timing = False
+                self._timer_at = math.inf
 
     async def _timer(self) -> None:
         """Sleep until ``_timer_at``; then wake the wait whose deadline has passed, or sleep
