@@ -33,6 +33,7 @@ if typing.TYPE_CHECKING:
     from dcp._core.broker.pubsub import PubSubStatistics as PubSubStatistics
     from dcp._core.broker.pubsub_peers import PubSubOptions as PubSubOptions
     from dcp._errors import AuthenticationFailed as AuthenticationFailed
+    from dcp._errors import BindFailed as BindFailed
     from dcp._errors import DCPError as DCPError
     from dcp._errors import LocalProtocolError as LocalProtocolError
     from dcp._errors import NoWorkers as NoWorkers
@@ -62,6 +63,7 @@ __all__ = [
     "Approval",
     "ApprovalRequest",
     "AuthenticationFailed",
+    "BindFailed",
     "Broker",
     "BrokerStatistics",
     "Client",
@@ -123,6 +125,7 @@ _DEFINED_IN = {
     "PubSubStatistics": "dcp._core.broker.pubsub",
     "PubSubOptions": "dcp._core.broker.pubsub_peers",
     "AuthenticationFailed": "dcp._errors",
+    "BindFailed": "dcp._errors",
     "DCPError": "dcp._errors",
     "LocalProtocolError": "dcp._errors",
     "NoWorkers": "dcp._errors",

@@ -15,6 +15,7 @@ __all__ = [
     "AuthenticationFailed",
     "BadProtocolFrame",
     "BadTypeFrame",
+    "BindFailed",
     "DCPError",
     "HeaderTooLong",
     "JsonTooLarge",
@@ -213,6 +214,30 @@ class RegistrationRefused(DCPError):
         super().__init__(f"the broker refused the registration for {service!r}: {message}")
         self.service = service
         self.message = message
+
+
+class BindFailed(DCPError, OSError):
+    """A broker could not bind one of its endpoints, in one line: ``cannot bind
+    tcp://127.0.0.1:5555: Address already in use`` (a port another socket holds, an
+    ``ipc://`` path where a live process listens, an address this host does not have).
+    Raised by :meth:`Broker.serve <dcp.Broker.serve>` (and ``async with``) instead of zmq's
+    error.
+
+    :ivar endpoint: the endpoint that could not be bound
+    :ivar errno: the system's error number (``errno.EADDRINUSE`` for an address in use), or
+        ``None``
+    """
+
+    def __init__(self, message: str, endpoint: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.errno = code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[type[BindFailed], tuple[str, str, int | None]]:
+        return (BindFailed, (str(self.args[0]), self.endpoint, self.errno))
 
 
 class AuthenticationFailed(DCPError, ConnectionError):

@@ -12,6 +12,7 @@ broker`` runs :meth:`Broker.serve` through :class:`dcp._io.lifecycle.Lifecycle`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import time
 from collections.abc import Sequence
@@ -32,11 +33,13 @@ from dcp._broker.thread import CoreCalls, IOThread
 from dcp._core.broker.core import BrokerCore
 from dcp._core.broker.guard import Guard
 from dcp._core.broker.pubsub import PubSubStatistics
+from dcp._errors import BindFailed
 from dcp._http import http_options
 from dcp._http import require as require_http
 from dcp._io.beacon import send_beacons
 from dcp._io.context import get_context
-from dcp._io.endpoints import is_loopback_host
+from dcp._io.endpoints import ipc_in_use, is_loopback_host
+from dcp._io.errors import bind_errors
 from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveServer, configure_server_socket
 from dcp._io.sockets import AsyncSocket
@@ -85,6 +88,17 @@ def _local(endpoint: str) -> bool:
     if scheme in ("ipc", "inproc"):
         return True
     return is_loopback_host(rest.rpartition(":")[0].strip("[]"))
+
+
+def _core_options() -> frozenset[str]:
+    """The keywords :class:`BrokerCore` takes that :class:`Broker` passes on as they are."""
+    code = BrokerCore.__init__.__code__
+    names = code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+    return frozenset(names) - {"guard", "approve", "dbp_clock"}
+
+
+#: What a ``Broker(**core_options)`` may hold (anything else is a ``TypeError`` naming Broker).
+_CORE_OPTIONS = _core_options()
 
 
 class Broker:
@@ -182,7 +196,8 @@ class Broker:
         (queued requests, held replies, subscription buffers, last values, stream parts,
         descriptions, peer state), split into accounts with per-peer shares (default 512 MiB;
         ``None``: no budget; ``docs/security.md``). A message past its account's room is
-        refused with ``memory_budget``; :meth:`statistics` shows every account's figures
+        refused with ``memory_budget``; :meth:`statistics` shows every account's figures. Any
+        other keyword is a ``TypeError`` (naming ``Broker``)
     """
 
     def __init__(
@@ -215,6 +230,9 @@ class Broker:
     ) -> None:
         if not endpoints:
             raise ValueError("a broker needs at least one endpoint to bind")
+        for option in core_options:
+            if option not in _CORE_OPTIONS:  # named as Python names any wrong keyword
+                raise TypeError(f"Broker() got an unexpected keyword argument {option!r}")
         if log_summary is not None and not 0 < log_summary < float("inf"):
             raise ValueError("log_summary must be None or a positive finite number of seconds")
         self._log_summary = log_summary
@@ -314,7 +332,8 @@ class Broker:
         """Bind, report the bound endpoints through ``task_status``, and route until
         cancelled. Cancellation closes the socket (linger 0) before returning.
 
-        :raises zmq.ZMQError: an endpoint could not be bound
+        :raises BindFailed: an endpoint could not be bound (its port is in use, a live
+            process listens on its ``ipc://`` path, ...), the reason in one line
         :raises OSError: the HTTP address could not be bound
         :raises RuntimeError: the broker is already serving
         """
@@ -367,9 +386,18 @@ class Broker:
                 else:
                     # No handover: a connection that claims a routing id in use is refused.
                     configure_server_socket(sock, security)
+                for endpoint in self._bind:
+                    if ipc_in_use(endpoint):  # zmq would take it over without a word
+                        raise BindFailed(
+                            f"cannot bind {endpoint}: Address already in use (a process "
+                            "listens there)",
+                            endpoint,
+                            errno.EADDRINUSE,
+                        )
                 bound = []
                 for endpoint in self._bind:
-                    sock.bind(endpoint)
+                    with bind_errors(endpoint):  # dcp's own error (dcp._io.errors Rule Z3)
+                        sock.bind(endpoint)
                     bound.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
                 approver = None if self._approve is None else ApproverRunner(self._approve)
                 link = CoreLink(

@@ -15,6 +15,7 @@ import anyio.abc
 from dcp._cli._http import broker_http
 from dcp._cli._run import USAGE, CLIError, exit_code, run_async, until_signal
 from dcp._cli._security import server_security
+from dcp._errors import BindFailed
 from dcp._io.errors import endpoint_errors
 
 __all__ = ["cmd_broker", "cmd_demo", "cmd_keys"]
@@ -22,34 +23,9 @@ __all__ = ["cmd_broker", "cmd_demo", "cmd_keys"]
 logger = logging.getLogger("dcp.cli")
 
 
-def _ipc_in_use(endpoint: str) -> bool:
-    """Whether a process listens on the ``ipc://`` endpoint: zmq would unlink its socket file
-    and bind again, taking the endpoint from it without an error (a stale file, nobody
-    listening, is replaced as zmq does)."""
-    import socket
-
-    if not hasattr(socket, "AF_UNIX"):  # no Unix sockets: nothing to probe
-        return False
-    path = endpoint.removeprefix("ipc://")
-    if path.startswith("@"):  # Linux's abstract namespace
-        path = "\0" + path[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-    return True
-
-
 def cmd_broker(args: argparse.Namespace) -> int:
     from dcp._broker.broker import Broker
 
-    for endpoint in args.bind:
-        if endpoint.startswith("ipc://") and _ipc_in_use(endpoint):
-            raise CLIError(
-                f"cannot bind {endpoint}: Address already in use (a process listens there)"
-            )
     security = server_security(args)
     http = broker_http(args)
     try:
@@ -115,6 +91,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     try:
         with endpoint_errors("bind", args.bind, CLIError):  # one line (dcp._io.errors Z3)
             received = run_async(args.backend, until_signal, run)
+    except BindFailed as exc:  # one line (dcp._io.errors Rule Z3), an ipc:// path in use
+        raise CLIError(str(exc)) from None
     except OSError as exc:  # only the HTTP endpoint binds with plain sockets
         raise CLIError(f"cannot serve HTTP on {args.http}: {exc.strerror or exc}") from None
     logger.info("broker stopped: %s", broker.statistics())

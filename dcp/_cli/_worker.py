@@ -15,7 +15,9 @@ Rule CW2 - At default verbosity it prints one line on stderr once the broker has
    broker has echoed the registration (a wrong endpoint, a broker not started yet) stops it
    at once, nothing being in progress: it says so, and exits as after a stop (130 after
    SIGINT, 0 after SIGTERM), never with a traceback. ``-v`` adds the library's INFO lines on
-   ``dcp.worker``.
+   ``dcp.worker``; its warnings show at every verbosity: among them, at once, a connection
+   refused at the endpoint (nothing listens there; the worker keeps trying, Rule WC8 of
+   :mod:`dcp._worker.connection`).
 Rule CW3 - ``--ready-file PATH``: a stale file is removed at start; the file is written
    (atomically: a temporary file renamed) once the broker has echoed the registration, and
    removed when the command exits, however it exits (but SIGKILL). It holds one JSON object:
@@ -186,22 +188,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.prefetch:
         each += f", prefetch {args.prefetch}"
 
-    # Rule CW2: a signal before the registration cancels the start (serve() would return
-    # without reporting readiness, which tg.start() turns into a RuntimeError).
-    starting: anyio.CancelScope | None = None
+    # Rule CW2: a signal before the registration stops the worker; serve() then reports
+    # readiness as it returns, and this says nothing more.
     early = started = False
 
     async def run() -> None:
-        nonlocal starting, started
+        nonlocal started
         logger.info("worker for %s connecting to %s", names, ", ".join(args.connect))
-        starting = anyio.CancelScope()
-        if early:
-            starting.cancel()
         async with anyio.create_task_group() as tg:
-            with starting:
-                await tg.start(worker.serve)
-            if starting.cancel_called:  # the signal came before, or as, serve() started
-                tg.cancel_scope.cancel()
+            await tg.start(worker.serve)
+            if early:
                 return
             started = True
             at = ", ".join(worker.endpoints)
@@ -212,8 +208,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         nonlocal early
         if not started:
             early = True
-            if starting is not None:
-                starting.cancel()
+            worker.stop(grace=args.grace)
             _say(f"{sig.name}: stopping (the broker has not confirmed the registration yet)")
             return
         running = worker.statistics().in_progress

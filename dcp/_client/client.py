@@ -54,7 +54,7 @@ from dcp._client.streams import DEFAULT_WINDOW, Stream
 from dcp._client.waiters import Sink, Waiter
 from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, Timing, data_parts, service_bytes
-from dcp._io.beacon import BEACON_SCHEME, resolve
+from dcp._io.beacon import BEACON_SCHEME, beacon_wait, resolve
 from dcp._io.handshake import HandshakeWatch, connect_dealer, watch_handshakes
 from dcp._io.lifecycle import Lifecycle, ki_protected
 from dcp._io.security import CurveClient
@@ -216,7 +216,10 @@ class Client(ClientOptions):
         try:
             if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon
                 key = None if self._security is None else self._security.server_key
-                self.endpoint = self._tracker.endpoint = await resolve(self.endpoint, key=key)
+                wait = beacon_wait(self._tracker.timeout)  # the client's timeout, if shorter
+                self.endpoint = self._tracker.endpoint = await resolve(
+                    self.endpoint, key=key, timeout=wait
+                )
             sock, mon = connect_dealer(
                 self._context, self.routing_id, self._security, self.endpoint
             )
@@ -250,8 +253,9 @@ class Client(ClientOptions):
         mons: list[zmq.Socket[bytes]] = []
         socks: list[zmq.Socket[bytes]] = []
         try:
+            wait = beacon_wait(self._tracker.timeout)  # the client's timeout, if shorter
             endpoints = [
-                await resolve(e, key=key) if e.startswith(BEACON_SCHEME) else e
+                await resolve(e, key=key, timeout=wait) if e.startswith(BEACON_SCHEME) else e
                 for e in self._endpoints
             ]
             brokers.endpoints = self._endpoints = tuple(endpoints)

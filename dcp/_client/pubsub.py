@@ -66,6 +66,7 @@ __all__ = [
     "Subscription",
     "SyncRequests",
     "SyncSubscription",
+    "new_state",
     "publish",
     "publish_sync",
     "subscribe",
@@ -137,6 +138,30 @@ def sub_data(
     if last_value:
         data.append(b"last-value")
     return data
+
+
+def new_state(
+    subscriptions: dict[bytes, SubscriptionState],
+    pattern: str | bytes,
+    queue: str | bytes | None,
+    max_pending: int,
+    overflow: str | Overflow,
+    window: int,
+    refresh: float,
+    last_value: bool,
+) -> tuple[SubscriptionState, str]:
+    """A new subscription (a fresh id, its subscribe request's data), put in its receiver's
+    ``subscriptions`` at once (before its SUB goes out, so nothing that arrives for it is
+    lost); and its pattern as text.
+
+    :raises ValueError: a bad pattern or option
+    """
+    raw = subject_bytes(pattern, pattern=True)
+    sid = os.urandom(8)
+    data = sub_data(sid, raw, queue, max_pending, overflow, window, refresh, last_value)
+    state = SubscriptionState(sid, data, window)
+    subscriptions[sid] = state
+    return state, raw.decode("utf-8", "replace")
 
 
 def _publish_frames(width: int, subject: bytes, data: Sequence[bytes]) -> list[bytes]:
@@ -349,12 +374,10 @@ async def subscribe(
 ) -> AsyncIterator[Subscription]:
     """:meth:`dcp.Client.subscribe`: subscribe through ``client``, the messages routed by its
     ``receiver``."""
-    raw = subject_bytes(pattern, pattern=True)
-    sid = os.urandom(8)
-    data = sub_data(sid, raw, queue, max_pending, overflow, window, refresh, last_value)
-    state = SubscriptionState(sid, data, window)
-    receiver.subscriptions[sid] = state
-    sub = Subscription(client, state, raw.decode("utf-8", "replace"))
+    options = (queue, max_pending, overflow, window, refresh, last_value)
+    state, text = new_state(receiver.subscriptions, pattern, *options)
+    sid, data = state.sid, state.sub
+    sub = Subscription(client, state, text)
     failure: BaseException | None = None
     try:
         if receiver.brokers is None:
@@ -522,14 +545,12 @@ def subscribe_sync(
 ) -> Iterator[SyncSubscription]:
     """:meth:`dcp.SyncClient.subscribe`: subscribe through ``client``; the subscription
     grants credit with ``start`` and reads through ``receiver``."""
-    raw = subject_bytes(pattern, pattern=True)
-    sid = os.urandom(8)
-    data = sub_data(sid, raw, queue, max_pending, overflow, window, refresh, last_value)
-    state = SubscriptionState(sid, data, window)
-    receiver.subscriptions[sid] = state
+    options = (queue, max_pending, overflow, window, refresh, last_value)
+    state, text = new_state(receiver.subscriptions, pattern, *options)
+    sid = state.sid
     try:
-        client.request(SUB, *data)
-        yield SyncSubscription(receiver, start, state, raw.decode("utf-8", "replace"), refresh)
+        client.request(SUB, *state.sub)
+        yield SyncSubscription(receiver, start, state, text, refresh)
     finally:
         receiver.subscriptions.pop(sid, None)
         if not client.closed:

@@ -42,9 +42,10 @@ Rule RX6 - Several brokers (:mod:`dcp._core.client.brokers` decides, Rules BK1-B
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import anyio
 import anyio.lowlevel
@@ -261,14 +262,14 @@ class Receiver:
         except anyio.BrokenResourceError as exc:
             failure = exc.__cause__ or exc
         except Exception as exc:
-            failure = self._failure(asock, exc)
+            failure = self._failure(asock, exc, "dcp client request failed reading its reply")
         if failure is not None:
             self.shutdown(failure)
 
-    def _failure(self, asock: AsyncSocket, exc: Exception) -> BaseException | None:
-        """What ``exc``, raised while a request read the socket, means, as the receive task's
-        handlers would say: a zmq error is the socket's failure (``None`` if it was closed
-        under us: dcp._io.errors Rule Z4); anything else a bug, logged."""
+    def _failure(self, asock: AsyncSocket, exc: Exception, what: str) -> BaseException | None:
+        """What ``exc``, raised while a task read ``asock``, means (Rule RX3): a zmq error is
+        the socket's failure (``None`` if it was closed under us: dcp._io.errors Rule Z4);
+        anything else a bug, logged as ``what``."""
         failure: BaseException | None = None
 
         def broken(error: BaseException) -> None:
@@ -280,9 +281,27 @@ class Receiver:
             with socket_errors(broken):
                 _raise(exc)
         except Exception:
-            logger.exception("dcp client request failed reading its reply")
+            logger.exception(what)
             return exc
         return failure
+
+    @contextlib.contextmanager
+    def _reading(self, asock: AsyncSocket) -> Iterator[None]:
+        """Rule RX3 around a receive task's loop over ``asock``: however it ends, the client
+        is shut down, with the socket's failure or a bug (logged) as the cause; a closed
+        socket (or one closed under us) is no failure."""
+        failure: BaseException | None = None
+        try:
+            yield
+        except anyio.ClosedResourceError:
+            pass
+        except anyio.BrokenResourceError as exc:
+            if not asock.closed:
+                failure = exc.__cause__ or exc
+        except Exception as exc:
+            failure = self._failure(asock, exc, "dcp client receive task failed")
+        finally:
+            self.shutdown(failure)
 
     def end(self, rid: bytes, waiter: Waiter) -> None:
         """A ``request()`` started with :meth:`start_call` ends, answered or not (cancelled):
@@ -487,7 +506,6 @@ class Receiver:
         """The receive task (Rules RX2, RX3 and RX5); ends when the socket is closed."""
         asock = self.socket
         assert asock is not None
-        failure: BaseException | None = None
         next_deadline = self.tracker.next_deadline
         read = self._read
         lend = True
@@ -496,40 +514,25 @@ class Receiver:
             read = self._read_first
             lend = False
 
-        def broken(exc: BaseException) -> None:  # the socket failed (dcp._io.errors Z2, Z4)
-            nonlocal failure
-            if not asock.closed:
-                failure = exc
-
-        try:
-            with socket_errors(broken):
-                while True:
-                    if self._reader != _RECEIVER:
-                        await self._parked()
-                        if self.closed:
-                            break
-                        continue
-                    deadline = next_deadline()
-                    due = self._due = math.inf if deadline is None else deadline
-                    await asock.wait_readable(due)
-                    if asock.closed:
+        with self._reading(asock):
+            while True:
+                if self._reader != _RECEIVER:
+                    await self._parked()
+                    if self.closed:
                         break
-                    read(asock, self._batch)
-                    if lend and not self.waiters and not self.subscriptions:
-                        self._lend()  # Rule RX5: nothing pending
-                    # Let other tasks run between batches, however busy the socket is. (With
-                    # no input left, wait_readable parks, which lets them run: no extra pass.)
-                    elif asock.has_input():
-                        await anyio.lowlevel.checkpoint()
-        except anyio.ClosedResourceError:
-            pass
-        except anyio.BrokenResourceError as exc:
-            broken(exc.__cause__ or exc)
-        except Exception as exc:  # a bug: fail the callers rather than hang them
-            logger.exception("dcp client receive task failed")
-            failure = exc
-        finally:
-            self.shutdown(failure)
+                    continue
+                deadline = next_deadline()
+                due = self._due = math.inf if deadline is None else deadline
+                await asock.wait_readable(due)
+                if asock.closed:
+                    break
+                read(asock, self._batch)
+                if lend and not self.waiters and not self.subscriptions:
+                    self._lend()  # Rule RX5: nothing pending
+                # Let other tasks run between batches, however busy the socket is. (With
+                # no input left, wait_readable parks, which lets them run: no extra pass.)
+                elif asock.has_input():
+                    await anyio.lowlevel.checkpoint()
 
     async def _parked(self) -> None:
         """Wait while the socket is lent (Rule RX5): until it is taken back, or until
@@ -596,31 +599,14 @@ class Receiver:
         """The receive task of broker ``i``'s socket (``i`` > 0; Rule RX6), as :meth:`run`
         (Rules RX2 and RX3); the deadlines are the first socket's task's."""
         asock = self.sockets[i]
-        failure: BaseException | None = None
-
-        def broken(exc: BaseException) -> None:  # the socket failed (dcp._io.errors Z2, Z4)
-            nonlocal failure
-            if not asock.closed:
-                failure = exc
-
-        try:
-            with socket_errors(broken):
-                while True:
-                    await asock.wait_readable()
-                    if asock.closed:
-                        break
-                    self._read_several(i, self._batch)
-                    if asock.has_input():
-                        await anyio.lowlevel.checkpoint()
-        except anyio.ClosedResourceError:
-            pass
-        except anyio.BrokenResourceError as exc:
-            broken(exc.__cause__ or exc)
-        except Exception as exc:  # a bug: fail the callers rather than hang them
-            logger.exception("dcp client receive task failed")
-            failure = exc
-        finally:
-            self.shutdown(failure)
+        with self._reading(asock):
+            while True:
+                await asock.wait_readable()
+                if asock.closed:
+                    break
+                self._read_several(i, self._batch)
+                if asock.has_input():
+                    await anyio.lowlevel.checkpoint()
 
     def broker_event(self, i: int, event: int) -> None:
         """A monitor event of broker ``i``'s socket (Rule RX6): its handshake succeeded (it is

@@ -31,11 +31,12 @@ Rule SM4 - Asked of each broker. The ``mmi.*`` questions of :meth:`dcp.SyncClien
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import zmq
 
@@ -164,6 +165,16 @@ class BrokersReceiver(SyncReceiver):
         """Rule SM3: the broker pub/sub goes through (``None``: none is live)."""
         is_live = self.brokers.is_live
         return next((i for i in range(len(self.links)) if is_live(i)), None)
+
+    @contextlib.contextmanager
+    def pinned(self, broker: int) -> Iterator[None]:
+        """Rule SM4: the requests started in the block are asked of ``broker`` only
+        (:attr:`pin`)."""
+        self.pin = broker
+        try:
+            yield
+        finally:
+            self.pin = None
 
     # ------------------------------------------------------------------ sending
 

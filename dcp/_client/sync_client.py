@@ -40,7 +40,7 @@ from dcp._client.sync_pubsub import subscribe_brokers
 from dcp._client.sync_receive import SyncReceiver, refuse_in_event_loop
 from dcp._core.client.brokers import Brokers
 from dcp._core.client.calls import Part, Payload, data_parts, service_bytes
-from dcp._io.beacon import BEACON_SCHEME, resolve_blocking
+from dcp._io.beacon import BEACON_SCHEME, beacon_wait, resolve_blocking
 from dcp._io.handshake import HandshakeWatch, close_monitor, connect_dealer
 from dcp._io.security import CurveClient
 from dcp._json import encode_json
@@ -114,7 +114,10 @@ class SyncClient(ClientOptions):
             return
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
             key = None if security is None else security.server_key
-            self.endpoint = self._tracker.endpoint = resolve_blocking(self.endpoint, key=key)
+            wait = beacon_wait(self._tracker.timeout)  # the client's timeout, if shorter
+            self.endpoint = self._tracker.endpoint = resolve_blocking(
+                self.endpoint, key=key, timeout=wait
+            )
             self._endpoints = (self.endpoint,)
         sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
         watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
@@ -134,7 +137,10 @@ class SyncClient(ClientOptions):
         key = None if security is None else security.server_key
         brokers = self._brokers
         assert brokers is not None
-        resolved = tuple(dict.fromkeys(resolve_blocking(e, key=key) for e in self.endpoints))
+        wait = beacon_wait(self._tracker.timeout)  # the client's timeout, if shorter
+        resolved = tuple(
+            dict.fromkeys(resolve_blocking(e, key=key, timeout=wait) for e in self.endpoints)
+        )
         if resolved != self.endpoints:  # beacons: the brokers heard
             brokers = self._brokers = Brokers(resolved, grace=brokers.grace)
         self._endpoints = resolved
@@ -553,13 +559,11 @@ class SyncClient(ClientOptions):
         answers: list[T] = []
         failures: list[Exception] = []
         for broker in live:
-            receiver.pin = broker
             try:
-                answers.append(ask())
+                with receiver.pinned(broker):
+                    answers.append(ask())
             except Exception as exc:  # another broker may answer
                 failures.append(exc)
-            finally:
-                receiver.pin = None
         if not answers:
             raise failures[0]
         return answers

@@ -10,7 +10,6 @@ live broker (Rule SM3 of :mod:`dcp._client.sync_brokers`). One broker takes
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 
@@ -18,8 +17,7 @@ from dcp._client.pubsub import (
     StartPlain,
     SyncRequests,
     SyncSubscription,
-    sub_data,
-    subject_bytes,
+    new_state,
 )
 from dcp._client.subscriptions import SubscriptionState
 from dcp._client.sync_brokers import BrokersReceiver
@@ -78,12 +76,8 @@ class BrokersSubscription(SyncSubscription):
 
     def _at(self, broker: int, service: bytes, data: list[bytes], timeout: float) -> bytes:
         """Start a pub/sub request at ``broker`` only, sent once: its id."""
-        rx = self._brokers_rx
-        rx.pin = broker
-        try:
+        with self._brokers_rx.pinned(broker):
             return self._start(service, data, timeout=timeout, retries=0)
-        finally:
-            rx.pin = None
 
 
 @contextlib.contextmanager
@@ -101,11 +95,9 @@ def subscribe_brokers(
 ) -> Iterator[SyncSubscription]:
     """:meth:`dcp.SyncClient.subscribe` with several brokers: subscribe at each live one (the
     first refusal is raised if every one refused); unsubscribe at each on the way out."""
-    raw = subject_bytes(pattern, pattern=True)
-    sid = os.urandom(8)
-    data = sub_data(sid, raw, queue, max_pending, overflow, window, refresh, last_value)
-    state = SubscriptionState(sid, data, window)
-    receiver.subscriptions[sid] = state
+    options = (queue, max_pending, overflow, window, refresh, last_value)
+    state, text = new_state(receiver.subscriptions, pattern, *options)
+    sid = state.sid
     try:
         receiver.settle()  # each broker's first handshake
         failures: list[DCPError] = []
@@ -113,27 +105,21 @@ def subscribe_brokers(
             if not receiver.brokers.is_live(broker):
                 state.renew.add(broker)  # subscribed at once it is live
                 continue
-            receiver.pin = broker
             try:
-                client.request(SUB, *data)
+                with receiver.pinned(broker):
+                    client.request(SUB, *state.sub)
                 state.at.add(broker)
             except DCPError as exc:
                 failures.append(exc)
                 if not (isinstance(exc, RemoteError) and exc.code == "broker_lost"):
                     state.renew.add(broker)  # still live: asked again (pubsub Rule CP5)
-            finally:
-                receiver.pin = None
         if failures and not state.at:
             raise failures[0]
         state.renew -= state.at  # (the handshakes read meanwhile asked for them)
-        yield BrokersSubscription(receiver, start, state, raw.decode("utf-8", "replace"), refresh)
+        yield BrokersSubscription(receiver, start, state, text, refresh)
     finally:
         receiver.subscriptions.pop(sid, None)
         if not client.closed:
             for broker in sorted(state.at):
-                receiver.pin = broker
-                try:
-                    with contextlib.suppress(DCPError):
-                        client.request(UNSUB, sid, timeout=1)
-                finally:
-                    receiver.pin = None
+                with receiver.pinned(broker), contextlib.suppress(DCPError):
+                    client.request(UNSUB, sid, timeout=1)

@@ -13,7 +13,9 @@ checks the broker key it was configured with (the handshake fails against any ot
 Several brokers: :func:`find_brokers` listens for the whole of its timeout and returns every
 broker heard, in the order first heard (give the list to a client or worker to use them all).
 A ``beacon://`` endpoint stands for one broker: the first heard, as :func:`find_broker`; in
-a list of endpoints each ``beacon://`` entry is resolved so.
+a list of endpoints each ``beacon://`` entry is resolved so. It is listened to for
+:data:`BEACON_WAIT` seconds, or for a client's own ``timeout`` if that is shorter
+(:func:`beacon_wait`): a ``Client(..., timeout=1)`` that hears nothing gives up after 1 s.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ import anyio.abc
 
 __all__ = [
     "BEACON_SCHEME",
+    "BEACON_WAIT",
     "SIGNATURE",
     "BeaconHeard",
     "beacon_port",
+    "beacon_wait",
     "decode",
     "encode",
     "find_broker",
@@ -49,6 +53,8 @@ SIGNATURE = b"DCPB\x01"
 #: ``beacon://[HOST]:PORT`` given instead of an endpoint: listen there for the broker.
 BEACON_SCHEME = "beacon://"
 _KEY = 40
+#: How long a ``beacon://`` endpoint is listened to for a broker (seconds), at most.
+BEACON_WAIT = 5.0
 
 
 class BeaconHeard(NamedTuple):
@@ -226,7 +232,17 @@ def beacon_port(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def resolve_blocking(endpoint: str, *, timeout: float = 5.0, key: bytes | None = None) -> str:
+def beacon_wait(timeout: float | None) -> float:
+    """How long a caller whose own time limit is ``timeout`` seconds (``None``: none) listens
+    at a ``beacon://`` endpoint: the smaller of it and :data:`BEACON_WAIT`."""
+    if timeout is None or not timeout < BEACON_WAIT:
+        return BEACON_WAIT
+    return timeout
+
+
+def resolve_blocking(
+    endpoint: str, *, timeout: float = BEACON_WAIT, key: bytes | None = None
+) -> str:
     """:func:`resolve` for blocking code (:class:`dcp.SyncClient`): waits in the calling
     thread.
 
@@ -257,7 +273,7 @@ def resolve_blocking(endpoint: str, *, timeout: float = 5.0, key: bytes | None =
 async def resolve(
     endpoint: str,
     *,
-    timeout: float = 5.0,  # noqa: ASYNC109 (how long to listen)
+    timeout: float = BEACON_WAIT,  # noqa: ASYNC109 (how long to listen)
     key: bytes | None = None,
 ) -> str:
     """``endpoint``, or for ``beacon://[HOST]:PORT`` the broker endpoint heard there.

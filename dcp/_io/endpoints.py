@@ -5,14 +5,19 @@ zmq accepts some endpoints it cannot mean (``tcp://127.0.0.1:99999`` binds some 
 (``tcp://*:5555`` given to ``connect``). :func:`check_endpoint` turns each such mistake into
 a :class:`ValueError` that says what is wrong. It checks the form only: it does not resolve
 host names (a broker's name may appear in DNS after its workers start) or touch files.
+
+zmq binds an ``ipc://`` path another process listens on without an error (it unlinks the
+socket file), taking the endpoint from it: :func:`ipc_in_use` tells, before a bind, whether
+someone listens there (the broker and ``dcp broker`` refuse it as an address in use).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 
-__all__ = ["SCHEMES", "check_endpoint", "check_peer_endpoint", "is_loopback_host"]
+__all__ = ["SCHEMES", "check_endpoint", "check_peer_endpoint", "ipc_in_use", "is_loopback_host"]
 
 #: The transports dcp's peers use.
 SCHEMES = ("tcp", "ipc", "inproc")
@@ -119,3 +124,23 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def ipc_in_use(endpoint: str) -> bool:
+    """Whether a process listens on the ``ipc://`` endpoint (``False`` for any other scheme):
+    zmq would unlink its socket file and bind again, taking the endpoint from it without an
+    error. A stale file, nobody listening, is not in use (zmq replaces it)."""
+    if not endpoint.startswith("ipc://") or not hasattr(socket, "AF_UNIX"):
+        return False  # no Unix sockets: nothing to probe
+    path = endpoint.removeprefix("ipc://")
+    if path == "*":  # zmq picks a fresh path
+        return False
+    if path.startswith("@"):  # Linux's abstract namespace
+        path = "\0" + path[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True

@@ -22,7 +22,8 @@ Rule Z3 - A bind or connect that failed is told in one line, ``cannot bind
   tcp://127.0.0.1:5555: Address already in use`` (:func:`endpoint_problem`): the endpoint
   zmq names (pyzmq appends it to the message), else the ones that were tried. What the
   line becomes is the caller's (the command line raises its own error with it:
-  :func:`endpoint_errors`).
+  :func:`endpoint_errors`; a broker's bind, :exc:`dcp.BindFailed` with zmq's errno:
+  :func:`bind_errors`).
 Rule Z4 - A socket closed under us (by our own shutdown, its context terminated, a monitor
   already stopped) can no longer be used, and what zmq says about it then is not an error
   of ours: :func:`socket_errors` hands it to the caller's ``report`` (count it, log it,
@@ -40,9 +41,12 @@ from typing import Final
 import anyio
 import zmq
 
+from dcp._errors import BindFailed
+
 __all__ = [
     "FULL",
     "GONE",
+    "bind_errors",
     "endpoint_errors",
     "endpoint_problem",
     "refusal",
@@ -95,6 +99,18 @@ def endpoint_errors(
         yield
     except zmq.ZMQError as exc:
         raise error(endpoint_problem(exc, verb, endpoints)) from None
+
+
+@contextlib.contextmanager
+def bind_errors(endpoint: str) -> Iterator[None]:
+    """Rule Z3: a zmq error of a bind of ``endpoint`` in the block is raised again as
+    :exc:`~dcp.BindFailed` (the line of :func:`endpoint_problem`, zmq's errno), without the zmq
+    error as its cause."""
+    try:
+        yield
+    except zmq.ZMQError as exc:
+        line = endpoint_problem(exc, "bind", [endpoint])
+        raise BindFailed(line, endpoint, exc.errno) from None
 
 
 @contextlib.contextmanager

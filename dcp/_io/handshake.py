@@ -48,8 +48,10 @@ __all__ = [
     "EVENTS",
     "NO_DETAIL_LIMIT",
     "HandshakeWatch",
+    "ATTEMPT_EVENTS",
     "close_monitor",
     "connect_dealer",
+    "connect_dealer_watching_attempts",
     "monitor",
     "read_events",
     "watch_handshakes",
@@ -63,6 +65,11 @@ EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+#: :data:`EVENTS` and a failed connection attempt: libzmq closes the attempt's descriptor
+#: (``CLOSED``) and schedules the next (``CONNECT_RETRIED``, which also follows a
+#: ``DISCONNECTED``: a retry alone is no failure). A tcp port or ipc path where nothing
+#: listens gives ``CLOSED`` then ``CONNECT_RETRIED`` at every attempt; ``inproc`` gives none.
+ATTEMPT_EVENTS = EVENTS | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
 #: Rule H3: failed handshakes in a row, without detail, that end the peer.
 NO_DETAIL_LIMIT = 3
 
@@ -167,6 +174,33 @@ def connect_dealer(
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(3 * heartbeat * 1000))
             sock.setsockopt(zmq.IMMEDIATE, 1)
         mon = monitor(sock)  # handshake failures raise AuthenticationFailed
+        sock.connect(endpoint)
+    except BaseException:
+        sock.close(0)
+        if mon is not None:
+            mon.close(0)
+        raise
+    return sock, mon
+
+
+def connect_dealer_watching_attempts(
+    context: zmq.Context[zmq.Socket[bytes]] | None,
+    routing_id: bytes,
+    security: CurveClient | None,
+    endpoint: str,
+) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """:func:`connect_dealer` (without its ``heartbeat``) whose monitor also gives the failed
+    connection attempts (:data:`ATTEMPT_EVENTS`): the worker's socket."""
+    ctx = context if context is not None else get_context()
+    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    mon: zmq.Socket[bytes] | None = None
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        configure_client_socket(sock, security)
+        mon = sock.get_monitor_socket(
+            ATTEMPT_EVENTS, addr=f"inproc://dcp-monitor-{next(_MONITORS)}"
+        )
         sock.connect(endpoint)
     except BaseException:
         sock.close(0)

@@ -316,9 +316,15 @@ class Brokers:
                 if connection.failure is not None or self.refused is not None:
                     self._end()
                 return
+            refused = connection.refused  # said already (dcp._worker.connection Rule WC8)
             connection.close(0)
             self._look(link)
-            logger.warning("broker %s silent; reconnecting in %.2fs", link.endpoint, lost.delay)
+            logger.log(
+                logging.DEBUG if refused else logging.WARNING,
+                "broker %s silent; reconnecting in %.2fs",
+                link.endpoint,
+                lost.delay,
+            )
             with anyio.CancelScope(deadline=anyio.current_time() + lost.delay) as scope:
                 link.sleep = scope
                 try:

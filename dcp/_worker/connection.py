@@ -35,6 +35,14 @@ Rule WC7 - Replayed answers (the core's :class:`~dcp._core.worker.outputs.Replay
    burst beyond the mark is refused however fast the broker reads), and none once the
    queue refuses one; the rest are dropped and counted (``replays_dropped``; logged once a
    burst at INFO).
+Rule WC8 - A refused connection is said at once: a connection attempt that fails (nothing
+   listens at a tcp port or ipc path: the monitor's ``CLOSED`` then ``CONNECT_RETRIED``,
+   :data:`~dcp._io.handshake.ATTEMPT_EVENTS`) logs one WARNING naming the endpoint and
+   saying that the worker keeps trying (a worker started before its broker is normal);
+   later failures say nothing until a handshake has succeeded (on any socket of this
+   connection's), then the next is said again. While it stands (:attr:`Connection.refused`)
+   the worker's own reconnections after its liveness are logged at DEBUG, not as a silent
+   broker.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from dcp._core.client.calls import make_routing_id
 from dcp._core.worker.core import WorkerCore
 from dcp._errors import AuthenticationFailed
 from dcp._io.errors import FULL, socket_errors
-from dcp._io.handshake import HandshakeWatch, connect_dealer, read_events
+from dcp._io.handshake import HandshakeWatch, connect_dealer_watching_attempts, read_events
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._worker.streams import WorkerStreams
@@ -119,17 +127,24 @@ class Connection:
         self._watch = HandshakeWatch(endpoint, secure=security is not None, role="worker")
         #: Handshakes that succeeded on the current socket (the first is the first connection).
         self._handshakes = 0
+        #: Rule WC8: a refused attempt was logged and no handshake has succeeded since.
+        self.refused = False
+        #: Rule WC8: the last event was a connection attempt's descriptor closed (``CLOSED``).
+        self._attempt_closed = False
 
     def open(self, tg: anyio.abc.TaskGroup) -> AsyncSocket:
         """Connect a new socket (Rule WC1), its monitor read by a task started in ``tg``."""
         # An explicit random id: a secure broker refuses zmq-generated (guessable) ones.
-        sock, mon = connect_dealer(self._context, make_routing_id(), self._security, self.endpoint)
+        sock, mon = connect_dealer_watching_attempts(
+            self._context, make_routing_id(), self._security, self.endpoint
+        )
         self.socket = asock = AsyncSocket(sock)
         self._monitor = mon
         self._tg = tg
         hwm = int(sock.getsockopt(zmq.SNDHWM))
         self._replay_budget = hwm // 2 if hwm > 0 else 1 << 30
         self._handshakes = 0
+        self._attempt_closed = False
         self._watch = HandshakeWatch(
             self.endpoint, secure=self._security is not None, role="worker"
         )
@@ -152,13 +167,20 @@ class Connection:
         there were any. A failed handshake ends serving (:attr:`failure`); a lost and a new
         connection go to the core (its Rule W12: register again before anything else is
         sent). Called before anything is sent, so that an answer finished after the
-        connection dropped is not queued for a broker that does not know us (Rule WC2)."""
+        connection dropped is not queued for a broker that does not know us (Rule WC2). A
+        refused attempt is logged (Rule WC8), and not counted as an event."""
         mon = self._monitor
         if mon is None or not int(mon.getsockopt(zmq.EVENTS)) & _POLLIN:
             return False  # nothing waiting (cheaper than the zmq.Again of a failed read)
         events = read_events(mon)
         core = self._core
+        applied = False
         for event, value in events:
+            if event == zmq.EVENT_CLOSED or event == zmq.EVENT_CONNECT_RETRIED:
+                self._attempt(event)
+                continue
+            self._attempt_closed = False
+            applied = True
             failure = self._watch.event(event, value)
             if failure is not None:
                 if self.failure is None:
@@ -171,6 +193,7 @@ class Connection:
                 core.connection_lost(now, congested=congested)
                 self._streams.cancel_all()  # whoever answers next has not heard of them
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.refused = False  # Rule WC8: the next refusal is said again
                 self._handshakes += 1
                 if self._handshakes > 1:
                     logger.info(
@@ -179,7 +202,25 @@ class Connection:
                         self.endpoint,
                     )
                     core.reconnected(anyio.current_time())
-        return bool(events)
+        return applied
+
+    def _attempt(self, event: int) -> None:
+        """Rule WC8: ``CLOSED`` then ``CONNECT_RETRIED`` is a failed connection attempt
+        (a ``CONNECT_RETRIED`` after a ``DISCONNECTED`` is not)."""
+        if event == zmq.EVENT_CLOSED:
+            self._attempt_closed = True
+            return
+        if not self._attempt_closed:
+            return
+        self._attempt_closed = False
+        if not self.refused:
+            self.refused = True
+            logger.warning(
+                "worker for %s: the connection to %s was refused (is a dcp broker running "
+                "there?); still trying",
+                self._services,
+                self.endpoint,
+            )
 
     def close(self, linger: int) -> None:
         """Close the monitor, then the socket with ``linger`` ms (Rule WC4). Idempotent."""

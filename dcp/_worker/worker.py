@@ -150,7 +150,7 @@ class Worker:
             ...
 
     or ``await tg.start(worker.serve)``, which returns once the broker has echoed the
-    registration.
+    registration (or once a :meth:`stop` before it has ended serving).
 
     The handler is an ``async def`` (it runs on the event loop: it must not block it) or a
     plain ``def`` (each call runs in a worker thread, at most ``concurrency`` at once, so CPU
@@ -489,6 +489,12 @@ class Worker:
         """Connect, register, report readiness through ``task_status`` once the broker has
         echoed the registration, and serve until stopped.
 
+        A :meth:`stop` before the broker has echoed the registration (a broker not started
+        yet, a wrong endpoint) ends serving at once, nothing being in progress, and reports
+        readiness as it returns, once the socket is closed: ``await tg.start(worker.serve)``
+        then returns (:attr:`registered` is ``False``) rather than raise anyio's
+        ``RuntimeError`` for a task that never started.
+
         Cancellation cancels the running handlers and closes the socket (linger 0) at once.
 
         :raises RuntimeError: this worker is serving or has served already
@@ -533,6 +539,8 @@ class Worker:
         error = self._error or self._refused or self._connection.failure
         if error is not None:
             raise error
+        if not self._announced:  # stopped before the registration was echoed: done
+            task_status.started()
 
     async def _serve_several(
         self, brokers: Brokers, task_status: anyio.abc.TaskStatus[None]
@@ -571,6 +579,8 @@ class Worker:
             error = error or link.connection.failure
         if error is not None:
             raise error
+        if not self._announced:  # stopped before any broker echoed the registration: done
+            task_status.started()
 
     async def _several(self, brokers: Brokers) -> None:
         try:
@@ -648,8 +658,14 @@ class Worker:
             if lost is None:
                 return None
             assert type(lost) is BrokerLost
+            refused = connection.refused  # said already (dcp._worker.connection Rule WC8)
             connection.close(0)
-            logger.warning("broker %s silent; reconnecting in %.2fs", self.endpoint, lost.delay)
+            logger.log(
+                logging.DEBUG if refused else logging.WARNING,
+                "broker %s silent; reconnecting in %.2fs",
+                self.endpoint,
+                lost.delay,
+            )
             await self._wait(anyio.current_time() + lost.delay)
         # Stopping without a connection: let the handlers finish, then leave.
         deadline = self._stop_deadline

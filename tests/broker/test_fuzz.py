@@ -134,8 +134,8 @@ def classify(frames: Sequence[bytes], peer: bytes, *, worker: bool) -> tuple[str
         if msg.client is None or msg.client == peer or worker:
             # A worker's forward to a service nobody serves fails at once (routing Rule R9).
             forward = worker and msg.client is not None
-            if len(msg.service) > 1024:
-                return REJECT, "no_workers" if forward else "service_name_too_long"
+            if len(msg.service) > 1024:  # a forward too (admission Rule AD1)
+                return REJECT, "service_name_too_long"
             if msg.service not in GARBAGE_SERVICES:
                 return SKIP, ""  # echo's queue is the real traffic's; no new services
             if forward and msg.service not in WORKER_SERVICES:

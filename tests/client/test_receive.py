@@ -1,14 +1,17 @@
 """Who reads the async client's socket (Rule RX5 of :mod:`dcp._client.receive`): a lone
 ``request()`` reads it itself; other calls, a second call, a cancelled reader and the socket
-left unread all go back to the receive task, and no reply is lost. Real sockets, both anyio
-backends; white-box checks of the receiver's reader."""
+left unread all go back to the receive task, and no reply is lost; and Rule RX3, what ends a
+reader (a request or a receive task) ends the client. Real sockets, both anyio backends;
+white-box checks of the receiver's reader."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Sequence
 
 import anyio
 import pytest
+import zmq
 
 from dcp import RequestTimeout
 from dcp._client import receive
@@ -228,6 +231,39 @@ async def test_a_bug_while_a_request_reads_fails_the_callers(
             assert client.closed
             assert_clean(client)
     assert "failed reading its reply" in caplog.text
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["one-broker", "second-of-two"])
+@pytest.mark.parametrize("zmq_error", [False, True], ids=["bug", "zmq-error"])
+async def test_what_ends_a_receive_task_ends_the_client(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    second: bool,
+    zmq_error: bool,
+) -> None:
+    """Rule RX3 in the receive task of each socket (one per broker, Rule RX6): a zmq error
+    (the socket failed) or a bug (logged) shuts the client down with it as the cause."""
+    failure = zmq.ZMQError(errno.EFAULT) if zmq_error else RuntimeError("a bug")
+    with FakeBroker(silent) as a, FakeBroker(silent) as b:
+        async with Client([a.endpoint, b.endpoint] if second else a.endpoint) as client:
+            receiver = client._receiver
+            socket = receiver.sockets[1] if second else receiver.socket
+            assert socket is not None
+
+            def broken_drain(batch: int) -> list[object]:
+                raise failure
+
+            monkeypatch.setattr(socket, "drain", broken_drain)
+            # No call reads (Rule RX5): the receive task reads what arrives.
+            with anyio.fail_after(5):
+                while not client.closed:
+                    (b if second else a).inject([client.routing_id, b"wake up"])
+                    await anyio.sleep(0.01)
+            with pytest.raises(anyio.BrokenResourceError) as info:
+                await client.request("echo", b"x")
+            assert info.value.__cause__ is failure
+            assert_clean(client)
+    assert ("receive task failed" in caplog.text) is not zmq_error
 
 
 @pytest.mark.parametrize("reading", [True, False], ids=["reading-request", "two-calls"])

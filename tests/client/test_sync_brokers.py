@@ -1,7 +1,9 @@
 """The blocking client given several brokers (``docs/scaling.md``): real :class:`dcp.Broker`
 s on 127.0.0.1 in a background event loop (each anyio backend), the client in a thread of its
 own, and plain-pyzmq workers the test drives (to hold a request, send a HELD notice, answer
-late)."""
+late). At the end, the cases with every broker (or one) down, and streams and subscriptions
+ended at the right broker: the brokers in the test's own event loop, the client in a worker
+thread."""
 
 from __future__ import annotations
 
@@ -14,11 +16,20 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anyio
 import anyio.from_thread
 import pytest
 import zmq
 
-from dcp import Broker, HandlerRequest, StreamBroken, SyncSubscription, Worker
+from dcp import (
+    Broker,
+    Client,
+    HandlerRequest,
+    RequestTimeout,
+    StreamBroken,
+    SyncSubscription,
+    Worker,
+)
 from dcp._client.subscriptions import SubscriptionState
 from dcp._client.sync_brokers import BrokersReceiver
 from dcp._client.sync_client import SyncClient
@@ -30,7 +41,9 @@ from dcp.wire import Register, Reply, Request, parse, serialize
 from dcp.wire.messages import HELD_MARKER
 from tests.cli.procs import Proc
 from tests.cli.procs import start_broker as start_cli_broker
+from tests.client.test_brokers import free_port
 from tests.fakes import RawWorker
+from tests.helpers import wait_for
 
 T = TypeVar("T")
 
@@ -490,3 +503,140 @@ def test_a_silent_broker_is_lost_by_heartbeats_and_a_killed_one_at_once(
             owner.submit(client.close).result(timeout=5)
     finally:
         owner.shutdown(wait=False)
+
+
+def test_sync_every_broker_down_a_request_times_out_at_its_deadline() -> None:
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    with SyncClient(endpoints, timeout=0.6) as client:
+        start = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            client.request("echo", b"x")
+        took = time.monotonic() - start
+        assert 0.5 <= took < 1.5
+        receiver = client._receiver
+        brokers = receiver.brokers  # type: ignore[attr-defined]
+        assert [i.outstanding for i in brokers.info()] == [0, 0]
+        assert len(brokers) == 0 and not brokers._parked
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("several", [False, True])
+async def test_a_sync_stream_timed_out_or_left_is_cancelled_at_its_worker(
+    several: bool, early: bool
+) -> None:
+    """Streams Rule CS4 for the blocking client: a stream that timed out, or was left early,
+    is cancelled at its worker; with several brokers the CANCEL goes to the stream's broker,
+    not the home broker."""
+    cancelled = anyio.Event()
+
+    async def stall(request: HandlerRequest) -> AsyncIterator[bytes]:
+        try:
+            yield b"one"
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    async with Broker("tcp://127.0.0.1:0") as a, Broker("tcp://127.0.0.1:0") as b:
+        endpoints = [a.endpoints[0], b.endpoints[0]]
+        # The worker is only at the second broker: the stream cannot start at the home one.
+        async with Worker(endpoints[1], "stall", stall):
+            await wait_for(lambda: b.statistics().workers == 1)
+
+            def read() -> list[tuple[bytes, ...]]:
+                got: list[tuple[bytes, ...]] = []
+                with SyncClient(endpoints if several else endpoints[1], timeout=0.5) as c:
+                    if several:
+                        c.services()  # both brokers live (their first handshakes)
+                        # The least outstanding, round-robin: use up the first broker's turn.
+                        c.request("mmi.services", wait_for_worker=True, retries=0)
+                    if early:
+                        with c.stream("stall") as parts:
+                            got.append(next(parts))
+                    else:
+                        with pytest.raises(RequestTimeout), c.stream("stall") as parts:
+                            got.extend(parts)
+                return got
+
+            assert await anyio.to_thread.run_sync(read) == [(b"one",)]
+            with anyio.fail_after(5):
+                await cancelled.wait()
+
+
+def test_a_sync_publish_with_every_broker_down_returns() -> None:
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    with SyncClient(endpoints) as client:
+        assert client.publish("t.a", b"x") is None
+
+
+@pytest.mark.anyio
+async def test_a_sync_publish_just_after_making_the_client_is_not_dropped() -> None:
+    """One broker: a publish right after the client is made is queued and delivered; with
+    several it goes through the first live broker once it connected (not dropped)."""
+    down = f"tcp://127.0.0.1:{free_port()}"
+    async with Broker("tcp://127.0.0.1:0") as a:
+        endpoint = a.endpoints[0]
+        async with Client(endpoint) as sub_client, sub_client.subscribe("t.>") as sub:
+
+            def publish() -> None:
+                with SyncClient([endpoint, down]) as client:
+                    client.publish("t.a", b"x")
+                    client.request("mmi.services", wait_for_worker=True, retries=0)
+
+            await anyio.to_thread.run_sync(publish)
+            with anyio.fail_after(3):
+                msg = await anext(sub)
+            assert msg.data == (b"x",)
+
+
+def test_a_sync_subscription_refused_by_a_live_broker_is_asked_there_again() -> None:
+    """Pubsub Rule CP5 for the blocking client (as the async one)."""
+    # Live (its handshakes succeed) but never answers.
+    fake: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    fake.linger = 0
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    subs = 0
+
+    async def main() -> None:
+        async with Broker("tcp://127.0.0.1:0") as a:
+            endpoints = [a.endpoints[0], f"tcp://127.0.0.1:{port}"]
+
+            def sync() -> None:
+                with SyncClient(endpoints, timeout=0.5) as client:
+                    client._receiver.settle()  # type: ignore[attr-defined]
+                    with client.subscribe("t.>", refresh=0.2) as sub:
+                        time.sleep(0.1)
+                        while fake.poll(0):  # the first SUB's attempts: not counted
+                            fake.recv_multipart()
+                        end = time.monotonic() + 2
+                        while time.monotonic() < end:
+                            sub.next(0.1)
+
+            await anyio.to_thread.run_sync(sync)
+
+    try:
+        anyio.run(main)
+        while fake.poll(100):
+            subs += any(f == b"\xffDCP:sub" for f in fake.recv_multipart())
+    finally:
+        fake.close(0)
+    assert subs >= 1  # asked again after the first SUB failed
+
+
+def test_a_pin_holds_within_its_block_and_is_lifted_whatever_happens() -> None:
+    """Rule SM4: :meth:`BrokersReceiver.pinned` asks one broker within its block only."""
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    with SyncClient(endpoints, timeout=0.5) as client:
+        rx = receiver(client)
+
+        def pin() -> int | None:
+            return rx.pin  # (read afresh: mypy would narrow the attribute)
+
+        assert pin() is None
+        with rx.pinned(1):
+            assert pin() == 1
+        assert pin() is None
+        with pytest.raises(RuntimeError, match="inside"), rx.pinned(0):
+            assert pin() == 0
+            raise RuntimeError("inside")
+        assert pin() is None

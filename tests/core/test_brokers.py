@@ -14,6 +14,7 @@ from dcp._core.client.brokers import (
     held_request,
 )
 from dcp._core.client.tracker import RequestTracker
+from dcp._errors import RequestTimeout
 from dcp.wire.dcp1 import parse, serialize
 from dcp.wire.messages import HELD_MARKER, Reply, Request
 from dcp.wire.options import request_expires_in
@@ -292,3 +293,22 @@ def test_a_move_is_not_a_retry() -> None:
     assert t.deadline_of(r) == deadline
     assert t.statistics().retries == 0
     assert t.moved(b"\xffDCP:id=unknown", 4.0) is None
+
+
+def test_a_move_at_or_past_its_end_is_not_made_the_tracker_times_it_out() -> None:
+    """A parked request handed back by a broker that came up just as (or after) its deadline
+    passed, before the tracker's expiry ran (the monitor and the deadlines are read apart):
+    it is not moved (no ValueError from its expires-in), and it times out as usual."""
+    t = RequestTracker(timeout=1.0, retries=0)
+    r = t.request(b"echo", [b"x"], 0.0)
+    take(t)
+    brokers = Brokers(["a", "b"])
+    brokers.park(r)
+    assert brokers.up(0) == [r]
+    assert t.moved(r, 1.0) is None
+    assert t.moved(r, 1.5) is None
+    assert t.is_pending(r)
+    t.expire(1.5)
+    _, events = t.drain()
+    assert [e.request_id for e in events] == [r]
+    assert isinstance(events[0].error, RequestTimeout)

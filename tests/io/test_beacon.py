@@ -13,9 +13,12 @@ import zmq
 
 import dcp
 from dcp._broker.broker import Broker
+from dcp._cli import main
 from dcp._client.client import Client
 from dcp._io.beacon import (
+    BEACON_WAIT,
     BeaconHeard,
+    beacon_wait,
     decode,
     encode,
     listen,
@@ -207,3 +210,42 @@ async def test_every_broker_beaconing_is_found_and_served() -> None:
         assert reply == b"C"
         assert endpoints[0] in found and endpoints[-1] == two.endpoints[0]
         assert len(endpoints) in (1, 2)  # the beacon may have named the other broker
+
+
+def test_beacon_wait_is_the_smaller_of_the_two() -> None:
+    assert beacon_wait(None) == BEACON_WAIT == 5.0
+    assert beacon_wait(30) == BEACON_WAIT
+    assert beacon_wait(0.5) == 0.5
+    assert beacon_wait(float("inf")) == BEACON_WAIT
+
+
+async def test_a_client_listens_at_a_beacon_no_longer_than_its_timeout() -> None:
+    """A ``beacon://`` endpoint that hears nothing: the client gives up after its own
+    timeout when that is shorter than the 5 s it would listen (the message says how long)."""
+    port = free_udp_port()
+    for endpoint in (f"beacon://127.0.0.1:{port}", [f"beacon://127.0.0.1:{port}", "tcp://h:1"]):
+        with anyio.fail_after(30):
+            with pytest.raises(TimeoutError) as info:
+                async with Client(endpoint, timeout=0.3):
+                    pass  # pragma: no cover
+        assert str(info.value) == f"no broker beacon on UDP port {port} within 0.3 s"
+
+
+def test_a_sync_client_listens_at_a_beacon_no_longer_than_its_timeout() -> None:
+    port = free_udp_port()
+    for endpoint in (f"beacon://127.0.0.1:{port}", [f"beacon://127.0.0.1:{port}", "tcp://h:1"]):
+        with pytest.raises(TimeoutError) as info:
+            dcp.SyncClient(endpoint, timeout=0.3)
+        assert str(info.value) == f"no broker beacon on UDP port {port} within 0.3 s"
+
+
+def test_dcp_call_listens_at_a_beacon_no_longer_than_its_timeout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    port = free_udp_port()
+    argv = ["call", "--connect", f"beacon://127.0.0.1:{port}", "--timeout", "0.5", "x"]
+    assert main(argv) == 1
+    assert capsys.readouterr() == (
+        "",
+        f"dcp call: no broker beacon on UDP port {port} within 0.5 s\n",
+    )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
-from dcp._io.endpoints import check_endpoint
+from dcp._io.endpoints import check_endpoint, ipc_in_use
 
 BOTH = [
     "tcp://127.0.0.1:5555",
@@ -80,3 +83,18 @@ def test_bad_endpoints(endpoint: str, reason: str) -> None:
             check_endpoint(endpoint, bind=bind)
         assert str(info.value).startswith(f"bad endpoint {endpoint!r}: ")
         assert reason in str(info.value)
+
+
+def test_ipc_in_use_probes_only_ipc_paths(tmp_path: Path) -> None:
+    assert not ipc_in_use("tcp://127.0.0.1:1")
+    assert not ipc_in_use("ipc://*")
+    assert not ipc_in_use(f"ipc://{tmp_path / 'nobody.sock'}")  # no file
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+        unix.bind(str(stale))  # a file nobody listens on
+    assert not ipc_in_use(f"ipc://{stale}")
+    live = tmp_path / "live.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+        unix.bind(str(live))
+        unix.listen(1)
+        assert ipc_in_use(f"ipc://{live}")

@@ -1,8 +1,9 @@
 """Admission: the broker's limits on requests, turned into refusals. Pure.
 
 Rule AD1 - A request for a service nobody has named yet creates it, unless its name is longer
-  than ``max_service_name`` (``service_name_too_long``) or ``max_services`` are known
-  (``too_many_services``). Registrations are not bounded by ``max_services`` (requests for
+  than ``max_service_name`` (``service_name_too_long``, naming the limit; so too a no-wait
+  request or a forward, which would otherwise be told ``no_workers``) or ``max_services`` are
+  known (``too_many_services``). Registrations are not bounded by ``max_services`` (requests for
   made-up names must not lock real workers out); they are bounded per worker.
 Rule AD2 - A request that would wait (no idle worker) in a queue of ``max_queue`` is refused
   (``queue_full``).
@@ -117,6 +118,15 @@ def refusal(
     return None
 
 
+def name_too_long(limits: Limits, name: bytes) -> tuple[str, str]:
+    """Rule AD1: the refusal of a request naming a service longer than ``max_service_name``,
+    the limit named."""
+    return (
+        "service_name_too_long",
+        f"service name of {len(name)} bytes (max_service_name is {limits.max_service_name})",
+    )
+
+
 def new_service_refusal(
     limits: Limits, known: int, name: bytes, made: int = 0
 ) -> tuple[str, str] | None:
@@ -125,7 +135,7 @@ def new_service_refusal(
     if is_reserved(name):
         return "reserved_service", f"{name[:64]!r} is not a service name (reserved)"
     if len(name) > limits.max_service_name:
-        return "service_name_too_long", f"service name of {len(name)} bytes"
+        return name_too_long(limits, name)
     if known >= limits.max_services:
         return "too_many_services", f"{known} services already known"
     if made >= limits.client_services():

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from dcp._core.broker.budget import Memory
+from dcp._core.broker.directory import text
 from dcp._core.broker.pubsub import Overflow, PubSub, Writer
 from dcp._core.broker.subjects import SubjectError, check_pattern, check_subject, matches
 from dcp.wire.options import OPTION_PREFIX
@@ -308,7 +309,7 @@ class PubSubPeers:
         except SubjectError as exc:
             return "bad_subject", str(exc)
         if key is not None and not self.options.may_publish(key, subject):
-            return "forbidden_subject", f"may not publish to {subject!r}"
+            return "forbidden_subject", f"may not publish to {text(subject)!r}"
         return tokens
 
     def check_subscribe(self, pattern: bytes, key: bytes | None) -> list[bytes] | tuple[str, str]:
@@ -318,7 +319,7 @@ class PubSubPeers:
         except SubjectError as exc:
             return "bad_subject", str(exc)
         if key is not None and not self.options.may_subscribe(key, pattern):
-            return "forbidden_subject", f"may not subscribe to {pattern!r}"
+            return "forbidden_subject", f"may not subscribe to {text(pattern)!r}"
         return tokens
 
     def _subscribe_dcp(

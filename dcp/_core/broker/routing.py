@@ -272,6 +272,9 @@ class Routing:
         limits = self.limits
         service = self.services.get(name)
         work_timeout = expiry = None
+        if service is None and len(name) > limits.max_service_name:
+            # admission Rule AD1, before "no worker serves" (no-wait, a forward): too long.
+            return admission.name_too_long(limits, name)
         if options is not None:
             # Queues Rules Q2 and Q3 (only requests carrying options get here).
             if options.no_wait and (service is None or not service.workers):

@@ -41,16 +41,21 @@ class SubjectError(ValueError):
     """A subject or pattern that breaks Rule SJ1 (the message says how)."""
 
 
+def _shown(name: bytes) -> str:
+    """A subject or pattern as errors show it: its text, quoted (``'a.*'``, not ``b'a.*'``)."""
+    return repr(name.decode("utf-8", "backslashreplace"))
+
+
 def _tokens(text: bytes, what: str) -> list[bytes]:
     if not text:
         raise SubjectError(f"empty {what}")
     if len(text) > MAX_SUBJECT:
         raise SubjectError(f"{what} longer than {MAX_SUBJECT} bytes")
     if not _BAD.isdisjoint(text):
-        raise SubjectError(f"{what} {text!r} holds whitespace or NUL")
+        raise SubjectError(f"{what} {_shown(text)} holds whitespace or NUL")
     tokens = text.split(b".")
     if b"" in tokens:
-        raise SubjectError(f"{what} {text!r} has an empty token")
+        raise SubjectError(f"{what} {_shown(text)} has an empty token")
     return tokens
 
 
@@ -58,7 +63,9 @@ def check_subject(subject: bytes) -> list[bytes]:
     """The tokens of a subject one may publish to (Rule SJ1), or :exc:`SubjectError`."""
     tokens = _tokens(subject, "subject")
     if _STAR in tokens or _REST in tokens:
-        raise SubjectError(f"subject {subject!r} holds a wildcard (publish to a plain subject)")
+        raise SubjectError(
+            f"subject {_shown(subject)} holds a wildcard (publish to a plain subject)"
+        )
     return tokens
 
 
@@ -66,7 +73,7 @@ def check_pattern(pattern: bytes) -> list[bytes]:
     """The tokens of a subscription pattern (Rule SJ1), or :exc:`SubjectError`."""
     tokens = _tokens(pattern, "pattern")
     if _REST in tokens[:-1]:
-        raise SubjectError(f"pattern {pattern!r}: '>' may only be the last token")
+        raise SubjectError(f"pattern {_shown(pattern)}: '>' may only be the last token")
     return tokens
 
 

@@ -411,7 +411,7 @@ class RequestTracker:
                 if via:
                     text = f"no worker serves {_name(via[-1])} ({' -> '.join(chain)})"
                     return rid, NoWorkers(via[-1], text, chain)
-                return rid, NoWorkers(p.service, f"no worker serves {_name(p.service)}: {message}")
+                return rid, NoWorkers(p.service, _no_workers_text(p.service, message))
             self._errors += 1
             return rid, RemoteError(code, message, chain)
         self._replies += 1
@@ -611,6 +611,15 @@ class RequestTracker:
             del finished[order.popleft()]
         finished[rid] = answered
         order.append(rid)
+
+
+def _no_workers_text(service: bytes, message: str) -> str:
+    """A ``no_workers`` reply's text: the service named once, then what the broker's own text
+    adds (nothing when it only says "no worker serves ...", as dcp's broker does)."""
+    text = f"no worker serves {_name(service)}"
+    if not message or message.startswith("no worker serves "):
+        return text
+    return f"{text}: {message}"
 
 
 def _text(service: bytes) -> str:
