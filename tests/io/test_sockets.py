@@ -684,3 +684,30 @@ async def test_a_wait_whose_deadline_has_passed_is_a_checkpoint(pair: Pair) -> N
         while not await asock.wait_readable(anyio.current_time() - 1):  # noqa: ASYNC110
             await anyio.sleep(0.001)
     assert [r.frames for r in asock.drain(5)] == [[b"m"]]
+
+
+def test_a_trio_timer_left_by_one_run_does_not_stop_the_next_runs_deadlines(pair: Pair) -> None:
+    """A trio run that ends with the socket's timer task asleep takes it with it; a wait in
+    the next run still ends at its own deadline."""
+    asock = AsyncSocket(pair.dealer)
+
+    async def message_before_a_late_deadline() -> None:
+        async def send_once_parked() -> None:
+            await anyio.wait_all_tasks_blocked()
+            pair.router.send_multipart([b"dealer-1", b"m"])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_once_parked)
+            assert await asock.wait_readable(anyio.current_time() + 60)
+        assert [r.frames for r in asock.drain(5)] == [[b"m"]]
+        assert _trio_timer_tasks() == 1  # asleep for 60 s when the run ends
+
+    async def deadline() -> None:
+        with anyio.fail_after(10):
+            due = anyio.current_time() + 0.02
+            assert not await asock.wait_readable(due)
+            assert anyio.current_time() >= due
+
+    anyio.run(message_before_a_late_deadline, backend="trio")
+    anyio.run(deadline, backend="trio")
+    asock.close()
