@@ -11,9 +11,10 @@ changes, not while a message is waiting, and a ``send`` can consume the edge. So
   the FD at that moment and a message is ready, the sender wakes it, since its send may have
   eaten the edge the owner was waiting for;
 - before closing, the owner is woken and raises ``anyio.ClosedResourceError``;
-- the owner parks the event loop's own way (trio's ``wait_readable`` in trio's cancel scope;
-  on asyncio a reader callback registered once and a future per wait), not through anyio's
-  wrappers: about 20 us of CPU less per wake-up, measured with ``benchmarks.wake``.
+- the owner parks the event loop's own way (trio's ``wait_readable`` with no cancel scope per
+  wait: a timer task for deadlines, ``notify_closing`` for wake-ups; on asyncio a reader
+  callback registered once and a future per wait), not through anyio's wrappers: about 20 us
+  of CPU less per wake-up, measured with ``benchmarks.wake``.
 
 We do not use the zmq-anyio package: measured here it cost 4-5x more broker CPU per request
 than this adapter and it lost messages when a receive was cancelled.
@@ -400,43 +401,148 @@ class _ScopedPark:
         raise NotImplementedError
 
 
-class _TrioPark(_ScopedPark):
-    """trio's own cancel scope (the deadline, the wake-ups) around trio's own FD wait."""
+class _TrioPark:
+    """trio's own FD wait, with no cancel scope per wait: a wake-up is trio's
+    ``notify_closing`` (the waiter gets ``ClosedResourceError``; the FD stays open and the next
+    wait registers it again), the deadline a timer task that outlives the waits.
 
-    __slots__ = ("_cancel_scope", "_trio", "_wait")
+    A trio cancel scope per wait (its status, its registered deadline) cost about 7 us of CPU
+    per wait here, once or twice per request (Round 5 of docs/performance-stack.md). The timer
+    is a system task (:func:`trio.lowlevel.spawn_system_task`) asleep until the earliest
+    deadline it was given: a wait whose deadline is no earlier keeps it, as
+    :class:`_AsyncioPark`'s timer; when it fires it wakes a wait whose deadline has passed,
+    sleeps on until the deadline of a wait still pending, or ends (the next wait with a finite
+    deadline starts another). :meth:`close` ends it.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_deadline",
+        "_fd",
+        "_notify",
+        "_now",
+        "_sock",
+        "_timer_at",
+        "_timer_scope",
+        "_timing",
+        "_trio",
+        "_wait",
+        "_woken",
+        "waiting",
+    )
 
     def __init__(self, sock: zmq.Socket[bytes], fd: int) -> None:
         import trio
 
-        super().__init__(sock, fd)
         self._trio = trio
         self._wait = trio.lowlevel.wait_readable
-        self._cancel_scope = trio.CancelScope
+        self._notify = trio.lowlevel.notify_closing
+        self._now = trio.current_time
+        self._sock = sock
+        self._fd = fd
+        #: The pending wait's deadline.
+        self._deadline = math.inf
+        #: When the timer task wakes (``inf``: it is not asleep for any deadline).
+        self._timer_at = math.inf
+        #: The timer task's scope while it sleeps (its deadline is ``_timer_at``).
+        self._timer_scope: trio.CancelScope | None = None
+        #: A timer task is running (or started and about to run).
+        self._timing = False
+        self._woken = False
+        self._closed = False
+        self.waiting = False
 
     def current(self) -> bool:
         return self._trio.lowlevel.in_trio_run()
 
     async def wait(self, deadline: float) -> bool:
         sock = self._sock
+        if deadline <= self._now():  # due already: a checkpoint, as an expired scope's wait
+            await self._trio.lowlevel.checkpoint()
+            return not self._closed and bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
+        self._woken = False
+        self._deadline = deadline
+        if deadline < self._timer_at:
+            self._set_timer(deadline)
         readable = False
-        with self._cancel_scope(deadline=deadline) as scope:
-            self._scope = scope
-            try:
-                while not readable:
+        self.waiting = True
+        try:
+            while not self._woken:
+                try:
                     await self._wait(self._fd)
-                    if self._closed:
-                        break
-                    readable = bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
-            except self._trio.ClosedResourceError:
-                pass  # notify_closing: the caller sees the socket closed
-            finally:
-                self._scope = None
-        if scope.cancelled_caught and not self._closed:  # the deadline or a wake-up
+                except self._trio.ClosedResourceError:  # wake() or close(): see _woken
+                    continue
+                readable = bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
+                if readable:
+                    break
+        finally:
+            self.waiting = False
+        if self._closed:
+            return False
+        if not readable:  # woken (a wake-up, the deadline): a message may have come since
             readable = bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
         return readable
 
-    def _notify_closing(self, fd: int) -> None:
-        self._trio.lowlevel.notify_closing(fd)
+    def wake(self) -> None:
+        if self.waiting and not self._woken:
+            self._woken = True
+            self._notify(self._fd)
+
+    def move_deadline(self, deadline: float) -> None:
+        if self.waiting and deadline < self._deadline:
+            self._deadline = deadline
+            if deadline < self._timer_at:
+                self._set_timer(deadline)
+
+    def close(self) -> None:
+        self._closed = True
+        self._timer_at = math.inf  # a timer task not started yet ends at once
+        scope = self._timer_scope
+        if scope is not None:
+            scope.cancel()
+        if self.waiting:
+            self._woken = True
+        with contextlib.suppress(Exception):
+            self._notify(self._fd)
+
+    def _set_timer(self, when: float) -> None:
+        """Make the timer fire at ``when`` (instead of when it would have)."""
+        self._timer_at = when
+        scope = self._timer_scope
+        if scope is not None:
+            scope.deadline = when
+        elif not self._timing:
+            self._timing = True
+            try:
+                self._trio.lowlevel.spawn_system_task(self._timer, name="dcp socket timer")
+            except RuntimeError:  # pragma: no cover - trio's run is ending: all is cancelled
+                self._timing = False
+                self._timer_at = math.inf
+
+    async def _timer(self) -> None:
+        """Sleep until ``_timer_at``; then wake the wait whose deadline has passed, or sleep
+        on until the deadline of the wait still pending, or end."""
+        trio = self._trio
+        try:
+            while self._timer_at < math.inf:
+                with trio.CancelScope(deadline=self._timer_at) as scope:
+                    self._timer_scope = scope
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        self._timer_scope = None
+                if self._closed:
+                    return
+                self._timer_at = math.inf
+                if self.waiting:
+                    if self._now() >= self._deadline:
+                        with contextlib.suppress(Exception):  # never crash trio's run
+                            self.wake()
+                    else:
+                        self._timer_at = self._deadline  # a later wait's: sleep until it
+        finally:
+            self._timing = False
+            self._timer_at = math.inf
 
 
 #: The coarsest event-loop clock dcp runs on (uvloop's: milliseconds).

@@ -613,3 +613,101 @@ async def test_a_timer_that_fires_early_is_set_once_more_not_spun_on(
     finally:
         asock.close()
         b.close(0)
+
+
+def _trio_timer_tasks() -> int:
+    """How many of trio's system tasks are :class:`AsyncSocket` timers now."""
+    import trio
+
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    tasks = [t for n in root.child_nurseries for t in n.child_tasks]  # system tasks among them
+    return sum(t.name == "dcp socket timer" for t in tasks)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_waits_share_one_timer_that_close_ends(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """On trio a wait makes no cancel scope: its deadline is one timer task's, kept across
+    waits whose deadlines are no earlier (none made per wait), woken again for a pending
+    wait's later deadline, and ended by close()."""
+    a = ctx.socket(zmq.PAIR)
+    endpoint = bind(a, "inproc")
+    b = ctx.socket(zmq.PAIR)
+    b.connect(endpoint)
+    asock = AsyncSocket(a)
+    try:
+        with anyio.fail_after(10):
+            assert _trio_timer_tasks() == 0
+            start = anyio.current_time()
+
+            async def send_once_parked() -> None:
+                await anyio.wait_all_tasks_blocked()
+                b.send(b"m")
+
+            for k in range(20):  # each wait parks, ends with a message before its deadline
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send_once_parked)
+                    assert await asock.wait_readable(start + 0.05 + k * 0.001)
+                assert len(asock.drain(5)) == 1
+                assert _trio_timer_tasks() == 1
+            late = start + 0.3  # the timer fires first for an earlier wait's deadline
+            assert not await asock.wait_readable(late)
+            assert anyio.current_time() >= late
+            assert _trio_timer_tasks() == 0  # it fired for this wait: nothing pending
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send_once_parked)
+                assert await asock.wait_readable(anyio.current_time() + 60)
+            asock.drain(5)
+            assert _trio_timer_tasks() == 1  # asleep for 60 s: close() ends it
+    finally:
+        asock.close()
+        b.close(0)
+    await anyio.wait_all_tasks_blocked()
+    assert _trio_timer_tasks() == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_wait_whose_deadline_has_passed_is_a_checkpoint(pair: Pair) -> None:
+    """A deadline already past ends the wait at once (no message: False), but it is still a
+    checkpoint: a cancelled caller sees its cancellation there."""
+    asock = AsyncSocket(pair.dealer)
+    assert not await asock.wait_readable(anyio.current_time() - 1)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await asock.wait_readable(anyio.current_time() - 1)
+        pytest.fail("not a checkpoint")  # pragma: no cover
+    assert scope.cancelled_caught
+    pair.router.send_multipart([b"dealer-1", b"m"])
+    with anyio.fail_after(10):
+        while not await asock.wait_readable(anyio.current_time() - 1):  # noqa: ASYNC110
+            await anyio.sleep(0.001)
+    assert [r.frames for r in asock.drain(5)] == [[b"m"]]
+
+
+def test_a_trio_timer_left_by_one_run_does_not_stop_the_next_runs_deadlines(pair: Pair) -> None:
+    """A trio run that ends with the socket's timer task asleep takes it with it; a wait in
+    the next run still ends at its own deadline."""
+    asock = AsyncSocket(pair.dealer)
+
+    async def message_before_a_late_deadline() -> None:
+        async def send_once_parked() -> None:
+            await anyio.wait_all_tasks_blocked()
+            pair.router.send_multipart([b"dealer-1", b"m"])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_once_parked)
+            assert await asock.wait_readable(anyio.current_time() + 60)
+        assert [r.frames for r in asock.drain(5)] == [[b"m"]]
+        assert _trio_timer_tasks() == 1  # asleep for 60 s when the run ends
+
+    async def deadline() -> None:
+        with anyio.fail_after(10):
+            due = anyio.current_time() + 0.02
+            assert not await asock.wait_readable(due)
+            assert anyio.current_time() >= due
+
+    anyio.run(message_before_a_late_deadline, backend="trio")
+    anyio.run(deadline, backend="trio")
+    asock.close()
