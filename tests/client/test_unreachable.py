@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 
 import anyio
+import anyio.from_thread
 import pytest
 
 import dcp
 from dcp import BrokerUnreachable, Client, HandlerRequest, RequestTimeout, SyncClient
+from tests.helpers import wait_for
 
 #: A hang guard only: every call below has a 30 s timeout and should fail in about 0.5 s.
 GUARD = 10.0
@@ -196,3 +199,76 @@ async def test_a_broker_that_comes_after_the_refusals_is_used() -> None:
                         break
                     except BrokerUnreachable:
                         await anyio.sleep(0.02)
+
+
+# -- Rules RX7 / SX5: a request ended as unreachable is never delivered later ---------------
+
+
+def _counting(ran: list[bytes]) -> Callable[[HandlerRequest], Awaitable[bytes]]:
+    async def handler(request: HandlerRequest) -> bytes:
+        ran.append(request.data[0])
+        return request.data[0].upper()
+
+    return handler
+
+
+async def _nothing_delivered(broker: dcp.Broker, ran: list[bytes]) -> None:
+    """Wait for the worker's registration, then a little beyond (zmq connects within its
+    reconnection interval, 0.1-0.2 s, and sends what it queued at once); nothing ran."""
+    await wait_for(lambda: broker.statistics().workers == 1)
+    await anyio.sleep(0.5)
+    assert ran == []
+    assert broker.statistics().requests == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("several", [False, True])
+async def test_a_request_ended_as_unreachable_never_reaches_a_later_broker(
+    several: bool, ipc_path: str
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoints: str | tuple[str, ...] = (endpoint, ipc_path) if several else endpoint
+    ran: list[bytes] = []
+    async with Client(endpoints, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            with pytest.raises(BrokerUnreachable):
+                await client.request("svc", b"x")
+        async with dcp.Broker(endpoint) as broker, dcp.Worker(endpoint, "svc", _counting(ran)):
+            with anyio.fail_after(GUARD * 2):
+                await _nothing_delivered(broker, ran)
+                while True:  # the client still works: until zmq's next attempt connects
+                    try:
+                        response = await client.request("svc", b"y")
+                        break
+                    except BrokerUnreachable:
+                        await anyio.sleep(0.02)
+    assert response.data == (b"Y",)
+    assert ran == [b"y"]
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_the_sync_client_never_delivers_a_request_ended_as_unreachable(
+    several: bool, ipc_path: str
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoints: str | tuple[str, ...] = (endpoint, ipc_path) if several else endpoint
+    ran: list[bytes] = []
+    with SyncClient(endpoints, timeout=30, wait_for_broker=False) as client:
+        with pytest.raises(BrokerUnreachable):
+            client.request("svc", b"x")
+        with (
+            anyio.from_thread.start_blocking_portal() as portal,
+            portal.wrap_async_context_manager(dcp.Broker(endpoint)) as broker,
+            portal.wrap_async_context_manager(dcp.Worker(endpoint, "svc", _counting(ran))),
+        ):
+            portal.call(_nothing_delivered, broker, ran)
+            response = None
+            deadline = time.monotonic() + GUARD
+            while response is None and time.monotonic() < deadline:
+                try:  # the client still works: until zmq's next attempt connects
+                    response = client.request("svc", b"y", timeout=5)
+                except BrokerUnreachable:
+                    time.sleep(0.02)
+    assert response is not None
+    assert response.data == (b"Y",)
+    assert ran == [b"y"]
