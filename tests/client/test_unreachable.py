@@ -7,6 +7,7 @@ port taken from port 0 then closed (nothing listens), an ``ipc://`` path with no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -65,9 +66,8 @@ async def test_a_client_that_does_not_wait_fails_when_no_broker_listens(nowhere:
             # Later calls fail at once, whatever they are.
             with pytest.raises(BrokerUnreachable):
                 await client.request("svc", b"y")
-            with pytest.raises(BrokerUnreachable):  # nothing sent: raised, not an outcome
-                async for _ in client.map_outcomes("svc", [b"a"]):
-                    pass  # pragma: no cover
+            outcomes = [o async for o in client.map_outcomes("svc", [b"a"])]  # maps Rule MP5
+            assert [type(o) for o in outcomes] == [BrokerUnreachable]
             with pytest.raises(BrokerUnreachable):
                 async with client.stream("svc", b"x") as parts:
                     async for _ in parts:
@@ -104,6 +104,48 @@ async def test_outcomes_pending_when_the_verdict_comes_are_outcomes() -> None:
 
 
 @pytest.mark.anyio
+async def test_every_input_of_map_outcomes_has_an_outcome_across_the_verdict() -> None:
+    """Maps Rule MP5: with a window of one, the first input is pending at the verdict, the
+    others are started after it; each has its outcome. ``map`` and ``map_unordered`` raise."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async with Client(endpoint, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            inputs = [b"a", b"b", b"c"]
+            outcomes = [o async for o in client.map_outcomes("svc", inputs, window=1)]
+            assert [type(o) for o in outcomes] == [BrokerUnreachable] * 3
+            # Pending at the verdict, and started after it: the same error.
+            assert len({str(o) for o in outcomes}) == 1
+            with pytest.raises(BrokerUnreachable):
+                async for _ in client.map("svc", inputs):
+                    pass  # pragma: no cover
+            with pytest.raises(BrokerUnreachable):
+                async for _ in client.map_unordered("svc", inputs):
+                    pass  # pragma: no cover
+        # An early exit forgets the unsent inputs too.
+        async with contextlib.aclosing(client.map_outcomes("svc", inputs, window=2)) as gen:
+            async for outcome in gen:
+                assert isinstance(outcome, BrokerUnreachable)
+                break
+        assert client.statistics().pending == 0
+
+
+def test_every_input_of_the_sync_map_outcomes_has_an_outcome_across_the_verdict() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with SyncClient(endpoint, timeout=30, wait_for_broker=False) as client:
+        inputs = [b"a", b"b", b"c"]
+        outcomes = list(client.map_outcomes("svc", inputs, window=1))
+        assert [type(o) for o in outcomes] == [BrokerUnreachable] * 3
+        with pytest.raises(BrokerUnreachable):
+            list(client.map("svc", inputs))
+        with pytest.raises(BrokerUnreachable):
+            list(client.map_unordered("svc", inputs))
+        for outcome in client.map_outcomes("svc", inputs, window=2):
+            assert isinstance(outcome, BrokerUnreachable)
+            break
+        assert client.statistics().pending == 0
+
+
+@pytest.mark.anyio
 async def test_several_brokers_none_listening(ipc_path: str) -> None:
     endpoints = (f"tcp://127.0.0.1:{free_port()}", ipc_path)
     async with Client(endpoints, timeout=30, wait_for_broker=False) as client:
@@ -122,8 +164,8 @@ def test_the_sync_client_fails_too(nowhere: str) -> None:
         _check(caught.value, nowhere)
         with pytest.raises(BrokerUnreachable):
             client.request("svc", b"y")
-        with pytest.raises(BrokerUnreachable):  # nothing sent: raised, not an outcome
-            list(client.map_outcomes("svc", [b"a"]))
+        outcomes = list(client.map_outcomes("svc", [b"a"]))  # maps Rule MP5
+        assert [type(o) for o in outcomes] == [BrokerUnreachable]
 
 
 def test_the_sync_client_of_several_brokers_fails_too(ipc_path: str) -> None:
