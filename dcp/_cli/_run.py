@@ -17,12 +17,12 @@ Rule CR3 - An ``ExceptionGroup`` around one real error is unwrapped (:func:`run_
 Rule CR4 - A ``beacon://`` endpoint that hears no beacon in time, or whose UDP port cannot be
    listened on, is a user error of every command that takes one (:func:`beacon_errors`), as
    in ``dcp find``: one line, exit status 1.
-Rule CR5 - A one-shot command (``dcp call``, ``dcp services``, ``dcp pub``: one request, then
-   exit) does not wait for a broker that is not there: its client has
-   ``wait_for_broker=False``, so a refused connection is one line within half a
-   second (:exc:`~dcp.BrokerUnreachable`), with that command's exit status for a timeout.
-   ``--wait-for-broker`` (:func:`add_wait_for_broker`) waits for one within ``--timeout``,
-   as a script started beside its broker needs; ``dcp call --wait`` does too.
+Rule CR5 - A one-shot command (``dcp call``, ``dcp services``, ``dcp pub``, ``dcp top --once``:
+   one request, then exit; ``dcp._cli._top`` Rule TP8) does not wait for a broker that is not
+   there: its client has ``wait_for_broker=False``, so a refused connection is one line
+   within half a second (:exc:`~dcp.BrokerUnreachable`), with that command's exit status for
+   a timeout. ``--wait-for-broker`` (:func:`add_wait_for_broker`) waits for one within
+   ``--timeout``, as a script started beside its broker needs; ``dcp call --wait`` does too.
 """
 
 from __future__ import annotations

@@ -33,6 +33,11 @@ Rule TP7 - Several brokers (``--connect`` given more than once): each broker is 
    broker) is shown as one line, ``[down: why]``, and polling goes on; it is shown again when
    it answers. The first poll is an error only if no broker answers it (Rule TP3). With one
    ``--connect``, nothing changes.
+Rule TP8 - ``--once`` is a one-shot command (``dcp._cli._run`` Rule CR5): its clients do not wait
+   for a broker that refuses connections (``wait_for_broker=False``, unless
+   ``--wait-for-broker``), so no broker listening is one line within half a second,
+   ``cannot connect to ENDPOINT: connection refused ...`` (several brokers: when every one
+   refuses), not a wait of ``--timeout``. Live mode waits for its brokers as before (Rule TP3).
 
 ``rich`` (the ``top`` extra) is imported only by :func:`cmd_top`.
 """
@@ -49,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from dcp._cli._docs import doc_url
-from dcp._cli._run import CLIError, run_async, until_signal
+from dcp._cli._run import CLIError, add_wait_for_broker, run_async, until_signal
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -208,6 +213,7 @@ def add_top_command(
     p.add_argument(
         "--sort", choices=sorted(SORT_KEYS), default="rate", help="order of the services"
     )
+    add_wait_for_broker(p)  # Rule TP8: with --once
     security(p)
     p.set_defaults(func=cmd_top)
 
@@ -462,19 +468,28 @@ def render_many(
     return Group(*parts)
 
 
+def _waits(args: argparse.Namespace) -> bool:
+    """Rule TP8: whether the clients wait for a broker that refuses connections."""
+    return not args.once or args.wait_for_broker
+
+
 async def _watch_many(args: argparse.Namespace, console: Console, security: Any) -> None:
     """``dcp top`` with several ``--connect`` (Rule TP7)."""
     import anyio
     from rich.live import Live
 
     from dcp._client.client import Client
-    from dcp._errors import DCPError
+    from dcp._errors import BrokerUnreachable, DCPError
 
+    waits = _waits(args)
     async with contextlib.AsyncExitStack() as stack:
         clients = [
-            await stack.enter_async_context(Client(each, security=security, timeout=args.timeout))
+            await stack.enter_async_context(
+                Client(each, security=security, timeout=args.timeout, wait_for_broker=waits)
+            )
             for each in args.connect
         ]
+        refused = [False] * len(clients)  # Rule TP8
         endpoints = [c.endpoint for c in clients]  # a beacon:// endpoint's broker, as heard
         views: list[tuple[Snapshot | None, Snapshot | None, str]] = [(None, None, "")] * len(
             clients
@@ -485,6 +500,7 @@ async def _watch_many(args: argparse.Namespace, console: Console, security: Any)
             try:
                 fresh = await poll(clients[i], args.timeout)
             except (DCPError, RuntimeError) as exc:
+                refused[i] = isinstance(exc, BrokerUnreachable)
                 views[i] = (previous, current, str(exc))
             else:
                 views[i] = (current, fresh, "")
@@ -496,6 +512,11 @@ async def _watch_many(args: argparse.Namespace, console: Console, security: Any)
             return render_many(endpoints, views, args.sort)
 
         first = await poll_all()
+        if all(refused):  # Rule TP8
+            raise CLIError(
+                f"cannot connect to any of {', '.join(endpoints)}: connection refused "
+                "(nothing listens there): is a dcp broker running there?"
+            )
         if all(why for _, _, why in views):  # Rule TP3: no broker answered
             raise CLIError(
                 f"no answer from any of {', '.join(endpoints)} within {args.timeout:g} s: "
@@ -523,7 +544,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     from dcp._cli._run import exit_code
     from dcp._cli._security import client_security
     from dcp._client.client import Client
-    from dcp._errors import DCPError, RequestTimeout
+    from dcp._errors import BrokerUnreachable, DCPError, RequestTimeout
 
     _need_rich()
     security = client_security(args)
@@ -536,10 +557,17 @@ def cmd_top(args: argparse.Namespace) -> int:
         if len(args.connect) > 1:
             await _watch_many(args, console, security)
             return
-        async with Client(args.connect[0], security=security, timeout=args.timeout) as client:
+        async with Client(
+            args.connect[0],
+            security=security,
+            timeout=args.timeout,
+            wait_for_broker=_waits(args),  # Rule TP8
+        ) as client:
             endpoint = client.endpoint  # a beacon:// endpoint's broker, as heard
             try:
                 current = await poll(client, args.timeout)
+            except BrokerUnreachable as exc:  # Rule TP8
+                raise CLIError(str(exc)) from None
             except RequestTimeout:
                 raise CLIError(
                     f"no answer from {endpoint} within {args.timeout:g} s: "

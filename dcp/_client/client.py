@@ -630,6 +630,8 @@ class Client(ClientOptions):
         a :class:`~dcp.Response`, or the :exc:`~dcp.RemoteError` or
         :exc:`~dcp.RequestTimeout` that :meth:`map` would raise. One failure does not stop
         the others (e.g. to keep per-row errors). The client closing still raises.
+        Every input gets one: an input not sent because no broker can be reached has its
+        :exc:`~dcp.BrokerUnreachable` (``wait_for_broker=False``).
         """
         checked, meta, timing = self._map_options(
             window,
@@ -651,6 +653,7 @@ class Client(ClientOptions):
             ordered=True,
             indexed=False,
             take=self._receiver.outcome,
+            outcomes=True,
         )
 
     def stream(
@@ -748,8 +751,10 @@ class Client(ClientOptions):
         ordered: bool,
         indexed: bool,
         take: Callable[[Outcome | None], object],
+        outcomes: bool = False,
     ) -> AsyncGenerator[Any, None]:
-        """One of the maps, its options checked: its requests are made on iteration."""
+        """One of the maps, its options checked: its requests are made on iteration
+        (``outcomes``: ``map_outcomes``, maps Rule MP5)."""
         receiver = self._receiver
         start: Start
         if self._tracing is None:
@@ -768,6 +773,7 @@ class Client(ClientOptions):
             ordered=ordered,
             indexed=indexed,
             take=take,
+            outcomes=outcomes,
         )
 
     async def _mmi(

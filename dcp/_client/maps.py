@@ -12,6 +12,12 @@ Rule MP4 - These loops are the clients' per-request path for maps: besides the r
    ``start`` and ``send`` and the result, a request costs a few calls of the window
    (``next_input``, ``sent``, ``next_result``) and makes no object of its own.
 
+Rule MP5 - ``map_outcomes`` gives every input an outcome: an input whose request cannot start
+   because no broker can be reached (:exc:`~dcp.BrokerUnreachable`, receive Rule RX7) has
+   that error as its outcome, in its place, as the requests pending at the verdict do; what
+   else starting a request raises (the client closed, metadata refused) is raised, as by
+   ``map`` and ``map_unordered``, which raise that error too (Rule MP2).
+
 The window keeps Rule WN1 (at most ``window`` outstanding).
 """
 
@@ -25,9 +31,13 @@ from dcp._client.sync_receive import SyncReceiver
 from dcp._client.waiters import Sink
 from dcp._core.client.calls import Payload, Timing, payload_parts
 from dcp._core.client.window import Window
+from dcp._errors import BrokerUnreachable
 from dcp._models import Outcome, Response
 
 __all__ = ["map_async", "map_sync", "outcome_of", "response_of"]
+
+#: Rule MP5: the id of an input that was never sent starts so (then its index).
+_UNSENT = b"\0unsent"
 
 
 async def map_async(
@@ -43,10 +53,11 @@ async def map_async(
     ordered: bool,
     indexed: bool,
     take: Callable[[Outcome | None], object],
+    outcomes: bool = False,
 ) -> AsyncGenerator[Any, None]:
     """Request ``service`` once per payload through ``receiver``, the outcomes arriving in
     ``sink``; yield ``take(outcome)`` as the window allows (Rules MP2-MP4), as ``(index,
-    take(outcome))`` if ``indexed``."""
+    take(outcome))`` if ``indexed``; ``outcomes``: Rule MP5 (``map_outcomes``)."""
     window: Window[Payload, Outcome | None] = Window(
         payloads, size, ordered=ordered, arrived=sink.done
     )
@@ -55,7 +66,15 @@ async def map_async(
             item = window.next_input()
             if item is not None:
                 index, payload = item
-                rid, frames = start(service, payload_parts(payload, index), metadata, timing, sink)
+                try:
+                    rid, frames = start(
+                        service, payload_parts(payload, index), metadata, timing, sink
+                    )
+                except BrokerUnreachable as exc:
+                    if not outcomes:
+                        raise
+                    unsent(window, index, exc)  # Rule MP5
+                    continue
                 window.sent(rid, index)
                 await receiver.send(rid, frames)
                 continue
@@ -83,6 +102,7 @@ def map_sync(
     ordered: bool,
     indexed: bool,
     take: Callable[[Outcome], object],
+    outcomes: bool = False,
 ) -> Generator[Any, None, None]:
     """:func:`map_async`, blocking: the outcomes arrive in the receiver's ``done`` while it
     pumps."""
@@ -94,7 +114,14 @@ def map_sync(
             if item is not None:
                 index, payload = item
                 parts = payload_parts(payload, index)
-                window.sent(receiver.start(service, parts, metadata, timing), index)
+                try:
+                    rid = receiver.start(service, parts, metadata, timing)
+                except BrokerUnreachable as exc:
+                    if not outcomes:
+                        raise
+                    unsent(window, index, exc)  # Rule MP5
+                    continue
+                window.sent(rid, index)
                 continue
             result = window.next_result()
             while result is None:
@@ -106,6 +133,13 @@ def map_sync(
     finally:
         for rid in window.outstanding():
             receiver.forget(rid)
+
+
+def unsent(window: Window[Payload, Any], index: int, error: BrokerUnreachable) -> None:
+    """Rule MP5: input number ``index`` was not sent; ``error`` is its outcome."""
+    rid = _UNSENT + index.to_bytes(8, "big")
+    window.sent(rid, index)
+    window.arrived[rid] = error
 
 
 def response_of(outcome: Outcome) -> Response:

@@ -23,13 +23,19 @@ Rule CO4 - Fail fast by default (as NATS answers "no responders"): every request
    client; then it is queued until a worker comes or its time is up. ``no_wait`` is the old,
    inverted spelling, still accepted: ``no_wait=True`` is ``wait_for_worker=False``; both
    given and disagreeing is a :exc:`ValueError`. The ``mmi.*`` questions never carry it.
+Rule CO5 - A wrong argument names the class the user called: each client class gets its own
+   copy of ``ClientOptions.__init__`` named after it (``Client.__init__() got an unexpected
+   keyword argument 'nonsense'``, not ``ClientOptions.__init__()``; Python 3.10 names no
+   class in that error at all).
 """
 
 from __future__ import annotations
 
 import random
+import sys
+import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import zmq
@@ -57,8 +63,31 @@ if TYPE_CHECKING:
 __all__ = ["ClientOptions"]
 
 
+def _init_of(cls: type, init: types.FunctionType) -> types.FunctionType:
+    """Rule CO5: ``init`` as ``cls``'s own ``__init__`` (the same code, named after it)."""
+    qualname = f"{cls.__qualname__}.__init__"
+    code = init.__code__
+    if sys.version_info >= (3, 11):  # what its argument errors name
+        code = code.replace(co_qualname=qualname)
+    copy = types.FunctionType(
+        code, init.__globals__, init.__name__, init.__defaults__, init.__closure__
+    )
+    copy.__kwdefaults__ = init.__kwdefaults__
+    copy.__annotations__ = init.__annotations__
+    copy.__doc__ = init.__doc__
+    copy.__module__ = init.__module__
+    copy.__qualname__ = qualname
+    return copy
+
+
 class ClientOptions:
     """The options of a client (the parameters are :class:`dcp.Client`'s)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in vars(cls):  # Rule CO5
+            init = ClientOptions.__dict__["__init__"]
+            cls.__init__ = _init_of(cls, init)  # type: ignore[method-assign]
 
     def __init__(
         self,

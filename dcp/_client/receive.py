@@ -44,6 +44,11 @@ Rule RX7 - Unreachable brokers (a client with ``wait_for_broker=False``): the cl
    leaves theirs so, which ends every pending request with the tracker's Rule RT9 (the
    request reading the socket, Rule RX5, is woken), and :meth:`Receiver.start` raises the
    same error while it holds. ``None`` (the default): the client waits for its broker.
+   A request so ended is not delivered later: if requests were started since the last time,
+   each socket drops what zmq queued for its endpoint
+   (:meth:`~dcp._io.sockets.AsyncSocket.drop_queued`), so a broker that starts listening
+   there afterwards never gets them (only when requests were started: the new connection's
+   first attempt is refused at once, and each drop would bring the next).
 """
 
 from __future__ import annotations
@@ -164,6 +169,8 @@ class Receiver:
         self._connected: Event | None = None
         #: Rule RX7: whether no broker can be reached (``None``: the client waits for one).
         self.refusing: Callable[[], bool] | None = None
+        #: Rule RX7: the tracker's count of requests when zmq's queues were last emptied.
+        self._dropped_at = -1
 
     def attach(self, socket: AsyncSocket, watch: HandshakeWatch, endpoint: str) -> None:
         """Take the client's socket, connected to ``endpoint`` (on entry, in the event loop)."""
@@ -684,6 +691,15 @@ class Receiver:
                 brokers.done(rid)
             if waiter is not None:
                 waiter.deliver(rid, event.error)
+        started = tracker.statistics().requests
+        if started != self._dropped_at:  # something may wait in zmq's queues: drop it
+            self._dropped_at = started
+            if brokers is None:
+                if self.socket is not None:
+                    self.socket.drop_queued(self._endpoint)
+            else:
+                for asock, watch in zip(self.sockets, self._watches, strict=True):
+                    asock.drop_queued(watch.endpoint)
         if self._caller is not None and self.socket is not None:
             self.socket.move_deadline(self._now())
         connected = self._connected

@@ -46,6 +46,7 @@ from dcp._core.client.brokers import Brokers, held_request
 from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._errors import RemoteError
+from dcp._io.blocking import drop_queued
 from dcp._io.handshake import HandshakeWatch, close_monitor, read_events
 from dcp._io.sockets import try_recv, try_send
 from dcp._models import Outcome
@@ -195,7 +196,7 @@ class BrokersReceiver(SyncReceiver):
         refuse_in_event_loop()
         tracker = self.tracker
         refusing = self.refusing
-        if refusing is not None and refusing():  # Rule SX5 of dcp._client.sync_receive
+        if refusing is not None and refusing() and self.still_refusing():  # Rule SX5
             raise tracker.unreachable_error()
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
@@ -423,6 +424,20 @@ class BrokersReceiver(SyncReceiver):
                         )
         for rid in self.unreachable():  # Rule SX5 of dcp._client.sync_receive
             self._end(rid)
+
+    def read_monitors(self) -> None:
+        """Rule SM2 from every broker's monitor; never blocks.
+
+        :raises AuthenticationFailed: a handshake failed for good (the client is closed)
+        """
+        for link in self.links:
+            self._read_link_monitor(link)
+
+    def drop_queued(self) -> None:
+        """Rule SX5 of :mod:`dcp._client.sync_receive`: drop what zmq queued for each
+        broker, none ever connected."""
+        for link in self.links:
+            drop_queued(link.sock, link.endpoint)
 
     # ------------------------------------------------------------------ time
 

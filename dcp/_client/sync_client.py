@@ -413,6 +413,8 @@ class SyncClient(ClientOptions):
         a :class:`~dcp.Response`, or the :exc:`~dcp.RemoteError` or
         :exc:`~dcp.RequestTimeout` that :meth:`map` would raise. One failure does not stop
         the others (e.g. to keep per-row errors, as ``dcp.spark`` does).
+        Every input gets one: an input not sent because no broker can be reached has its
+        :exc:`~dcp.BrokerUnreachable` (``wait_for_broker=False``).
         """
         checked, meta, timing = self._map_options(
             window,
@@ -435,6 +437,7 @@ class SyncClient(ClientOptions):
             ordered=True,
             indexed=False,
             take=outcome_of,
+            outcomes=True,
         )
 
     def map_unordered(

@@ -20,7 +20,10 @@ Rule SX3 - Handshakes Rule H5: resends due on a connection the broker has not an
 Rule SX5 - Receive Rule RX7 (``wait_for_broker=False``): the client sets
    :attr:`SyncReceiver.refusing`; each read of the monitors that leaves every broker
    unreachable (handshakes Rule H6) ends every pending request (tracker Rule RT9), and a
-   request started while that holds raises the same error.
+   request started while that holds raises the same error (after reading the monitors: a
+   broker may have come since, and nothing else reads them then). As in Rule RX7, a request so
+   ended is not delivered later: if requests were started since the last time, each socket
+   drops what zmq queued for its endpoint (:func:`~dcp._io.blocking.drop_queued`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from dcp._client.waiters import Part
 from dcp._core.client.calls import Timing
 from dcp._core.client.tracker import RequestTracker
 from dcp._errors import AuthenticationFailed
+from dcp._io.blocking import drop_queued
 from dcp._io.handshake import HandshakeWatch, close_monitor, read_events
 from dcp._io.sockets import try_recv, try_send
 from dcp._models import Outcome
@@ -108,6 +112,8 @@ class SyncReceiver:
         self._owner_lock = threading.Lock()
         #: Rule SX5: whether no broker can be reached (``None``: the client waits for one).
         self.refusing: Callable[[], bool] | None = None
+        #: Rule SX5: the tracker's count of requests when zmq's queues were last emptied.
+        self._dropped_at = -1
 
     def close(self) -> None:
         """Close the socket (linger 0) and forget pending requests. Idempotent."""
@@ -155,7 +161,7 @@ class SyncReceiver:
         refuse_in_event_loop()
         tracker = self.tracker
         refusing = self.refusing
-        if refusing is not None and refusing():  # Rule SX5
+        if refusing is not None and refusing() and self.still_refusing():  # Rule SX5
             raise tracker.unreachable_error()
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
@@ -178,7 +184,33 @@ class SyncReceiver:
         done = self.done
         for event in events:
             done[event.request_id] = event.error
+        started = tracker.statistics().requests
+        if started != self._dropped_at:  # something may wait in zmq's queues: drop it
+            self._dropped_at = started
+            self.drop_queued()
         return [event.request_id for event in events]
+
+    def still_refusing(self) -> bool:
+        """Rule SX5: whether no broker can be reached, after reading the monitors (a broker
+        may have come since they were last read: nothing reads them while none can be).
+
+        :raises AuthenticationFailed: a handshake failed for good (the client is closed)
+        """
+        self.read_monitors()
+        return self.refusing is not None and self.refusing()
+
+    def read_monitors(self) -> None:
+        """Apply the handshake rules to the events waiting on the monitor; never blocks.
+
+        :raises AuthenticationFailed: the handshake with the broker failed (the client is
+            closed)
+        """
+        if self.monitor is not None:
+            self._read_monitor()
+
+    def drop_queued(self) -> None:
+        """Rule SX5: drop what zmq queued for the broker, never connected."""
+        drop_queued(self.sock, self._endpoint)
 
     def send(self, frames: list[bytes], deadline: float) -> None:
         """Send ``frames``, waiting for room in a full queue until ``deadline`` (Rule SX1)."""

@@ -293,6 +293,21 @@ class AsyncSocket:
                 park.wake()
         return None
 
+    def drop_queued(self, endpoint: str) -> bool:
+        """Drop what zmq queued for ``endpoint``, a connection that never completed: the
+        socket (linger 0) disconnects from it, which discards its pipe's messages, and
+        connects again. Not on the per-message path.
+
+        :returns: ``False`` if the socket was not connected to ``endpoint`` (nothing done)
+        """
+        sock = self.sock
+        try:
+            sock.disconnect(endpoint)
+        except zmq.ZMQError:  # ENOENT: not connected there (or the socket is closed)
+            return False
+        sock.connect(endpoint)
+        return True
+
     def close(self, linger: int | None = 0) -> None:
         """Wake the owner with ``ClosedResourceError`` and close the socket. Idempotent."""
         if self._closed:

@@ -73,7 +73,7 @@ def test_top_finds_its_broker_by_beacon(
 
 
 def test_top_unreachable_broker_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    for extra in (["--once"], []):
+    for extra in (["--once", "--wait-for-broker"], []):
         code = main(["top", "--connect", "tcp://127.0.0.1:1", "--timeout", "0.3", *extra])
         assert code == 1
         err = capsys.readouterr().err
@@ -81,6 +81,26 @@ def test_top_unreachable_broker_is_one_line(capsys: pytest.CaptureFixture[str]) 
             "dcp top: no answer from tcp://127.0.0.1:1 within 0.3 s: "
             "is a dcp broker running there?\n"
         )
+
+
+def test_top_once_does_not_wait_for_a_broker_that_is_not_there(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Rule TP8: one line within about half a second, not a wait of --timeout (100 s here:
+    the test's own timeout would end it first)."""
+    refused = ": connection refused (nothing listens there): is a dcp broker running there?\n"
+    one, two = _free_tcp(), _free_tcp()
+    assert main(["top", "--connect", one, "--timeout", "100", "--once"]) == 1
+    assert capsys.readouterr().err == f"dcp top: cannot connect to {one}{refused}"
+    argv = ["top", "--connect", one, "--connect", two, "--timeout", "100", "--once"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == f"dcp top: cannot connect to any of {one}, {two}{refused}"
+
+
+def _free_tcp() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def test_top_without_rich_names_the_extra(
@@ -420,7 +440,7 @@ def test_top_shows_each_broker_and_one_that_is_down(
 
 def test_top_with_no_broker_answering_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["top", "--connect", "tcp://127.0.0.1:1", "--connect", "tcp://127.0.0.1:2"]
-    assert main([*argv, "--timeout", "0.3", "--once"]) == 1
+    assert main([*argv, "--timeout", "0.3", "--once", "--wait-for-broker"]) == 1  # Rule TP8
     assert capsys.readouterr().err == (
         "dcp top: no answer from any of tcp://127.0.0.1:1, tcp://127.0.0.1:2 within 0.3 s: "
         "is a dcp broker running there?\n"

@@ -7,16 +7,20 @@ port taken from port 0 then closed (nothing listens), an ``ipc://`` path with no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 
 import anyio
+import anyio.from_thread
 import pytest
 
 import dcp
 from dcp import BrokerUnreachable, Client, HandlerRequest, RequestTimeout, SyncClient
+from tests.helpers import wait_for
 
 #: A hang guard only: every call below has a 30 s timeout and should fail in about 0.5 s.
 GUARD = 10.0
@@ -62,9 +66,8 @@ async def test_a_client_that_does_not_wait_fails_when_no_broker_listens(nowhere:
             # Later calls fail at once, whatever they are.
             with pytest.raises(BrokerUnreachable):
                 await client.request("svc", b"y")
-            with pytest.raises(BrokerUnreachable):  # nothing sent: raised, not an outcome
-                async for _ in client.map_outcomes("svc", [b"a"]):
-                    pass  # pragma: no cover
+            outcomes = [o async for o in client.map_outcomes("svc", [b"a"])]  # maps Rule MP5
+            assert [type(o) for o in outcomes] == [BrokerUnreachable]
             with pytest.raises(BrokerUnreachable):
                 async with client.stream("svc", b"x") as parts:
                     async for _ in parts:
@@ -101,6 +104,48 @@ async def test_outcomes_pending_when_the_verdict_comes_are_outcomes() -> None:
 
 
 @pytest.mark.anyio
+async def test_every_input_of_map_outcomes_has_an_outcome_across_the_verdict() -> None:
+    """Maps Rule MP5: with a window of one, the first input is pending at the verdict, the
+    others are started after it; each has its outcome. ``map`` and ``map_unordered`` raise."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async with Client(endpoint, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            inputs = [b"a", b"b", b"c"]
+            outcomes = [o async for o in client.map_outcomes("svc", inputs, window=1)]
+            assert [type(o) for o in outcomes] == [BrokerUnreachable] * 3
+            # Pending at the verdict, and started after it: the same error.
+            assert len({str(o) for o in outcomes}) == 1
+            with pytest.raises(BrokerUnreachable):
+                async for _ in client.map("svc", inputs):
+                    pass  # pragma: no cover
+            with pytest.raises(BrokerUnreachable):
+                async for _ in client.map_unordered("svc", inputs):
+                    pass  # pragma: no cover
+        # An early exit forgets the unsent inputs too.
+        async with contextlib.aclosing(client.map_outcomes("svc", inputs, window=2)) as gen:
+            async for outcome in gen:
+                assert isinstance(outcome, BrokerUnreachable)
+                break
+        assert client.statistics().pending == 0
+
+
+def test_every_input_of_the_sync_map_outcomes_has_an_outcome_across_the_verdict() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with SyncClient(endpoint, timeout=30, wait_for_broker=False) as client:
+        inputs = [b"a", b"b", b"c"]
+        outcomes = list(client.map_outcomes("svc", inputs, window=1))
+        assert [type(o) for o in outcomes] == [BrokerUnreachable] * 3
+        with pytest.raises(BrokerUnreachable):
+            list(client.map("svc", inputs))
+        with pytest.raises(BrokerUnreachable):
+            list(client.map_unordered("svc", inputs))
+        for outcome in client.map_outcomes("svc", inputs, window=2):
+            assert isinstance(outcome, BrokerUnreachable)
+            break
+        assert client.statistics().pending == 0
+
+
+@pytest.mark.anyio
 async def test_several_brokers_none_listening(ipc_path: str) -> None:
     endpoints = (f"tcp://127.0.0.1:{free_port()}", ipc_path)
     async with Client(endpoints, timeout=30, wait_for_broker=False) as client:
@@ -119,8 +164,8 @@ def test_the_sync_client_fails_too(nowhere: str) -> None:
         _check(caught.value, nowhere)
         with pytest.raises(BrokerUnreachable):
             client.request("svc", b"y")
-        with pytest.raises(BrokerUnreachable):  # nothing sent: raised, not an outcome
-            list(client.map_outcomes("svc", [b"a"]))
+        outcomes = list(client.map_outcomes("svc", [b"a"]))  # maps Rule MP5
+        assert [type(o) for o in outcomes] == [BrokerUnreachable]
 
 
 def test_the_sync_client_of_several_brokers_fails_too(ipc_path: str) -> None:
@@ -196,3 +241,76 @@ async def test_a_broker_that_comes_after_the_refusals_is_used() -> None:
                         break
                     except BrokerUnreachable:
                         await anyio.sleep(0.02)
+
+
+# -- Rules RX7 / SX5: a request ended as unreachable is never delivered later ---------------
+
+
+def _counting(ran: list[bytes]) -> Callable[[HandlerRequest], Awaitable[bytes]]:
+    async def handler(request: HandlerRequest) -> bytes:
+        ran.append(request.data[0])
+        return request.data[0].upper()
+
+    return handler
+
+
+async def _nothing_delivered(broker: dcp.Broker, ran: list[bytes]) -> None:
+    """Wait for the worker's registration, then a little beyond (zmq connects within its
+    reconnection interval, 0.1-0.2 s, and sends what it queued at once); nothing ran."""
+    await wait_for(lambda: broker.statistics().workers == 1)
+    await anyio.sleep(0.5)
+    assert ran == []
+    assert broker.statistics().requests == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("several", [False, True])
+async def test_a_request_ended_as_unreachable_never_reaches_a_later_broker(
+    several: bool, ipc_path: str
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoints: str | tuple[str, ...] = (endpoint, ipc_path) if several else endpoint
+    ran: list[bytes] = []
+    async with Client(endpoints, timeout=30, wait_for_broker=False) as client:
+        with anyio.fail_after(GUARD):
+            with pytest.raises(BrokerUnreachable):
+                await client.request("svc", b"x")
+        async with dcp.Broker(endpoint) as broker, dcp.Worker(endpoint, "svc", _counting(ran)):
+            with anyio.fail_after(GUARD * 2):
+                await _nothing_delivered(broker, ran)
+                while True:  # the client still works: until zmq's next attempt connects
+                    try:
+                        response = await client.request("svc", b"y")
+                        break
+                    except BrokerUnreachable:
+                        await anyio.sleep(0.02)
+    assert response.data == (b"Y",)
+    assert ran == [b"y"]
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_the_sync_client_never_delivers_a_request_ended_as_unreachable(
+    several: bool, ipc_path: str
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoints: str | tuple[str, ...] = (endpoint, ipc_path) if several else endpoint
+    ran: list[bytes] = []
+    with SyncClient(endpoints, timeout=30, wait_for_broker=False) as client:
+        with pytest.raises(BrokerUnreachable):
+            client.request("svc", b"x")
+        with (
+            anyio.from_thread.start_blocking_portal() as portal,
+            portal.wrap_async_context_manager(dcp.Broker(endpoint)) as broker,
+            portal.wrap_async_context_manager(dcp.Worker(endpoint, "svc", _counting(ran))),
+        ):
+            portal.call(_nothing_delivered, broker, ran)
+            response = None
+            deadline = time.monotonic() + GUARD
+            while response is None and time.monotonic() < deadline:
+                try:  # the client still works: until zmq's next attempt connects
+                    response = client.request("svc", b"y", timeout=5)
+                except BrokerUnreachable:
+                    time.sleep(0.02)
+    assert response is not None
+    assert response.data == (b"Y",)
+    assert ran == [b"y"]

@@ -3,12 +3,14 @@ message with a blocking receive."""
 
 from __future__ import annotations
 
+import pathlib
+import socket
 from collections.abc import Iterator
 
 import pytest
 import zmq
 
-from dcp._io.blocking import Waker, read_one
+from dcp._io.blocking import Waker, drop_queued, read_one
 from dcp._io.sockets import AsyncSocket
 
 
@@ -101,3 +103,65 @@ def test_read_one_user_ids_without_handshake_metadata(
     msg = read_one(AsyncSocket(router, user_ids=True))
     assert msg is not None and msg.frames == [b"D", b"hello"]
     assert msg.user_id is None  # inproc: no ZAP user id
+
+
+# -- drop_queued: what zmq queued for a connection that never completed ------------------
+
+
+def _free_tcp() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _received_until(router: zmq.Socket[bytes], last: bytes) -> list[bytes]:
+    """The data frames the ROUTER receives until ``last`` (a hang guard of 5 s)."""
+    router.setsockopt(zmq.RCVTIMEO, 5000)
+    got = [router.recv_multipart()[-1]]
+    while got[-1] != last:
+        got.append(router.recv_multipart()[-1])
+    return got
+
+
+@pytest.mark.parametrize("how", ["function", "method"])
+@pytest.mark.parametrize("scheme", ["tcp", "ipc"])
+def test_drop_queued_discards_what_waits_for_a_listener_that_comes_later(
+    how: str, scheme: str, tmp_path: pathlib.Path
+) -> None:
+    endpoint = _free_tcp() if scheme == "tcp" else f"ipc://{tmp_path / 'later.sock'}"
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)  # as every client socket
+        dealer.connect(endpoint)
+        dealer.send(b"old")  # queued: nothing listens there
+        if how == "function":
+            assert drop_queued(dealer, endpoint)
+        else:
+            assert AsyncSocket(dealer).drop_queued(endpoint)
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(endpoint)
+        dealer.send(b"new")  # the new connection works
+        # One pipe, in order: "old" would have come first.
+        assert _received_until(router, b"new") == [b"new"]
+        # Not connected there: nothing is done.
+        assert not drop_queued(dealer, "tcp://127.0.0.1:1")
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_without_drop_queued_a_listener_that_comes_later_gets_it() -> None:
+    """The libzmq behaviour drop_queued exists for."""
+    endpoint = _free_tcp()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(endpoint)
+        dealer.send(b"old")
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(endpoint)
+        dealer.send(b"new")
+        assert _received_until(router, b"new") == [b"old", b"new"]
+    finally:
+        ctx.destroy(linger=0)
