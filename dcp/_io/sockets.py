@@ -487,6 +487,8 @@ class _TrioPark:
                     await self._wait(self._fd)
                 except self._trio.ClosedResourceError:  # wake() or close(): see _woken
                     continue
+                if self._closed:  # by a task that ran after the FD woke us: no getsockopt
+                    break
                 readable = bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
                 if readable:
                     break

@@ -376,6 +376,8 @@ class Worker:
             else None
         )
         self._wake_scope: anyio.CancelScope | None = None
+        #: Listening for a ``beacon://`` endpoint's beacon: the scope :meth:`stop` cancels.
+        self._resolving: anyio.CancelScope | None = None
         self._stop_deadline: float | None = None
         self._serving = False
         self._done: anyio.Event | None = None
@@ -454,6 +456,8 @@ class Worker:
             )
         if self._stop_deadline is None or deadline < self._stop_deadline:
             self._stop_deadline = deadline
+        if self._resolving is not None:  # no broker yet: stop listening for its beacon
+            self._resolving.cancel()
         if brokers is not None:
             brokers.stop(deadline)
             return
@@ -490,10 +494,10 @@ class Worker:
         echoed the registration, and serve until stopped.
 
         A :meth:`stop` before the broker has echoed the registration (a broker not started
-        yet, a wrong endpoint) ends serving at once, nothing being in progress, and reports
-        readiness as it returns, once the socket is closed: ``await tg.start(worker.serve)``
-        then returns (:attr:`registered` is ``False``) rather than raise anyio's
-        ``RuntimeError`` for a task that never started.
+        yet, a wrong endpoint, a ``beacon://`` endpoint not heard yet) ends serving at once,
+        nothing being in progress, and reports readiness as it returns, once the socket is
+        closed: ``await tg.start(worker.serve)`` then returns (:attr:`registered` is
+        ``False``) rather than raise anyio's ``RuntimeError`` for a task that never started.
 
         Cancellation cancels the running handlers and closes the socket (linger 0) at once.
 
@@ -505,13 +509,17 @@ class Worker:
         if self._serving:
             raise RuntimeError("a Worker can serve only once")
         self._serving = True
+        self._done = anyio.Event()
         if self._brokers is not None:
             await self._serve_several(self._brokers, task_status)
             return
         if self.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon to listen to
-            key = None if self._security is None else self._security.server_key
-            self.endpoint = self._connection.endpoint = await resolve(self.endpoint, key=key)
-        self._done = anyio.Event()
+            endpoint = await self._resolve(self.endpoint)
+            if endpoint is None:  # stopped before a beacon was heard: done
+                self._done.set()
+                task_status.started()
+                return
+            self.endpoint = self._connection.endpoint = endpoint
         self._ready = anyio.Event()
         self._ended = anyio.Event()
         self._now = loop_clock()
@@ -546,13 +554,18 @@ class Worker:
         self, brokers: Brokers, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
         """:meth:`serve` with several brokers (:mod:`dcp._worker.brokers`)."""
-        key = None if self._security is None else self._security.server_key
+        done = self._done
+        assert done is not None  # set by serve
         for link in brokers.links:
             if link.endpoint.startswith(BEACON_SCHEME):  # docs/services.md: a beacon
-                link.connection.endpoint = await resolve(link.endpoint, key=key)
+                endpoint = await self._resolve(link.endpoint)
+                if endpoint is None:  # stopped before a beacon was heard: done
+                    done.set()
+                    task_status.started()
+                    return
+                link.connection.endpoint = endpoint
         self.endpoints = tuple(link.endpoint for link in brokers.links)
         self.endpoint = self.endpoints[0]
-        self._done = anyio.Event()
         self._ready = anyio.Event()
         self._ended = anyio.Event()
         handlers = self._handlers
@@ -573,7 +586,7 @@ class Worker:
                     brokers.close()
                     handlers.cancel()
         finally:
-            self._done.set()
+            done.set()
         error = self._error or brokers.refused
         for link in brokers.links:
             error = error or link.connection.failure
@@ -581,6 +594,24 @@ class Worker:
             raise error
         if not self._announced:  # stopped before any broker echoed the registration: done
             task_status.started()
+
+    async def _resolve(self, endpoint: str) -> str | None:
+        """The broker endpoint a ``beacon://`` endpoint's beacon gives; ``None`` if a
+        :meth:`stop` came before or while listening (it ends serving, as before the echo)."""
+        if self._stop_deadline is not None:
+            return None
+        key = None if self._security is None else self._security.server_key
+        with anyio.CancelScope() as scope:
+            self._resolving = scope
+            try:
+                return await resolve(endpoint, key=key)
+            except BaseException:  # no beacon, cancelled: serve() ends, aclose() need not wait
+                if self._done is not None:
+                    self._done.set()
+                raise
+            finally:
+                self._resolving = None
+        return None
 
     async def _several(self, brokers: Brokers) -> None:
         try:

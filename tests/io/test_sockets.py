@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import select
+import socket
 import time
 from collections.abc import Iterator
 
@@ -711,3 +712,42 @@ def test_a_trio_timer_left_by_one_run_does_not_stop_the_next_runs_deadlines(pair
     anyio.run(message_before_a_late_deadline, backend="trio")
     anyio.run(deadline, backend="trio")
     asock.close()
+
+
+async def test_a_close_after_the_fd_woke_the_waiter_raises_closed(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """The owner's FD turns readable and, before the owner runs again, another task woken
+    in the same pass of the event loop closes the socket: the owner sees it closed
+    (``ClosedResourceError``), never the closed zmq socket's own error (``ENOTSOCK``)."""
+    outcomes: set[str] = set()
+    for _ in range(40):  # the order of the two tasks in one pass is the loop's: both tried
+        a = ctx.socket(zmq.PAIR)
+        b = ctx.socket(zmq.PAIR)
+        endpoint = f"inproc://test-zmqio-{next(_inproc_names)}"
+        a.bind(endpoint)
+        b.connect(endpoint)
+        asock = AsyncSocket(a)
+        r, w = socket.socketpair()
+
+        async def owner(asock: AsyncSocket = asock) -> None:
+            try:
+                await asock.wait_readable()
+                outcomes.add("readable")
+            except anyio.ClosedResourceError:
+                outcomes.add("closed")
+
+        async def closer(asock: AsyncSocket = asock, r: socket.socket = r) -> None:
+            await anyio.wait_readable(r)
+            asock.close()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(owner)
+            tg.start_soon(closer)
+            await anyio.wait_all_tasks_blocked()
+            b.send(b"x")  # the owner's FD and the closer's ready for the same pass
+            w.send(b"x")
+        b.close(0)
+        r.close()
+        w.close()
+    assert outcomes <= {"readable", "closed"}

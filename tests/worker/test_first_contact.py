@@ -103,6 +103,57 @@ async def test_a_stop_before_any_broker_echoes_lets_tg_start_return() -> None:
     assert not registered(worker)
 
 
+def silent_beacon() -> str:
+    """A ``beacon://`` endpoint where no beacon is sent: a UDP port taken from port 0."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return f"beacon://127.0.0.1:{port}"
+
+
+async def test_a_stop_before_serve_skips_listening_for_a_beacon() -> None:
+    """A stop before serve: no beacon is waited for (no ``TimeoutError`` for none heard)."""
+    worker = Worker(silent_beacon(), SVC, upper)
+    worker.stop()
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(30):  # a hang guard only
+            await tg.start(worker.serve)
+    assert not registered(worker)
+
+
+@pytest.mark.parametrize("several", [False, True], ids=["one", "several"])
+async def test_a_stop_while_listening_for_a_beacon_lets_tg_start_return(several: bool) -> None:
+    """A stop while the worker listens for its broker's beacon ends serving (no
+    ``TimeoutError`` for the beacon not heard); ``aclose`` waits for serve's return."""
+    beacon = silent_beacon()
+    worker = Worker([beacon, closed_port()] if several else beacon, SVC, upper)
+    returned = False
+    async with anyio.create_task_group() as tg:
+
+        async def serve() -> None:
+            nonlocal returned
+            await tg.start(worker.serve)
+            returned = True
+
+        tg.start_soon(serve)
+        await anyio.wait_all_tasks_blocked()  # listening
+        with anyio.fail_after(30):  # a hang guard only
+            await worker.aclose()
+        assert worker.statistics().in_progress == 0
+    assert returned
+    assert not registered(worker)
+
+
+async def test_aclose_after_serve_was_cancelled_listening_for_a_beacon() -> None:
+    worker = Worker(silent_beacon(), SVC, upper)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker.serve)
+        await anyio.wait_all_tasks_blocked()  # listening
+        tg.cancel_scope.cancel()
+    with anyio.fail_after(30):  # a hang guard only
+        await worker.aclose()
+
+
 async def test_a_stop_before_the_echo_lets_async_with_enter(fake: FakeBroker) -> None:
     """``async with`` enters (the worker stopped already) and leaves without error."""
     worker = Worker(fake.endpoint, SVC, upper)
