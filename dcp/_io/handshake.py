@@ -66,7 +66,6 @@ __all__ = [
     "all_unreachable",
     "close_monitor",
     "connect_dealer",
-    "connect_dealer_watching_attempts",
     "monitor",
     "read_events",
     "watch_handshakes",
@@ -193,16 +192,19 @@ def connect_dealer(
     endpoint: str,
     *,
     heartbeat: float | None = None,
+    events: int = CLIENT_EVENTS,
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
-    """A client's DEALER socket (linger 0, ``routing_id``, CURVE keys if ``security``)
-    connected to the broker at ``endpoint``, and the monitor that watches its handshakes and
-    connection attempts from the start (:func:`monitor`, :data:`CLIENT_EVENTS`); nothing is
-    left open if a step fails.
+    """A client's or worker's DEALER socket (linger 0, ``routing_id``, CURVE keys if
+    ``security``) connected to the broker at ``endpoint``, and the monitor that watches its
+    handshakes and connection attempts from the start (:func:`monitor`); nothing is left
+    open if a step fails.
 
     :param context: zmq context (default: one shared per process)
     :param heartbeat: seconds between zmq heartbeats (``ZMQ_HEARTBEAT_IVL``; a silent
         connection is closed after three, ``DISCONNECTED``), and messages queued only on a
         connected pipe (``ZMQ_IMMEDIATE``): a client of several brokers (``None``: neither)
+    :param events: the monitor's events: :data:`CLIENT_EVENTS` (a client's, Rule H6), or
+        :data:`ATTEMPT_EVENTS` (a worker's: its failed connection attempts)
     """
     ctx = context if context is not None else get_context()
     sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
@@ -215,34 +217,7 @@ def connect_dealer(
             sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat * 1000))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(3 * heartbeat * 1000))
             sock.setsockopt(zmq.IMMEDIATE, 1)
-        mon = monitor(sock, CLIENT_EVENTS)  # handshake failures raise AuthenticationFailed
-        sock.connect(endpoint)
-    except BaseException:
-        sock.close(0)
-        if mon is not None:
-            mon.close(0)
-        raise
-    return sock, mon
-
-
-def connect_dealer_watching_attempts(
-    context: zmq.Context[zmq.Socket[bytes]] | None,
-    routing_id: bytes,
-    security: CurveClient | None,
-    endpoint: str,
-) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
-    """:func:`connect_dealer` (without its ``heartbeat``) whose monitor also gives the failed
-    connection attempts (:data:`ATTEMPT_EVENTS`): the worker's socket."""
-    ctx = context if context is not None else get_context()
-    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    mon: zmq.Socket[bytes] | None = None
-    try:
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTING_ID, routing_id)
-        configure_client_socket(sock, security)
-        mon = sock.get_monitor_socket(
-            ATTEMPT_EVENTS, addr=f"inproc://dcp-monitor-{next(_MONITORS)}"
-        )
+        mon = monitor(sock, events)  # handshake failures raise AuthenticationFailed
         sock.connect(endpoint)
     except BaseException:
         sock.close(0)

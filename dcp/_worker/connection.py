@@ -61,7 +61,7 @@ from dcp._core.client.calls import make_routing_id
 from dcp._core.worker.core import WorkerCore
 from dcp._errors import AuthenticationFailed
 from dcp._io.errors import FULL, socket_errors
-from dcp._io.handshake import HandshakeWatch, connect_dealer_watching_attempts, read_events
+from dcp._io.handshake import ATTEMPT_EVENTS, HandshakeWatch, connect_dealer, read_events
 from dcp._io.security import CurveClient
 from dcp._io.sockets import AsyncSocket
 from dcp._worker.streams import WorkerStreams
@@ -135,8 +135,12 @@ class Connection:
     def open(self, tg: anyio.abc.TaskGroup) -> AsyncSocket:
         """Connect a new socket (Rule WC1), its monitor read by a task started in ``tg``."""
         # An explicit random id: a secure broker refuses zmq-generated (guessable) ones.
-        sock, mon = connect_dealer_watching_attempts(
-            self._context, make_routing_id(), self._security, self.endpoint
+        sock, mon = connect_dealer(
+            self._context,
+            make_routing_id(),
+            self._security,
+            self.endpoint,
+            events=ATTEMPT_EVENTS,
         )
         self.socket = asock = AsyncSocket(sock)
         self._monitor = mon
