@@ -40,7 +40,7 @@ from typing import cast
 
 import zmq
 
-from dcp._io.sockets import AsyncSocket, Received
+from dcp._io.sockets import AsyncSocket, Received, drop_queued
 
 __all__ = ["EVENTS", "POLLIN", "Waker", "drop_queued", "events_of", "read_one"]
 
@@ -93,21 +93,6 @@ class Waker:
             out, self._out = self._out, None
         if out is not None:
             out.close(0)
-
-
-def drop_queued(sock: zmq.Socket[bytes], endpoint: str) -> bool:
-    """:meth:`~dcp._io.sockets.AsyncSocket.drop_queued` for a socket used without the adapter
-    (the sync client's): disconnect ``sock`` (linger 0) from ``endpoint``, which discards
-    what zmq queued for a connection that never completed, and connect it again.
-
-    :returns: ``False`` if ``sock`` was not connected to ``endpoint`` (nothing done)
-    """
-    try:
-        sock.disconnect(endpoint)
-    except zmq.ZMQError:  # ENOENT: not connected there (or the socket is closed)
-        return False
-    sock.connect(endpoint)
-    return True
 
 
 def events_of(sock: zmq.Socket[bytes]) -> Callable[[int], int]:

@@ -37,7 +37,15 @@ from dcp._io.errors import refusal
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["AsyncSocket", "Received", "recv_frames", "send_frames", "try_recv", "try_send"]
+__all__ = [
+    "AsyncSocket",
+    "Received",
+    "drop_queued",
+    "recv_frames",
+    "send_frames",
+    "try_recv",
+    "try_send",
+]
 
 # Plain ints: pyzmq's enum flags cost a conversion on every call.
 _POLLIN = int(zmq.POLLIN)
@@ -300,13 +308,7 @@ class AsyncSocket:
 
         :returns: ``False`` if the socket was not connected to ``endpoint`` (nothing done)
         """
-        sock = self.sock
-        try:
-            sock.disconnect(endpoint)
-        except zmq.ZMQError:  # ENOENT: not connected there (or the socket is closed)
-            return False
-        sock.connect(endpoint)
-        return True
+        return drop_queued(self.sock, endpoint)
 
     def close(self, linger: int | None = 0) -> None:
         """Wake the owner with ``ClosedResourceError`` and close the socket. Idempotent."""
@@ -743,3 +745,18 @@ class _AnyioPark(_ScopedPark):  # pragma: no cover - where neither loop's own wa
 
     def _notify_closing(self, fd: int) -> None:
         anyio.notify_closing(fd)
+
+
+def drop_queued(sock: zmq.Socket[bytes], endpoint: str) -> bool:
+    """:meth:`AsyncSocket.drop_queued` for any socket (the sync client's too): disconnect
+    ``sock`` (linger 0) from ``endpoint``, which discards what zmq queued for a connection that
+    never completed, and connect it again.
+
+    :returns: ``False`` if ``sock`` was not connected to ``endpoint`` (nothing done)
+    """
+    try:
+        sock.disconnect(endpoint)
+    except zmq.ZMQError:  # ENOENT: not connected there (or the socket is closed)
+        return False
+    sock.connect(endpoint)
+    return True
