@@ -196,7 +196,9 @@ class BrokersReceiver(SyncReceiver):
         tracker = self.tracker
         refusing = self.refusing
         if refusing is not None and refusing():  # Rule SX5 of dcp._client.sync_receive
-            raise tracker.unreachable_error()
+            self.read_monitors()  # the verdict as of now: a broker may have come since
+            if refusing():
+                raise tracker.unreachable_error()
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
         brokers = self.brokers
@@ -391,6 +393,11 @@ class BrokersReceiver(SyncReceiver):
             if resolved is not None:
                 done[resolved[0]] = resolved[1]
                 self._end(resolved[0])
+
+    def read_monitors(self) -> None:
+        """Every broker's waiting monitor events (:meth:`SyncReceiver.read_monitors`)."""
+        for link in self.links:
+            self._read_link_monitor(link)
 
     def _read_link_monitor(self, link: BrokerLink) -> None:
         """Rule SM2 from ``link``'s monitor.

@@ -20,7 +20,9 @@ Rule SX3 - Handshakes Rule H5: resends due on a connection the broker has not an
 Rule SX5 - Receive Rule RX7 (``wait_for_broker=False``): the client sets
    :attr:`SyncReceiver.refusing`; each read of the monitors that leaves every broker
    unreachable (handshakes Rule H6) ends every pending request (tracker Rule RT9), and a
-   request started while that holds raises the same error.
+   request started while that holds raises the same error. That request reads the monitors'
+   waiting events first (the monitors are read only while the client waits for replies): a
+   broker that came since the verdict is used, not refused.
 """
 
 from __future__ import annotations
@@ -156,7 +158,9 @@ class SyncReceiver:
         tracker = self.tracker
         refusing = self.refusing
         if refusing is not None and refusing():  # Rule SX5
-            raise tracker.unreachable_error()
+            self.read_monitors()  # the verdict as of now: a broker may have come since
+            if refusing():
+                raise tracker.unreachable_error()
         rid = tracker.request(service, data, time.monotonic(), metadata=metadata, timing=timing)
         (frames,), _ = tracker.drain()  # the request's first attempt
         try:
@@ -241,6 +245,16 @@ class SyncReceiver:
             queue = self.stream_parts.get(msg.metadata[0])
             if queue is not None:
                 queue.append(msg.data)
+
+    def read_monitors(self) -> None:
+        """Read the events waiting on the monitor (Rule SX5: a request started while no
+        broker could be reached is checked against them first); never blocks.
+
+        :raises AuthenticationFailed: the handshake with the broker failed (the client is
+            closed)
+        """
+        if self.monitor is not None:
+            self._read_monitor()
 
     def _read_monitor(self) -> None:
         """Apply the handshake rules to the monitor's waiting events.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -196,3 +197,30 @@ async def test_a_broker_that_comes_after_the_refusals_is_used() -> None:
                         break
                     except BrokerUnreachable:
                         await anyio.sleep(0.02)
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_the_sync_client_uses_a_broker_that_comes_after_the_refusals(
+    anyio_backend: str, ipc_path: str, several: bool
+) -> None:
+    """Rule SX5: the sync client reads its monitors only while it waits for replies, so a
+    request started after the verdict reads the events waiting there first: the broker's
+    connection since is seen (it was refused from the stale verdict for good)."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoints = (endpoint, ipc_path) if several else (endpoint,)
+    with SyncClient(endpoints, timeout=30, wait_for_broker=False) as client:
+        with pytest.raises(BrokerUnreachable):
+            client.request("svc", b"x")
+        with anyio.from_thread.start_blocking_portal(backend=anyio_backend) as portal:
+            future, _ = portal.start_task(dcp.Broker(endpoint).serve)
+            try:
+                deadline = time.monotonic() + GUARD
+                while True:  # until zmq's next attempt connects (within 0.2 s)
+                    try:
+                        assert client.services() == []
+                        break
+                    except BrokerUnreachable:
+                        assert time.monotonic() < deadline, "the broker was never used"
+                        time.sleep(0.02)
+            finally:
+                future.cancel()
