@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -224,3 +226,43 @@ def test_the_sync_client_uses_a_broker_that_comes_after_the_refusals(
                         time.sleep(0.02)
             finally:
                 future.cancel()
+
+
+#: A process with an idle SyncClient whose broker is not there (zmq retries every 1 ms, a
+#: default pyzmq gives every socket of the context), then another socket of its context.
+_IDLE = """
+import sys, time, zmq, dcp
+ctx = zmq.Context()
+ctx.setsockopt(zmq.RECONNECT_IVL, 1)
+with dcp.SyncClient(sys.argv[1], timeout=30, context=ctx):
+    time.sleep(4)  # thousands of refusals (not a speed: 2,000 are all it takes)
+    server, other = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    other.connect(f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}")
+    other.send(b"ping")
+    print("delivered" if server.poll(5000) else "stalled", flush=True)
+    server.close(0)
+    other.close(0)
+ctx.term()
+print("closed", flush=True)
+"""
+
+
+def test_an_idle_sync_client_that_waits_for_its_broker_does_not_stall_zmq(
+    nowhere: str,
+) -> None:
+    """Handshakes Rule H6's events are watched only with ``wait_for_broker=False``: a sync
+    client reads its monitor only while it waits for replies, and an unread monitor that fills
+    (2,000 events: a refusal every 0.1-0.2 s, 5 minutes of a broker down) blocks the context's
+    I/O thread, every socket of the process with it, and the client's close hangs. In a
+    process of its own, which is killed if it hangs."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _IDLE, nowhere],
+            capture_output=True,
+            text=True,
+            timeout=GUARD * 3,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process hung: {exc.stdout!r}")
+    assert done.stdout.split() == ["delivered", "closed"], done.stderr
