@@ -97,6 +97,23 @@ def _core_options() -> frozenset[str]:
     return frozenset(names) - {"guard", "approve", "dbp_clock"}
 
 
+#: Seconds an ``ipc://`` path someone listens on is probed again before the bind is refused:
+#: a broker of this process stopped a moment ago on the same path still listens until zmq's
+#: I/O thread has closed its socket (milliseconds); a live one stays.
+IPC_SETTLE = 0.5
+
+
+async def _ipc_taken(endpoint: str) -> bool:
+    """Whether a live listener holds the ``ipc://`` endpoint (:func:`ipc_in_use` for
+    :data:`IPC_SETTLE` seconds; ``False`` for any other scheme)."""
+    deadline = anyio.current_time() + IPC_SETTLE
+    while ipc_in_use(endpoint):
+        if anyio.current_time() >= deadline:
+            return True
+        await anyio.sleep(0.01)
+    return False
+
+
 #: What a ``Broker(**core_options)`` may hold (anything else is a ``TypeError`` naming Broker).
 _CORE_OPTIONS = _core_options()
 
@@ -387,7 +404,7 @@ class Broker:
                     # No handover: a connection that claims a routing id in use is refused.
                     configure_server_socket(sock, security)
                 for endpoint in self._bind:
-                    if ipc_in_use(endpoint):  # zmq would take it over without a word
+                    if await _ipc_taken(endpoint):  # zmq would take it over without a word
                         raise BindFailed(
                             f"cannot bind {endpoint}: Address already in use (a process "
                             "listens there)",

@@ -234,7 +234,11 @@ class Client(ClientOptions):
                     self.endpoint, key=key, timeout=wait
                 )
             sock, mon = connect_dealer(
-                self._context, self.routing_id, self._security, self.endpoint
+                self._context,
+                self.routing_id,
+                self._security,
+                self.endpoint,
+                refusals=not self.wait_for_broker,  # receive Rule RX7
             )
             watch = HandshakeWatch(self.endpoint, secure=self._security is not None, role="client")
             receiver.attach(AsyncSocket(sock), watch, self.endpoint)
@@ -282,7 +286,12 @@ class Client(ClientOptions):
             self._tracker.endpoint = ", ".join(endpoints)  # tracker Rule RT7
             for endpoint in endpoints:
                 sock, mon = connect_dealer(
-                    self._context, self.routing_id, self._security, endpoint, heartbeat=_HEARTBEAT
+                    self._context,
+                    self.routing_id,
+                    self._security,
+                    endpoint,
+                    heartbeat=_HEARTBEAT,
+                    refusals=not self.wait_for_broker,  # receive Rule RX7
                 )
                 socks.append(sock)
                 mons.append(mon)

@@ -125,7 +125,13 @@ class SyncClient(ClientOptions):
                 self.endpoint, key=key, timeout=wait
             )
             self._endpoints = (self.endpoint,)
-        sock, mon = connect_dealer(context, self.routing_id, security, self.endpoint)
+        sock, mon = connect_dealer(
+            context,
+            self.routing_id,
+            security,
+            self.endpoint,
+            refusals=not self.wait_for_broker,  # sync_receive Rule SX5
+        )
         watch = HandshakeWatch(self.endpoint, secure=security is not None, role="client")
         #: The socket and what arrived on it (dcp._client.sync_receive).
         self._receiver = SyncReceiver(
@@ -163,6 +169,7 @@ class SyncClient(ClientOptions):
                     security,
                     endpoint,
                     heartbeat=HEARTBEAT,  # Rule SM2
+                    refusals=not self.wait_for_broker,  # sync_receive Rule SX5
                 )
                 watch = HandshakeWatch(endpoint, secure=security is not None, role="client")
                 links.append(BrokerLink(i, endpoint, sock, mon, watch))

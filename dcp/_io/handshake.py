@@ -26,7 +26,8 @@ Rule H5 - Unheard reconnections (CURVE only). A secure broker does not let a new
   drops the connection and connects again before resending. By then the broker has torn
   down the old one (zmq heartbeats, within its ``liveness x heartbeat_interval``), so the
   new connection is heard.
-Rule H6 - Refused connections (a client's monitor: :data:`CLIENT_EVENTS`).
+Rule H6 - Refused connections (the monitor of a client with ``wait_for_broker=False``:
+  :data:`CLIENT_EVENTS`; other clients do not watch them, :func:`connect_dealer`).
   ``CONNECT_RETRIED`` follows every connection attempt that failed at once (a TCP port with
   no listener: refused; an ``ipc://`` path with no listener: no such file, or refused), and
   libzmq tries again after ``RECONNECT_IVL`` and a random part of it (0.1-0.2 s by
@@ -84,8 +85,8 @@ EVENTS = (
 #: ``DISCONNECTED``: a retry alone is no failure). A tcp port or ipc path where nothing
 #: listens gives ``CLOSED`` then ``CONNECT_RETRIED`` at every attempt; ``inproc`` gives none.
 ATTEMPT_EVENTS = EVENTS | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
-#: :data:`EVENTS` and what Rule H6 counts (``CONNECT_RETRIED``, ``CONNECTED``): a client's
-#: socket (:func:`connect_dealer`).
+#: :data:`EVENTS` and what Rule H6 counts (``CONNECT_RETRIED``, ``CONNECTED``): the socket of
+#: a client that does not wait for its broker (:func:`connect_dealer`).
 CLIENT_EVENTS = EVENTS | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
 #: Rule H3: failed handshakes in a row, without detail, that end the peer.
 NO_DETAIL_LIMIT = 3
@@ -192,19 +193,27 @@ def connect_dealer(
     endpoint: str,
     *,
     heartbeat: float | None = None,
-    events: int = CLIENT_EVENTS,
+    events: int = EVENTS,
+    refusals: bool = False,
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     """A client's or worker's DEALER socket (linger 0, ``routing_id``, CURVE keys if
     ``security``) connected to the broker at ``endpoint``, and the monitor that watches its
-    handshakes and connection attempts from the start (:func:`monitor`); nothing is left
-    open if a step fails.
+    ``events`` from the start (:func:`monitor`; with ``refusals``, a client's connection
+    attempts too: :data:`CLIENT_EVENTS`, Rule H6); nothing is left open if a step fails.
+
+    Refusals only when asked: a broker that is down gives one every 0.1-0.2 s, and a monitor
+    nobody reads (a :class:`dcp.SyncClient` between calls) is full after 2,000 events, when
+    zmq's I/O thread blocks on it: every socket of the context stalls, the client's own close
+    with them. (A worker's monitor, :data:`ATTEMPT_EVENTS`, is read by a task of its own.)
 
     :param context: zmq context (default: one shared per process)
     :param heartbeat: seconds between zmq heartbeats (``ZMQ_HEARTBEAT_IVL``; a silent
         connection is closed after three, ``DISCONNECTED``), and messages queued only on a
         connected pipe (``ZMQ_IMMEDIATE``): a client of several brokers (``None``: neither)
-    :param events: the monitor's events: :data:`CLIENT_EVENTS` (a client's, Rule H6), or
-        :data:`ATTEMPT_EVENTS` (a worker's: its failed connection attempts)
+    :param events: the monitor's events (a worker's: :data:`ATTEMPT_EVENTS`, its failed
+        connection attempts too)
+    :param refusals: a client's: :data:`CLIENT_EVENTS` instead of ``events`` (a client with
+        ``wait_for_broker=False``, Rule H6)
     """
     ctx = context if context is not None else get_context()
     sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
@@ -217,7 +226,8 @@ def connect_dealer(
             sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat * 1000))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(3 * heartbeat * 1000))
             sock.setsockopt(zmq.IMMEDIATE, 1)
-        mon = monitor(sock, events)  # handshake failures raise AuthenticationFailed
+        # Handshake failures raise AuthenticationFailed.
+        mon = monitor(sock, CLIENT_EVENTS if refusals else events)
         sock.connect(endpoint)
     except BaseException:
         sock.close(0)

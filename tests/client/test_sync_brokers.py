@@ -22,6 +22,7 @@ import pytest
 import zmq
 
 from dcp import (
+    BindFailed,
     Broker,
     Client,
     HandlerRequest,
@@ -66,7 +67,7 @@ class Brokers:
             broker = Broker(endpoint, heartbeat_interval=5.0)
             try:
                 future, endpoints = self.portal.start_task(broker.serve)
-            except zmq.ZMQError as exc:
+            except BindFailed as exc:  # Broker.serve's (was zmq's error)
                 if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)

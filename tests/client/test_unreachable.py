@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -314,3 +316,70 @@ def test_the_sync_client_never_delivers_a_request_ended_as_unreachable(
     assert response is not None
     assert response.data == (b"Y",)
     assert ran == [b"y"]
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_the_sync_client_uses_a_broker_that_comes_after_the_refusals(
+    anyio_backend: str, ipc_path: str, several: bool
+) -> None:
+    """Rule SX5: the sync client reads its monitors only while it waits for replies, so a
+    request started after the verdict reads the events waiting there first: the broker's
+    connection since is seen (it was refused from the stale verdict for good)."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoints = (endpoint, ipc_path) if several else (endpoint,)
+    with SyncClient(endpoints, timeout=30, wait_for_broker=False) as client:
+        with pytest.raises(BrokerUnreachable):
+            client.request("svc", b"x")
+        with anyio.from_thread.start_blocking_portal(backend=anyio_backend) as portal:
+            future, _ = portal.start_task(dcp.Broker(endpoint).serve)
+            try:
+                deadline = time.monotonic() + GUARD
+                while True:  # until zmq's next attempt connects (within 0.2 s)
+                    try:
+                        assert client.services() == []
+                        break
+                    except BrokerUnreachable:
+                        assert time.monotonic() < deadline, "the broker was never used"
+                        time.sleep(0.02)
+            finally:
+                future.cancel()
+
+
+#: A process with an idle SyncClient whose broker is not there (zmq retries every 1 ms, a
+#: default pyzmq gives every socket of the context), then another socket of its context.
+_IDLE = """
+import sys, time, zmq, dcp
+ctx = zmq.Context()
+ctx.setsockopt(zmq.RECONNECT_IVL, 1)
+with dcp.SyncClient(sys.argv[1], timeout=30, context=ctx):
+    time.sleep(4)  # thousands of refusals (not a speed: 2,000 are all it takes)
+    server, other = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    other.connect(f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}")
+    other.send(b"ping")
+    print("delivered" if server.poll(5000) else "stalled", flush=True)
+    server.close(0)
+    other.close(0)
+ctx.term()
+print("closed", flush=True)
+"""
+
+
+def test_an_idle_sync_client_that_waits_for_its_broker_does_not_stall_zmq(
+    nowhere: str,
+) -> None:
+    """Handshakes Rule H6's events are watched only with ``wait_for_broker=False``: a sync
+    client reads its monitor only while it waits for replies, and an unread monitor that fills
+    (2,000 events: a refusal every 0.1-0.2 s, 5 minutes of a broker down) blocks the context's
+    I/O thread, every socket of the process with it, and the client's close hangs. In a
+    process of its own, which is killed if it hangs."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _IDLE, nowhere],
+            capture_output=True,
+            text=True,
+            timeout=GUARD * 3,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process hung: {exc.stdout!r}")
+    assert done.stdout.split() == ["delivered", "closed"], done.stderr
