@@ -233,6 +233,7 @@ class Client(ClientOptions):
                 self.endpoint = self._tracker.endpoint = await resolve(
                     self.endpoint, key=key, timeout=wait
                 )
+                self._tracker.endpoints = (self.endpoint,)
             sock, mon = connect_dealer(
                 self._context,
                 self.routing_id,
@@ -284,6 +285,7 @@ class Client(ClientOptions):
             brokers.endpoints = self._endpoints = tuple(endpoints)
             self.endpoint = endpoints[0]
             self._tracker.endpoint = ", ".join(endpoints)  # tracker Rule RT7
+            self._tracker.endpoints = tuple(endpoints)
             for endpoint in endpoints:
                 sock, mon = connect_dealer(
                     self._context,

@@ -152,6 +152,7 @@ class ClientOptions:
             probe=type_width == 1,  # the DagBox broker (4-byte types) has no mmi.service
         )
         self._tracker.endpoint = endpoint  # named in timeout messages (tracker Rule RT7)
+        self._tracker.endpoints = tuple(endpoints)
         self._batch = batch
         #: (work_timeout, no_wait) and the request metadata they give with no other option.
         self._plain_metadata: tuple[tuple[float | None, bool], tuple[bytes, ...]] | None = None

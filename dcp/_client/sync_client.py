@@ -124,6 +124,7 @@ class SyncClient(ClientOptions):
             self.endpoint = self._tracker.endpoint = resolve_blocking(
                 self.endpoint, key=key, timeout=wait
             )
+            self._tracker.endpoints = (self.endpoint,)
             self._endpoints = (self.endpoint,)
         sock, mon = connect_dealer(
             context,
@@ -160,6 +161,7 @@ class SyncClient(ClientOptions):
         self._endpoints = resolved
         self.endpoint = resolved[0]
         self._tracker.endpoint = " or ".join(resolved)
+        self._tracker.endpoints = tuple(resolved)
         links: list[BrokerLink] = []
         try:
             for i, endpoint in enumerate(self.endpoints):

@@ -159,6 +159,35 @@ async def test_several_brokers_none_listening(ipc_path: str) -> None:
     _check(caught.value, *endpoints)
 
 
+@pytest.mark.anyio
+async def test_endpoints_are_given_one_by_one_whatever_their_text() -> None:
+    """``BrokerUnreachable.endpoints`` is the client's endpoints as given, not split out of
+    the message (an ``ipc://`` path may hold ", " or " or ")."""
+    with tempfile.TemporaryDirectory() as tmp:
+        odd = f"ipc://{os.path.join(tmp, 'a, b or c.sock')}"
+        endpoints = (odd, f"tcp://127.0.0.1:{free_port()}")
+        async with Client(odd, timeout=30, wait_for_broker=False) as client:
+            with anyio.fail_after(GUARD), pytest.raises(BrokerUnreachable) as caught:
+                await client.request("svc", b"x")
+        _check(caught.value, odd)
+        async with Client(endpoints, timeout=30, wait_for_broker=False) as client:
+            with anyio.fail_after(GUARD), pytest.raises(BrokerUnreachable) as caught:
+                await client.request("svc", b"x")
+        _check(caught.value, *endpoints)
+
+
+def test_the_sync_client_gives_endpoints_one_by_one_whatever_their_text() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        odd = f"ipc://{os.path.join(tmp, 'a, b or c.sock')}"
+        endpoints = (odd, f"tcp://127.0.0.1:{free_port()}")
+        with (
+            SyncClient(endpoints, timeout=30, wait_for_broker=False) as client,
+            pytest.raises(BrokerUnreachable) as caught,
+        ):
+            client.request("svc", b"x")
+        _check(caught.value, *endpoints)
+
+
 def test_the_sync_client_fails_too(nowhere: str) -> None:
     with SyncClient(nowhere, timeout=30, wait_for_broker=False) as client:
         with pytest.raises(BrokerUnreachable) as caught:

@@ -96,7 +96,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import re
 from collections import deque
 from collections.abc import Sequence
 from typing import Final
@@ -209,6 +208,8 @@ class RequestTracker:
         self.probe = probe
         #: The broker's endpoint, named in timeout messages only (Rule RT7; the driver sets it).
         self.endpoint = ""
+        #: The brokers' endpoints, one by one (:meth:`unreachable_error`; the driver sets it).
+        self.endpoints: tuple[str, ...] = ()
         #: Frames to send, in order (the contract in the module docstring): first attempts
         #: from :meth:`request`, resends and probes from :meth:`expire`.
         self.outbox: list[list[bytes]] = []
@@ -366,7 +367,7 @@ class RequestTracker:
         """What a request fails with while no broker can be reached (Rule RT9)."""
         where = self.endpoint or "the endpoint"
         return BrokerUnreachable(
-            tuple(re.split(", | or ", where)),
+            self.endpoints or (where,),
             f"cannot connect to {where}: connection refused (nothing listens there): "
             "is a dcp broker running there?",
         )
