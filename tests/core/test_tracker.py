@@ -779,7 +779,8 @@ def test_an_unreachable_broker_ends_every_pending_request_at_once() -> None:
     """Rule RT9: each pending request ends with a BrokerUnreachable naming the endpoints and
     the refused connection, counted as a timeout; a reply after it is late."""
     t = make(timeout=30.0, attempt_timeout=None, probe=True)
-    t.endpoint = "tcp://a:1, ipc:///tmp/b"
+    t.endpoint = "tcp://a:1, ipc:///tmp/b"  # the message's text
+    t.endpoints = ("tcp://a:1", "ipc:///tmp/b")  # the error's, one by one
     rid1, frames1 = request(t, b"echo", [b"x"], 0.0)
     rid2, _ = request(t, b"echo", [b"y"], 0.1)
     t.unreachable()
